@@ -1,0 +1,291 @@
+"""The config schema, the recipe table, and config validation: one place for each.
+
+Config files under `configs/` start from `base_config()`, apply a row of `RECIPES`
+and a preset, and return an `ml_collections.ConfigDict`. `isojax.main` calls
+`resolve(config)` before any compilation: it rejects unknown fields and impossible
+allocations with errors that name the field, and derives `num_steps` from
+`budget_rollouts` when only the budget is given.
+
+Allocation fields (the playbook's symbols):
+  rollouts_per_problem  n    parallel rollouts per problem (GRPO group size)
+  problems_per_batch    B_p  distinct problems per update iteration
+  num_steps             M    update iterations
+  budget_rollouts       C    = B_p * n * M, sampling compute counted in rollouts
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import ml_collections
+from ml_collections import config_dict
+
+# The paper's regularisation table (PLAYBOOK section 2). Entropy is never used
+# without the KL anchor. Coefficients are the tiny-model values; the paper-scale
+# presets keep the same switches.
+RECIPES: dict[str, dict[str, Any]] = {
+    "easy": dict(kl_coef=0.01, entropy_coef=0.001, zero_variance_filter="off"),
+    "hard": dict(kl_coef=0.0, entropy_coef=0.0, zero_variance_filter="off"),
+}
+LR_SCALING_RULES = ("constant", "sqrt", "linear")
+# Advantage estimators that normalise within a group and so need n >= 2.
+GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "batch_norm")
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Every field isojax knows, with the tiny-CPU defaults."""
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+
+  # Allocation: C = B_p * n * M.
+  c.rollouts_per_problem = 8
+  c.problems_per_batch = 16
+  c.num_steps = config_dict.placeholder(int)  # derived from budget when unset
+  c.budget_rollouts = config_dict.placeholder(int)
+
+  c.task = ml_collections.ConfigDict(dict(
+      name="arithmetic",
+      min_digits=1,          # difficulty knob: operand digits drawn in [min, max]
+      max_digits=3,
+      num_train=2048,        # distinct training problems
+      num_val=256,           # held-out validation problems
+      seed=1234,
+  ))
+
+  # The base policy: a Hugging Face checkpoint directory, or (when `path` is
+  # empty) the tiny model isojax builds and caches under `cache_dir`.
+  c.base_model = ml_collections.ConfigDict(dict(
+      path="",
+      cache_dir="~/.cache/isojax",
+      num_layers=2,
+      embed_dim=128,
+      num_heads=4,
+      num_kv_heads=2,
+      head_dim=32,
+      mlp_dim=384,
+      sft_steps=1500,
+      sft_batch_size=64,
+      sft_learning_rate=3e-3,
+      sft_max_digits=3,
+  ))
+  c.model = ml_collections.ConfigDict(dict(
+      dtype="float32",       # activations; parameters stay float32
+      fp32_lm_head=True,     # logits in float32 (ScaleRL)
+  ))
+
+  c.sampling = ml_collections.ConfigDict(dict(
+      temperature=0.6,
+      top_p=1.0,
+      top_k=0,               # 0 disables top-k
+      max_new_tokens=8,
+  ))
+
+  c.rl = ml_collections.ConfigDict(dict(
+      advantage="grpo",
+      advantage_eps=1e-6,
+      policy_loss="ppo_clip",
+      clip_eps=0.2,
+      clip_eps_high=0.28,    # DAPO's upper clip
+      cispo_eps_max=4.0,     # CISPO's IS-weight cap
+      tis_threshold=2.0,     # truncated IS cap C_tis; <= 0 disables
+      aggregation="token_mean",
+      kl_coef=0.0,
+      kl_form="k3",
+      log_kl_to_base=True,   # keep the base model to log train/kl even when kl_coef=0
+      entropy_coef=0.0,
+      zero_variance_filter="off",
+      num_minibatches=1,
+      num_epochs=1,
+  ))
+
+  c.optim = ml_collections.ConfigDict(dict(
+      learning_rate=1e-4,          # at the reference batch lr_reference_batch
+      lr_reference_batch=128,      # B_ref, in rollouts
+      lr_scaling="sqrt",
+      warmup_steps=10,
+      weight_decay=0.0,
+      b1=0.9,
+      b2=0.99,
+      grad_clip_norm=1.0,
+  ))
+
+  c.eval = ml_collections.ConfigDict(dict(
+      every=10,
+      k=4,
+      num_samples=4,         # N >= k samples per validation problem
+      chunk_problems=256,    # problems per sampler call
+  ))
+
+  # Logical mesh: -1 fills with the remaining devices.
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+
+  c.checkpoint_every = 20
+  c.log_every = 1
+  return c
+
+
+def apply_recipe(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
+  if name not in RECIPES:
+    raise ValueError(f"recipe {name!r}: expected one of {sorted(RECIPES)}")
+  config.rl.update(RECIPES[name])
+  return config
+
+
+def apply_preset(config: ml_collections.ConfigDict, name: str | None) -> ml_collections.ConfigDict:
+  """Applies a size preset: default (laptop CPU), micro (smoke test), paper (7B)."""
+  name = name or "default"
+  if name == "default":
+    return config
+  if name == "micro":
+    config.rollouts_per_problem = 4
+    config.problems_per_batch = 4
+    config.num_steps = 3
+    config.task.num_train = 64
+    config.task.num_val = 16
+    config.base_model.update(num_layers=1, embed_dim=32, num_heads=2, num_kv_heads=1,
+                             head_dim=16, mlp_dim=64, sft_steps=20, sft_batch_size=16)
+    config.eval.every = 2
+    config.checkpoint_every = 2
+    return config
+  if name == "paper":
+    # Qwen2.5-7B-Instruct on H200s (PLAYBOOK section 2); point base_model.path at a
+    # local copy of the checkpoint. LR 1e-6 at B_ref = 1024, scaled by sqrt(B / B_ref).
+    config.base_model.path = "/path/to/Qwen2.5-7B-Instruct"
+    config.rollouts_per_problem = 64
+    config.problems_per_batch = 256
+    config.num_steps = 200
+    config.model.dtype = "bfloat16"
+    config.sampling.max_new_tokens = 8192
+    config.optim.update(learning_rate=1e-6, lr_reference_batch=1024, warmup_steps=10,
+                        weight_decay=0.0)
+    config.eval.update(every=10, num_samples=4, k=4)
+    config.mesh.update(data=1, fsdp=-1, tensor=1)
+    config.checkpoint_every = 10
+    return config
+  raise ValueError(f"preset {name!r}: expected one of default, micro, paper")
+
+
+def config_from_json(path: str) -> ml_collections.ConfigDict:
+  """A config from a JSON file of (a subset of) its fields over `base_config()`."""
+  import json  # pylint: disable=g-import-not-at-top
+  try:
+    with open(path) as f:
+      fields = json.load(f)
+  except FileNotFoundError as e:
+    raise FileNotFoundError(f"config file {path}: does not exist") from e
+  except json.JSONDecodeError as e:
+    raise ValueError(f"config file {path}: not valid JSON ({e})") from e
+  extra = unknown_fields(fields, base_config().to_dict())
+  if extra:
+    raise ValueError(f"config file {path}: unknown field(s) {', '.join(extra)}")
+  config = base_config()
+  _merge(config, fields)
+  return config
+
+
+def _merge(config: ml_collections.ConfigDict, fields: dict[str, Any]) -> None:
+  for key, value in fields.items():
+    if isinstance(value, dict):
+      _merge(config[key], value)
+    else:
+      config[key] = value
+
+
+def scaled_learning_rate(base_lr: float, batch_rollouts: int, reference_batch: int,
+                         rule: str) -> float:
+  """LR for a rollout batch B: base_lr * (B / B_ref)^{0, 1/2, 1}."""
+  ratio = batch_rollouts / reference_batch
+  if rule == "constant":
+    return base_lr
+  if rule == "sqrt":
+    return base_lr * math.sqrt(ratio)
+  if rule == "linear":
+    return base_lr * ratio
+  raise ValueError(f"optim.lr_scaling={rule!r}: expected one of {LR_SCALING_RULES}")
+
+
+def unknown_fields(config: dict[str, Any], schema: dict[str, Any], prefix: str = "") -> list[str]:
+  """Dotted names in `config` that `schema` does not have."""
+  unknown = []
+  for key, value in config.items():
+    name = f"{prefix}{key}"
+    if key not in schema:
+      unknown.append(name)
+    elif isinstance(value, dict) and isinstance(schema[key], dict):
+      unknown += unknown_fields(value, schema[key], name + ".")
+  return unknown
+
+
+def _positive_int(config, field: str) -> int:
+  value = config
+  for part in field.split("."):
+    value = value[part]
+  if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+    raise ValueError(f"config field {field}={value!r}: expected a positive integer")
+  return value
+
+
+def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Validates `config` and fills derived fields; returns a new locked ConfigDict."""
+  as_dict = config.to_dict()
+  extra = unknown_fields(as_dict, base_config().to_dict())
+  if extra:
+    raise ValueError(f"unknown config field(s): {', '.join(extra)}")
+  c = ml_collections.ConfigDict(as_dict)
+
+  n = _positive_int(c, "rollouts_per_problem")
+  b_p = _positive_int(c, "problems_per_batch")
+  if c.num_steps is None and c.budget_rollouts is None:
+    raise ValueError("set num_steps (M) or budget_rollouts (C = B_p * n * M)")
+  if c.num_steps is None:
+    budget = _positive_int(c, "budget_rollouts")
+    if budget % (n * b_p):
+      raise ValueError(
+          f"budget_rollouts={budget} is not a multiple of problems_per_batch * "
+          f"rollouts_per_problem = {b_p} * {n} = {b_p * n}")
+    c.num_steps = budget // (n * b_p)
+  m = _positive_int(c, "num_steps")
+  if c.budget_rollouts is not None and c.budget_rollouts != n * b_p * m:
+    raise ValueError(
+        f"budget_rollouts={c.budget_rollouts} disagrees with problems_per_batch * "
+        f"rollouts_per_problem * num_steps = {b_p} * {n} * {m} = {b_p * n * m}")
+  c.budget_rollouts = n * b_p * m
+
+  if n == 1 and c.rl.advantage in GROUP_ESTIMATORS:
+    raise ValueError(
+        f"rollouts_per_problem=1 with rl.advantage={c.rl.advantage!r}: group-normalised "
+        "advantages need at least 2 rollouts per problem")
+  for field in ("eval.k", "eval.num_samples", "eval.every", "checkpoint_every",
+                "sampling.max_new_tokens", "rl.num_minibatches", "rl.num_epochs",
+                "task.num_train", "task.num_val", "task.max_digits", "task.min_digits"):
+    _positive_int(c, field)
+  if c.eval.num_samples < c.eval.k:
+    raise ValueError(f"eval.num_samples={c.eval.num_samples} must be >= eval.k={c.eval.k}")
+  if c.task.min_digits > c.task.max_digits:
+    raise ValueError(f"task.min_digits={c.task.min_digits} > task.max_digits={c.task.max_digits}")
+  if (n * b_p) % c.rl.num_minibatches:
+    raise ValueError(
+        f"rl.num_minibatches={c.rl.num_minibatches} must divide the rollout batch "
+        f"B_p * n = {n * b_p}")
+  if c.problems_per_batch > c.task.num_train:
+    raise ValueError(f"problems_per_batch={b_p} exceeds task.num_train={c.task.num_train}")
+  if not c.sampling.temperature >= 0:
+    raise ValueError(f"sampling.temperature={c.sampling.temperature}: expected >= 0")
+  if not 0 < c.sampling.top_p <= 1:
+    raise ValueError(f"sampling.top_p={c.sampling.top_p}: expected in (0, 1]")
+  if c.optim.lr_scaling not in LR_SCALING_RULES:
+    raise ValueError(f"optim.lr_scaling={c.optim.lr_scaling!r}: expected one of {LR_SCALING_RULES}")
+  if c.rl.entropy_coef and not c.rl.kl_coef:
+    raise ValueError("rl.entropy_coef > 0 needs rl.kl_coef > 0: entropy is never used "
+                     "without the KL anchor (PLAYBOOK section 2)")
+  c.lock()
+  return c
+
+
+def learning_rate(config: ml_collections.ConfigDict) -> float:
+  """The peak LR of a resolved config, after batch-size scaling."""
+  return scaled_learning_rate(
+      config.optim.learning_rate,
+      config.rollouts_per_problem * config.problems_per_batch,
+      config.optim.lr_reference_batch, config.optim.lr_scaling)

@@ -1,0 +1,30 @@
+r"""Runs one isojax RL job.
+
+  python -m isojax.main --config=configs/hard.py --workdir=/tmp/isojax/hard
+  python -m isojax.main --config=configs/easy.py:paper --workdir=... \
+      --config.rollouts_per_problem=16
+
+Rerunning the same command on the same workdir resumes from the last checkpoint.
+"""
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from isojax import train
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", "configs/hard.py", "Config file, optionally with a preset: file.py:preset.",
+    lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", "/tmp/isojax/run", "Run directory.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.INFO)
+  final = train.run(_CONFIG.value, _WORKDIR.value)
+  logging.info("final evaluation: %s", final)
+
+
+if __name__ == "__main__":
+  app.run(main)

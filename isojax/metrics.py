@@ -1,0 +1,100 @@
+"""Metric names and the unbiased best@k / worst@k / avg@k estimators.
+
+All metric names that cross a module boundary (the main loop writes them, analysis
+reads them) are spelled here. Estimators are pure NumPy: from N >= k samples per
+problem with c correct,
+
+  best@k  (pass@k, coverage)  = 1 - C(N - c, k) / C(N, k)
+  worst@k (sharpening)        = C(c, k) / C(N, k)
+  avg@k                       = c / N   (mean reward; unbiased for any k <= N)
+
+each averaged over problems.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Training-side metrics.
+TRAIN_REWARD = "train/reward"
+TRAIN_ENTROPY = "train/entropy"
+TRAIN_KL = "train/kl"
+TRAIN_LOSS = "train/loss"
+TRAIN_CLIP_FRACTION = "train/clip_fraction"
+TRAIN_GRAD_NORM = "train/grad_norm"
+TRAIN_LR = "train/learning_rate"
+TRAIN_ZERO_VARIANCE = "train/zero_variance_fraction"
+TRAIN_RESPONSE_LENGTH = "train/response_length"
+TRAIN_PASS1_HISTOGRAM = "train/pass@1_histogram"
+
+VAL_PREFIX = "val/"
+
+
+def val_avg(k: int) -> str:
+  return f"val/avg@{k}"
+
+
+def val_best(k: int) -> str:
+  return f"val/best@{k}"
+
+
+def val_worst(k: int) -> str:
+  return f"val/worst@{k}"
+
+
+def val_stderr(k: int) -> str:
+  """Standard error over problems of val/avg@k."""
+  return f"val/avg@{k}_stderr"
+
+
+def _log_comb(n: np.ndarray, k: int) -> np.ndarray:
+  from scipy.special import gammaln  # pylint: disable=g-import-not-at-top
+  return gammaln(n + 1) - gammaln(k + 1) - gammaln(n - k + 1)
+
+
+def _check(num_correct_P, num_samples: int, k: int) -> np.ndarray:
+  c = np.asarray(num_correct_P, dtype=np.int64)
+  if not 1 <= k <= num_samples:
+    raise ValueError(f"k={k} must lie in [1, num_samples={num_samples}]")
+  if np.any((c < 0) | (c > num_samples)):
+    raise ValueError(f"correct counts must lie in [0, {num_samples}]")
+  return c
+
+
+def best_at_k_per_problem(num_correct_P, num_samples: int, k: int) -> np.ndarray:
+  """Unbiased pass@k of each problem, [P] float64."""
+  c = _check(num_correct_P, num_samples, k)
+  n_wrong = num_samples - c
+  out = np.ones(c.shape, np.float64)
+  has_k_wrong = n_wrong >= k
+  out[has_k_wrong] = 1.0 - np.exp(
+      _log_comb(n_wrong[has_k_wrong], k) - _log_comb(np.asarray(num_samples), k))
+  return out
+
+
+def worst_at_k_per_problem(num_correct_P, num_samples: int, k: int) -> np.ndarray:
+  """Unbiased probability that all k of k samples are correct, [P] float64."""
+  c = _check(num_correct_P, num_samples, k)
+  out = np.zeros(c.shape, np.float64)
+  has_k = c >= k
+  out[has_k] = np.exp(_log_comb(c[has_k], k) - _log_comb(np.asarray(num_samples), k))
+  return out
+
+
+def summarize_correct(num_correct_P, num_samples: int, k: int) -> dict[str, float]:
+  """avg@k, best@k, worst@k and the standard error of avg@k over problems."""
+  c = _check(num_correct_P, num_samples, k)
+  per_problem = c / num_samples
+  stderr = (per_problem.std(ddof=1) / np.sqrt(len(c))) if len(c) > 1 else 0.0
+  return {
+      val_avg(k): float(per_problem.mean()),
+      val_best(k): float(best_at_k_per_problem(c, num_samples, k).mean()),
+      val_worst(k): float(worst_at_k_per_problem(c, num_samples, k).mean()),
+      val_stderr(k): float(stderr),
+  }
+
+
+def pass_rate_histogram(pass_rate_P, num_bins: int = 10) -> list[int]:
+  """Counts of problems per pass@1 bin over [0, 1] (the interference diagnostic)."""
+  counts, _ = np.histogram(np.asarray(pass_rate_P, np.float64), bins=num_bins, range=(0, 1))
+  return counts.tolist()

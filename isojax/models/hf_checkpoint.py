@@ -1,0 +1,196 @@
+"""Loads and saves Hugging Face checkpoint directories (Llama 3, Qwen2.5, Qwen3).
+
+A checkpoint directory holds `config.json`, `model.safetensors` (or shards listed in
+`model.safetensors.index.json`) and `tokenizer.json`. The tiny base model that isojax
+builds for CPU demos is written in the same layout and read back through the same
+`load_model`, so the path that loads a 7B checkpoint on a pod is the path every test
+and demo exercises.
+
+Loading is streaming: each tensor is read from safetensors, transposed to the Flax
+layout and placed straight onto its mesh sharding, so the host never holds the whole
+model in device layout twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterator
+
+import jax
+import numpy as np
+from flax import nnx
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from isojax.models import sharding as sharding_lib
+from isojax.models.transformer import ModelConfig, Transformer
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+
+# Our module names -> Hugging Face module names (inside `model.layers.<i>.`).
+_MODULE_NAMES = {"attn": "self_attn", "mlp": "mlp", "input_norm": "input_layernorm",
+                 "post_attn_norm": "post_attention_layernorm"}
+# Our leaf names -> (Hugging Face leaf name, whether the matrix is transposed):
+# Flax kernels are [in, out], torch Linear weights are [out, in].
+_LEAF_NAMES = {"kernel": ("weight", True), "bias": ("bias", False), "weight": ("weight", False)}
+
+
+def model_config_from_hf(hf: dict[str, Any], *, dtype: str = "float32",
+                         fp32_lm_head: bool = True, source: str = "config.json") -> ModelConfig:
+  model_type = hf.get("model_type")
+  if model_type not in SUPPORTED_MODEL_TYPES:
+    raise ValueError(f"{source}: model_type={model_type!r}; supported: {SUPPORTED_MODEL_TYPES}")
+  if model_type in ("llama", "qwen3") and hf.get("attention_bias", False):
+    raise ValueError(f"{source}: attention_bias=true ({model_type} output-projection bias) "
+                     "is not supported")
+  if hf.get("hidden_act", "silu") != "silu":
+    raise ValueError(f"{source}: hidden_act={hf['hidden_act']!r}; only 'silu' (SwiGLU)")
+  heads = hf["num_attention_heads"]
+  return ModelConfig(
+      vocab_size=hf["vocab_size"],
+      num_layers=hf["num_hidden_layers"],
+      embed_dim=hf["hidden_size"],
+      num_heads=heads,
+      num_kv_heads=hf.get("num_key_value_heads") or heads,
+      head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+      mlp_dim=hf["intermediate_size"],
+      rope_theta=float(hf.get("rope_theta", (hf.get("rope_parameters") or {}).get(
+          "rope_theta", 10000.0))),
+      rope_scaling=_rope_scaling(hf),
+      rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+      qkv_bias=model_type == "qwen2",
+      qk_norm=model_type == "qwen3",
+      tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+      dtype=dtype,
+      fp32_lm_head=fp32_lm_head,
+  )
+
+
+def _rope_scaling(hf: dict[str, Any]) -> dict | None:
+  scaling = hf.get("rope_scaling") or hf.get("rope_parameters")
+  if not scaling or scaling.get("rope_type", scaling.get("type", "default")) == "default":
+    return None
+  return {k: v for k, v in scaling.items() if k != "rope_theta"}
+
+
+def hf_config_from_model_config(cfg: ModelConfig, *, eos_token_id: int, bos_token_id: int,
+                                pad_token_id: int) -> dict[str, Any]:
+  """A config.json that transformers reads as Qwen2 (qkv bias), Qwen3 (q/k norm) or Llama."""
+  model_type = "qwen3" if cfg.qk_norm else "qwen2" if cfg.qkv_bias else "llama"
+  arch = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM",
+          "llama": "LlamaForCausalLM"}[model_type]
+  hf = dict(
+      model_type=model_type, architectures=[arch], vocab_size=cfg.vocab_size,
+      num_hidden_layers=cfg.num_layers, hidden_size=cfg.embed_dim,
+      num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+      head_dim=cfg.head_dim, intermediate_size=cfg.mlp_dim, rope_theta=cfg.rope_theta,
+      rope_parameters=dict(rope_theta=cfg.rope_theta, rope_type="default"),
+      rms_norm_eps=cfg.rms_norm_eps, tie_word_embeddings=cfg.tie_embeddings,
+      hidden_act="silu", attention_bias=False, max_position_embeddings=4096,
+      eos_token_id=eos_token_id, bos_token_id=bos_token_id, pad_token_id=pad_token_id,
+      torch_dtype="float32")
+  if cfg.rope_scaling:
+    hf["rope_scaling"] = dict(cfg.rope_scaling)
+    hf["rope_parameters"] = dict(cfg.rope_scaling, rope_theta=cfg.rope_theta)
+  return hf
+
+
+def hf_name(key: tuple) -> tuple[str, bool]:
+  """(Hugging Face tensor name, transposed?) of one of our parameter paths."""
+  if key == ("embed", "embedding"):
+    return "model.embed_tokens.weight", False
+  if key == ("final_norm", "weight"):
+    return "model.norm.weight", False
+  if key == ("lm_head", "kernel"):
+    return "lm_head.weight", True
+  if key[0] == "layers":
+    _, layer, module, *inner, leaf = key
+    name, transpose = _LEAF_NAMES[leaf]
+    return ".".join(["model.layers", str(layer), _MODULE_NAMES[module], *inner, name]), transpose
+  raise ValueError(f"parameter {key} has no Hugging Face name")
+
+
+def _iter_tensors(path: str) -> Iterator[tuple[str, np.ndarray]]:
+  index = os.path.join(path, WEIGHTS_INDEX)
+  if os.path.exists(index):
+    with open(index) as f:
+      files = sorted(set(json.load(f)["weight_map"].values()))
+  elif os.path.exists(os.path.join(path, WEIGHTS_FILE)):
+    files = [WEIGHTS_FILE]
+  else:
+    raise FileNotFoundError(f"{path}: no {WEIGHTS_FILE} or {WEIGHTS_INDEX}")
+  for file in files:
+    with safe_open(os.path.join(path, file), framework="np") as f:
+      for name in f.keys():
+        yield name, f.get_tensor(name)
+
+
+def read_hf_config(path: str) -> dict[str, Any]:
+  file = os.path.join(path, "config.json")
+  if not os.path.isfile(file):
+    raise FileNotFoundError(f"{file}: missing; expected a Hugging Face checkpoint directory")
+  with open(file) as f:
+    return json.load(f)
+
+
+def abstract_model(cfg: ModelConfig) -> Transformer:
+  return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+
+
+def load_model(path: str, mesh=None, *, dtype: str = "float32",
+               fp32_lm_head: bool = True) -> Transformer:
+  """Builds the model described by `path/config.json` with its weights, on `mesh`."""
+  cfg = model_config_from_hf(read_hf_config(path), dtype=dtype, fp32_lm_head=fp32_lm_head,
+                             source=os.path.join(path, "config.json"))
+  mesh = mesh or sharding_lib.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
+  graphdef, abstract_state = nnx.split(abstract_model(cfg))
+  shardings = sharding_lib.state_shardings(abstract_state, mesh)
+  flat_abstract = dict(nnx.to_flat_state(abstract_state))
+  flat_shardings = dict(nnx.to_flat_state(shardings))
+  expected = {hf_name(key)[0]: key for key in flat_abstract}
+  loaded = {}
+  for name, tensor in _iter_tensors(path):
+    if name not in expected:
+      if "rotary_emb" in name or (name == "lm_head.weight" and cfg.tie_embeddings):
+        continue  # cached RoPE tables; a tied head some checkpoints still store
+      raise ValueError(f"{path}: tensor {name!r} has no place in the model")
+    key = expected[name]
+    _, transpose = hf_name(key)
+    value = tensor.T if transpose else tensor
+    if value.shape != flat_abstract[key].shape:
+      shape = flat_abstract[key].shape
+      raise ValueError(f"{path}: tensor {name!r} has shape {tensor.shape}, expected "
+                       f"{shape[::-1] if transpose else shape}")
+    sharding = flat_shardings[key]
+    sharding = sharding.get_value() if hasattr(sharding, "get_value") else sharding
+    loaded[key] = jax.device_put(value.astype(np.float32), sharding)
+  missing = sorted(hf_name(k)[0] for k in set(flat_abstract) - set(loaded))
+  if missing:
+    raise ValueError(f"{path}: checkpoint lacks tensors {missing[:5]}"
+                     f"{' ...' if len(missing) > 5 else ''}")
+  for key, value in loaded.items():
+    flat_abstract[key] = flat_abstract[key].replace(value)
+  return nnx.merge(graphdef, nnx.from_flat_state(flat_abstract))
+
+
+def _hf_tensors(model: Transformer) -> dict[str, np.ndarray]:
+  out = {}
+  for key, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    name, transpose = hf_name(key)
+    value = np.asarray(jax.device_get(var[...]), np.float32)
+    out[name] = np.ascontiguousarray(value.T if transpose else value)
+  return out
+
+
+def save_model(model: Transformer, path: str, *, eos_token_id: int, bos_token_id: int,
+               pad_token_id: int) -> None:
+  """Writes config.json and model.safetensors (tokenizer files are the caller's)."""
+  os.makedirs(path, exist_ok=True)
+  hf = hf_config_from_model_config(model.cfg, eos_token_id=eos_token_id,
+                                   bos_token_id=bos_token_id, pad_token_id=pad_token_id)
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(hf, f, indent=2)
+  save_file(_hf_tensors(model), os.path.join(path, WEIGHTS_FILE), metadata={"format": "pt"})

@@ -1,0 +1,30 @@
+"""isojax: compute-optimal sampling for LLM RL, in JAX/Flax."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="isojax",
+    version="0.1.0",
+    description="The IsoCompute Playbook as a program: plan, run and fit RL sampling budgets.",
+    packages=find_packages(include=["isojax", "isojax.*", "launch", "configs"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.7,<0.11",
+        "flax>=0.12,<0.13",
+        "optax>=0.2.5,<0.3",
+        "orbax-checkpoint>=0.11,<0.13",
+        "ml_collections>=1.0,<2",
+        "absl-py>=2.1,<3",
+        "numpy>=1.26",
+        "scipy>=1.11",
+        "safetensors>=0.4,<1",
+        "tokenizers>=0.20,<1",
+        "matplotlib>=3.8,<4",
+        "tqdm>=4.66,<5",
+    ],
+    extras_require={
+        # The Hugging Face parity tests build random models with transformers + torch.
+        # Install torch first (`pip install torch==2.13.0` gives the CPU build here).
+        "test": ["pytest>=8", "hypothesis>=6.100", "transformers>=4.51", "torch>=2.4"],
+    },
+)
