@@ -15,4 +15,5 @@ from isojax import config_lib
 def get_config(arg=None):
   config = config_lib.apply_recipe(config_lib.base_config(), "easy")
   config.task.min_digits = config.task.max_digits = 2
+  config.num_steps = 200
   return config_lib.apply_preset(config, arg)

@@ -64,7 +64,7 @@ def base_config() -> ml_collections.ConfigDict:
       num_kv_heads=2,
       head_dim=32,
       mlp_dim=384,
-      sft_steps=1500,
+      sft_steps=600,
       sft_batch_size=64,
       sft_learning_rate=3e-3,
       sft_max_digits=3,

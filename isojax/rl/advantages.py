@@ -1,0 +1,108 @@
+"""Advantage estimators: outcome rewards per group -> one advantage per rollout.
+
+The RL recipes in the playbook (sections 2 and 6) differ mainly in how they turn a
+group of n outcome rewards for the same problem into advantages. Each estimator is a
+small pure function of `rewards_GN` (G problems, N rollouts each), registered by the
+name a config uses (`config.rl.advantage`), so the update step never branches on
+recipes and every estimator is tested against a NumPy formula.
+
+  grpo        (r - mean_g) / (std_g + eps)          std_g: population std (ddof=0)
+  drgrpo      r - mean_g                             Dr.GRPO: no std division
+  batch_norm  (r - mean_g) / (std_B(r - mean_g) + eps)   ScaleRL batch-level norm
+  rloo        r_i - mean_{j != i} r_j                leave-one-out baseline
+
+The population std (ddof=0) matches the GRPO and ScaleRL reference code; with 0/1
+rewards it makes a half-solved group's advantages exactly +-1.
+
+The decoupled baseline of the playbook (baseline from all n rollouts, update on m of
+them) is `gather_groups(compute_advantages(name, rewards_GN), indices_GM)` with
+`isojax.rl.downsampling`; computing advantages on the selected subset instead is the
+PODS default.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+AdvantageFn = Callable[..., jax.Array]
+
+
+def _as_float(rewards_GN: jax.Array) -> jax.Array:
+  rewards_GN = jnp.asarray(rewards_GN)
+  if rewards_GN.ndim != 2:
+    raise ValueError(
+        f"rewards_GN has shape {rewards_GN.shape}: expected [G, N] "
+        "(problems, rollouts per problem)")
+  return rewards_GN.astype(jnp.float32)
+
+
+def _centre(r_GN: jax.Array) -> jax.Array:
+  """r - mean_g, exactly 0 in groups whose rewards are all equal: float rounding of
+  the mean would otherwise leave ~1e-8 residues that the std division blows up."""
+  constant_G1 = jnp.all(r_GN == r_GN[:, :1], axis=1, keepdims=True)
+  return jnp.where(constant_G1, 0.0, r_GN - r_GN.mean(axis=1, keepdims=True))
+
+
+def grpo(rewards_GN: jax.Array, *, eps: float = 1e-6) -> jax.Array:
+  """Group mean and population std (ddof=0) normalisation, [G, N] float32."""
+  r_GN = _as_float(rewards_GN)
+  return _centre(r_GN) / (r_GN.std(axis=1, keepdims=True) + eps)
+
+
+def drgrpo(rewards_GN: jax.Array, *, eps: float = 1e-6) -> jax.Array:
+  """Dr.GRPO: subtract the group mean only; dividing by the std biases towards
+  too-easy and too-hard problems. `eps` is accepted for a uniform signature."""
+  del eps
+  return _centre(_as_float(rewards_GN))
+
+
+def batch_norm(rewards_GN: jax.Array, *, eps: float = 1e-6) -> jax.Array:
+  """ScaleRL: centre within the group, then divide by the population std of the
+  centred values over the whole batch (all G * N of them).
+
+  Groups with zero variance keep advantage 0 but still count in the batch std, as in
+  ScaleRL's description; filter them out before this call to exclude them.
+  """
+  centred_GN = drgrpo(rewards_GN)
+  return centred_GN / (centred_GN.std() + eps)
+
+
+def rloo(rewards_GN: jax.Array, *, eps: float = 1e-6) -> jax.Array:
+  """REINFORCE leave-one-out: r_i minus the mean of the other N - 1 rewards.
+
+  Equals N / (N - 1) * (r_i - mean_g); needs N >= 2.
+  """
+  del eps
+  r_GN = _as_float(rewards_GN)
+  n = r_GN.shape[1]
+  if n < 2:
+    raise ValueError(f"rloo needs at least 2 rollouts per group, got n={n}")
+  # r_i - (sum - r_i) / (n - 1) = n / (n - 1) * (r_i - mean).
+  return _centre(r_GN) * (n / (n - 1))
+
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {
+    "grpo": grpo,
+    "drgrpo": drgrpo,
+    "batch_norm": batch_norm,
+    "rloo": rloo,
+}
+
+
+def compute_advantages(name: str, rewards_GN: jax.Array, *, eps: float = 1e-6) -> jax.Array:
+  """Advantages [G, N] float32 from the estimator registered as `name`."""
+  if name not in ADVANTAGE_ESTIMATORS:
+    raise ValueError(
+        f"advantage estimator {name!r}: expected one of {sorted(ADVANTAGE_ESTIMATORS)}")
+  return ADVANTAGE_ESTIMATORS[name](rewards_GN, eps=eps)
+
+
+def zero_variance_groups(rewards_GN: jax.Array) -> jax.Array:
+  """[G] bool: True where every reward of the group is equal (no learning signal)."""
+  rewards_GN = jnp.asarray(rewards_GN)
+  if rewards_GN.ndim != 2:
+    raise ValueError(f"rewards_GN has shape {rewards_GN.shape}: expected [G, N]")
+  return jnp.all(rewards_GN == rewards_GN[:, :1], axis=1)

@@ -1,0 +1,143 @@
+"""The cached sampler against an uncached forward pass, and prompt-cache sharing."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from isojax.models.transformer import ModelConfig, Transformer
+from isojax.rl import update
+from isojax.sampling import sampler
+
+EOS, PAD = 2, 0
+
+
+def _model(**overrides):
+  cfg = dict(vocab_size=23, num_layers=2, embed_dim=32, num_heads=4, num_kv_heads=2,
+             head_dim=8, mlp_dim=48, qk_norm=True, qkv_bias=True)
+  cfg.update(overrides)
+  model = Transformer(ModelConfig(**cfg), rngs=nnx.Rngs(3))
+  # Larger weights than the init so logits are far from uniform and argmax is stable.
+  state = nnx.state(model)
+  state = jax.tree.map(lambda x: x * 8 if x.ndim == 2 else x, state)
+  nnx.update(model, state)
+  return model
+
+
+def _prompts():
+  """Two left-padded prompts of different lengths."""
+  tokens = np.array([[PAD, PAD, 5, 6, 7], [3, 4, 8, 9, 10]], np.int32)
+  return tokens, tokens != PAD
+
+
+def test_greedy_cached_equals_uncached_argmax():
+  model = _model()
+  tokens, mask = _prompts()
+  graphdef, state = nnx.split(model)
+  out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(0), n=1,
+                       max_new_tokens=6, temperature=0.0, eos_id=EOS, pad_id=PAD)
+  # Uncached reference: rerun the whole sequence for every new token.
+  for row in range(tokens.shape[0]):
+    seq = list(tokens[row][mask[row]])
+    expected = []
+    for _ in range(6):
+      logits = model(np.array([seq]), np.ones((1, len(seq)), bool))[0, -1]
+      nxt = int(np.argmax(logits))
+      expected.append(nxt)
+      seq.append(nxt)
+      if nxt == EOS:
+        break
+    got = np.asarray(out.tokens[row])[np.asarray(out.mask[row])]
+    assert got.tolist() == expected
+
+
+def test_stops_at_eos_and_pads_after():
+  """Declare row 0's first greedy token to be EOS: row 0 stops there, row 1 goes on."""
+  model = _model()
+  tokens, mask = _prompts()
+  graphdef, state = nnx.split(model)
+  free = sampler.sample(graphdef, state, tokens, mask, jax.random.key(0), n=1,
+                        max_new_tokens=5, temperature=0.0, eos_id=-1, pad_id=PAD)
+  eos = int(free.tokens[0, 0])
+  assert eos not in np.asarray(free.tokens[1]).tolist(), "pick prompts where row 1 differs"
+  out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(0), n=1,
+                       max_new_tokens=5, temperature=0.0, eos_id=eos, pad_id=PAD)
+  np.testing.assert_array_equal(np.asarray(out.mask), [[1, 0, 0, 0, 0], [1, 1, 1, 1, 1]])
+  np.testing.assert_array_equal(np.asarray(out.tokens[0]), [eos, PAD, PAD, PAD, PAD])
+  np.testing.assert_array_equal(np.asarray(out.tokens[1]), np.asarray(free.tokens[1]))
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_sampler_logprobs_match_trainer_scores(n):
+  """Log-probs the sampler reports equal the tempered log-softmax of a full forward."""
+  model = _model()
+  tokens, mask = _prompts()
+  graphdef, state = nnx.split(model)
+  out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(1), n=n,
+                       max_new_tokens=6, temperature=0.6, eos_id=EOS, pad_id=PAD)
+  seq = np.concatenate([np.repeat(tokens, n, 0), np.asarray(out.tokens)], axis=1)
+  seq_mask = np.concatenate([np.repeat(mask, n, 0), np.asarray(out.mask)], axis=1)
+  scores = update.score(graphdef, state, seq, seq_mask, prompt_len=tokens.shape[1],
+                        temperature=0.6)
+  valid = np.asarray(out.mask)
+  np.testing.assert_allclose(np.asarray(scores)[valid], np.asarray(out.logprobs)[valid],
+                             atol=1e-4)
+
+
+def test_shared_prompt_cache_equals_per_rollout_cache():
+  """Decoding against one cache per group gives the logits of n separate copies."""
+  model = _model(qk_norm=False)
+  tokens, mask = _prompts()
+  n, steps = 3, 4
+  _, prefix = model.prefill(jnp.asarray(tokens), jnp.asarray(mask))
+  copied = sampler.prefix_cache_for_rollouts(prefix, n)
+  rng = np.random.default_rng(0)
+  feed = rng.integers(3, 23, size=(steps, tokens.shape[0] * n))
+  prompt_len = np.repeat(mask.sum(1), n)
+  cache_shared = model.init_decode_cache(tokens.shape[0] * n, steps)
+  cache_copied = model.init_decode_cache(tokens.shape[0] * n, steps)
+  for t in range(steps):
+    pos = jnp.asarray(prompt_len + t)
+    shared, cache_shared = model.decode(jnp.asarray(feed[t]), pos, t, prefix, cache_shared)
+    separate, cache_copied = model.decode(jnp.asarray(feed[t]), pos, t, copied, cache_copied)
+    np.testing.assert_allclose(np.asarray(shared), np.asarray(separate), atol=1e-5, rtol=1e-5)
+  # ... and both equal the uncached forward on the whole sequence.
+  full = np.concatenate([np.repeat(tokens, n, 0), feed.T], axis=1)
+  full_mask = np.concatenate([np.repeat(mask, n, 0), np.ones_like(feed.T, bool)], axis=1)
+  np.testing.assert_allclose(np.asarray(model(full, full_mask))[:, -1], np.asarray(shared),
+                             atol=1e-4, rtol=1e-4)
+
+
+def _np_filter(logits, top_k, top_p):
+  out = logits.copy()
+  for row in out:
+    order = np.argsort(-row, kind="stable")
+    keep = np.zeros(row.shape, bool)
+    if top_k:
+      keep[order[top_k:]] = True  # marks dropped
+    probs = np.exp(row - row.max())
+    probs /= probs.sum()
+    mass = 0.0
+    for i in order:
+      if mass >= top_p:
+        keep[i] = True
+      mass += probs[i]
+    row[keep] = -np.inf
+  return out
+
+
+@pytest.mark.parametrize("top_k,top_p", [(0, 0.5), (3, 1.0), (4, 0.7), (0, 1.0)])
+def test_filter_logits_matches_numpy(top_k, top_p):
+  logits = np.random.default_rng(top_k).normal(size=(4, 9)).astype(np.float32)
+  got = np.asarray(sampler.filter_logits(jnp.asarray(logits), top_k=top_k, top_p=top_p))
+  np.testing.assert_array_equal(np.isinf(got), np.isinf(_np_filter_combined(logits, top_k, top_p)))
+
+
+def _np_filter_combined(logits, top_k, top_p):
+  """Top-k first, then the nucleus of the renormalised survivors."""
+  out = logits.copy()
+  if top_k:
+    kth = np.sort(out, axis=-1)[:, -top_k][:, None]
+    out[out < kth] = -np.inf
+  return _np_filter(out, 0, top_p) if top_p < 1 else out

@@ -1,0 +1,90 @@
+"""End to end: `python -m isojax.main` on the micro preset, resume, and bad input."""
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from isojax import run_dir, train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _micro(cache_dir, **overrides):
+  spec = importlib.util.spec_from_file_location("hard", os.path.join(ROOT, "configs/hard.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config("micro")
+  config.base_model.cache_dir = str(cache_dir)
+  config.update(overrides)
+  return config
+
+
+def _main(*args, cwd=ROOT):
+  return subprocess.run([sys.executable, "-m", "isojax.main", *args], cwd=cwd,
+                        capture_output=True, text=True, timeout=300)
+
+
+def test_main_micro_writes_the_run_directory(tmp_path):
+  workdir = tmp_path / "run"
+  proc = _main("--config=configs/hard.py:micro", f"--workdir={workdir}",
+               f"--config.base_model.cache_dir={tmp_path / 'cache'}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  config = json.loads((workdir / "config.json").read_text())
+  n, b_p, m = config["rollouts_per_problem"], config["problems_per_batch"], config["num_steps"]
+  assert config["budget_rollouts"] == n * b_p * m
+  lines = run_dir.read_metrics(str(workdir))
+  assert [r["step"] for r in lines] == list(range(m + 1))
+  assert [r["rollouts"] for r in lines] == [s * n * b_p for s in range(m + 1)]
+  tokens = [r["tokens"] for r in lines]
+  assert tokens[0] == 0 and all(b > a for a, b in zip(tokens, tokens[1:]))
+  # Each step generates between 1 and max_new_tokens tokens per rollout.
+  assert n * b_p <= tokens[1] <= n * b_p * config["sampling"]["max_new_tokens"]
+  evaluated = [r["step"] for r in lines if "val/avg@4" in r]
+  assert evaluated == [0, 2, 3]
+  assert all(0 <= r["train/reward"] <= 1 for r in lines[1:])
+  assert os.path.isdir(workdir / "checkpoints" / str(m))
+  # The tiny base model is cached in the Hugging Face layout.
+  (cached,) = os.listdir(tmp_path / "cache")
+  assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(
+      os.listdir(tmp_path / "cache" / cached))
+
+
+def test_resume_after_interruption_matches_uninterrupted_run(tmp_path):
+  config = _micro(tmp_path / "cache", num_steps=4, checkpoint_every=2)
+  full = tmp_path / "full"
+  train.run(config, str(full))
+  # Simulate a crash after step 2's checkpoint: drop the later checkpoint.
+  interrupted = tmp_path / "interrupted"
+  shutil.copytree(full, interrupted)
+  shutil.rmtree(interrupted / "checkpoints" / "4")
+  train.run(config, str(interrupted))
+  strip = lambda lines: [{k: v for k, v in r.items() if k != "wall_s"} for r in lines]
+  assert strip(run_dir.read_metrics(str(interrupted))) == strip(run_dir.read_metrics(str(full)))
+
+
+def test_resume_refuses_a_different_allocation(tmp_path):
+  config = _micro(tmp_path / "cache", num_steps=2)
+  train.run(config, str(tmp_path / "run"))
+  with pytest.raises(ValueError, match="rollouts_per_problem"):
+    train.run(_micro(tmp_path / "cache", num_steps=2, rollouts_per_problem=2),
+              str(tmp_path / "run"))
+
+
+@pytest.mark.parametrize("flag,message", [
+    ("--config.rollouts_per_problem=0", "rollouts_per_problem"),
+    ("--config.budget_rollouts=17", "budget_rollouts=17"),
+    ("--config.rollouts_per_problem=1", "rollouts_per_problem=1"),
+    ("--config.no_such_field=1", "no_such_field"),
+])
+def test_bad_input_fails_fast_and_writes_nothing(tmp_path, flag, message):
+  workdir = tmp_path / "run"
+  proc = _main("--config=configs/hard.py:micro", f"--workdir={workdir}", flag,
+               f"--config.base_model.cache_dir={tmp_path / 'cache'}")
+  assert proc.returncode != 0
+  assert message in proc.stderr
+  assert not workdir.exists() and not (tmp_path / "cache").exists()
