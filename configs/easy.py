@@ -15,5 +15,7 @@ from isojax import config_lib
 def get_config(arg=None):
   config = config_lib.apply_recipe(config_lib.base_config(), "easy")
   config.task.min_digits = config.task.max_digits = 2
+  config.rollouts_per_problem = 16
+  config.problems_per_batch = 16
   config.num_steps = 200
   return config_lib.apply_preset(config, arg)

@@ -16,5 +16,7 @@ from isojax import config_lib
 def get_config(arg=None):
   config = config_lib.apply_recipe(config_lib.base_config(), "hard")
   config.task.min_digits = config.task.max_digits = 3
+  config.rollouts_per_problem = 16
+  config.problems_per_batch = 16
   config.num_steps = 200
   return config_lib.apply_preset(config, arg)

@@ -31,6 +31,7 @@ RECIPES: dict[str, dict[str, Any]] = {
 LR_SCALING_RULES = ("constant", "sqrt", "linear")
 # Advantage estimators that normalise within a group and so need n >= 2.
 GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "batch_norm")
+DOWNSAMPLE_NAMES = ("none", "max_variance", "max_reward", "random")
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -95,8 +96,15 @@ def base_config() -> ml_collections.ConfigDict:
       log_kl_to_base=True,   # keep the base model to log train/kl even when kl_coef=0
       entropy_coef=0.0,
       zero_variance_filter="off",
-      num_minibatches=1,
+      num_minibatches=1,     # per rollout batch; each holds whole groups
       num_epochs=1,
+      # PODS: generate n rollouts per problem, train on m of them.
+      downsample="none",     # none | max_variance | max_reward | random
+      train_rollouts_per_problem=0,  # m; 0 means m = n
+      advantages_on="selected",      # selected | generated (decoupled baseline)
+      # No-Positive-Resampling: retire problems whose historical pass rate reaches
+      # this value (ScaleRL: 0.9); 0 disables it.
+      retire_pass_rate=0.0,
   ))
 
   c.optim = ml_collections.ConfigDict(dict(
@@ -113,8 +121,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict(dict(
       every=10,
       k=4,
-      num_samples=4,         # N >= k samples per validation problem
+      num_samples=8,         # N >= k samples per validation problem
       chunk_problems=256,    # problems per sampler call
+      train_problems=128,    # training problems in the pass@1 histogram; 0 disables
+      histogram_bins=10,
   ))
 
   # Logical mesh: -1 fills with the remaining devices.
@@ -245,17 +255,35 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
           f"budget_rollouts={budget} is not a multiple of problems_per_batch * "
           f"rollouts_per_problem = {b_p} * {n} = {b_p * n}")
     c.num_steps = budget // (n * b_p)
-  m = _positive_int(c, "num_steps")
-  if c.budget_rollouts is not None and c.budget_rollouts != n * b_p * m:
+  steps = _positive_int(c, "num_steps")
+  if c.budget_rollouts is not None and c.budget_rollouts != n * b_p * steps:
     raise ValueError(
         f"budget_rollouts={c.budget_rollouts} disagrees with problems_per_batch * "
-        f"rollouts_per_problem * num_steps = {b_p} * {n} * {m} = {b_p * n * m}")
-  c.budget_rollouts = n * b_p * m
+        f"rollouts_per_problem * num_steps = {b_p} * {n} * {steps} = {b_p * n * steps}")
+  c.budget_rollouts = n * b_p * steps
 
-  if n == 1 and c.rl.advantage in GROUP_ESTIMATORS:
+  m = train_rollouts_per_problem(c)
+  if c.rl.downsample not in DOWNSAMPLE_NAMES:
+    raise ValueError(f"rl.downsample={c.rl.downsample!r}: expected one of {DOWNSAMPLE_NAMES}")
+  if c.rl.downsample == "none" and m != n:
+    raise ValueError(f"rl.train_rollouts_per_problem={m} differs from rollouts_per_problem="
+                     f"{n}: set rl.downsample to train on a subset")
+  if c.rl.downsample != "none" and n == 1:
+    raise ValueError(f"rl.downsample={c.rl.downsample!r} with rollouts_per_problem=1: "
+                     "PODS needs n > 1 rollouts to choose from")
+  if not 1 <= m <= n:
+    raise ValueError(f"rl.train_rollouts_per_problem={m}: expected 1 <= m <= "
+                     f"rollouts_per_problem={n}")
+  if c.rl.advantages_on not in ("selected", "generated"):
+    raise ValueError(f"rl.advantages_on={c.rl.advantages_on!r}: expected selected or generated")
+  group = n if c.rl.advantages_on == "generated" else m
+  if group == 1 and c.rl.advantage in GROUP_ESTIMATORS:
+    field = "rollouts_per_problem" if m == n else "rl.train_rollouts_per_problem"
     raise ValueError(
-        f"rollouts_per_problem=1 with rl.advantage={c.rl.advantage!r}: group-normalised "
+        f"{field}=1 with rl.advantage={c.rl.advantage!r}: group-normalised "
         "advantages need at least 2 rollouts per problem")
+  if not 0 <= c.rl.retire_pass_rate <= 1:
+    raise ValueError(f"rl.retire_pass_rate={c.rl.retire_pass_rate}: expected in [0, 1]")
   for field in ("eval.k", "eval.num_samples", "eval.every", "checkpoint_every",
                 "sampling.max_new_tokens", "rl.num_minibatches", "rl.num_epochs",
                 "task.num_train", "task.num_val", "task.max_digits", "task.min_digits"):
@@ -264,10 +292,10 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     raise ValueError(f"eval.num_samples={c.eval.num_samples} must be >= eval.k={c.eval.k}")
   if c.task.min_digits > c.task.max_digits:
     raise ValueError(f"task.min_digits={c.task.min_digits} > task.max_digits={c.task.max_digits}")
-  if (n * b_p) % c.rl.num_minibatches:
+  if b_p % c.rl.num_minibatches:
     raise ValueError(
-        f"rl.num_minibatches={c.rl.num_minibatches} must divide the rollout batch "
-        f"B_p * n = {n * b_p}")
+        f"rl.num_minibatches={c.rl.num_minibatches} must divide problems_per_batch={b_p} "
+        "(a minibatch holds whole groups)")
   if c.problems_per_batch > c.task.num_train:
     raise ValueError(f"problems_per_batch={b_p} exceeds task.num_train={c.task.num_train}")
   if not c.sampling.temperature >= 0:
@@ -283,9 +311,14 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return c
 
 
+def train_rollouts_per_problem(config: ml_collections.ConfigDict) -> int:
+  """m: rollouts per problem the update trains on (n unless PODS down-samples)."""
+  return config.rl.train_rollouts_per_problem or config.rollouts_per_problem
+
+
 def learning_rate(config: ml_collections.ConfigDict) -> float:
-  """The peak LR of a resolved config, after batch-size scaling."""
+  """The peak LR of a resolved config, scaled with the trained batch B_p * m."""
   return scaled_learning_rate(
       config.optim.learning_rate,
-      config.rollouts_per_problem * config.problems_per_batch,
+      train_rollouts_per_problem(config) * config.problems_per_batch,
       config.optim.lr_reference_batch, config.optim.lr_scaling)

@@ -44,3 +44,19 @@ def evaluate(graphdef, params, tok: TextTokenizer, problems: Sequence, reward_fn
                           chunk=min(config.eval.chunk_problems, len(problems)), rng=rng,
                           prompt_len=prompt_len, sampling=config.sampling)
   return metrics.summarize_correct(counts, config.eval.num_samples, config.eval.k)
+
+
+def pass_rate_histogram(graphdef, params, tok: TextTokenizer, problems: Sequence,
+                        reward_fn: Callable, config: ml_collections.ConfigDict, *,
+                        rng: jax.Array, prompt_len: int) -> list[int]:
+  """Counts of training problems per pass@1 bin: the interference diagnostic.
+
+  With small n a few problems get solved (pass@1 -> 1) while others fall to 0; the
+  histogram's mass moving to both ends shows it (PLAYBOOK section 1, point 5).
+  """
+  counts = correct_counts(graphdef, params, tok, problems, reward_fn,
+                          num_samples=config.eval.num_samples,
+                          chunk=min(config.eval.chunk_problems, len(problems)), rng=rng,
+                          prompt_len=prompt_len, sampling=config.sampling)
+  return metrics.pass_rate_histogram(counts / config.eval.num_samples,
+                                     config.eval.histogram_bins)

@@ -25,7 +25,8 @@ TRAIN_GRAD_NORM = "train/grad_norm"
 TRAIN_LR = "train/learning_rate"
 TRAIN_ZERO_VARIANCE = "train/zero_variance_fraction"
 TRAIN_RESPONSE_LENGTH = "train/response_length"
-TRAIN_PASS1_HISTOGRAM = "train/pass@1_histogram"
+TRAIN_PASS1_HISTOGRAM = "train/pass@1_histogram"  # list of counts per pass@1 bin
+TRAIN_ACTIVE_PROBLEMS = "train/active_problems"    # after No-Positive-Resampling
 
 VAL_PREFIX = "val/"
 

@@ -24,7 +24,7 @@ from isojax import config_lib, evaluation, metrics, run_dir
 from isojax.models import hf_checkpoint, sharding
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.rl import advantages as advantages_lib
-from isojax.rl import rollout, update
+from isojax.rl import downsampling, problem_pool, rollout, update
 from isojax.tasks import arithmetic, tiny_base_model
 
 # Allocation fields that must not change when a run resumes.
@@ -95,7 +95,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   graphdef, params = nnx.split(policy)
   keep_reference = config.rl.kl_coef > 0 or config.rl.log_kl_to_base
   ref_params = jax.tree.map(jnp.copy, params) if keep_reference else None
-  settings = update.UpdateSettings.from_config(config, group_size=n, prompt_len=prompt_len)
+  settings = update.UpdateSettings.from_config(
+      config, group_size=config_lib.train_rollouts_per_problem(config), prompt_len=prompt_len)
+  pool = (problem_pool.ProblemPool(len(train_problems), threshold=config.rl.retire_pass_rate)
+          if config.rl.retire_pass_rate > 0 else None)
 
   # ==================== Optimizer and restore ====================
   tx, schedule = update.make_optimizer(config)
@@ -106,12 +109,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         params=ocp.args.StandardRestore(params), opt_state=ocp.args.StandardRestore(opt_state),
         counters=ocp.args.JsonRestore()))
     params, opt_state = restored.params, restored.opt_state
-    counters = Counters(**restored.counters)
+    counters = Counters(**restored.counters.pop("counters"))
+    if pool is not None:
+      pool = problem_pool.ProblemPool.from_dict(
+          {k: np.asarray(v) for k, v in restored.counters["pool"].items()})
     logging.info("resumed %s at step %d (%d rollouts)", workdir, counters.step,
                  counters.rollouts)
 
   rng = jax.random.key(config.seed)
-  sample_key, eval_key, shuffle_key = jax.random.split(rng, 3)
+  sample_key, eval_key, shuffle_key, select_key = jax.random.split(rng, 4)
 
   def record(values: dict) -> None:
     writer.write({run_dir.STEP: counters.step, run_dir.ROLLOUTS: counters.rollouts,
@@ -122,15 +128,22 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     start = time.time()
     result = evaluation.evaluate(graphdef, params, tok, val_problems, reward_fn, config,
                                  rng=eval_key, prompt_len=prompt_len)
+    if config.eval.train_problems:
+      result[metrics.TRAIN_PASS1_HISTOGRAM] = evaluation.pass_rate_histogram(
+          graphdef, params, tok, train_problems[:config.eval.train_problems], reward_fn,
+          config, rng=eval_key, prompt_len=prompt_len)
     counters.wall_s += time.time() - start
-    logging.info("step %d eval: %s", counters.step,
-                 " ".join(f"{k}={v:.4f}" for k, v in result.items()))
+    logging.info("step %d eval: %s", counters.step, " ".join(
+        f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()))
     return result
 
   def save() -> None:
     ckpt.save(counters.step, args=ocp.args.Composite(
         params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
-        counters=ocp.args.JsonSave(dataclasses.asdict(counters))), force=True)
+        counters=ocp.args.JsonSave(dict(
+            counters=dataclasses.asdict(counters),
+            pool={k: v.tolist() for k, v in pool.to_dict().items()} if pool else None))),
+              force=True)
 
   # ==================== Loop ====================
   last_eval = run_eval() if counters.step == 0 else {}
@@ -141,29 +154,26 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   while counters.step < num_steps:
     step_start = time.time()
     step = counters.step
-    chosen = problems_for_step(config.seed, step, len(train_problems), b_p)
+    if pool is None:
+      chosen = problems_for_step(config.seed, step, len(train_problems), b_p)
+    else:
+      chosen = pool.sample(np.random.default_rng([config.seed, step]), b_p)
     problems = [train_problems[i] for i in chosen]
     scored = rollout.generate(graphdef, params, tok, problems, reward_fn, n=n,
                               rng=jax.random.fold_in(sample_key, step), prompt_len=prompt_len,
                               sampling=config.sampling)
-    tokens, mask = rollout.sequences(scored, n)
-    tokens, mask = jnp.asarray(tokens), jnp.asarray(mask)
-    rewards = jnp.asarray(scored.rewards_GN)
-    adv_GN = advantages_lib.compute_advantages(config.rl.advantage, rewards,
-                                               eps=config.rl.advantage_eps)
-    zero_var_G = np.asarray(advantages_lib.zero_variance_groups(rewards))
-    keep_pg, keep_reg = _filter_masks(config.rl.zero_variance_filter, zero_var_G, n)
-    old_logp = update.score(graphdef, params, tokens, mask, prompt_len=prompt_len,
+    if pool is not None:
+      pool.update(np.repeat(chosen, n), scored.rewards_GN.reshape(-1))
+    batch, zero_var_G = build_train_batch(
+        config, scored, select_rng=jax.random.fold_in(select_key, step))
+    batch = sharding.shard_batch(batch, mesh)
+    old_logp = update.score(graphdef, params, batch.tokens, batch.mask, prompt_len=prompt_len,
                             temperature=settings.temperature)
     ref_logp = old_logp if ref_params is None else update.score(
-        graphdef, ref_params, tokens, mask, prompt_len=prompt_len,
+        graphdef, ref_params, batch.tokens, batch.mask, prompt_len=prompt_len,
         temperature=settings.temperature)
-    batch = sharding.shard_batch(update.TrainBatch(
-        tokens=tokens, mask=mask, response_mask=scored.rollouts.mask,
-        sampler_logp=scored.rollouts.logprobs, old_logp=old_logp, ref_logp=ref_logp,
-        advantages=adv_GN.reshape(-1), keep_pg=jnp.asarray(keep_pg),
-        keep_reg=jnp.asarray(keep_reg), shuffle_rng=None), mesh)
-    batch = batch.replace(shuffle_rng=jax.random.fold_in(shuffle_key, step))
+    batch = batch.replace(old_logp=old_logp, ref_logp=ref_logp,
+                          shuffle_rng=jax.random.fold_in(shuffle_key, step))
     params, opt_state, stats = update.train_step(graphdef, params, opt_state, batch, tx=tx,
                                                  settings=settings)
     stats = jax.device_get(stats)
@@ -181,6 +191,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         metrics.TRAIN_LR: float(schedule(step * config.rl.num_minibatches * config.rl.num_epochs)),
         metrics.TRAIN_ZERO_VARIANCE: float(zero_var_G.mean()),
         metrics.TRAIN_RESPONSE_LENGTH: scored.num_tokens / (n * b_p),
+        metrics.TRAIN_ACTIVE_PROBLEMS: len(train_problems) if pool is None else int(
+            pool.active_ids().size),
     }
     kl = stats.pop("kl")
     if ref_params is not None:
@@ -204,9 +216,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
                        if k.startswith(metrics.VAL_PREFIX)}
 
 
-def _filter_masks(mode: str, zero_var_G: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+def _filter_masks(mode: str, zero_var_G: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
   """[B] masks of sequences kept in the policy-gradient and the regulariser terms."""
-  keep = np.repeat(~zero_var_G, n)
+  keep = np.repeat(~zero_var_G, m)
   everything = np.ones_like(keep)
   if mode == "off":
     return everything, everything
@@ -216,3 +228,43 @@ def _filter_masks(mode: str, zero_var_G: np.ndarray, n: int) -> tuple[np.ndarray
     return everything, keep
   raise ValueError(f"rl.zero_variance_filter={mode!r}: expected one of "
                    f"{update.ZERO_VARIANCE_MODES}")
+
+
+def build_train_batch(config: ml_collections.ConfigDict, scored: rollout.ScoredRollouts, *,
+                      select_rng: jax.Array) -> tuple[update.TrainBatch, np.ndarray]:
+  """Advantages, PODS down-sampling (n -> m per group) and zero-variance masks.
+
+  Returns the batch (old/ref log-probs still to be filled by the caller) and the [G]
+  zero-variance flags of the trained groups.
+  """
+  rl = config.rl
+  n, m = config.rollouts_per_problem, config_lib.train_rollouts_per_problem(config)
+  rewards_GN = jnp.asarray(scored.rewards_GN)
+  g = rewards_GN.shape[0]
+  if rl.downsample == "none":
+    rows = np.arange(g * n)
+    rewards_GM = rewards_GN
+    adv_GM = advantages_lib.compute_advantages(rl.advantage, rewards_GN, eps=rl.advantage_eps)
+  else:
+    idx_GM = downsampling.select_rollouts(rl.downsample, rewards_GN, m, rng=select_rng)
+    rows = (np.arange(g)[:, None] * n + np.asarray(idx_GM)).reshape(-1)
+    rewards_GM = downsampling.gather_groups(rewards_GN, idx_GM)
+    if rl.advantages_on == "generated":  # decoupled baseline: statistics from all n
+      adv_GM = downsampling.gather_groups(advantages_lib.compute_advantages(
+          rl.advantage, rewards_GN, eps=rl.advantage_eps), idx_GM)
+    else:
+      adv_GM = advantages_lib.compute_advantages(rl.advantage, rewards_GM,
+                                                 eps=rl.advantage_eps)
+  zero_var_G = np.asarray(advantages_lib.zero_variance_groups(rewards_GM))
+  keep_pg, keep_reg = _filter_masks(rl.zero_variance_filter, zero_var_G, m)
+  tokens, mask = rollout.sequences(scored, n)
+  response_mask = np.asarray(scored.rollouts.mask)[rows]
+  batch = update.TrainBatch(
+      tokens=jnp.asarray(tokens[rows]), mask=jnp.asarray(mask[rows]),
+      response_mask=jnp.asarray(response_mask),
+      sampler_logp=jnp.asarray(np.asarray(scored.rollouts.logprobs)[rows]),
+      old_logp=jnp.zeros(response_mask.shape, jnp.float32),
+      ref_logp=jnp.zeros(response_mask.shape, jnp.float32),
+      advantages=adv_GM.reshape(-1), keep_pg=jnp.asarray(keep_pg),
+      keep_reg=jnp.asarray(keep_reg), shuffle_rng=jax.random.key(0))
+  return batch, zero_var_G

@@ -73,6 +73,8 @@ def state_shardings(state: Any, mesh: Mesh) -> Any:
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
   """Leading axis split over the data-parallel axes, the rest replicated."""
+  if ndim == 0:
+    return replicated(mesh)
   return NamedSharding(mesh, logical_to_mesh(("batch",) + (None,) * (ndim - 1)))
 
 
