@@ -1,0 +1,124 @@
+"""The loop's batch assembly (PODS rows, advantages, filters) and the composed loss."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from isojax import config_lib, train
+from isojax.models.transformer import ModelConfig, Transformer
+from isojax.rl import rollout, update
+from isojax.sampling import sampler
+
+
+def _scored(rewards_GN, t=3, p=2):
+  g, n = rewards_GN.shape
+  b = g * n
+  tokens = np.arange(b * t).reshape(b, t) + 3  # unique rows, to identify selections
+  return rollout.ScoredRollouts(
+      prompts_GP=np.full((g, p), 5, np.int32), prompt_mask_GP=np.ones((g, p), bool),
+      rollouts=sampler.Rollouts(tokens=jnp.asarray(tokens),
+                                logprobs=-jnp.arange(b * t, dtype=jnp.float32).reshape(b, t),
+                                mask=jnp.ones((b, t), bool)),
+      rewards_GN=np.asarray(rewards_GN, np.float32), completions=[""] * b)
+
+
+def _config(**rl):
+  c = config_lib.base_config()
+  c.rollouts_per_problem, c.problems_per_batch, c.num_steps = 6, 2, 1
+  c.rl.update(rl)
+  return config_lib.resolve(c)
+
+
+def test_plain_grpo_batch():
+  rewards = np.array([[1, 0, 0, 1, 0, 0], [1, 1, 1, 1, 1, 1]], np.float32)
+  batch, zero_var = train.build_train_batch(_config(), _scored(rewards),
+                                            select_rng=jax.random.key(0))
+  r = rewards[0]
+  np.testing.assert_allclose(np.asarray(batch.advantages[:6]),
+                             (r - r.mean()) / (r.std() + 1e-6), rtol=1e-5)
+  np.testing.assert_array_equal(np.asarray(batch.advantages[6:]), 0)
+  np.testing.assert_array_equal(zero_var, [False, True])
+  assert batch.tokens.shape == (12, 5)
+
+
+def test_pods_max_variance_rows_and_subset_advantages():
+  rewards = np.array([[1, 1, 1, 0, 1, 1], [0, 0, 1, 0, 0, 0]], np.float32)
+  config = _config(downsample="max_variance", train_rollouts_per_problem=2,
+                   zero_variance_filter="all")
+  scored = _scored(rewards)
+  batch, zero_var = train.build_train_batch(config, scored, select_rng=jax.random.key(0))
+  # Max variance with m = 2 keeps one correct and one wrong rollout per group.
+  kept_rewards = []
+  full_tokens, _ = rollout.sequences(scored, 6)
+  for row in np.asarray(batch.tokens):
+    (match,) = np.flatnonzero((full_tokens == row).all(axis=1))
+    kept_rewards.append(rewards.reshape(-1)[match])
+  assert sorted(kept_rewards[:2]) == [0, 1] and sorted(kept_rewards[2:]) == [0, 1]
+  # Advantages on the selected pair: +-1 (up to eps).
+  np.testing.assert_allclose(np.sort(np.asarray(batch.advantages).reshape(2, 2)),
+                             [[-1, 1], [-1, 1]], atol=1e-5)
+  np.testing.assert_array_equal(zero_var, [False, False])
+  assert np.asarray(batch.keep_pg).all()
+
+
+def test_decoupled_baseline_uses_generated_statistics():
+  rewards = np.array([[1, 0, 0, 0, 0, 0], [1, 1, 0, 1, 0, 1]], np.float32)
+  config = _config(downsample="max_reward", train_rollouts_per_problem=2,
+                   advantages_on="generated")
+  batch, _ = train.build_train_batch(config, _scored(rewards), select_rng=jax.random.key(0))
+  full = (rewards - rewards.mean(1, keepdims=True)) / (rewards.std(1, keepdims=True) + 1e-6)
+  # max_reward keeps indices [0, 1] of group 0 and [0, 1] of group 1.
+  np.testing.assert_allclose(np.asarray(batch.advantages),
+                             [full[0, 0], full[0, 1], full[1, 0], full[1, 1]], rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode,pg,reg", [("off", [1, 1], [1, 1]), ("all", [1, 0], [1, 0]),
+                                         ("regularizers", [1, 1], [1, 0])])
+def test_zero_variance_filter_modes(mode, pg, reg):
+  rewards = np.array([[1, 0, 0, 1, 0, 0], [0] * 6], np.float32)
+  batch, _ = train.build_train_batch(_config(zero_variance_filter=mode), _scored(rewards),
+                                     select_rng=jax.random.key(0))
+  np.testing.assert_array_equal(np.asarray(batch.keep_pg), np.repeat(pg, 6))
+  np.testing.assert_array_equal(np.asarray(batch.keep_reg), np.repeat(reg, 6))
+
+
+def test_loss_fn_matches_numpy_objective():
+  """PPO-clip token mean + k3 KL - entropy, recomputed in NumPy from model logits."""
+  cfg = ModelConfig(vocab_size=13, num_layers=1, embed_dim=16, num_heads=2, num_kv_heads=1,
+                    head_dim=8, mlp_dim=24)
+  model = Transformer(cfg, rngs=nnx.Rngs(0))
+  graphdef, params = nnx.split(model)
+  rng = np.random.default_rng(0)
+  b, p, t = 4, 3, 4
+  tokens = rng.integers(1, 13, size=(b, p + t))
+  mask = np.ones((b, p + t), bool)
+  response_mask = np.array([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 0]], bool)
+  mask[:, p:] = response_mask
+  temperature = 0.7
+  logits = np.asarray(model(tokens, mask), np.float64)[:, p - 1:-1] / temperature
+  logp_all = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  logp = np.take_along_axis(logp_all, tokens[:, p:, None], -1)[..., 0]
+  old = logp + rng.normal(0, 0.3, size=logp.shape)
+  ref = logp + rng.normal(0, 0.3, size=logp.shape)
+  adv = np.array([1.0, -0.5, 2.0, -1.0])
+  ratio = np.exp(logp - old)
+  pg = -np.minimum(ratio * adv[:, None], np.clip(ratio, 0.8, 1.2) * adv[:, None])
+  kl = np.exp(ref - logp) - (ref - logp) - 1
+  ent = -(np.exp(logp_all) * logp_all).sum(-1)
+  m = response_mask
+  expected = (pg[m].sum() + 0.1 * kl[m].sum() - 0.05 * ent[m].sum()) / m.sum()
+
+  settings = update.UpdateSettings(
+      group_size=2, prompt_len=p, temperature=temperature, policy_loss="ppo_clip",
+      clip_eps=0.2, clip_eps_high=0.28, cispo_eps_max=4.0, aggregation="token_mean",
+      constant_normalizer=4.0, kl_coef=0.1, kl_form="k3", entropy_coef=0.05,
+      tis_threshold=0.0, num_minibatches=1, num_epochs=1)
+  batch = update.TrainBatch(
+      tokens=jnp.asarray(tokens), mask=jnp.asarray(mask), response_mask=jnp.asarray(m),
+      sampler_logp=jnp.asarray(old, jnp.float32), old_logp=jnp.asarray(old, jnp.float32),
+      ref_logp=jnp.asarray(ref, jnp.float32), advantages=jnp.asarray(adv, jnp.float32),
+      keep_pg=jnp.ones(b, bool), keep_reg=jnp.ones(b, bool), shuffle_rng=jax.random.key(0))
+  loss, _ = update.loss_fn(params, graphdef, batch, settings)
+  assert float(loss) == pytest.approx(expected, rel=1e-4, abs=1e-5)
