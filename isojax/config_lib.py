@@ -52,6 +52,8 @@ def base_config() -> ml_collections.ConfigDict:
       num_train=2048,        # distinct training problems
       num_val=256,           # held-out validation problems
       seed=1234,
+      split="",              # a profiled split's name (launch.profile); "" generates
+      splits_dir="~/.cache/isojax/splits",
   ))
 
   # The base policy: a Hugging Face checkpoint directory, or (when `path` is
@@ -296,7 +298,7 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     raise ValueError(
         f"rl.num_minibatches={c.rl.num_minibatches} must divide problems_per_batch={b_p} "
         "(a minibatch holds whole groups)")
-  if c.problems_per_batch > c.task.num_train:
+  if not c.task.split and c.problems_per_batch > c.task.num_train:
     raise ValueError(f"problems_per_batch={b_p} exceeds task.num_train={c.task.num_train}")
   if not c.sampling.temperature >= 0:
     raise ValueError(f"sampling.temperature={c.sampling.temperature}: expected >= 0")

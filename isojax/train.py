@@ -25,7 +25,8 @@ from isojax.models import hf_checkpoint, sharding
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.rl import advantages as advantages_lib
 from isojax.rl import downsampling, problem_pool, rollout, update
-from isojax.tasks import arithmetic, tiny_base_model
+from isojax import tasks
+from isojax.tasks import tiny_base_model
 
 # Allocation fields that must not change when a run resumes.
 _RESUME_INVARIANTS = ("rollouts_per_problem", "problems_per_batch", "num_steps", "seed")
@@ -75,6 +76,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Trains; returns the last evaluation's metrics."""
   config = config_lib.resolve(config)
   n, b_p, num_steps = config.rollouts_per_problem, config.problems_per_batch, config.num_steps
+  # ==================== Mesh and task (fail fast, before anything is written) ====
+  mesh = sharding.make_mesh(config.mesh)
+  train_problems, val_problems = tasks.load_problems(config.task)
+  if b_p > len(train_problems):
+    raise ValueError(f"problems_per_batch={b_p} exceeds the {len(train_problems)} training "
+                     f"problems of task.split={config.task.split!r}")
+  reward_fn = tasks.reward_fn(config.task)
+
   # ==================== Run directory and checkpoints ====================
   ckpt = ocp.CheckpointManager(run_dir.checkpoint_dir(workdir), options=ocp.CheckpointManagerOptions(
       max_to_keep=2, enable_async_checkpointing=False))
@@ -84,12 +93,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   run_dir.write_config(workdir, config.to_dict())
   writer = run_dir.MetricsWriter(workdir, resume_step=resume_step)
 
-  # ==================== Mesh, task, model ====================
-  mesh = sharding.make_mesh(config.mesh)
-  train_problems, val_problems = arithmetic.make_splits(
-      config.task.seed, config.task.num_train, config.task.num_val, config.task.min_digits,
-      config.task.max_digits)
-  reward_fn = arithmetic.reward
+  # ==================== Model ====================
   policy, tok = load_policy(config, mesh)
   prompt_len = max(len(tok.encode(p.prompt)) for p in train_problems + val_problems)
   graphdef, params = nnx.split(policy)
