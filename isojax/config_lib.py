@@ -126,7 +126,6 @@ def base_config() -> ml_collections.ConfigDict:
       num_samples=8,         # N >= k samples per validation problem
       chunk_problems=256,    # problems per sampler call
       train_problems=128,    # training problems in the pass@1 histogram; 0 disables
-      histogram_bins=10,
   ))
 
   # Logical mesh: -1 fills with the remaining devices.

@@ -49,7 +49,7 @@ def evaluate(graphdef, params, tok: TextTokenizer, problems: Sequence, reward_fn
 def pass_rate_histogram(graphdef, params, tok: TextTokenizer, problems: Sequence,
                         reward_fn: Callable, config: ml_collections.ConfigDict, *,
                         rng: jax.Array, prompt_len: int) -> list[int]:
-  """Counts of training problems per pass@1 bin: the interference diagnostic.
+  """Training problems with 0..N of N samples correct: the interference diagnostic.
 
   With small n a few problems get solved (pass@1 -> 1) while others fall to 0; the
   histogram's mass moving to both ends shows it (PLAYBOOK section 1, point 5).
@@ -58,5 +58,4 @@ def pass_rate_histogram(graphdef, params, tok: TextTokenizer, problems: Sequence
                           num_samples=config.eval.num_samples,
                           chunk=min(config.eval.chunk_problems, len(problems)), rng=rng,
                           prompt_len=prompt_len, sampling=config.sampling)
-  return metrics.pass_rate_histogram(counts / config.eval.num_samples,
-                                     config.eval.histogram_bins)
+  return metrics.pass_count_histogram(counts, config.eval.num_samples)

@@ -25,7 +25,7 @@ TRAIN_GRAD_NORM = "train/grad_norm"
 TRAIN_LR = "train/learning_rate"
 TRAIN_ZERO_VARIANCE = "train/zero_variance_fraction"
 TRAIN_RESPONSE_LENGTH = "train/response_length"
-TRAIN_PASS1_HISTOGRAM = "train/pass@1_histogram"  # list of counts per pass@1 bin
+TRAIN_PASS1_HISTOGRAM = "train/pass@1_histogram"  # problems with 0..N of N correct
 TRAIN_ACTIVE_PROBLEMS = "train/active_problems"    # after No-Positive-Resampling
 
 VAL_PREFIX = "val/"
@@ -95,7 +95,12 @@ def summarize_correct(num_correct_P, num_samples: int, k: int) -> dict[str, floa
   }
 
 
-def pass_rate_histogram(pass_rate_P, num_bins: int = 10) -> list[int]:
-  """Counts of problems per pass@1 bin over [0, 1] (the interference diagnostic)."""
-  counts, _ = np.histogram(np.asarray(pass_rate_P, np.float64), bins=num_bins, range=(0, 1))
-  return counts.tolist()
+def pass_count_histogram(num_correct_P, num_samples: int) -> list[int]:
+  """Problems with 0, 1, ..., N correct of N samples: the pass@1 histogram.
+
+  One bin per attainable pass@1 value c / N, so no bin is empty by construction
+  (the interference diagnostic: mass moving to both ends means some problems are
+  being solved while others are forgotten).
+  """
+  c = _check(num_correct_P, num_samples, 1)
+  return np.bincount(c, minlength=num_samples + 1).tolist()

@@ -9,6 +9,7 @@ checkpoint, loop. The problem order and every random key are functions of
 from __future__ import annotations
 
 import dataclasses
+import logging as std_logging
 import time
 
 import jax
@@ -72,9 +73,19 @@ def _check_resume(workdir: str, config: ml_collections.ConfigDict) -> None:
         f"{', '.join(f'{f}={saved.get(f)}' for f in changed)}; use a new --workdir")
 
 
+class _DropLibraryInfo(std_logging.Filter):
+  """Orbax logs every save step at INFO through absl; keep its warnings only."""
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    return record.levelno >= std_logging.WARNING or "orbax" not in record.pathname
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Trains; returns the last evaluation's metrics."""
   config = config_lib.resolve(config)
+  handler = logging.get_absl_handler()
+  if not any(isinstance(f, _DropLibraryInfo) for f in handler.filters):
+    handler.addFilter(_DropLibraryInfo())
   n, b_p, num_steps = config.rollouts_per_problem, config.problems_per_batch, config.num_steps
   # ==================== Mesh and task (fail fast, before anything is written) ====
   mesh = sharding.make_mesh(config.mesh)

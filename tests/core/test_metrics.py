@@ -53,5 +53,5 @@ def test_rejects_bad_counts(counts, n, k):
     metrics.summarize_correct(counts, n, k)
 
 
-def test_histogram_counts_problems():
-  assert metrics.pass_rate_histogram([0, 0.05, 0.5, 1.0, 1.0], num_bins=4) == [2, 0, 1, 2]
+def test_histogram_counts_problems_per_correct_count():
+  assert metrics.pass_count_histogram([0, 0, 2, 4, 4, 4], 4) == [2, 0, 1, 0, 3]
