@@ -64,11 +64,25 @@ def logical_to_mesh(names: tuple[str | None, ...]) -> PartitionSpec:
 
 
 def state_shardings(state: Any, mesh: Mesh) -> Any:
-  """NamedShardings for an (abstract) nnx.State from its logical axis metadata."""
+  """NamedShardings for an (abstract) nnx.State from its logical axis metadata.
+
+  A dimension whose size the mesh axes do not divide (a 15-token vocabulary on two
+  tensor shards, say) is replicated instead of failing.
+  """
   with nnx.logical_axis_rules(LOGICAL_RULES):
     specs = nnx.get_partition_spec(state)
-  return jax.tree.map(lambda p: NamedSharding(mesh, p), specs,
-                      is_leaf=lambda x: isinstance(x, PartitionSpec))
+  shapes = jax.tree.map(lambda x: x.shape, state)
+  return jax.tree.map(lambda p, shape: NamedSharding(mesh, _divisible(p, shape, mesh)),
+                      specs, shapes, is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def _divisible(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
+  out = []
+  for axes, size in zip(tuple(spec) + (None,) * (len(shape) - len(spec)), shape):
+    names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    shards = math.prod(mesh.shape[a] for a in names)
+    out.append(axes if size % shards == 0 else None)
+  return PartitionSpec(*out)
 
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
