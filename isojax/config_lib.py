@@ -172,6 +172,7 @@ def apply_preset(config: ml_collections.ConfigDict, name: str | None) -> ml_coll
                         weight_decay=0.0)
     config.eval.update(every=10, num_samples=4, k=4)
     config.mesh.update(data=1, fsdp=-1, tensor=1)
+    config.rl.log_kl_to_base = config.rl.kl_coef > 0  # no second 7B copy unless needed
     config.checkpoint_every = 10
     return config
   raise ValueError(f"preset {name!r}: expected one of default, micro, paper")

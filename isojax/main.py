@@ -5,12 +5,15 @@ r"""Runs one isojax RL job.
       --config.rollouts_per_problem=16
 
 Rerunning the same command on the same workdir resumes from the last checkpoint.
+Multi-host runs initialise `jax.distributed` from the ISOJAX_* environment variables
+that the generated cluster scripts set (see `isojax.distributed`).
 """
 
+import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from isojax import train
+from isojax import distributed, train
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/hard.py", "Config file, optionally with a preset: file.py:preset.",
@@ -22,6 +25,9 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.INFO)
+  if distributed.initialize():  # before anything touches a device
+    logging.info("jax.distributed initialised: process %d of %d",
+                 jax.process_index(), jax.process_count())
   final = train.run(_CONFIG.value, _WORKDIR.value)
   logging.info("final evaluation: %s", final)
 

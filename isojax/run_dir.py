@@ -92,11 +92,18 @@ def read_config(workdir: str) -> dict[str, Any]:
 
 
 class MetricsWriter:
-  """Appends metrics lines; on resume drops the lines after the restored step."""
+  """Appends metrics lines; on resume drops the lines after the restored step.
 
-  def __init__(self, workdir: str, resume_step: int | None = None):
-    os.makedirs(workdir, exist_ok=True)
+  With `enabled=False` (every process but the first of a multi-host job) it writes
+  nothing, so one file has one line per step whatever the number of hosts.
+  """
+
+  def __init__(self, workdir: str, resume_step: int | None = None, enabled: bool = True):
+    self.enabled = enabled
     self.path = metrics_path(workdir)
+    if not enabled:
+      return
+    os.makedirs(workdir, exist_ok=True)
     if resume_step is None:
       open(self.path, "w").close()
     elif os.path.exists(self.path):
@@ -108,6 +115,8 @@ class MetricsWriter:
     missing = [k for k in REQUIRED_KEYS if k not in record]
     if missing:
       raise ValueError(f"metrics record lacks required keys {missing}: {record}")
+    if not self.enabled:
+      return
     with open(self.path, "a") as f:
       f.write(json.dumps(record, default=_json_default) + "\n")
 

@@ -101,8 +101,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   resume_step = ckpt.latest_step()
   if resume_step is not None:
     _check_resume(workdir, config)
-  run_dir.write_config(workdir, config.to_dict())
-  writer = run_dir.MetricsWriter(workdir, resume_step=resume_step)
+  primary = jax.process_index() == 0  # one writer per job, however many hosts
+  if primary:
+    run_dir.write_config(workdir, config.to_dict())
+  writer = run_dir.MetricsWriter(workdir, resume_step=resume_step, enabled=primary)
 
   # ==================== Model ====================
   policy, tok = load_policy(config, mesh)
@@ -165,7 +167,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   if counters.step == 0:
     record(last_eval)
   bar = tqdm.tqdm(total=num_steps, initial=counters.step, desc="RL steps", unit="step",
-                  dynamic_ncols=True, disable=None)
+                  dynamic_ncols=True, disable=None if primary else True)
   while counters.step < num_steps:
     step_start = time.time()
     step = counters.step
@@ -249,8 +251,8 @@ def build_train_batch(config: ml_collections.ConfigDict, scored: rollout.ScoredR
                       select_rng: jax.Array) -> tuple[update.TrainBatch, np.ndarray]:
   """Advantages, PODS down-sampling (n -> m per group) and zero-variance masks.
 
-  Returns the batch (old/ref log-probs still to be filled by the caller) and the [G]
-  zero-variance flags of the trained groups.
+  Returns a host (NumPy) batch whose old/ref log-probs and shuffle key the caller
+  fills after sharding it, and the [G] zero-variance flags of the trained groups.
   """
   rl = config.rl
   n, m = config.rollouts_per_problem, config_lib.train_rollouts_per_problem(config)
@@ -273,13 +275,12 @@ def build_train_batch(config: ml_collections.ConfigDict, scored: rollout.ScoredR
   zero_var_G = np.asarray(advantages_lib.zero_variance_groups(rewards_GM))
   keep_pg, keep_reg = _filter_masks(rl.zero_variance_filter, zero_var_G, m)
   tokens, mask = rollout.sequences(scored, n)
-  response_mask = np.asarray(scored.rollouts.mask)[rows]
+  response_mask = scored.rollouts.mask[rows]
   batch = update.TrainBatch(
-      tokens=jnp.asarray(tokens[rows]), mask=jnp.asarray(mask[rows]),
-      response_mask=jnp.asarray(response_mask),
-      sampler_logp=jnp.asarray(np.asarray(scored.rollouts.logprobs)[rows]),
-      old_logp=jnp.zeros(response_mask.shape, jnp.float32),
-      ref_logp=jnp.zeros(response_mask.shape, jnp.float32),
-      advantages=adv_GM.reshape(-1), keep_pg=jnp.asarray(keep_pg),
-      keep_reg=jnp.asarray(keep_reg), shuffle_rng=jax.random.key(0))
+      tokens=tokens[rows], mask=mask[rows], response_mask=response_mask,
+      sampler_logp=scored.rollouts.logprobs[rows],
+      old_logp=np.zeros(response_mask.shape, np.float32),
+      ref_logp=np.zeros(response_mask.shape, np.float32),
+      advantages=np.asarray(adv_GM).reshape(-1), keep_pg=keep_pg, keep_reg=keep_reg,
+      shuffle_rng=None)
   return batch, zero_var_G

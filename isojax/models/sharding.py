@@ -93,7 +93,24 @@ def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
 
 
 def shard_batch(tree: Any, mesh: Mesh) -> Any:
-  return jax.tree.map(lambda x: jax.device_put(x, batch_sharding(mesh, np.ndim(x))), tree)
+  """Host arrays (identical on every process) -> global arrays split along the batch.
+
+  Each process materialises only its own shards, so this works unchanged on one
+  device, on many, and across hosts.
+  """
+  def put(x):
+    x = np.asarray(x)
+    sharding = batch_sharding(mesh, x.ndim)
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+  return jax.tree.map(put, tree)
+
+
+def to_host(x: jax.Array) -> np.ndarray:
+  """A global (possibly multi-host) array as one NumPy array on every process."""
+  if jax.process_count() == 1 or getattr(x, "is_fully_addressable", True):
+    return np.asarray(x)
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from isojax.models import sharding
 from isojax.models.tokenizer import TextTokenizer
 from isojax.sampling import sampler
 
@@ -23,13 +24,13 @@ from isojax.sampling import sampler
 class ScoredRollouts:
   prompts_GP: np.ndarray       # [G, P] int32, left-padded
   prompt_mask_GP: np.ndarray   # [G, P] bool
-  rollouts: sampler.Rollouts   # [B, T] arrays on device, B = G * n
+  rollouts: sampler.Rollouts   # [B, T] host NumPy arrays, B = G * n
   rewards_GN: np.ndarray       # [G, n] float32
   completions: list[str]       # [B] decoded text
 
   @property
   def num_tokens(self) -> int:
-    return int(np.asarray(self.rollouts.mask).sum())
+    return int(self.rollouts.mask.sum())
 
 
 def encode_prompts(tok: TextTokenizer, problems: Sequence, prompt_len: int):
@@ -48,8 +49,8 @@ def generate(graphdef, params, tok: TextTokenizer, problems: Sequence,
       temperature=float(sampling.temperature if temperature is None else temperature),
       top_k=int(sampling.top_k), top_p=float(sampling.top_p), eos_id=tok.eos_id,
       pad_id=tok.pad_id)
-  tokens = np.asarray(rollouts.tokens)
-  completions = [tok.decode(row) for row in tokens]
+  rollouts = jax.tree.map(sharding.to_host, rollouts)
+  completions = [tok.decode(row) for row in rollouts.tokens]
   rewards = np.array([reward_fn(text, problems[i // n]) for i, text in enumerate(completions)],
                      np.float32).reshape(len(problems), n)
   return ScoredRollouts(prompts, mask, rollouts, rewards, completions)
@@ -59,6 +60,6 @@ def sequences(scored: ScoredRollouts, n: int) -> tuple[np.ndarray, np.ndarray]:
   """Prompt + response tokens [B, P + T] and their real-token mask, for scoring."""
   prompts = np.repeat(scored.prompts_GP, n, axis=0)
   prompt_mask = np.repeat(scored.prompt_mask_GP, n, axis=0)
-  tokens = np.concatenate([prompts, np.asarray(scored.rollouts.tokens)], axis=1)
-  mask = np.concatenate([prompt_mask, np.asarray(scored.rollouts.mask)], axis=1)
+  tokens = np.concatenate([prompts, scored.rollouts.tokens], axis=1)
+  mask = np.concatenate([prompt_mask, scored.rollouts.mask], axis=1)
   return tokens, mask

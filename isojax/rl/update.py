@@ -163,7 +163,7 @@ def train_step(graphdef, params, opt_state, batch: TrainBatch, *,
     params, opt_state = carry
     (_, stats), grads = grad_fn(params, graphdef, mb, settings)
     updates, opt_state = tx.update(grads, opt_state, params)
-    stats["grad_norm"] = optax.global_norm(grads)
+    stats["grad_norm"] = optax.tree.norm(grads)
     return (optax.apply_updates(params, updates), opt_state), stats
 
   def one_epoch(carry, rng):
