@@ -31,7 +31,6 @@ RECIPES: dict[str, dict[str, Any]] = {
 LR_SCALING_RULES = ("constant", "sqrt", "linear")
 # Advantage estimators that normalise within a group and so need n >= 2.
 GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "batch_norm")
-DOWNSAMPLE_NAMES = ("none", "max_variance", "max_reward", "random")
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -229,6 +228,25 @@ def unknown_fields(config: dict[str, Any], schema: dict[str, Any], prefix: str =
   return unknown
 
 
+def _check_registered_names(rl: ml_collections.ConfigDict) -> None:
+  """Names picked from the RL registries exist (checked before any compilation)."""
+  # Imported here so the planner can use this module without loading JAX.
+  from isojax.rl import advantages, downsampling, losses  # pylint: disable=g-import-not-at-top
+  from isojax.rl import update  # pylint: disable=g-import-not-at-top
+  choices = {
+      "advantage": advantages.ADVANTAGE_ESTIMATORS,
+      "policy_loss": losses.POLICY_LOSSES,
+      "aggregation": losses.AGGREGATIONS,
+      "kl_form": losses.KL_ESTIMATORS,
+      "downsample": ("none", *downsampling.DOWNSAMPLERS),
+      "zero_variance_filter": update.ZERO_VARIANCE_MODES,
+      "advantages_on": ("selected", "generated"),
+  }
+  for field, names in choices.items():
+    if rl[field] not in names:
+      raise ValueError(f"rl.{field}={rl[field]!r}: expected one of {sorted(names)}")
+
+
 def _positive_int(config, field: str) -> int:
   value = config
   for part in field.split("."):
@@ -265,8 +283,7 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   c.budget_rollouts = n * b_p * steps
 
   m = train_rollouts_per_problem(c)
-  if c.rl.downsample not in DOWNSAMPLE_NAMES:
-    raise ValueError(f"rl.downsample={c.rl.downsample!r}: expected one of {DOWNSAMPLE_NAMES}")
+  _check_registered_names(c.rl)
   if c.rl.downsample == "none" and m != n:
     raise ValueError(f"rl.train_rollouts_per_problem={m} differs from rollouts_per_problem="
                      f"{n}: set rl.downsample to train on a subset")
@@ -276,8 +293,6 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if not 1 <= m <= n:
     raise ValueError(f"rl.train_rollouts_per_problem={m}: expected 1 <= m <= "
                      f"rollouts_per_problem={n}")
-  if c.rl.advantages_on not in ("selected", "generated"):
-    raise ValueError(f"rl.advantages_on={c.rl.advantages_on!r}: expected selected or generated")
   group = n if c.rl.advantages_on == "generated" else m
   if group == 1 and c.rl.advantage in GROUP_ESTIMATORS:
     field = "rollouts_per_problem" if m == n else "rl.train_rollouts_per_problem"
