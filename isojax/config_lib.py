@@ -15,6 +15,7 @@ Allocation fields (the playbook's symbols):
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -179,7 +180,6 @@ def apply_preset(config: ml_collections.ConfigDict, name: str | None) -> ml_coll
 
 def config_from_json(path: str) -> ml_collections.ConfigDict:
   """A config from a JSON file of (a subset of) its fields over `base_config()`."""
-  import json  # pylint: disable=g-import-not-at-top
   try:
     with open(path) as f:
       fields = json.load(f)
