@@ -72,5 +72,10 @@ def initialize(env: Mapping[str, str] | None = None) -> bool:
   if kwargs is None:
     return False
   import jax  # pylint: disable=g-import-not-at-top
+  try:  # CPU processes need a collectives backend (older JAX defaults to none)
+    if jax.config.jax_cpu_collectives_implementation in (None, "none"):
+      jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  except AttributeError:
+    pass
   jax.distributed.initialize(**kwargs)
   return True

@@ -1,0 +1,453 @@
+"""Difficulty profiling: the base model's per-problem pass rates and the paper's splits.
+
+The playbook (section 3) defines difficulty by the *base* model: avg@16, the mean 0/1
+reward over 16 samples. This module samples a pool of candidate problems with the
+base model (loaded exactly as the RL loop loads it), then fills the paper's splits
+from the pass-rate bands, each with a held-out in-domain validation set:
+
+  easy                    avg@16 in [0.3, 0.6]
+  hard                    avg@16 in [0, 0.0625]
+  extremely_hard          avg@16 = 0 and 0 correct of 128 further samples (pass@128 = 0)
+  very_easy               avg@16 in [0.6, 0.9]
+  mix_hard_easy           50% hard, 50% easy
+  mix_hard_easy_veryeasy  50% hard, 25% easy, 25% very easy
+
+Validation problems come from the arithmetic task's validation partition (a hash of
+the prompt), which the tiny base model never saw and which no training problem is in,
+so train and validation are disjoint by construction. Results are cached: a split
+whose file already holds the same `settings` (model path, sampling, pool, sizes,
+bands) is not recomputed. `launch.profile` is the command line; `launch.study` calls
+`profile` directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+from flax import nnx
+
+from isojax import config_lib, evaluation, tasks, train
+from isojax.models import sharding
+from isojax.tasks import arithmetic, splits, tiny_base_model
+
+PROFILE_FILE = "profile.json"   # per-problem pass rates of the pool, beside the splits
+_VERSION = 1                    # bump when the selection rules below change
+_TOL = 1e-9                     # band edges are inclusive
+
+
+@dataclasses.dataclass(frozen=True)
+class Band:
+  """A closed interval of avg@k pass rates."""
+  low: float
+  high: float
+
+  def contains(self, rate: float) -> bool:
+    return self.low - _TOL <= rate <= self.high + _TOL
+
+
+# Difficulty classes (PLAYBOOK section 3). `extremely_hard` is avg@k = 0 *and* no
+# correct sample of `hard_samples` more, so it is not a band.
+BANDS: dict[str, Band] = {
+    "hard": Band(0.0, 0.0625),
+    "easy": Band(0.3, 0.6),
+    "very_easy": Band(0.6, 0.9),
+}
+EXTREMELY_HARD = "extremely_hard"
+# Each split: the fraction of its problems drawn from each difficulty class.
+SPLITS: dict[str, dict[str, float]] = {
+    "easy": {"easy": 1.0},
+    "hard": {"hard": 1.0},
+    EXTREMELY_HARD: {EXTREMELY_HARD: 1.0},
+    "very_easy": {"very_easy": 1.0},
+    "mix_hard_easy": {"hard": 0.5, "easy": 0.5},
+    "mix_hard_easy_veryeasy": {"hard": 0.5, "easy": 0.25, "very_easy": 0.25},
+}
+
+
+class ProfileError(ValueError):
+  """A split could not be made (names the split and the counts)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  out_dir: str                      # where the split files go (a config's task.splits_dir)
+  num_samples: int = 16             # k of avg@k, the difficulty measure
+  hard_samples: int = 128           # further samples for the extremely hard split
+  pool_size: int = 8192             # candidate training problems
+  val_pool_size: int = 4096         # candidate validation problems (disjoint partition)
+  # Every difficulty the tiny base model was pre-trained on (base_model.sft_max_digits):
+  # 4-digit sums all have avg@16 = 0 and would fill the hard splits with problems no
+  # RL run on this base model can learn.
+  min_digits: int = 1
+  max_digits: int = 3
+  num_train: int = 512              # training problems per split
+  num_val: int = 256                # validation problems per split
+  seed: int = 0                     # the pool and the sampling keys
+  chunk_rollouts: int = 4096        # rollouts per sampler call
+  splits: tuple[str, ...] = tuple(SPLITS)
+  force: bool = False
+
+
+@dataclasses.dataclass
+class ProblemRates:
+  """Measured pass rates of a pool of problems."""
+  problems: list[arithmetic.Problem]
+  correct_P: np.ndarray             # [P] int, correct of num_samples
+  hard_correct_P: np.ndarray        # [P] int, correct of hard_samples; -1 = not sampled
+  num_samples: int
+
+  @property
+  def rate_P(self) -> np.ndarray:   # [P] float, avg@num_samples
+    return self.correct_P / self.num_samples
+
+  def members(self, name: str) -> list[int]:
+    """Indices (in pool order) of the problems of one difficulty class."""
+    if name == EXTREMELY_HARD:
+      return [i for i in range(len(self.problems))
+              if self.correct_P[i] == 0 and self.hard_correct_P[i] == 0]
+    band = BANDS[name]
+    return [i for i, r in enumerate(self.rate_P) if band.contains(float(r))]
+
+
+def model_path(config: ml_collections.ConfigDict) -> str:
+  """The base model directory `train.load_policy` loads (without building it)."""
+  if config.base_model.path:
+    return os.path.abspath(os.path.expanduser(config.base_model.path))
+  return os.path.abspath(tiny_base_model.cache_path(config.base_model, config.task))
+
+
+def settings(config: ml_collections.ConfigDict, options: Options) -> dict[str, Any]:
+  """Everything that determines the splits: equal settings, equal files."""
+  return dict(
+      version=_VERSION, model=model_path(config), sampling=config.sampling.to_dict(),
+      model_dtype=config.model.dtype, num_samples=options.num_samples,
+      hard_samples=options.hard_samples, pool_size=options.pool_size,
+      val_pool_size=options.val_pool_size, min_digits=options.min_digits,
+      max_digits=options.max_digits, num_train=options.num_train, num_val=options.num_val,
+      seed=options.seed, bands={k: dataclasses.asdict(b) for k, b in BANDS.items()})
+
+
+def _check_options(options: Options) -> None:
+  unknown = [s for s in options.splits if s not in SPLITS]
+  if unknown or not options.splits:
+    raise ProfileError(f"splits={list(options.splits)}: expected names from {list(SPLITS)}")
+  for field in ("num_samples", "hard_samples", "pool_size", "val_pool_size", "num_train",
+                "num_val", "chunk_rollouts", "min_digits"):
+    if getattr(options, field) < 1:
+      raise ProfileError(f"{field}={getattr(options, field)}: expected a positive integer")
+  if options.min_digits > options.max_digits:
+    raise ProfileError(f"min_digits={options.min_digits} > max_digits={options.max_digits}")
+
+
+def cached(config: ml_collections.ConfigDict, options: Options) -> bool:
+  """True when every requested split file exists with these settings."""
+  want = settings(config, options)
+  for name in options.splits:
+    path = splits.split_path(options.out_dir, name)
+    if not os.path.isfile(path):
+      return False
+    try:
+      if splits.read_split_meta(options.out_dir, name).get("settings") != want:
+        return False
+    except (json.JSONDecodeError, KeyError, TypeError):
+      return False
+  return True
+
+
+# --- Sampling (devices) ----------------------------------------------------------
+
+
+class _Sampler:
+  """The base policy and a correct-count function over problem lists."""
+
+  def __init__(self, config: ml_collections.ConfigDict, problems: Sequence[arithmetic.Problem]):
+    self.config = config
+    mesh = sharding.make_mesh(config.mesh)
+    policy, self.tok = train.load_policy(config, mesh)
+    self.graphdef, self.params = nnx.split(policy)
+    self.prompt_len = max(len(self.tok.encode(p.prompt)) for p in problems)
+
+  def correct(self, problems, num_samples: int, chunk_rollouts: int, rng) -> np.ndarray:
+    if not problems:
+      return np.zeros(0, np.int64)
+    chunk = max(1, min(len(problems), chunk_rollouts // num_samples))
+    return evaluation.correct_counts(
+        self.graphdef, self.params, self.tok, problems, tasks.reward_fn(self.config.task),
+        num_samples=num_samples, chunk=chunk, rng=rng, prompt_len=self.prompt_len,
+        sampling=self.config.sampling)
+
+
+def _measure(sampler: _Sampler, problems, options: Options, rng, need_extremely_hard: int,
+             ) -> ProblemRates:
+  """avg@k of every problem; pass@hard_samples of avg@k = 0 ones until enough are found."""
+  correct = sampler.correct(problems, options.num_samples, options.chunk_rollouts,
+                            jax.random.fold_in(rng, 0))
+  hard = np.full(len(problems), -1, np.int64)
+  if need_extremely_hard:
+    zeros = np.flatnonzero(correct == 0)
+    step = max(1, options.chunk_rollouts // options.hard_samples)
+    found = 0
+    for i, start in enumerate(range(0, len(zeros), step)):
+      idx = zeros[start:start + step]
+      hard[idx] = sampler.correct([problems[j] for j in idx], options.hard_samples,
+                                  options.chunk_rollouts, jax.random.fold_in(rng, 1 + i))
+      found += int(np.count_nonzero(hard[idx] == 0))
+      if found >= need_extremely_hard:
+        break
+  return ProblemRates(list(problems), correct, hard, options.num_samples)
+
+
+# --- Split selection (pure) --------------------------------------------------------
+
+
+def select(rates: ProblemRates, composition: dict[str, float], size: int
+           ) -> tuple[list[int], dict[str, int]]:
+  """Indices for a split of `size` problems in the composition's proportions.
+
+  Draws each class's share in pool order (the pool is already random). When a class
+  has too few problems the whole split shrinks so the proportions hold. Returns the
+  indices and the available count per class.
+  """
+  available = {c: rates.members(c) for c in composition}
+  total = size
+  for c, fraction in composition.items():
+    total = min(total, int(len(available[c]) / fraction + _TOL))
+  counts = _shares(composition, total)
+  chosen, seen = [], set()
+  for c, count in counts.items():
+    taken = 0
+    for i in available[c]:
+      if taken == count:
+        break
+      if rates.problems[i].prompt not in seen:  # classes may share an edge value
+        seen.add(rates.problems[i].prompt)
+        chosen.append(i)
+        taken += 1
+  return chosen, {c: len(v) for c, v in available.items()}
+
+
+def _shares(composition: dict[str, float], total: int) -> dict[str, int]:
+  """Integer counts summing to `total`, in the composition's proportions."""
+  counts = {c: int(total * f) for c, f in composition.items()}
+  first = next(iter(composition))
+  counts[first] += total - sum(counts.values())  # rounding goes to the first class
+  return counts
+
+
+@dataclasses.dataclass
+class SplitPlan:
+  """The problems (pool indices) chosen for one split."""
+  name: str
+  train: list[int]
+  val: list[int]
+  available_train: dict[str, int]   # problems per difficulty class in the pool
+  available_val: dict[str, int]
+
+
+def plan_splits(train_rates: ProblemRates, val_rates: ProblemRates, options: Options
+                ) -> tuple[list[SplitPlan], list[str]]:
+  """The non-empty splits of `options.splits`, and a description of each empty one."""
+  plans, empty = [], []
+  for name in options.splits:
+    composition = SPLITS[name]
+    train_idx, train_avail = select(train_rates, composition, options.num_train)
+    val_idx, val_avail = select(val_rates, composition, options.num_val)
+    if not train_idx or not val_idx:
+      empty.append(f"{name} (train: {len(train_idx)} of {options.num_train}, val: "
+                   f"{len(val_idx)} of {options.num_val}; available per class: train "
+                   f"{train_avail}, val {val_avail})")
+    else:
+      plans.append(SplitPlan(name, train_idx, val_idx, train_avail, val_avail))
+  return plans, empty
+
+
+# --- The whole job ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class SplitSummary:
+  name: str
+  num_train: int
+  num_val: int
+  train_pass_rate: float     # mean avg@k of the base model
+  val_pass_rate: float
+  path: str
+  digits: dict[int, float]   # fraction of training problems per operand digit count
+
+
+def _digit_mix(difficulties: Sequence[int]) -> dict[int, float]:
+  values, counts = np.unique(np.asarray(difficulties), return_counts=True)
+  return {int(v): float(c) / len(difficulties) for v, c in zip(values, counts)}
+
+
+def _pool(options: Options) -> tuple[list[arithmetic.Problem], list[arithmetic.Problem]]:
+  """Distinct candidate problems: training ones, and validation ones from the task's
+  validation partition (which the base model never trained on), deterministic in seed.
+
+  The draws are capped, so a digit range with too few distinct problems is an error
+  rather than an endless loop (one-digit additions have only 8 validation problems).
+  """
+  rng = np.random.default_rng(options.seed)
+  seen, train, val = set(), [], []
+  max_draws = 64 * (options.pool_size + options.val_pool_size) + 100_000
+  for _ in range(max_draws):
+    if len(train) == options.pool_size and len(val) == options.val_pool_size:
+      return train, val
+    p = arithmetic.sample_problem(rng, options.min_digits, options.max_digits)
+    if p.prompt in seen:
+      continue
+    seen.add(p.prompt)
+    held_out = arithmetic._is_validation(p.prompt)  # pylint: disable=protected-access
+    part, size = (val, options.val_pool_size) if held_out else (train, options.pool_size)
+    if len(part) < size:
+      part.append(p)
+  if len(train) == options.pool_size and len(val) == options.val_pool_size:
+    return train, val
+  raise ProfileError(
+      f"digits in [{options.min_digits}, {options.max_digits}] gave only {len(train)} of "
+      f"pool_size={options.pool_size} training and {len(val)} of val_pool_size="
+      f"{options.val_pool_size} validation problems in {max_draws} draws: too few distinct "
+      "problems; widen the digit range or lower the pool sizes")
+
+
+def profile(config: ml_collections.ConfigDict, options: Options) -> list[SplitSummary]:
+  """Measures the pool and writes the splits (or reuses them); returns their summary."""
+  _check_options(options)
+  config = config_lib.resolve(config)
+  want = settings(config, options)
+  if not options.force and cached(config, options):
+    logging.info("splits %s in %s are up to date (same model and settings); reusing them",
+                 ", ".join(options.splits), options.out_dir)
+    return [_summary_from_file(options.out_dir, name) for name in options.splits]
+
+  start = time.time()
+  train_pool, val_pool = _pool(options)
+  sampler = _Sampler(config, train_pool + val_pool)
+  rng = jax.random.key(options.seed)
+  wants_xh = any(EXTREMELY_HARD in SPLITS[s] for s in options.splits)
+  train_rates = _measure(sampler, train_pool, options, jax.random.fold_in(rng, 0),
+                         options.num_train if wants_xh else 0)
+  val_rates = _measure(sampler, val_pool, options, jax.random.fold_in(rng, 1),
+                       options.num_val if wants_xh else 0)
+  logging.info("measured %d + %d problems in %.1f s", len(train_pool), len(val_pool),
+               time.time() - start)
+  _write_profile(options.out_dir, want, train_rates, val_rates)
+
+  plans, empty = plan_splits(train_rates, val_rates, options)
+  summaries = []
+  for plan in plans:
+    if (len(plan.train) < options.num_train or len(plan.val) < options.num_val):
+      logging.warning(
+          "split %s: only %d of %d training and %d of %d validation problems (available "
+          "per class: train %s, val %s); writing what exists", plan.name, len(plan.train),
+          options.num_train, len(plan.val), options.num_val, plan.available_train,
+          plan.available_val)
+    summaries.append(_write_split(options, want, plan, train_rates, val_rates))
+  if empty:
+    raise ProfileError(
+        "empty split(s): " + "; ".join(empty) + ". The base model has no problems in "
+        "these bands: widen --min_digits/--max_digits or raise --pool_size")
+  return summaries
+
+
+def _pass_rate_metric(name: str, options: Options) -> str:
+  if name == EXTREMELY_HARD:
+    return f"avg@{options.hard_samples} (pass@{options.hard_samples} = 0)"
+  return f"avg@{options.num_samples}"
+
+
+def _write_split(options: Options, want: dict[str, Any], plan: SplitPlan,
+                 train_rates: ProblemRates, val_rates: ProblemRates) -> SplitSummary:
+  name, train_idx, val_idx = plan.name, plan.train, plan.val
+  xh = name == EXTREMELY_HARD
+  rates = {}
+  for r, idx in ((train_rates, train_idx), (val_rates, val_idx)):
+    for i in idx:
+      rates[r.problems[i].prompt] = (
+          float(r.hard_correct_P[i]) / options.hard_samples if xh else float(r.rate_P[i]))
+  composition = SPLITS[name]
+  meta = dict(
+      settings=want, model=want["model"], num_samples=options.num_samples,
+      hard_samples=options.hard_samples if xh else None,
+      pass_rate=_pass_rate_metric(name, options), composition=composition,
+      thresholds={c: ({"avg": [0.0, 0.0], "extra_correct": 0} if c == EXTREMELY_HARD
+                      else dataclasses.asdict(BANDS[c])) for c in composition},
+      counts=dict(requested_train=options.num_train, requested_val=options.num_val,
+                  num_train=len(train_idx), num_val=len(val_idx),
+                  available_train=plan.available_train, available_val=plan.available_val),
+      created=time.strftime("%Y-%m-%dT%H:%M:%S"))
+  path = splits.save_split(options.out_dir, name,
+                           [train_rates.problems[i] for i in train_idx],
+                           [val_rates.problems[i] for i in val_idx], rates, meta)
+  return SplitSummary(name, len(train_idx), len(val_idx),
+                      float(np.mean([train_rates.rate_P[i] for i in train_idx])),
+                      float(np.mean([val_rates.rate_P[i] for i in val_idx])), path,
+                      _digit_mix([train_rates.problems[i].difficulty for i in train_idx]))
+
+
+def _write_profile(out_dir: str, want: dict, train_rates: ProblemRates,
+                   val_rates: ProblemRates) -> str:
+  """Every measured problem's pass rates, for inspection (not read back)."""
+  def rows(r: ProblemRates):
+    return [dict(prompt=p.prompt, answer=p.answer, difficulty=p.difficulty,
+                 correct=int(c), hard_correct=None if h < 0 else int(h))
+            for p, c, h in zip(r.problems, r.correct_P, r.hard_correct_P)]
+  os.makedirs(os.path.expanduser(out_dir), exist_ok=True)
+  path = os.path.join(os.path.expanduser(out_dir), PROFILE_FILE)
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(dict(settings=want, train=rows(train_rates), val=rows(val_rates)), f, indent=0)
+  os.replace(tmp, path)
+  return path
+
+
+def _summary_from_file(out_dir: str, name: str) -> SplitSummary:
+  path = splits.split_path(out_dir, name)
+  with open(path) as f:
+    payload = json.load(f)
+  if name == EXTREMELY_HARD:  # its stored rate is pass@128's; avg@k is 0 by definition
+    train_rate = val_rate = 0.0
+  else:
+    train_rate = float(np.mean([r["pass_rate"] for r in payload["train"]]))
+    val_rate = float(np.mean([r["pass_rate"] for r in payload["val"]]))
+  return SplitSummary(name, len(payload["train"]), len(payload["val"]), train_rate,
+                      val_rate, path, _digit_mix([r["difficulty"] for r in payload["train"]]))
+
+
+def format_table(summaries: Sequence[SplitSummary], num_samples: int) -> str:
+  """The split sizes and the base model's mean avg@k, as a fixed-width table."""
+  header = (f"{'split':<24}{'train':>7}{'val':>6}  {'train avg@' + str(num_samples):>13}  "
+            f"{'val avg@' + str(num_samples):>11}  {'train digits':<24}file")
+  lines = [header, "-" * len(header)]
+  for s in summaries:
+    digits = " ".join(f"{d}:{f:.0%}" for d, f in sorted(s.digits.items()))
+    lines.append(f"{s.name:<24}{s.num_train:>7}{s.num_val:>6}  {s.train_pass_rate:>13.3f}  "
+                 f"{s.val_pass_rate:>11.3f}  {digits:<24}{s.path}")
+  return "\n".join(lines)
+
+
+def pool_table(out_dir: str) -> str:
+  """Per digit count: problems, mean avg@k and the fraction in each class (profile.json)."""
+  path = os.path.join(os.path.expanduser(out_dir), PROFILE_FILE)
+  if not os.path.isfile(path):
+    return f"{path}: missing (rerun with --force to measure the pool again)"
+  with open(path) as f:
+    data = json.load(f)
+  k = data["settings"]["num_samples"]
+  rows = data["train"] + data["val"]
+  lines = [f"{'digits':<8}{'problems':>9}{'avg@' + str(k):>9}" +
+           "".join(f"{c:>11}" for c in BANDS)]
+  for d in sorted({r["difficulty"] for r in rows}):
+    rates = np.array([r["correct"] / k for r in rows if r["difficulty"] == d])
+    fractions = "".join(f"{np.mean([b.contains(x) for x in rates]):>11.2f}"
+                        for b in BANDS.values())
+    lines.append(f"{d:<8}{len(rates):>9}{rates.mean():>9.3f}{fractions}")
+  return "\n".join(lines)

@@ -1,0 +1,272 @@
+"""The local backend of `launch.sweep`: a pool of `python -m isojax.main` subprocesses.
+
+`run_local` runs every unfinished run of a prepared sweep (`launch.sweep_plan`) with
+`workers` parallel subprocesses, each with its output in the run's log.txt, and keeps
+the manifest current. Finished runs are never relaunched; anything else is relaunched
+with the same command, which resumes from the run's last checkpoint. A lock file held
+by the run's process (inherited by it, so it outlives a killed launcher) keeps two
+launchers from running the same run at once. Failed runs are recorded and the others
+go on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Sequence
+
+import ml_collections
+import tqdm
+from absl import logging
+
+from launch import sweep_plan
+from launch.sweep_plan import DONE, FAILED, PENDING, REPO_ROOT, RUNNING
+
+LOCK_FILE = ".lock"
+LOG_FILE = "log.txt"
+
+
+def default_workers() -> int:
+  """One worker per CPU core, or 1 when an accelerator is visible.
+
+  A tiny-model run alone keeps only ~1.65 of 2 cores busy (XLA's threads help little
+  at these sizes), and two single-threaded runs side by side finished 1.27x sooner
+  than one after the other on the 2-core machine, so on CPU one single-threaded run
+  per core gives the most runs per hour. On a GPU or TPU each run takes the whole
+  accelerator.
+  """
+  accelerator = any(os.path.exists(p) for p in ("/dev/nvidia0", "/dev/accel0", "/dev/vfio/0"))
+  if accelerator:
+    return 1
+  return max(1, len(os.sched_getaffinity(0)))
+
+
+def worker_env(workers: int, cache_dir: str | None,
+               base: dict[str, str] | None = None) -> dict[str, str]:
+  """The environment of each `isojax.main` subprocess."""
+  env = dict(os.environ if base is None else base)
+  if workers > 1:
+    # Single-threaded XLA CPU kernels, so workers do not oversubscribe the cores
+    # (the metrics are identical either way: measured), and no up-front grab of GPU
+    # memory by each of several processes.
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  if cache_dir:
+    # Runs of a sweep share shapes (the evaluation sampler, equal batch sizes):
+    # a persistent cache cuts a tiny run's ~20 s of compilation to a few seconds.
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.abspath(cache_dir))
+    env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+  return env
+
+
+def main_command(plan: str, workdir: str, python: str = sys.executable) -> list[str]:
+  return [python, "-m", "isojax.main",
+          f"--config={os.path.join(REPO_ROOT, 'configs', 'from_json.py')}:{plan}",
+          f"--workdir={workdir}"]
+
+
+def _try_lock(workdir: str):
+  """An open file holding an exclusive lock on the run, or None if another has it."""
+  os.makedirs(workdir, exist_ok=True)
+  f = open(os.path.join(workdir, LOCK_FILE), "w")
+  try:
+    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError as e:
+    f.close()
+    if e.errno in (errno.EAGAIN, errno.EACCES):
+      return None
+    raise
+  return f
+
+
+def _ensure_base_models(out_dir: str, entries: Sequence[dict[str, Any]]) -> None:
+  """Builds the tiny base model once, before workers would each build it."""
+  from isojax.tasks import tiny_base_model  # pylint: disable=g-import-not-at-top
+  todo = {}
+  for e in entries:
+    with open(os.path.join(out_dir, e["plan"])) as f:
+      plan = json.load(f)
+    if plan["base_model"]["path"]:
+      continue
+    base = ml_collections.ConfigDict(plan["base_model"])
+    task = ml_collections.ConfigDict(plan["task"])
+    path = tiny_base_model.cache_path(base, task)
+    if not os.path.isfile(os.path.join(path, tiny_base_model.BUILD_FILE)):
+      todo[path] = os.path.join(out_dir, e["plan"])
+  for path, plan in todo.items():
+    logging.info("building the tiny base model %s before starting the workers", path)
+    # A subprocess, so this launcher never initialises a JAX backend (on a GPU it
+    # would hold memory the workers need).
+    code = ("import sys; from isojax import config_lib; "
+            "from isojax.tasks import tiny_base_model as t; "
+            "c = config_lib.config_from_json(sys.argv[1]); "
+            "t.ensure_base_model(c.base_model, c.task)")
+    proc = subprocess.run([sys.executable, "-c", code, plan], cwd=REPO_ROOT,
+                          env=worker_env(1, None), capture_output=True, text=True)
+    if proc.returncode:
+      raise sweep_plan.SweepError(
+          f"building the base model for {plan} failed:\n{proc.stderr[-3000:]}")
+
+
+class Interrupted(Exception):
+  """The launcher got SIGTERM; the running runs were stopped and marked pending."""
+
+
+def _raise_interrupted(signum, frame):
+  del frame
+  raise Interrupted(signal.Signals(signum).name)
+
+
+def _log_tail(path: str, lines: int = 15) -> str:
+  try:
+    with open(path, errors="replace") as f:
+      return "".join(f.readlines()[-lines:])
+  except OSError:
+    return ""
+
+
+@dataclasses.dataclass
+class _Active:
+  entry: dict[str, Any]
+  proc: subprocess.Popen
+  lock: Any
+  log: Any
+  start: float
+
+
+def run_local(out_dir: str, manifest: dict[str, Any], *, workers: int,
+              cache_dir: str | None, poll_s: float = 0.5) -> list[str]:
+  """Runs every unfinished run with `workers` parallel subprocesses.
+
+  Returns the names of the runs that failed. SIGTERM / Ctrl-C stop the running
+  subprocesses, mark them pending and leave the manifest consistent.
+  """
+  entries = manifest["runs"]
+  todo = [e for e in entries if e["state"] != DONE]
+  done_before = len(entries) - len(todo)
+  for e in entries:
+    if e["state"] == DONE:
+      logging.info("skipping %s: finished (%s)", e["name"],
+                   sweep_plan.format_final(e.get("final")))
+  if not todo:
+    return []
+  _ensure_base_models(out_dir, todo)
+  env = worker_env(workers, cache_dir)
+  queue, active, busy, waiting = list(todo), [], [], set()
+  finished_count = 0
+  # The bar shows on a terminal; logs get one line per finished run either way.
+  bar = tqdm.tqdm(total=len(entries), initial=done_before, unit="run",
+                  desc=f"sweep {manifest['name']}", dynamic_ncols=True, disable=None)
+  previous_handler = signal.signal(signal.SIGTERM, _raise_interrupted)
+  try:
+    while queue or active or busy:
+      while queue and len(active) < workers:
+        entry = queue.pop(0)
+        started = _start(out_dir, entry, env)
+        if started is None:
+          if entry["name"] not in waiting:
+            logging.info("%s is being run by another process; waiting for it", entry["name"])
+            waiting.add(entry["name"])
+          busy.append(entry)
+          continue
+        if isinstance(started, dict):  # finished by another launcher meanwhile
+          bar.update(1)
+          finished_count += 1
+          sweep_plan.write_manifest(out_dir, manifest)
+          continue
+        active.append(started)
+        sweep_plan.write_manifest(out_dir, manifest)
+      for a in list(active):
+        if a.proc.poll() is None:
+          continue
+        active.remove(a)
+        _finish(out_dir, a)
+        sweep_plan.write_manifest(out_dir, manifest)
+        bar.update(1)
+        finished_count += 1
+        tqdm.tqdm.write(_finish_line(a.entry, done_before + finished_count, len(entries)))
+      if busy and not queue:
+        queue, busy = busy, []  # held by another launcher: try again after a pause
+        if not active:
+          time.sleep(max(poll_s, 2.0))
+      time.sleep(poll_s)
+  except (KeyboardInterrupt, Interrupted) as e:
+    logging.warning("interrupted (%s): stopping %d running run(s); rerun the same command "
+                    "to resume", e or "SIGINT", len(active))
+    for a in active:
+      a.proc.terminate()
+    for a in active:
+      try:
+        a.proc.wait(timeout=30)
+      except subprocess.TimeoutExpired:
+        a.proc.kill()
+        a.proc.wait()
+      a.entry.update(state=PENDING, returncode=a.proc.returncode,
+                     wall_s=round(time.time() - a.start, 1))
+      a.log.close()
+      a.lock.close()
+    sweep_plan.write_manifest(out_dir, manifest)
+    raise
+  finally:
+    bar.close()
+    signal.signal(signal.SIGTERM, previous_handler)
+  return [e["name"] for e in entries if e["state"] == FAILED]
+
+
+def _start(out_dir: str, entry: dict[str, Any], env: dict[str, str]):
+  """Starts one run; None if another process holds it, the entry if it is finished."""
+  workdir = sweep_plan.run_dir_of(out_dir, entry["name"])
+  lock = _try_lock(workdir)
+  if lock is None:
+    return None
+  final = sweep_plan.final_metrics(workdir, entry["num_steps"])
+  if final is not None:
+    lock.close()
+    entry.update(state=DONE, final=final)
+    return entry
+  entry["attempts"] = entry.get("attempts", 0) + 1
+  cmd = main_command(os.path.join(out_dir, entry["plan"]), workdir)
+  log = open(os.path.join(workdir, LOG_FILE), "a")
+  log.write(f"=== attempt {entry['attempts']} at {time.strftime('%Y-%m-%dT%H:%M:%S')}: "
+            f"{' '.join(cmd)}\n")
+  log.flush()
+  # The run's process inherits the lock, so it stays locked until that process ends
+  # even if this launcher is killed.
+  proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                          pass_fds=(lock.fileno(),))
+  entry.update(state=RUNNING, returncode=None, started=time.strftime("%Y-%m-%dT%H:%M:%S"),
+               pid=proc.pid)
+  return _Active(entry, proc, lock, log, time.time())
+
+
+def _finish(out_dir: str, a: _Active) -> None:
+  entry, code = a.entry, a.proc.returncode
+  a.log.close()
+  a.lock.close()
+  workdir = sweep_plan.run_dir_of(out_dir, entry["name"])
+  final = sweep_plan.final_metrics(workdir, entry["num_steps"])
+  entry.update(returncode=code, wall_s=round(time.time() - a.start, 1), pid=None,
+               finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
+  if code == 0 and final is not None:
+    entry.update(state=DONE, final=final, error=None)
+  else:
+    log_path = os.path.join(workdir, LOG_FILE)
+    reason = (f"exit status {code}" if code else
+              "exit status 0 but metrics.jsonl does not reach num_steps")
+    entry.update(state=FAILED, final=None, error=f"{reason}; log {log_path}:\n" +
+                 _log_tail(log_path))
+
+
+def _finish_line(entry: dict[str, Any], count: int, total: int) -> str:
+  head = f"[{count}/{total}] {entry['name']} {entry['state']} in {entry['wall_s']:.1f} s"
+  if entry["state"] == DONE:
+    return f"{head}: {sweep_plan.format_final(entry['final'])}"
+  return f"{head} (exit status {entry['returncode']}; see {entry['error'].splitlines()[0]})"

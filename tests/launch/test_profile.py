@@ -1,0 +1,144 @@
+"""Difficulty profiling: band thresholds, disjoint train/val, caching, and mixes."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from isojax.tasks import arithmetic, splits
+from launch import profiling
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+K = 8  # avg@8 in the end-to-end test, to keep it fast
+
+
+def _profile(out, cache, *extra):
+  args = [sys.executable, "-m", "launch.profile", "--config=configs/hard.py:micro",
+          f"--config.base_model.cache_dir={cache}", f"--out={out}", "--pool_size=96",
+          "--val_pool_size=24", "--num_train=16", "--num_val=4", f"--num_samples={K}",
+          "--hard_samples=16", "--min_digits=1", "--max_digits=3", *extra]
+  return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def _mtimes(out):
+  return {name: os.stat(os.path.join(out, name)).st_mtime_ns for name in os.listdir(out)}
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory):
+  """One micro base model for the tests of this file."""
+  return tmp_path_factory.mktemp("model_cache")
+
+
+def _load(out, name):
+  with open(os.path.join(out, f"{name}.json")) as f:
+    return json.load(f)
+
+
+def test_profile_writes_thresholded_disjoint_splits_and_reuses_them(tmp_path, model_cache):
+  # One test, so that parallel test workers never profile twice.
+  out, cache = tmp_path / "splits", model_cache
+  proc = _profile(out, cache, "--splits=hard,extremely_hard")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "hard" in proc.stdout and "extremely_hard" in proc.stdout  # the summary table
+
+  # Thresholds, checked against the per-problem counts in profile.json.
+  with open(os.path.join(out, profiling.PROFILE_FILE)) as f:
+    table = json.load(f)
+  measured = {r["prompt"]: r for part in ("train", "val") for r in table[part]}
+  hard, extreme = _load(out, "hard"), _load(out, "extremely_hard")
+  for payload in (hard, extreme):
+    assert len(payload["train"]) == 16 and len(payload["val"]) == 4
+  for row in hard["train"] + hard["val"]:
+    assert row["pass_rate"] <= 0.0625
+    assert row["pass_rate"] == measured[row["prompt"]]["correct"] / K
+  for row in extreme["train"] + extreme["val"]:
+    assert measured[row["prompt"]]["correct"] == 0
+    assert measured[row["prompt"]]["hard_correct"] == 0 and row["pass_rate"] == 0.0
+  # The split meta records how it was made.
+  meta = hard["meta"]
+  assert meta["model"].startswith(str(cache)) and meta["num_samples"] == K
+  assert meta["thresholds"] == {"hard": {"low": 0.0, "high": 0.0625}}
+  assert meta["counts"]["num_train"] == 16 and meta["counts"]["requested_val"] == 4
+
+  # Train and validation are disjoint; validation comes from the held-out partition.
+  for name in ("hard", "extremely_hard"):
+    train, val = splits.load_split(str(out), name)
+    train_prompts, val_prompts = {p.prompt for p in train}, {p.prompt for p in val}
+    assert len(train_prompts) == len(train) and not train_prompts & val_prompts
+    held_out = arithmetic._is_validation  # pylint: disable=protected-access
+    assert all(held_out(p) for p in val_prompts)
+    assert not any(held_out(p) for p in train_prompts)
+
+  # The same call again reuses the files: nothing rewritten, nothing sampled.
+  before = _mtimes(out)
+  again = _profile(out, cache, "--splits=hard,extremely_hard")
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "up to date" in again.stderr and _mtimes(out) == before
+  # A changed setting redoes them.
+  changed = _profile(out, cache, "--splits=hard,extremely_hard", "--num_val=3")
+  assert changed.returncode == 0, changed.stderr[-3000:]
+  after = _mtimes(out)
+  assert all(after[name] > before[name] for name in before)
+  assert len(_load(out, "hard")["val"]) == 3
+
+
+def test_empty_split_is_an_error_naming_it(tmp_path, model_cache):
+  # The micro model gets no 3-digit sum right, so no problem is easy ([0.3, 0.6]).
+  proc = _profile(tmp_path / "splits", model_cache, "--splits=hard,easy", "--pool_size=32",
+                  "--val_pool_size=8", "--hard_samples=8", "--min_digits=3")
+  assert proc.returncode == 1
+  assert "empty split(s): easy (" in proc.stderr
+  assert os.path.isfile(tmp_path / "splits" / "hard.json")  # the others are written
+
+
+# --- Split selection, on made-up pass rates --------------------------------------------
+
+
+def _rates(correct, hard_correct=None, k=16):
+  problems = [arithmetic.Problem(prompt=f"{i}+0=", answer=str(i), difficulty=1)
+              for i in range(len(correct))]
+  hard = np.full(len(correct), -1) if hard_correct is None else np.asarray(hard_correct)
+  return profiling.ProblemRates(problems, np.asarray(correct), hard, k)
+
+
+def test_bands_are_the_papers_with_inclusive_edges():
+  # avg@16 = c / 16 for c = 0..16; expected members from the paper's intervals.
+  rates = _rates(list(range(17)))
+  c = np.arange(17) / 16
+  for name, (lo, hi) in {"hard": (0, 0.0625), "easy": (0.3, 0.6),
+                         "very_easy": (0.6, 0.9)}.items():
+    assert rates.members(name) == np.flatnonzero((c >= lo) & (c <= hi)).tolist(), name
+  assert rates.members("hard") == [0, 1] and rates.members("easy") == [5, 6, 7, 8, 9]
+
+
+def test_extremely_hard_needs_zero_of_the_extra_samples():
+  rates = _rates([0, 0, 0, 3], hard_correct=[0, 2, -1, -1])
+  assert rates.members(profiling.EXTREMELY_HARD) == [0]
+
+
+def test_mixes_keep_their_proportions_and_shrink_when_a_class_runs_short():
+  correct = [0] * 40 + [7] * 40 + [12] * 40  # hard, easy, very easy
+  rates = _rates(correct)
+  chosen, available = profiling.select(rates, profiling.SPLITS["mix_hard_easy_veryeasy"], 16)
+  assert available == {"hard": 40, "easy": 40, "very_easy": 40}
+  classes = [correct[i] for i in chosen]
+  assert (classes.count(0), classes.count(7), classes.count(12)) == (8, 4, 4)
+  # Only 3 easy problems: a 50/50 mix of 16 becomes 3 + 3.
+  short = _rates([0] * 40 + [7] * 3)
+  chosen, _ = profiling.select(short, profiling.SPLITS["mix_hard_easy"], 16)
+  assert sorted(correct_ for correct_ in (short.correct_P[i] for i in chosen)) == [0] * 3 + [7] * 3
+
+
+def test_empty_split_is_reported_by_name_and_short_ones_are_kept():
+  options = profiling.Options(out_dir="", num_train=4, num_val=2,
+                              splits=("hard", "easy", "very_easy"))
+  train = _rates([0, 0, 0, 0, 0, 7, 7])     # no very easy problem at all
+  val = _rates([0, 0, 7, 12])
+  plans, empty = profiling.plan_splits(train, val, options)
+  assert [p.name for p in plans] == ["hard", "easy"]
+  assert [len(p.train) for p in plans] == [4, 2]   # easy: only 2 of 4, still written
+  assert len(empty) == 1 and empty[0].startswith("very_easy")

@@ -1,0 +1,123 @@
+"""A killed local sweep, rerun with the same command, ends as an uninterrupted one.
+
+The micro sweep (3 runs of the micro model) runs once uninterrupted, and once killed
+(launcher and workers, SIGKILL to the process group, as a crash would) after one run
+has finished and another has written a checkpoint but not finished, then resumed.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from isojax import run_dir
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _command(out, model_cache, jax_cache):
+  # budget 256: bp4_n2 (M = 32), bp4_n4 (M = 16), bp4_n8 (M = 8), a checkpoint every
+  # M // 4 steps, so a run stays partially done long enough to be caught.
+  return [sys.executable, "-m", "launch.sweep", "--config=configs/sweep_hard.py:micro",
+          f"--out={out}", "--workers=2", f"--compilation_cache={jax_cache}",
+          "--config.budget_rollouts=256",
+          f"--config.overrides.base_model.cache_dir={model_cache}"]
+
+
+def _metrics(out, name):
+  return run_dir.read_metrics(os.path.join(out, "runs", name))
+
+
+def _without_wall(lines):
+  return [{k: v for k, v in line.items() if k != run_dir.WALL_S} for line in lines]
+
+
+def _progress(out, runs):
+  """(finished runs, runs with a checkpoint that have not finished)."""
+  finished, partial = [], []
+  for name, steps in runs.items():
+    workdir = os.path.join(out, "runs", name)
+    try:
+      lines = run_dir.read_metrics(workdir)
+    except run_dir.RunFormatError:
+      lines = []
+    if lines and lines[-1]["step"] == steps:
+      finished.append(name)
+      continue
+    ckpt = os.path.join(workdir, "checkpoints")
+    saved = [int(d) for d in os.listdir(ckpt) if d.isdigit()] if os.path.isdir(ckpt) else []
+    if any(0 < s < steps for s in saved):
+      partial.append(name)
+  return finished, partial
+
+
+def test_killed_sweep_resumes_without_redoing_finished_runs(tmp_path):
+  model_cache, jax_cache = tmp_path / "model_cache", tmp_path / "jax_cache"
+  env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+  reference = tmp_path / "reference"
+  proc = subprocess.run(_command(reference, model_cache, jax_cache), cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(reference / "sweep.json") as f:
+    runs = {e["name"]: e["num_steps"] for e in json.load(f)["runs"]}
+  assert runs == {"bp4_n2": 32, "bp4_n4": 16, "bp4_n8": 8}
+
+  # Kill the launcher and its workers once a run is finished and another is half done.
+  out = tmp_path / "killed"
+  launcher = subprocess.Popen(_command(out, model_cache, jax_cache), cwd=REPO, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+  deadline = time.time() + 240
+  finished = partial = []
+  while time.time() < deadline and launcher.poll() is None:
+    finished, partial = _progress(out, runs)
+    if finished and partial:
+      break
+    time.sleep(0.05)
+  os.killpg(launcher.pid, signal.SIGKILL)
+  launcher.wait()
+  finished, partial = _progress(out, runs)  # as the kill left them
+  if not (finished and partial):
+    pytest.fail(f"could not catch the sweep with a finished and a partial run "
+                f"(finished {finished}, partial {partial})")
+  kept = {name: (os.stat(out / "runs" / name / "metrics.jsonl").st_mtime_ns,
+                 (out / "runs" / name / "metrics.jsonl").read_bytes()) for name in finished}
+
+  # The same command again.
+  proc = subprocess.run(_command(out, model_cache, jax_cache), cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  for name in finished:  # not redone: the files are untouched and it ran once
+    path = out / "runs" / name / "metrics.jsonl"
+    assert (os.stat(path).st_mtime_ns, path.read_bytes()) == kept[name], name
+    assert (out / "runs" / name / "log.txt").read_text().count("=== attempt") == 1
+    assert f"skipping {name}: finished" in proc.stderr
+  for name in partial:  # relaunched, and resumed from its checkpoint
+    log = (out / "runs" / name / "log.txt").read_text()
+    assert log.count("=== attempt") == 2 and "resumed" in log, name
+
+  # Same results as the uninterrupted sweep (wall-clock times aside).
+  with open(out / "sweep.json") as f:
+    manifest = {e["name"]: e for e in json.load(f)["runs"]}
+  with open(reference / "sweep.json") as f:
+    expected = {e["name"]: e for e in json.load(f)["runs"]}
+  for name in runs:
+    assert _without_wall(_metrics(out, name)) == _without_wall(_metrics(reference, name))
+    assert manifest[name]["state"] == "done"
+    if name not in finished:  # the killed launcher may not have seen the others' exit
+      assert manifest[name]["returncode"] == 0
+    assert manifest[name]["final"] == expected[name]["final"]
+  for sub in ("", "best@4", "worst@4"):
+    for name in ("analysis.json", "metric_vs_compute.png", "n_star.png", "views.png"):
+      assert os.path.getsize(out / sub / name) > 1000, (sub, name)
+  fits = []
+  for root in (out, reference):
+    with open(root / "analysis.json") as f:
+      fits.append([{k: v for k, v in fit.items() if k != "runs"}  # runs: paths
+                   for fit in json.load(f)["fits"]])
+  assert fits[0] == fits[1] and len(fits[0]) >= 2

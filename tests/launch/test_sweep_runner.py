@@ -1,0 +1,126 @@
+"""The local worker pool and the manifest, with a stand-in for `isojax.main`.
+
+The stand-in writes a finished metrics.jsonl (or fails, for one run), so these tests
+pin the scheduling logic in seconds: failures are recorded and do not stop the others,
+at most `workers` runs at once, a run held by another process is not started twice,
+and a changed plan is refused.
+"""
+
+import fcntl
+import json
+import os
+import sys
+import threading
+
+import pytest
+
+from isojax import run_dir
+from launch import sweep_plan, sweep_runner
+
+# Stand-in run: sleeps, writes metrics up to num_steps with val/avg@4 = n / 100, and
+# records how many stand-ins were running at once; the n = 4 run fails instead.
+_FAKE = r"""
+import json, os, sys, time
+plan, workdir, record = sys.argv[1:]
+with open(plan) as f:
+  config = json.load(f)
+with open(record, "a") as f:
+  f.write(f"start {os.path.basename(workdir)} {time.time()}\n")
+time.sleep(0.3)
+if config["rollouts_per_problem"] == 4:
+  print("boom: this run fails")
+  sys.exit(3)
+n, steps = config["rollouts_per_problem"], config["num_steps"]
+with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+  for step in range(steps + 1):
+    f.write(json.dumps({"step": step, "rollouts": step * n * 4, "tokens": 0, "wall_s": 0.0,
+                        "val/avg@4": n / 100}) + "\n")
+with open(record, "a") as f:
+  f.write(f"end {os.path.basename(workdir)} {time.time()}\n")
+"""
+
+
+@pytest.fixture
+def fake_main(tmp_path, monkeypatch):
+  script = tmp_path / "fake_main.py"
+  script.write_text(_FAKE)
+  record = tmp_path / "record.txt"
+  monkeypatch.setattr(sweep_runner, "main_command", lambda plan, workdir: [
+      sys.executable, str(script), plan, workdir, str(record)])
+  monkeypatch.setattr(sweep_runner, "_ensure_base_models", lambda out_dir, entries: None)
+  return record
+
+
+def _sweep(**fields):
+  sweep = sweep_plan.load_config_file("configs/sweep_hard.py:micro")
+  sweep.update(fields)
+  return sweep
+
+
+def _intervals(record):
+  events = [line.split() for line in record.read_text().splitlines()]
+  starts = {name: float(t) for kind, name, t in events if kind == "start"}
+  ends = {name: float(t) for kind, name, t in events if kind == "end"}
+  return starts, ends
+
+
+def test_failures_are_recorded_and_do_not_stop_the_others(tmp_path, fake_main):
+  out = str(tmp_path / "sweep")
+  manifest = sweep_plan.prepare(_sweep(), out, "local")
+  assert [e["name"] for e in manifest["runs"]] == ["bp4_n2", "bp4_n4", "bp4_n8"]
+  failed = sweep_runner.run_local(out, manifest, workers=1, cache_dir=None, poll_s=0.05)
+  assert failed == ["bp4_n4"]
+  with open(os.path.join(out, "sweep.json")) as f:
+    runs = {e["name"]: e for e in json.load(f)["runs"]}
+  assert runs["bp4_n4"]["state"] == "failed" and runs["bp4_n4"]["returncode"] == 3
+  assert "exit status 3" in runs["bp4_n4"]["error"] and "boom" in runs["bp4_n4"]["error"]
+  for name, n in (("bp4_n2", 2), ("bp4_n8", 8)):
+    assert runs[name]["state"] == "done" and runs[name]["final"] == {"val/avg@4": n / 100}
+  # With one worker the runs never overlap.
+  starts, ends = _intervals(fake_main)
+  assert starts["bp4_n8"] >= ends["bp4_n2"]
+
+  # Rerunning retries only the failed run.
+  manifest = sweep_plan.prepare(_sweep(), out, "local")
+  fake_main.write_text("")
+  assert sweep_runner.run_local(out, manifest, workers=2, cache_dir=None,
+                                poll_s=0.05) == ["bp4_n4"]
+  starts, _ = _intervals(fake_main)
+  assert list(starts) == ["bp4_n4"] and manifest["runs"][1]["attempts"] == 2
+
+
+def test_workers_run_in_parallel_and_a_locked_run_waits(tmp_path, fake_main):
+  out = str(tmp_path / "sweep")
+  manifest = sweep_plan.prepare(_sweep(), out, "local")
+  # Another process holds bp4_n8 and finishes it while this launcher waits.
+  workdir = sweep_plan.run_dir_of(out, "bp4_n8")  # prepare() made it (plan.json)
+  holder = open(os.path.join(workdir, sweep_runner.LOCK_FILE), "w")
+  fcntl.flock(holder.fileno(), fcntl.LOCK_EX)
+
+  def finish_elsewhere():
+    with open(run_dir.metrics_path(workdir), "w") as f:
+      for step in range(manifest["runs"][2]["num_steps"] + 1):
+        f.write(json.dumps({"step": step, "rollouts": 0, "tokens": 0, "wall_s": 0.0,
+                            "val/avg@4": 0.5}) + "\n")
+    holder.close()
+  timer = threading.Timer(1.0, finish_elsewhere)
+  timer.start()
+  failed = sweep_runner.run_local(out, manifest, workers=2, cache_dir=None, poll_s=0.05)
+  timer.join()
+  assert failed == ["bp4_n4"]
+  starts, ends = _intervals(fake_main)
+  assert "bp4_n8" not in starts  # never started here
+  assert starts["bp4_n4"] < ends["bp4_n2"]  # the two workers overlapped
+  assert manifest["runs"][2]["state"] == "done"
+  assert manifest["runs"][2]["final"] == {"val/avg@4": 0.5}
+
+
+def test_a_changed_plan_is_refused_and_worker_env(tmp_path):
+  out = str(tmp_path / "sweep")
+  sweep_plan.prepare(_sweep(), out, "local")
+  with pytest.raises(sweep_plan.SweepError, match=r"bp4_n2/plan.json.*eval.every"):
+    sweep_plan.prepare(_sweep(evals_per_run=2), out, "local")
+  env = sweep_runner.worker_env(2, "/tmp/cache", base={"XLA_FLAGS": "--xla_foo=1"})
+  assert env["XLA_FLAGS"] == "--xla_foo=1 --xla_cpu_multi_thread_eigen=false"
+  assert env["JAX_COMPILATION_CACHE_DIR"] == "/tmp/cache"
+  assert "XLA_FLAGS" not in sweep_runner.worker_env(1, None, base={})
