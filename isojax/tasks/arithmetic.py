@@ -45,13 +45,18 @@ def _is_validation(prompt: str) -> bool:
 def make_splits(seed: int, num_train: int, num_val: int, min_digits: int,
                 max_digits: int) -> tuple[list[Problem], list[Problem]]:
   """Disjoint train and validation problem lists, deterministic in `seed`."""
-  space = sum(10 ** (2 * d) for d in range(min_digits, max_digits + 1))
+  space = sum(_count(d) for d in range(min_digits, max_digits + 1))
   if num_train + num_val > space // 2:
     raise ValueError(f"task.num_train + task.num_val = {num_train + num_val} is too many "
                      f"distinct problems for digits in [{min_digits}, {max_digits}]")
   rng = np.random.default_rng(seed)
   seen, train, val = set(), [], []
-  while len(train) < num_train or len(val) < num_val:
+  # The validation partition holds about 1/8 of the space; give up (rather than loop
+  # forever) once far more draws than that would need have failed to fill it.
+  max_draws = 64 * (num_train + num_val) + 100_000
+  for _ in range(max_draws):
+    if len(train) >= num_train and len(val) >= num_val:
+      return train, val
     p = sample_problem(rng, min_digits, max_digits)
     if p.prompt in seen:
       continue
@@ -59,7 +64,16 @@ def make_splits(seed: int, num_train: int, num_val: int, min_digits: int,
     split = val if _is_validation(p.prompt) else train
     if len(split) < (num_val if split is val else num_train):
       split.append(p)
-  return train, val
+  raise ValueError(
+      f"could draw only {len(train)} of task.num_train={num_train} and {len(val)} of "
+      f"task.num_val={num_val} distinct problems with digits in [{min_digits}, "
+      f"{max_digits}]; lower them or widen the digit range")
+
+
+def _count(digits: int) -> int:
+  """Distinct `a+b=` problems with two operands of `digits` digits."""
+  operands = 10 if digits == 1 else 9 * 10 ** (digits - 1)
+  return operands * operands
 
 
 def reward(completion: str, problem: Problem) -> float:

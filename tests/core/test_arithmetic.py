@@ -40,3 +40,9 @@ def test_splits_are_disjoint_deterministic_and_correct():
 def test_too_many_problems_is_an_error():
   with pytest.raises(ValueError, match="num_train"):
     arithmetic.make_splits(0, 100, 10, 1, 1)
+
+
+def test_small_validation_partition_is_an_error_not_a_hang():
+  # One-digit sums: 100 problems, about 1/8 of them in the validation partition.
+  with pytest.raises(ValueError, match="task.num_val=30"):
+    arithmetic.make_splits(0, 10, 30, 1, 1)
