@@ -25,6 +25,7 @@ setup(
     extras_require={
         # The Hugging Face parity tests build random models with transformers + torch.
         # Install torch first (`pip install torch==2.13.0` gives the CPU build here).
-        "test": ["pytest>=8", "hypothesis>=6.100", "transformers>=4.51", "torch>=2.4"],
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100",
+                 "transformers>=4.51,<6", "torch>=2.4"],
     },
 )
