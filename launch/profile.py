@@ -26,42 +26,13 @@ from ml_collections import config_flags
 
 from launch import profiling
 
-_DEFAULTS = profiling.Options(out_dir="")
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/hard.py", "Run config whose base model and sampling settings are "
     "profiled (file.py[:preset]).", lock_config=True)
 _OUT = flags.DEFINE_string("out", None, "Directory of the split files (default: the "
                            "config's task.splits_dir).")
-_NUM_SAMPLES = flags.DEFINE_integer("num_samples", _DEFAULTS.num_samples,
-                                    "k of avg@k, the difficulty measure.")
-_HARD_SAMPLES = flags.DEFINE_integer("hard_samples", _DEFAULTS.hard_samples,
-                                     "Further samples for problems with avg@k = 0; those "
-                                     "with none correct form the extremely hard split.")
-_POOL = flags.DEFINE_integer("pool_size", _DEFAULTS.pool_size, "Candidate training problems.")
-_VAL_POOL = flags.DEFINE_integer("val_pool_size", _DEFAULTS.val_pool_size,
-                                 "Candidate validation problems.")
-_MIN_DIGITS = flags.DEFINE_integer("min_digits", _DEFAULTS.min_digits,
-                                   "Fewest operand digits in the pool.")
-_MAX_DIGITS = flags.DEFINE_integer("max_digits", _DEFAULTS.max_digits,
-                                   "Most operand digits in the pool.")
-_NUM_TRAIN = flags.DEFINE_integer("num_train", _DEFAULTS.num_train,
-                                  "Training problems per split.")
-_NUM_VAL = flags.DEFINE_integer("num_val", _DEFAULTS.num_val,
-                                "Held-out validation problems per split.")
-_SEED = flags.DEFINE_integer("seed", _DEFAULTS.seed, "Seed of the pool and the sampling.")
-_CHUNK = flags.DEFINE_integer("chunk_rollouts", _DEFAULTS.chunk_rollouts,
-                              "Rollouts per sampler call (memory vs speed).")
-_SPLITS = flags.DEFINE_list("splits", list(profiling.SPLITS), "Splits to write.")
-_FORCE = flags.DEFINE_bool("force", False, "Recompute even if the files are up to date.")
-
-
-def options_from_flags(out_dir: str) -> profiling.Options:
-  return profiling.Options(
-      out_dir=out_dir, num_samples=_NUM_SAMPLES.value, hard_samples=_HARD_SAMPLES.value,
-      pool_size=_POOL.value, val_pool_size=_VAL_POOL.value, min_digits=_MIN_DIGITS.value,
-      max_digits=_MAX_DIGITS.value, num_train=_NUM_TRAIN.value, num_val=_NUM_VAL.value,
-      seed=_SEED.value, chunk_rollouts=_CHUNK.value, splits=tuple(_SPLITS.value),
-      force=_FORCE.value)
+options_from_flags = profiling.define_option_flags()
+flags.adopt_module_key_flags(profiling)  # list them in --help
 
 
 def main(argv):

@@ -26,7 +26,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import ml_collections
@@ -451,3 +451,45 @@ def pool_table(out_dir: str) -> str:
                         for b in BANDS.values())
     lines.append(f"{d:<8}{len(rates):>9}{rates.mean():>9.3f}{fractions}")
   return "\n".join(lines)
+
+
+def define_option_flags() -> Callable[[str], Options]:
+  """Defines the profiling flags (once per tool) and returns `options_from_flags(out_dir)`.
+
+  Shared by `launch.profile` and `launch.study`, so both expose the same knobs with the
+  same defaults (those of `Options`).
+  """
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  d = Options(out_dir="")
+  defined = dict(
+      num_samples=flags.DEFINE_integer("num_samples", d.num_samples,
+                                       "Profiling: k of avg@k, the difficulty measure."),
+      hard_samples=flags.DEFINE_integer(
+          "hard_samples", d.hard_samples, "Profiling: further samples for problems with "
+          "avg@k = 0; those with none correct form the extremely hard split."),
+      pool_size=flags.DEFINE_integer("pool_size", d.pool_size,
+                                     "Profiling: candidate training problems."),
+      val_pool_size=flags.DEFINE_integer("val_pool_size", d.val_pool_size,
+                                         "Profiling: candidate validation problems."),
+      min_digits=flags.DEFINE_integer("min_digits", d.min_digits,
+                                      "Profiling: fewest operand digits in the pool."),
+      max_digits=flags.DEFINE_integer("max_digits", d.max_digits,
+                                      "Profiling: most operand digits in the pool."),
+      num_train=flags.DEFINE_integer("num_train", d.num_train,
+                                     "Profiling: training problems per split."),
+      num_val=flags.DEFINE_integer("num_val", d.num_val,
+                                   "Profiling: held-out validation problems per split."),
+      seed=flags.DEFINE_integer("seed", d.seed, "Profiling: seed of the pool and sampling."),
+      chunk_rollouts=flags.DEFINE_integer("chunk_rollouts", d.chunk_rollouts,
+                                          "Profiling: rollouts per sampler call."),
+      splits=flags.DEFINE_list("splits", list(d.splits), "Profiling: splits to write."),
+      force=flags.DEFINE_bool("force", d.force, "Profiling: recompute even if the split "
+                              "files are up to date."),
+  )
+
+  def options_from_flags(out_dir: str) -> Options:
+    values = {k: v.value for k, v in defined.items()}
+    values["splits"] = tuple(values["splits"])
+    return Options(out_dir=out_dir, **values)
+
+  return options_from_flags

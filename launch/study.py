@@ -30,7 +30,6 @@ from absl import app, flags, logging
 from isojax.planner import analysis
 from launch import profiling, sweep_plan, sweep_runner
 
-_DEFAULTS = profiling.Options(out_dir="")
 _OUT = flags.DEFINE_string("out", None, "The study directory.", required=True)
 _PROFILE_CONFIG = flags.DEFINE_string(
     "profile_config", "configs/hard.py", "Run config (file.py[:preset]) whose base model "
@@ -41,21 +40,8 @@ _WORKERS = flags.DEFINE_integer("workers", 0, "Parallel runs (0: one per CPU cor
                                 "a GPU/TPU).")
 _BUDGET = flags.DEFINE_integer("budget_rollouts", 0, "The budget C of every sweep (0: each "
                                "sweep config's own). A new budget needs a new --out.")
-_NUM_SAMPLES = flags.DEFINE_integer("num_samples", _DEFAULTS.num_samples,
-                                    "Profiling: k of avg@k.")
-_POOL = flags.DEFINE_integer("pool_size", _DEFAULTS.pool_size,
-                             "Profiling: candidate training problems.")
-_VAL_POOL = flags.DEFINE_integer("val_pool_size", _DEFAULTS.val_pool_size,
-                                 "Profiling: candidate validation problems.")
-_MIN_DIGITS = flags.DEFINE_integer("min_digits", _DEFAULTS.min_digits,
-                                   "Profiling: fewest operand digits.")
-_MAX_DIGITS = flags.DEFINE_integer("max_digits", _DEFAULTS.max_digits,
-                                   "Profiling: most operand digits.")
-_NUM_TRAIN = flags.DEFINE_integer("num_train", _DEFAULTS.num_train,
-                                  "Profiling: training problems per split.")
-_NUM_VAL = flags.DEFINE_integer("num_val", _DEFAULTS.num_val,
-                                "Profiling: validation problems per split.")
-_SPLITS = flags.DEFINE_list("splits", list(profiling.SPLITS), "Profiling: splits to write.")
+_PROFILE_OPTIONS = profiling.define_option_flags()
+flags.adopt_module_key_flags(profiling)  # list them in --help
 
 SPLITS_DIR = "splits"
 STUDY_FILE = "study.json"
@@ -63,11 +49,7 @@ STUDY_FILE = "study.json"
 
 def _profile(out_dir: str) -> tuple[str, list[profiling.SplitSummary]]:
   config = sweep_plan.load_config_file(_PROFILE_CONFIG.value)
-  options = profiling.Options(
-      out_dir=os.path.join(out_dir, SPLITS_DIR), num_samples=_NUM_SAMPLES.value,
-      pool_size=_POOL.value, val_pool_size=_VAL_POOL.value, min_digits=_MIN_DIGITS.value,
-      max_digits=_MAX_DIGITS.value, num_train=_NUM_TRAIN.value, num_val=_NUM_VAL.value,
-      splits=tuple(_SPLITS.value))
+  options = _PROFILE_OPTIONS(os.path.join(out_dir, SPLITS_DIR))
   summaries = profiling.profile(config, options)
   print(profiling.format_table(summaries, options.num_samples), flush=True)
   return profiling.model_path(config), summaries
