@@ -13,7 +13,6 @@ The LR follows the *trained* batch B_p * m under the square-root rule.
 import importlib.util
 import os
 
-from isojax import config_lib
 
 
 def _hard():

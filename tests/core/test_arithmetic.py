@@ -1,6 +1,5 @@
 """The arithmetic task: disjoint splits, exact verifier that never raises."""
 
-import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 

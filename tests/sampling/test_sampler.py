@@ -109,21 +109,20 @@ def test_shared_prompt_cache_equals_per_rollout_cache():
                              atol=1e-4, rtol=1e-4)
 
 
-def _np_filter(logits, top_k, top_p):
+def _np_filter(logits, top_p):
+  """Nucleus filter by a plain loop over tokens in descending order."""
   out = logits.copy()
   for row in out:
     order = np.argsort(-row, kind="stable")
-    keep = np.zeros(row.shape, bool)
-    if top_k:
-      keep[order[top_k:]] = True  # marks dropped
     probs = np.exp(row - row.max())
     probs /= probs.sum()
+    dropped = np.zeros(row.shape, bool)
     mass = 0.0
     for i in order:
       if mass >= top_p:
-        keep[i] = True
+        dropped[i] = True
       mass += probs[i]
-    row[keep] = -np.inf
+    row[dropped] = -np.inf
   return out
 
 
@@ -140,4 +139,4 @@ def _np_filter_combined(logits, top_k, top_p):
   if top_k:
     kth = np.sort(out, axis=-1)[:, -top_k][:, None]
     out[out < kth] = -np.inf
-  return _np_filter(out, 0, top_p) if top_p < 1 else out
+  return _np_filter(out, top_p) if top_p < 1 else out
