@@ -54,6 +54,29 @@ def base_config() -> ml_collections.ConfigDict:
       seed=1234,
       split="",              # a profiled split's name (launch.profile); "" generates
       splits_dir="~/.cache/isojax/splits",
+      # reasoning_gym: a reasoning-gym dataset by name and its keyword arguments.
+      dataset="",
+      dataset_kwargs=ml_collections.ConfigDict(),
+      # math: local files (comma-separated JSONL / JSON / Parquet / CSV, or a
+      # `datasets.save_to_disk` directory) or a TFDS dataset prepared under data_dir.
+      format="generic",      # field mapping: generic | gsm8k | math | dapo | polaris | deepscaler
+      train_files="",
+      val_files="",          # "" holds out num_val training problems (deterministic in seed)
+      tfds_name="",
+      data_dir="",
+      train_split="train",   # split names inside a DatasetDict / TFDS dataset
+      val_split="",
+      question_field="",     # generic mapping (or an override of a named one)
+      answer_field="",
+      answer_pattern="",     # regex with one group; "" = the family's default extraction
+      # Prompts: the checkpoint's chat template (auto: when it has one) or plain text.
+      prompt_format="auto",  # auto | chat | plain
+      system_prompt="",
+      instruction=config_dict.placeholder(str),  # None = the family's default instruction
+      max_prompt_tokens=1024,  # longer prompts are dropped (and counted) at load time
+      # Verification in worker processes, each completion cut off after the timeout.
+      verifier_timeout_s=5.0,
+      verifier_workers=0,    # 0 = min(4, CPU count)
   ))
 
   # The base policy: a Hugging Face checkpoint directory, or (when `path` is
@@ -75,6 +98,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict(dict(
       dtype="float32",       # activations; parameters stay float32
       fp32_lm_head=True,     # logits in float32 (ScaleRL)
+      remat="none",          # none | full | a jax.checkpoint_policies name
   ))
 
   c.sampling = ml_collections.ConfigDict(dict(
@@ -82,6 +106,7 @@ def base_config() -> ml_collections.ConfigDict:
       top_p=1.0,
       top_k=0,               # 0 disables top-k
       max_new_tokens=8,
+      stop_token_ids=(),     # ids that end a rollout besides the checkpoint's EOS ids
   ))
 
   c.rl = ml_collections.ConfigDict(dict(
@@ -107,6 +132,15 @@ def base_config() -> ml_collections.ConfigDict:
       # No-Positive-Resampling: retire problems whose historical pass rate reaches
       # this value (ScaleRL: 0.9); 0 disables it.
       retire_pass_rate=0.0,
+      # What a rollout that hits max_new_tokens earns: its verified reward ("reward"),
+      # 0 ("zero"), or the verified reward plus DAPO's soft overlong penalty ("dapo",
+      # linear from 0 to -1 over the last overlong_cache_tokens tokens).
+      overlong="reward",
+      overlong_cache_tokens=0,
+      # Memory: rollouts per gradient-accumulation micro-batch (0 = the whole minibatch)
+      # and the sequence chunk of the log-prob / entropy passes (0 = unchunked).
+      micro_batch_size=0,
+      logprob_chunk_size=0,
   ))
 
   c.optim = ml_collections.ConfigDict(dict(
