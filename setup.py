@@ -21,11 +21,22 @@ setup(
         "tokenizers>=0.20,<1",
         "matplotlib>=3.8,<4",
         "tqdm>=4.66,<5",
+        # Real checkpoints and math grading: chat templates, math-verify in a process
+        # pool with per-completion timeouts.
+        "jinja2>=3.1,<4",
+        "math-verify[antlr4_13_2]>=0.7,<1",
+        "pebble>=5.0,<6",
     ],
     extras_require={
+        # Real tasks: local dataset files (HF datasets), prepared TFDS datasets without
+        # TensorFlow (array_record), and reasoning-gym's procedural datasets.
+        "tasks": ["datasets>=3.0,<6", "tensorflow-datasets>=4.9.7,<5", "array_record>=0.7",
+                  "reasoning-gym>=0.1.23,<0.2"],
         # The Hugging Face parity tests build random models with transformers + torch.
         # Install torch first (`pip install torch==2.13.0` gives the CPU build here).
         "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100",
-                 "transformers>=4.51,<6", "torch>=2.4"],
+                 "transformers>=4.51,<6", "torch>=2.4",
+                 "datasets>=3.0,<6", "tensorflow-datasets>=4.9.7,<5", "array_record>=0.7",
+                 "reasoning-gym>=0.1.23,<0.2"],
     },
 )

@@ -250,6 +250,13 @@ def scaled_learning_rate(base_lr: float, batch_rollouts: int, reference_batch: i
   raise ValueError(f"optim.lr_scaling={rule!r}: expected one of {LR_SCALING_RULES}")
 
 
+# Free-form dicts whose keys belong to another library (a reasoning-gym dataset's
+# keyword arguments), checked by the task family instead of this schema.
+FREE_FORM_FIELDS = ("task.dataset_kwargs",)
+# What a truncated rollout earns (isojax.rl.batch.shape_rewards).
+OVERLONG_MODES = ("reward", "zero", "dapo")
+
+
 def unknown_fields(config: dict[str, Any], schema: dict[str, Any], prefix: str = "") -> list[str]:
   """Dotted names in `config` that `schema` does not have."""
   unknown = []
@@ -257,6 +264,8 @@ def unknown_fields(config: dict[str, Any], schema: dict[str, Any], prefix: str =
     name = f"{prefix}{key}"
     if key not in schema:
       unknown.append(name)
+    elif name in FREE_FORM_FIELDS:
+      continue
     elif isinstance(value, dict) and isinstance(schema[key], dict):
       unknown += unknown_fields(value, schema[key], name + ".")
   return unknown
@@ -337,17 +346,18 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     raise ValueError(f"rl.retire_pass_rate={c.rl.retire_pass_rate}: expected in [0, 1]")
   for field in ("eval.k", "eval.num_samples", "eval.every", "checkpoint_every",
                 "sampling.max_new_tokens", "rl.num_minibatches", "rl.num_epochs",
-                "task.num_train", "task.num_val", "task.max_digits", "task.min_digits"):
+                "task.max_prompt_tokens"):
     _positive_int(c, field)
   if c.eval.num_samples < c.eval.k:
     raise ValueError(f"eval.num_samples={c.eval.num_samples} must be >= eval.k={c.eval.k}")
-  if c.task.min_digits > c.task.max_digits:
-    raise ValueError(f"task.min_digits={c.task.min_digits} > task.max_digits={c.task.max_digits}")
+  _check_task(c)
+  _check_overlong(c)
   if b_p % c.rl.num_minibatches:
     raise ValueError(
         f"rl.num_minibatches={c.rl.num_minibatches} must divide problems_per_batch={b_p} "
         "(a minibatch holds whole groups)")
-  if not c.task.split and c.problems_per_batch > c.task.num_train:
+  if (not c.task.split and c.task.name != "math" and isinstance(c.task.num_train, int)
+      and c.problems_per_batch > c.task.num_train):
     raise ValueError(f"problems_per_batch={b_p} exceeds task.num_train={c.task.num_train}")
   if not c.sampling.temperature >= 0:
     raise ValueError(f"sampling.temperature={c.sampling.temperature}: expected >= 0")
@@ -360,6 +370,37 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
                      "without the KL anchor (PLAYBOOK section 2)")
   c.lock()
   return c
+
+
+def _check_task(c: ml_collections.ConfigDict) -> None:
+  """The fields every family shares; `isojax.tasks.validate` checks each family's own."""
+  # isojax.tasks imports its families (datasets, reasoning-gym) only when used.
+  from isojax import tasks  # pylint: disable=g-import-not-at-top
+  from isojax.tasks import prompts  # pylint: disable=g-import-not-at-top
+  t = c.task
+  if t.prompt_format not in prompts.FORMATS:
+    raise ValueError(f"task.prompt_format={t.prompt_format!r}: expected one of "
+                     f"{list(prompts.FORMATS)}")
+  if not t.verifier_timeout_s > 0:
+    raise ValueError(f"task.verifier_timeout_s={t.verifier_timeout_s}: expected > 0")
+  if not isinstance(t.verifier_workers, int) or t.verifier_workers < 0:
+    raise ValueError(f"task.verifier_workers={t.verifier_workers!r}: expected an integer "
+                     ">= 0 (0 = min(4, CPU count))")
+  stop = c.sampling.stop_token_ids
+  if isinstance(stop, int) or not all(
+      isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in stop):
+    raise ValueError(f"sampling.stop_token_ids={stop!r}: expected a tuple of token ids >= 0")
+  tasks.validate(t)  # the family's own fields (task.name is checked there)
+
+
+def _check_overlong(c: ml_collections.ConfigDict) -> None:
+  rl = c.rl
+  if rl.overlong not in OVERLONG_MODES:
+    raise ValueError(f"rl.overlong={rl.overlong!r}: expected one of {list(OVERLONG_MODES)}")
+  if rl.overlong == "dapo" and not 0 < rl.overlong_cache_tokens <= c.sampling.max_new_tokens:
+    raise ValueError(
+        f"rl.overlong='dapo' needs 0 < rl.overlong_cache_tokens <= sampling.max_new_tokens="
+        f"{c.sampling.max_new_tokens}; got {rl.overlong_cache_tokens}")
 
 
 def train_rollouts_per_problem(config: ml_collections.ConfigDict) -> int:

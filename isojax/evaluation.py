@@ -9,7 +9,7 @@ padded by repetition, so one compiled sampler serves every evaluation.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 import jax
 import ml_collections
@@ -18,44 +18,50 @@ import numpy as np
 from isojax import metrics
 from isojax.models.tokenizer import TextTokenizer
 from isojax.rl import rollout
+from isojax.tasks import Problem, Verifier
+from isojax.tasks.prompts import PromptBook
 
 
-def correct_counts(graphdef, params, tok: TextTokenizer, problems: Sequence,
-                   reward_fn: Callable, *, num_samples: int, chunk: int, rng: jax.Array,
-                   prompt_len: int, sampling: ml_collections.ConfigDict) -> np.ndarray:
-  """Number of correct samples out of `num_samples` for each problem, [P] int."""
-  counts = []
+def correct_counts(graphdef, params, tok: TextTokenizer, book: PromptBook,
+                   problems: Sequence[Problem], verifier: Verifier, *, num_samples: int,
+                   chunk: int, rng: jax.Array, sampling: ml_collections.ConfigDict
+                   ) -> tuple[np.ndarray, float]:
+  """Correct samples out of `num_samples` per problem [P] int, and the fraction of
+  samples truncated at `max_new_tokens`."""
+  counts, truncated = [], []
   for start in range(0, len(problems), chunk):
     part = list(problems[start:start + chunk])
     real = len(part)
     part += [part[-1]] * (chunk - real)  # keep the compiled shape
-    scored = rollout.generate(graphdef, params, tok, part, reward_fn, n=num_samples,
-                              rng=jax.random.fold_in(rng, start), prompt_len=prompt_len,
-                              sampling=sampling)
+    scored = rollout.generate(graphdef, params, tok, book, part, verifier, n=num_samples,
+                              rng=jax.random.fold_in(rng, start), sampling=sampling)
     counts.append((scored.rewards_GN[:real] > 0.5).sum(axis=1))
-  return np.concatenate(counts)
+    truncated.append(~np.asarray(scored.rollouts.finished)[:real * num_samples])
+  return np.concatenate(counts), float(np.concatenate(truncated).mean())
 
 
-def evaluate(graphdef, params, tok: TextTokenizer, problems: Sequence, reward_fn: Callable,
-             config: ml_collections.ConfigDict, *, rng: jax.Array, prompt_len: int,
-             ) -> dict[str, float]:
-  counts = correct_counts(graphdef, params, tok, problems, reward_fn,
-                          num_samples=config.eval.num_samples,
-                          chunk=min(config.eval.chunk_problems, len(problems)), rng=rng,
-                          prompt_len=prompt_len, sampling=config.sampling)
-  return metrics.summarize_correct(counts, config.eval.num_samples, config.eval.k)
+def _counts(graphdef, params, tok, book, problems, verifier, config, rng):
+  return correct_counts(graphdef, params, tok, book, problems, verifier,
+                        num_samples=config.eval.num_samples,
+                        chunk=min(config.eval.chunk_problems, len(problems)), rng=rng,
+                        sampling=config.sampling)
 
 
-def pass_rate_histogram(graphdef, params, tok: TextTokenizer, problems: Sequence,
-                        reward_fn: Callable, config: ml_collections.ConfigDict, *,
-                        rng: jax.Array, prompt_len: int) -> list[int]:
+def evaluate(graphdef, params, tok: TextTokenizer, book: PromptBook,
+             problems: Sequence[Problem], verifier: Verifier,
+             config: ml_collections.ConfigDict, *, rng: jax.Array) -> dict[str, float]:
+  counts, truncated = _counts(graphdef, params, tok, book, problems, verifier, config, rng)
+  return dict(metrics.summarize_correct(counts, config.eval.num_samples, config.eval.k),
+              **{metrics.VAL_TRUNCATED: truncated})
+
+
+def pass_rate_histogram(graphdef, params, tok: TextTokenizer, book: PromptBook,
+                        problems: Sequence[Problem], verifier: Verifier,
+                        config: ml_collections.ConfigDict, *, rng: jax.Array) -> list[int]:
   """Training problems with 0..N of N samples correct: the interference diagnostic.
 
   With small n a few problems get solved (pass@1 -> 1) while others fall to 0; the
   histogram's mass moving to both ends shows it (PLAYBOOK section 1, point 5).
   """
-  counts = correct_counts(graphdef, params, tok, problems, reward_fn,
-                          num_samples=config.eval.num_samples,
-                          chunk=min(config.eval.chunk_problems, len(problems)), rng=rng,
-                          prompt_len=prompt_len, sampling=config.sampling)
+  counts, _ = _counts(graphdef, params, tok, book, problems, verifier, config, rng)
   return metrics.pass_count_histogram(counts, config.eval.num_samples)

@@ -27,8 +27,14 @@ TRAIN_ZERO_VARIANCE = "train/zero_variance_fraction"
 TRAIN_RESPONSE_LENGTH = "train/response_length"
 TRAIN_PASS1_HISTOGRAM = "train/pass@1_histogram"  # problems with 0..N of N correct
 TRAIN_ACTIVE_PROBLEMS = "train/active_problems"    # after No-Positive-Resampling
+TRAIN_TRUNCATED = "train/truncated_fraction"       # rollouts that hit max_new_tokens
+TRAIN_VERIFIER_TIMEOUTS = "train/verifier_timeouts"  # completions cut off (scored 0)
+TRAIN_VERIFIER_ERRORS = "train/verifier_errors"      # completions whose grading failed
+TRAIN_SHAPED_REWARD = "train/shaped_reward"        # what the update optimises (rl.overlong)
+TASK_SKIPPED_PREFIX = "task/skipped/"              # rows dropped at load time, by reason
 
 VAL_PREFIX = "val/"
+VAL_TRUNCATED = "val/truncated_fraction"
 
 
 def val_avg(k: int) -> str:

@@ -9,6 +9,7 @@ checkpoint, loop. The problem order and every random key are functions of
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging as std_logging
 import time
 
@@ -21,13 +22,12 @@ import tqdm
 from absl import logging
 from flax import nnx
 
-from isojax import config_lib, evaluation, metrics, run_dir
+from isojax import config_lib, evaluation, metrics, run_dir, tasks
 from isojax.models import hf_checkpoint, sharding
 from isojax.models import tokenizer as tokenizer_lib
-from isojax.rl import advantages as advantages_lib
-from isojax.rl import downsampling, problem_pool, rollout, update
-from isojax import tasks
-from isojax.tasks import tiny_base_model
+from isojax.rl import batch as rl_batch
+from isojax.rl import problem_pool, rollout, update
+from isojax.tasks import prompts, tiny_base_model
 
 # Allocation fields that must not change when a run resumes.
 _RESUME_INVARIANTS = ("rollouts_per_problem", "problems_per_batch", "num_steps", "seed")
@@ -55,13 +55,40 @@ def problems_for_step(seed: int, step: int, num_problems: int, batch: int) -> np
   return np.asarray(out)
 
 
-def load_policy(config: ml_collections.ConfigDict, mesh):
-  """(model, tokenizer) from `base_model.path`, or the cached tiny model."""
-  path = config.base_model.path or tiny_base_model.ensure_base_model(config.base_model,
+def policy_path(config: ml_collections.ConfigDict) -> str:
+  """`base_model.path`, or the cached tiny model for the task (built if needed)."""
+  return config.base_model.path or tiny_base_model.ensure_base_model(config.base_model,
                                                                      config.task)
-  model = hf_checkpoint.load_model(path, mesh, dtype=config.model.dtype,
-                                   fp32_lm_head=config.model.fp32_lm_head)
-  return model, tokenizer_lib.load_tokenizer(path)
+
+
+def load_task(config: ml_collections.ConfigDict, tok: tokenizer_lib.TextTokenizer
+              ) -> tuple[list[tasks.Problem], list[tasks.Problem], prompts.PromptBook,
+                         dict[str, int]]:
+  """Train / validation problems with their rendered prompts; what was skipped, by reason.
+
+  Fails (before anything is written or compiled) when too few problems remain.
+  """
+  data = tasks.load(config.task)
+  book, kept, dropped = prompts.build({"train": data.train, "val": data.val}, tok,
+                                      config.task, tasks.default_instruction(config.task))
+  skipped = dict(data.skipped)
+  long_prompts = dropped["train"] + dropped["val"]
+  if long_prompts:
+    skipped["prompt_over_max_prompt_tokens"] = long_prompts
+  train_problems, val_problems = kept["train"], kept["val"]
+  logging.info("task %s: %d training and %d validation problems; prompts up to %d tokens%s",
+               config.task.name, len(train_problems), len(val_problems), book.max_len,
+               f"; skipped {skipped}" if skipped else "")
+  b_p = config.problems_per_batch
+  if b_p > len(train_problems):
+    raise ValueError(f"problems_per_batch={b_p} exceeds the {len(train_problems)} training "
+                     f"problems of task {config.task.name!r}"
+                     f"{f' (split {config.task.split!r})' if config.task.split else ''}"
+                     f"{f'; skipped {skipped}' if skipped else ''}")
+  if not val_problems:
+    raise ValueError(f"task {config.task.name!r} has no validation problems"
+                     f"{f' (skipped {skipped})' if skipped else ''}")
+  return train_problems, val_problems, book, skipped
 
 
 def _check_resume(workdir: str, config: ml_collections.ConfigDict) -> None:
@@ -87,13 +114,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   if not any(isinstance(f, _DropLibraryInfo) for f in handler.filters):
     handler.addFilter(_DropLibraryInfo())
   n, b_p, num_steps = config.rollouts_per_problem, config.problems_per_batch, config.num_steps
-  # ==================== Mesh and task (fail fast, before anything is written) ====
+  # ==================== Mesh, tokenizer and task (fail fast, before any write) ====
   mesh = sharding.make_mesh(config.mesh)
-  train_problems, val_problems = tasks.load_problems(config.task)
-  if b_p > len(train_problems):
-    raise ValueError(f"problems_per_batch={b_p} exceeds the {len(train_problems)} training "
-                     f"problems of task.split={config.task.split!r}")
-  reward_fn = tasks.reward_fn(config.task)
+  path = policy_path(config)
+  tok = tokenizer_lib.load_tokenizer(path, extra_stop_ids=tuple(config.sampling.stop_token_ids))
+  train_problems, val_problems, book, skipped = load_task(config, tok)
+  verifier = tasks.make_verifier(config.task)
 
   # ==================== Run directory and checkpoints ====================
   ckpt = ocp.CheckpointManager(run_dir.checkpoint_dir(workdir), options=ocp.CheckpointManagerOptions(
@@ -107,13 +133,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   writer = run_dir.MetricsWriter(workdir, resume_step=resume_step, enabled=primary)
 
   # ==================== Model ====================
-  policy, tok = load_policy(config, mesh)
-  prompt_len = max(len(tok.encode(p.prompt)) for p in train_problems + val_problems)
+  policy = hf_checkpoint.load_model(path, mesh, dtype=config.model.dtype,
+                                    fp32_lm_head=config.model.fp32_lm_head)
   graphdef, params = nnx.split(policy)
   keep_reference = config.rl.kl_coef > 0 or config.rl.log_kl_to_base
   ref_params = jax.tree.map(jnp.copy, params) if keep_reference else None
   settings = update.UpdateSettings.from_config(
-      config, group_size=config_lib.train_rollouts_per_problem(config), prompt_len=prompt_len)
+      config, group_size=config_lib.train_rollouts_per_problem(config), prompt_len=0)
   pool = (problem_pool.ProblemPool(len(train_problems), threshold=config.rl.retire_pass_rate)
           if config.rl.retire_pass_rate > 0 else None)
 
@@ -143,12 +169,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
 
   def run_eval() -> dict[str, float]:
     start = time.time()
-    result = evaluation.evaluate(graphdef, params, tok, val_problems, reward_fn, config,
-                                 rng=eval_key, prompt_len=prompt_len)
+    result = evaluation.evaluate(graphdef, params, tok, book, val_problems, verifier, config,
+                                 rng=eval_key)
     if config.eval.train_problems:
       result[metrics.TRAIN_PASS1_HISTOGRAM] = evaluation.pass_rate_histogram(
-          graphdef, params, tok, train_problems[:config.eval.train_problems], reward_fn,
-          config, rng=eval_key, prompt_len=prompt_len)
+          graphdef, params, tok, book, train_problems[:config.eval.train_problems], verifier,
+          config, rng=eval_key)
     counters.wall_s += time.time() - start
     logging.info("step %d eval: %s", counters.step, " ".join(
         f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()))
@@ -163,9 +189,18 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
               force=True)
 
   # ==================== Loop ====================
+  def log_probs(tokens_BS, mask_BS, prompt_len: int):
+    """(old, reference) log-probs [B, T] of the responses; dispatched asynchronously."""
+    score = functools.partial(update.score, prompt_len=prompt_len,
+                              temperature=settings.temperature)
+    old_logp = score(graphdef, params, tokens_BS, mask_BS)
+    ref_logp = old_logp if ref_params is None else score(graphdef, ref_params, tokens_BS,
+                                                         mask_BS)
+    return old_logp, ref_logp
+
   last_eval = run_eval() if counters.step == 0 else {}
   if counters.step == 0:
-    record(last_eval)
+    record(dict(last_eval, **{metrics.TASK_SKIPPED_PREFIX + k: v for k, v in skipped.items()}))
   bar = tqdm.tqdm(total=num_steps, initial=counters.step, desc="RL steps", unit="step",
                   dynamic_ncols=True, disable=None if primary else True)
   while counters.step < num_steps:
@@ -176,23 +211,26 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     else:
       chosen = pool.sample(np.random.default_rng([config.seed, step]), b_p)
     problems = [train_problems[i] for i in chosen]
-    scored = rollout.generate(graphdef, params, tok, problems, reward_fn, n=n,
-                              rng=jax.random.fold_in(sample_key, step), prompt_len=prompt_len,
-                              sampling=config.sampling)
+    pending = rollout.sample(graphdef, params, tok, book, problems, verifier, n=n,
+                             rng=jax.random.fold_in(sample_key, step), sampling=config.sampling)
+    prompt_len = pending.prompt_len
+    early = None
+    if config.rl.downsample == "none":
+      # Every rollout is trained on: score them on the device while the host grades.
+      early = log_probs(*(sharding.shard_batch(x, mesh) for x in rollout.sequences(pending, n)),
+                        prompt_len)
+    scored = pending.result()
     if pool is not None:
       pool.update(np.repeat(chosen, n), scored.rewards_GN.reshape(-1))
-    batch, zero_var_G = build_train_batch(
+    batch, zero_var_G = rl_batch.build_train_batch(
         config, scored, select_rng=jax.random.fold_in(select_key, step))
     batch = sharding.shard_batch(batch, mesh)
-    old_logp = update.score(graphdef, params, batch.tokens, batch.mask, prompt_len=prompt_len,
-                            temperature=settings.temperature)
-    ref_logp = old_logp if ref_params is None else update.score(
-        graphdef, ref_params, batch.tokens, batch.mask, prompt_len=prompt_len,
-        temperature=settings.temperature)
+    old_logp, ref_logp = early or log_probs(batch.tokens, batch.mask, prompt_len)
     batch = batch.replace(old_logp=old_logp, ref_logp=ref_logp,
                           shuffle_rng=jax.random.fold_in(shuffle_key, step))
-    params, opt_state, stats = update.train_step(graphdef, params, opt_state, batch, tx=tx,
-                                                 settings=settings)
+    params, opt_state, stats = update.train_step(
+        graphdef, params, opt_state, batch, tx=tx,
+        settings=dataclasses.replace(settings, prompt_len=prompt_len))
     stats = jax.device_get(stats)
     counters.step += 1
     counters.rollouts += n * b_p
@@ -210,7 +248,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         metrics.TRAIN_RESPONSE_LENGTH: scored.num_tokens / (n * b_p),
         metrics.TRAIN_ACTIVE_PROBLEMS: len(train_problems) if pool is None else int(
             pool.active_ids().size),
+        metrics.TRAIN_TRUNCATED: scored.truncated_fraction,
+        metrics.TRAIN_VERIFIER_TIMEOUTS: scored.verifier_timeouts,
+        metrics.TRAIN_VERIFIER_ERRORS: scored.verifier_errors,
     }
+    if config.rl.overlong != "reward":
+      values[metrics.TRAIN_SHAPED_REWARD] = float(
+          rl_batch.training_rewards(config, scored).mean())
     kl = stats.pop("kl")
     if ref_params is not None:
       values[metrics.TRAIN_KL] = float(kl)
@@ -231,56 +275,3 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   ckpt.close()
   return last_eval or {k: v for k, v in run_dir.read_metrics(workdir)[-1].items()
                        if k.startswith(metrics.VAL_PREFIX)}
-
-
-def _filter_masks(mode: str, zero_var_G: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
-  """[B] masks of sequences kept in the policy-gradient and the regulariser terms."""
-  keep = np.repeat(~zero_var_G, m)
-  everything = np.ones_like(keep)
-  if mode == "off":
-    return everything, everything
-  if mode == "all":
-    return keep, keep
-  if mode == "regularizers":
-    return everything, keep
-  raise ValueError(f"rl.zero_variance_filter={mode!r}: expected one of "
-                   f"{update.ZERO_VARIANCE_MODES}")
-
-
-def build_train_batch(config: ml_collections.ConfigDict, scored: rollout.ScoredRollouts, *,
-                      select_rng: jax.Array) -> tuple[update.TrainBatch, np.ndarray]:
-  """Advantages, PODS down-sampling (n -> m per group) and zero-variance masks.
-
-  Returns a host (NumPy) batch whose old/ref log-probs and shuffle key the caller
-  fills after sharding it, and the [G] zero-variance flags of the trained groups.
-  """
-  rl = config.rl
-  n, m = config.rollouts_per_problem, config_lib.train_rollouts_per_problem(config)
-  rewards_GN = jnp.asarray(scored.rewards_GN)
-  g = rewards_GN.shape[0]
-  if rl.downsample == "none":
-    rows = np.arange(g * n)
-    rewards_GM = rewards_GN
-    adv_GM = advantages_lib.compute_advantages(rl.advantage, rewards_GN, eps=rl.advantage_eps)
-  else:
-    idx_GM = downsampling.select_rollouts(rl.downsample, rewards_GN, m, rng=select_rng)
-    rows = (np.arange(g)[:, None] * n + np.asarray(idx_GM)).reshape(-1)
-    rewards_GM = downsampling.gather_groups(rewards_GN, idx_GM)
-    if rl.advantages_on == "generated":  # decoupled baseline: statistics from all n
-      adv_GM = downsampling.gather_groups(advantages_lib.compute_advantages(
-          rl.advantage, rewards_GN, eps=rl.advantage_eps), idx_GM)
-    else:
-      adv_GM = advantages_lib.compute_advantages(rl.advantage, rewards_GM,
-                                                 eps=rl.advantage_eps)
-  zero_var_G = np.asarray(advantages_lib.zero_variance_groups(rewards_GM))
-  keep_pg, keep_reg = _filter_masks(rl.zero_variance_filter, zero_var_G, m)
-  tokens, mask = rollout.sequences(scored, n)
-  response_mask = scored.rollouts.mask[rows]
-  batch = update.TrainBatch(
-      tokens=tokens[rows], mask=mask[rows], response_mask=response_mask,
-      sampler_logp=scored.rollouts.logprobs[rows],
-      old_logp=np.zeros(response_mask.shape, np.float32),
-      ref_logp=np.zeros(response_mask.shape, np.float32),
-      advantages=np.asarray(adv_GM).reshape(-1), keep_pg=keep_pg, keep_reg=keep_reg,
-      shuffle_rng=None)
-  return batch, zero_var_G

@@ -35,8 +35,9 @@ from absl import logging
 from flax import nnx
 
 from isojax import config_lib, evaluation, tasks, train
-from isojax.models import sharding
-from isojax.tasks import arithmetic, splits, tiny_base_model
+from isojax.models import hf_checkpoint, sharding
+from isojax.models import tokenizer as tokenizer_lib
+from isojax.tasks import arithmetic, prompts, splits, tiny_base_model
 
 PROFILE_FILE = "profile.json"   # per-problem pass rates of the pool, beside the splits
 _VERSION = 1                    # bump when the selection rules below change
@@ -118,7 +119,7 @@ class ProblemRates:
 
 
 def model_path(config: ml_collections.ConfigDict) -> str:
-  """The base model directory `train.load_policy` loads (without building it)."""
+  """The base model directory `train.policy_path` gives (without building it)."""
   if config.base_model.path:
     return os.path.abspath(os.path.expanduser(config.base_model.path))
   return os.path.abspath(tiny_base_model.cache_path(config.base_model, config.task))
@@ -132,7 +133,8 @@ def settings(config: ml_collections.ConfigDict, options: Options) -> dict[str, A
       hard_samples=options.hard_samples, pool_size=options.pool_size,
       val_pool_size=options.val_pool_size, min_digits=options.min_digits,
       max_digits=options.max_digits, num_train=options.num_train, num_val=options.num_val,
-      seed=options.seed, bands={k: dataclasses.asdict(b) for k, b in BANDS.items()})
+      seed=options.seed, bands={k: dataclasses.asdict(b) for k, b in BANDS.items()},
+      **({} if config.task.name == "arithmetic" else dict(task=config.task.to_dict())))
 
 
 def _check_options(options: Options) -> None:
@@ -166,23 +168,32 @@ def cached(config: ml_collections.ConfigDict, options: Options) -> bool:
 
 
 class _Sampler:
-  """The base policy and a correct-count function over problem lists."""
+  """The base policy, its prompts and verifier, and a correct-count function."""
 
-  def __init__(self, config: ml_collections.ConfigDict, problems: Sequence[arithmetic.Problem]):
+  def __init__(self, config: ml_collections.ConfigDict, problems: Sequence[tasks.Problem]):
     self.config = config
     mesh = sharding.make_mesh(config.mesh)
-    policy, self.tok = train.load_policy(config, mesh)
+    path = train.policy_path(config)
+    self.tok = tokenizer_lib.load_tokenizer(
+        path, extra_stop_ids=tuple(config.sampling.stop_token_ids))
+    self.book, kept, dropped = prompts.build({"pool": list(problems)}, self.tok, config.task,
+                                             tasks.default_instruction(config.task))
+    if dropped["pool"]:
+      raise ProfileError(f"{dropped['pool']} pool problems have prompts longer than "
+                         f"task.max_prompt_tokens={config.task.max_prompt_tokens}")
+    self.verifier = tasks.make_verifier(config.task)
+    policy = hf_checkpoint.load_model(path, mesh, dtype=config.model.dtype,
+                                      fp32_lm_head=config.model.fp32_lm_head)
     self.graphdef, self.params = nnx.split(policy)
-    self.prompt_len = max(len(self.tok.encode(p.prompt)) for p in problems)
 
   def correct(self, problems, num_samples: int, chunk_rollouts: int, rng) -> np.ndarray:
     if not problems:
       return np.zeros(0, np.int64)
     chunk = max(1, min(len(problems), chunk_rollouts // num_samples))
-    return evaluation.correct_counts(
-        self.graphdef, self.params, self.tok, problems, tasks.reward_fn(self.config.task),
-        num_samples=num_samples, chunk=chunk, rng=rng, prompt_len=self.prompt_len,
-        sampling=self.config.sampling)
+    counts, _ = evaluation.correct_counts(
+        self.graphdef, self.params, self.tok, self.book, problems, self.verifier,
+        num_samples=num_samples, chunk=chunk, rng=rng, sampling=self.config.sampling)
+    return counts
 
 
 def _measure(sampler: _Sampler, problems, options: Options, rng, need_extremely_hard: int,
@@ -288,6 +299,19 @@ def _digit_mix(difficulties: Sequence[int]) -> dict[int, float]:
   return {int(v): float(c) / len(difficulties) for v, c in zip(values, counts)}
 
 
+def _task_pool(config: ml_collections.ConfigDict, options: Options
+               ) -> tuple[list[tasks.Problem], list[tasks.Problem]]:
+  """The candidate pools of a loaded family (reasoning_gym, math): the first pool_size
+  training and val_pool_size validation problems of the task (disjoint by the task)."""
+  data = tasks.load(config.task)
+  train_pool, val_pool = data.train[:options.pool_size], data.val[:options.val_pool_size]
+  if len(train_pool) < options.pool_size or len(val_pool) < options.val_pool_size:
+    logging.warning("task %s has %d training and %d validation problems; profiling "
+                    "pools of %d and %d", config.task.name, len(data.train), len(data.val),
+                    len(train_pool), len(val_pool))
+  return train_pool, val_pool
+
+
 def _pool(options: Options) -> tuple[list[arithmetic.Problem], list[arithmetic.Problem]]:
   """Distinct candidate problems: training ones, and validation ones from the task's
   validation partition (which the base model never trained on), deterministic in seed.
@@ -329,7 +353,8 @@ def profile(config: ml_collections.ConfigDict, options: Options) -> list[SplitSu
     return [_summary_from_file(options.out_dir, name) for name in options.splits]
 
   start = time.time()
-  train_pool, val_pool = _pool(options)
+  train_pool, val_pool = (_pool(options) if config.task.name == "arithmetic"
+                          else _task_pool(config, options))
   sampler = _Sampler(config, train_pool + val_pool)
   rng = jax.random.key(options.seed)
   wants_xh = any(EXTREMELY_HARD in SPLITS[s] for s in options.splits)

@@ -1,14 +1,17 @@
-"""From problems to scored rollouts: prompt encoding, sampling, verification.
+"""From problems to scored rollouts: prompt batches, sampling, verification.
 
-Shared by the training loop and evaluation so both see exactly the same prompts,
-sampling settings and verifier. Prompts are left-padded to a fixed `prompt_len` for the
-whole run, so every call reuses one compiled sampler.
+Shared by the training loop, evaluation and profiling, so all see exactly the same
+prompts, sampling settings, stop tokens and verifier. `sample` returns as soon as the
+completions are decoded and handed to the verifier (which may grade them in worker
+processes); the caller can dispatch device work (the log-prob passes) before it waits
+on `Pending.result()`.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
-from typing import Callable, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +21,8 @@ import numpy as np
 from isojax.models import sharding
 from isojax.models.tokenizer import TextTokenizer
 from isojax.sampling import sampler
+from isojax.tasks.problem import Grades, Problem, Verifier
+from isojax.tasks.prompts import PromptBook
 
 
 @dataclasses.dataclass
@@ -25,38 +30,72 @@ class ScoredRollouts:
   prompts_GP: np.ndarray       # [G, P] int32, left-padded
   prompt_mask_GP: np.ndarray   # [G, P] bool
   rollouts: sampler.Rollouts   # [B, T] host NumPy arrays, B = G * n
-  rewards_GN: np.ndarray       # [G, n] float32
+  rewards_GN: np.ndarray       # [G, n] float32, verified rewards
   completions: list[str]       # [B] decoded text
+  verifier_timeouts: int = 0
+  verifier_errors: int = 0
 
   @property
   def num_tokens(self) -> int:
     return int(self.rollouts.mask.sum())
 
+  @property
+  def prompt_len(self) -> int:
+    return self.prompts_GP.shape[1]
 
-def encode_prompts(tok: TextTokenizer, problems: Sequence, prompt_len: int):
-  return tok.encode_batch_left_padded([p.prompt for p in problems], prompt_len)
+  @property
+  def truncated_fraction(self) -> float:
+    return float(1.0 - self.rollouts.finished.mean())
 
 
-def generate(graphdef, params, tok: TextTokenizer, problems: Sequence,
-             reward_fn: Callable, *, n: int, rng: jax.Array, prompt_len: int,
-             sampling: ml_collections.ConfigDict, temperature: float | None = None,
-             ) -> ScoredRollouts:
-  """Samples n rollouts per problem and scores each with `reward_fn(text, problem)`."""
-  prompts, mask = encode_prompts(tok, problems, prompt_len)
+@dataclasses.dataclass
+class Pending:
+  """Sampled rollouts whose grades may still be computing."""
+  prompts_GP: np.ndarray
+  prompt_mask_GP: np.ndarray
+  rollouts: sampler.Rollouts
+  completions: list[str]
+  grades: concurrent.futures.Future  # of tasks.Grades
+  n: int
+
+  @property
+  def prompt_len(self) -> int:
+    return self.prompts_GP.shape[1]
+
+  def result(self) -> ScoredRollouts:
+    grades: Grades = self.grades.result()
+    g = self.prompts_GP.shape[0]
+    return ScoredRollouts(self.prompts_GP, self.prompt_mask_GP, self.rollouts,
+                          np.asarray(grades.rewards, np.float32).reshape(g, self.n),
+                          self.completions, grades.timeouts, grades.errors)
+
+
+def sample(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Sequence[Problem],
+           verifier: Verifier, *, n: int, rng: jax.Array, sampling: ml_collections.ConfigDict,
+           temperature: float | None = None) -> Pending:
+  """Samples n rollouts per problem and submits them to the verifier."""
+  prompts, mask = book.batch(problems)
   rollouts = sampler.sample(
       graphdef, params, jnp.asarray(prompts), jnp.asarray(mask), rng, n=n,
       max_new_tokens=sampling.max_new_tokens,
       temperature=float(sampling.temperature if temperature is None else temperature),
-      top_k=int(sampling.top_k), top_p=float(sampling.top_p), eos_id=tok.eos_id,
+      top_k=int(sampling.top_k), top_p=float(sampling.top_p), stop_ids=tok.eos_ids,
       pad_id=tok.pad_id)
   rollouts = jax.tree.map(sharding.to_host, rollouts)
   completions = [tok.decode(row) for row in rollouts.tokens]
-  rewards = np.array([reward_fn(text, problems[i // n]) for i, text in enumerate(completions)],
-                     np.float32).reshape(len(problems), n)
-  return ScoredRollouts(prompts, mask, rollouts, rewards, completions)
+  grades = verifier.grade_async(completions, [problems[i // n] for i in range(len(completions))])
+  return Pending(prompts, mask, rollouts, completions, grades, n)
 
 
-def sequences(scored: ScoredRollouts, n: int) -> tuple[np.ndarray, np.ndarray]:
+def generate(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Sequence[Problem],
+             verifier: Verifier, *, n: int, rng: jax.Array, sampling: ml_collections.ConfigDict,
+             temperature: float | None = None) -> ScoredRollouts:
+  """`sample` and wait for the grades."""
+  return sample(graphdef, params, tok, book, problems, verifier, n=n, rng=rng,
+                sampling=sampling, temperature=temperature).result()
+
+
+def sequences(scored: ScoredRollouts | Pending, n: int) -> tuple[np.ndarray, np.ndarray]:
   """Prompt + response tokens [B, P + T] and their real-token mask, for scoring."""
   prompts = np.repeat(scored.prompts_GP, n, axis=0)
   prompt_mask = np.repeat(scored.prompt_mask_GP, n, axis=0)

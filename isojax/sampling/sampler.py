@@ -3,7 +3,10 @@
 Each of the G prompts is prefilled once; its keys/values stay at [G, P] and every one
 of its n rollouts attends to them (`Transformer.decode`), while each rollout keeps its
 own [B, T] cache for generated tokens (B = G * n). Decoding runs in a
-`lax.while_loop` that stops as soon as every rollout has emitted EOS.
+`lax.while_loop` that stops as soon as every rollout has emitted one of the stop ids
+(every end-of-sequence id of the checkpoint, e.g. Llama 3 Instruct's `<|eot_id|>` and
+`<|end_of_text|>`, plus any configured extra ids). A rollout that reaches
+`max_new_tokens` without one is *truncated* (`Rollouts.finished` is False).
 
 The policy is the tempered distribution softmax(logits / temperature); `logprobs` are
 the log-probabilities of the chosen tokens under it (before top-k / top-p truncation,
@@ -27,7 +30,8 @@ from isojax.models.transformer import DecodeCache, PrefixCache
 class Rollouts:
   tokens: jax.Array     # [B, T] int32, pad after EOS
   logprobs: jax.Array   # [B, T] float32 sampler log-probs of `tokens`, 0 where masked
-  mask: jax.Array       # [B, T] bool, True on generated tokens (EOS included)
+  mask: jax.Array       # [B, T] bool, True on generated tokens (stop token included)
+  finished: jax.Array   # [B] bool, emitted a stop token (False: truncated at T)
 
   @property
   def lengths(self) -> jax.Array:  # [B]
@@ -40,7 +44,7 @@ class _LoopState:
   logits: jax.Array      # [B, V] logits for the token at `step`
   tokens: jax.Array      # [B, T]
   logprobs: jax.Array    # [B, T]
-  done: jax.Array        # [B] bool, EOS already emitted before `step`
+  done: jax.Array        # [B] bool, a stop token already emitted before `step`
   cache: DecodeCache
   rng: jax.Array
 
@@ -75,11 +79,15 @@ def _choose(logits_BV, rng, temperature, top_k, top_p):
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "graphdef", "n", "max_new_tokens", "temperature", "top_k", "top_p", "eos_id", "pad_id"))
+    "graphdef", "n", "max_new_tokens", "temperature", "top_k", "top_p", "stop_ids", "pad_id"))
 def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, *, n: int, max_new_tokens: int,
-           temperature: float, top_k: int = 0, top_p: float = 1.0, eos_id: int,
+           temperature: float, top_k: int = 0, top_p: float = 1.0, stop_ids: tuple[int, ...],
            pad_id: int) -> Rollouts:
-  """Samples n rollouts for each of G left-padded prompts; rollout b belongs to b // n."""
+  """Samples n rollouts for each of G left-padded prompts; rollout b belongs to b // n.
+
+  Any id of `stop_ids` ends a rollout (it is kept as the rollout's last token).
+  """
+  stop_ids_K = jnp.asarray(tuple(stop_ids), jnp.int32)
   model = nnx.merge(graphdef, state)
   g = prompts_GP.shape[0]
   b = g * n
@@ -95,7 +103,7 @@ def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, *, n: int, max_new_
     logprobs = s.logprobs.at[:, s.step].set(logp)
     logits, cache = model.decode(token, prompt_len_B + s.step, s.step, prefix, s.cache)
     return _LoopState(step=s.step + 1, logits=logits, tokens=tokens, logprobs=logprobs,
-                      done=s.done | (token == eos_id), cache=cache, rng=rng)
+                      done=s.done | jnp.isin(token, stop_ids_K), cache=cache, rng=rng)
 
   def cond(s: _LoopState):
     return (s.step < max_new_tokens) & ~jnp.all(s.done)
@@ -109,12 +117,13 @@ def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, *, n: int, max_new_
       cache=model.init_decode_cache(b, max_new_tokens),
       rng=rng)
   final = jax.lax.while_loop(cond, body, init)
-  # A token is generated iff no EOS came strictly before it.
-  is_eos = final.tokens == eos_id
-  eos_before = jnp.cumsum(is_eos, axis=-1) - is_eos
-  mask = (eos_before == 0) & (jnp.arange(max_new_tokens) < final.step)
+  # A token is generated iff no stop token came strictly before it.
+  is_stop = jnp.isin(final.tokens, stop_ids_K) & (jnp.arange(max_new_tokens) < final.step)
+  stops_before = jnp.cumsum(is_stop, axis=-1) - is_stop
+  mask = (stops_before == 0) & (jnp.arange(max_new_tokens) < final.step)
   return Rollouts(tokens=jnp.where(mask, final.tokens, pad_id),
-                  logprobs=jnp.where(mask, final.logprobs, 0.0), mask=mask)
+                  logprobs=jnp.where(mask, final.logprobs, 0.0), mask=mask,
+                  finished=jnp.any(is_stop, axis=-1))
 
 
 def prefix_cache_for_rollouts(prefix: PrefixCache, n: int) -> PrefixCache:

@@ -1,22 +1,92 @@
-"""Verifiable tasks: problem sets and their 0/1 verifiers."""
+"""The task registry: `task.name` picks a family of problems and its verifier.
+
+  arithmetic     multi-digit additions generated from a difficulty knob (the embedded
+                 default; exact-match verifier)
+  reasoning_gym  any `reasoning-gym` dataset by name, generated locally from a seed,
+                 graded by the dataset's own `score_answer`
+  math           problems from local files (JSONL / JSON / Parquet / CSV, a
+                 `save_to_disk` directory, or a prepared TFDS dataset), graded with
+                 `math-verify` in worker processes
+
+Every family provides `validate(task)` (cheap field checks, run before anything is
+compiled or written), its problems and its verifier. Families are imported lazily, so
+the config layer and the planner can list the names without loading `datasets` or
+`reasoning-gym`.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+from typing import Any
+
 import ml_collections
 
-from isojax.tasks import arithmetic, splits
+from isojax.tasks.problem import Grades, PerItemVerifier, Problem, Verifier
+
+NAMES = ("arithmetic", "reasoning_gym", "math")
+_MODULES = {"arithmetic": "isojax.tasks.arithmetic",
+            "reasoning_gym": "isojax.tasks.reasoning_gym_task",
+            "math": "isojax.tasks.math_data"}
+
+# The instruction appended to each question when `task.instruction` is unset: the
+# papers' boxed-answer instruction for math, answer tags for reasoning-gym, and none
+# for the arithmetic demo (its base model completes "12+34=" directly).
+MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
 
-def load_problems(task: ml_collections.ConfigDict):
-  """(train, val) problem lists: a named profiled split, or generated from the knob."""
-  if task.name != "arithmetic":
-    raise ValueError(f"task.name={task.name!r}: expected 'arithmetic'")
+@dataclasses.dataclass
+class TaskData:
+  train: list[Problem]
+  val: list[Problem]
+  skipped: dict[str, int]  # rows dropped at load time, by reason (logged, never silent)
+
+
+def family(name: str):
+  if name not in _MODULES:
+    raise ValueError(f"task.name={name!r}: expected one of {list(NAMES)}")
+  return importlib.import_module(_MODULES[name])
+
+
+def validate(task: ml_collections.ConfigDict) -> None:
+  """Family-specific field checks; reads no data and compiles nothing."""
+  family(task.name).validate(task)
+
+
+def load(task: ml_collections.ConfigDict) -> TaskData:
+  """Train and validation problems: a named profiled split, or the family's own."""
   if task.split:
-    return splits.load_split(task.splits_dir, task.split)
-  return arithmetic.make_splits(task.seed, task.num_train, task.num_val, task.min_digits,
-                                task.max_digits)
+    from isojax.tasks import splits  # pylint: disable=g-import-not-at-top
+    train, val = splits.load_split(task.splits_dir, task.split)
+    return TaskData(train, val, {})
+  module = family(task.name)
+  if task.name == "math":
+    train, val, report = module.load(task)
+    return TaskData(train, val, dict(report.skipped))
+  train, val = module.load(task)
+  return TaskData(train, val, {})
 
 
-def reward_fn(task: ml_collections.ConfigDict):
-  del task  # one task family so far
-  return arithmetic.reward
+def make_verifier(task: ml_collections.ConfigDict) -> Verifier:
+  if task.name == "math":
+    from isojax.tasks import math_verifier  # pylint: disable=g-import-not-at-top
+    return math_verifier.MathVerifier(pattern=task.answer_pattern,
+                                      timeout_s=task.verifier_timeout_s,
+                                      workers=task.verifier_workers)
+  return family(task.name).make_verifier(task)
+
+
+def default_instruction(task: ml_collections.ConfigDict) -> str:
+  if task.instruction is not None:
+    return task.instruction
+  if task.name == "math":
+    return MATH_INSTRUCTION
+  return getattr(family(task.name), "DEFAULT_INSTRUCTION", "")
+
+
+def describe(data: TaskData) -> dict[str, Any]:
+  return dict(num_train=len(data.train), num_val=len(data.val), skipped=data.skipped)
+
+
+__all__ = ["NAMES", "Grades", "PerItemVerifier", "Problem", "TaskData", "Verifier",
+           "default_instruction", "describe", "family", "load", "make_verifier", "validate"]

@@ -11,19 +11,18 @@ whitespace ignored) and 0.0 otherwise, malformed text included; it never raises.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 
+import ml_collections
 import numpy as np
+
+from isojax.tasks import problem as problem_lib
 
 ALPHABET = "0123456789+="
 
 
-@dataclasses.dataclass(frozen=True)
-class Problem:
-  prompt: str       # "123+45="
-  answer: str       # "168"
-  difficulty: int   # operand digits
+# A problem's prompt is "123+45=", its answer "168", its difficulty the operand digits.
+Problem = problem_lib.Problem
 
 
 def _operand(rng: np.random.Generator, digits: int) -> int:
@@ -88,3 +87,22 @@ def reward(completion: str, problem: Problem) -> float:
 def sft_text(problem: Problem) -> tuple[str, str]:
   """(prompt, target) for supervised pre-training of the tiny base model."""
   return problem.prompt, problem.answer
+
+
+def validate(task: ml_collections.ConfigDict) -> None:
+  for field in ("min_digits", "max_digits", "num_train", "num_val"):
+    value = task[field]
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+      raise ValueError(f"task.{field}={value!r}: expected a positive integer")
+  if task.min_digits > task.max_digits:
+    raise ValueError(f"task.min_digits={task.min_digits} > task.max_digits={task.max_digits}")
+
+
+def load(task: ml_collections.ConfigDict) -> tuple[list[Problem], list[Problem]]:
+  return make_splits(task.seed, task.num_train, task.num_val, task.min_digits,
+                     task.max_digits)
+
+
+def make_verifier(task: ml_collections.ConfigDict) -> problem_lib.Verifier:
+  del task  # exact match needs no settings
+  return problem_lib.PerItemVerifier(reward)

@@ -3,7 +3,8 @@
 A split is one JSON file `<splits_dir>/<name>.json`:
 
   {"name": "hard", "meta": {...how it was made...},
-   "train": [{"prompt": ..., "answer": ..., "difficulty": ..., "pass_rate": ...}, ...],
+   "train": [{"prompt": ..., "answer": ..., "difficulty": ..., "meta": ...,
+              "pass_rate": ...}, ...],
    "val":   [...]}
 
 `pass_rate` is the base model's measured avg@k (or pass@k for the extremely hard
@@ -17,7 +18,7 @@ import json
 import os
 from typing import Any, Sequence
 
-from isojax.tasks import arithmetic
+from isojax.tasks.problem import Problem
 
 SPLIT_KEYS = ("train", "val")
 
@@ -26,14 +27,14 @@ def split_path(splits_dir: str, name: str) -> str:
   return os.path.join(os.path.expanduser(splits_dir), f"{name}.json")
 
 
-def save_split(splits_dir: str, name: str, train: Sequence[arithmetic.Problem],
-               val: Sequence[arithmetic.Problem], pass_rates: dict[str, float],
+def save_split(splits_dir: str, name: str, train: Sequence[Problem],
+               val: Sequence[Problem], pass_rates: dict[str, float],
                meta: dict[str, Any]) -> str:
   """Writes a split atomically; `pass_rates` maps prompt -> measured base pass rate."""
   path = split_path(splits_dir, name)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   row = lambda p: dict(prompt=p.prompt, answer=p.answer, difficulty=p.difficulty,
-                       pass_rate=pass_rates.get(p.prompt))
+                       meta=p.meta, pass_rate=pass_rates.get(p.prompt))
   payload = dict(name=name, meta=meta, train=[row(p) for p in train],
                  val=[row(p) for p in val])
   tmp = path + ".tmp"
@@ -44,7 +45,7 @@ def save_split(splits_dir: str, name: str, train: Sequence[arithmetic.Problem],
 
 
 def load_split(splits_dir: str, name: str
-               ) -> tuple[list[arithmetic.Problem], list[arithmetic.Problem]]:
+               ) -> tuple[list[Problem], list[Problem]]:
   path = split_path(splits_dir, name)
   if not os.path.isfile(path):
     raise FileNotFoundError(
@@ -53,8 +54,9 @@ def load_split(splits_dir: str, name: str
   try:
     with open(path) as f:
       payload = json.load(f)
-    return tuple([arithmetic.Problem(prompt=r["prompt"], answer=r["answer"],
-                                     difficulty=int(r["difficulty"])) for r in payload[key]]
+    return tuple([Problem(prompt=r["prompt"], answer=r["answer"],
+                          difficulty=int(r["difficulty"]), meta=r.get("meta", ""))
+                  for r in payload[key]]
                  for key in SPLIT_KEYS)
   except (json.JSONDecodeError, KeyError, TypeError) as e:
     raise ValueError(f"{path}: malformed split file ({e!r}); expected keys "

@@ -1,12 +1,21 @@
-"""Builds, caches and loads the tiny base model for the built-in arithmetic task.
+"""Builds, caches and loads the tiny base models of the embedded demos.
 
 Nobody can download a base model in CI, so isojax makes one: a small transformer
-trained by next-token supervised learning on addition problems, stopped early enough
-that its pass rates spread from about 0 (many digits) to about 1 (few digits). It is
-saved in the Hugging Face layout under `<cache_dir>/tiny-<hash of its settings>/` and
-then loaded through `hf_checkpoint.load_model`, the path real checkpoints take.
-The build is atomic (written to a temp dir, then renamed), so an interrupted build
-never leaves a half-written model behind.
+trained by next-token supervised learning, stopped early enough that its pass rates
+spread from about 0 to about 1. Two demos:
+
+  arithmetic     a character tokenizer and "12+34=" -> "46" (the default task);
+  reasoning_gym  the path a real instruct checkpoint takes: a byte-level BPE tokenizer
+                 trained here with `tokenizers`, a Qwen-style chat template in its
+                 tokenizer_config.json, two end-of-sequence ids (<|im_end|> and
+                 <|endoftext|>) in generation_config.json, a Qwen2-architecture model
+                 (qkv bias), and SFT on chat-rendered reasoning-gym problems with short
+                 worked rationales.
+
+A model is saved in the Hugging Face layout under `<cache_dir>/tiny-<hash of its
+settings>/` and then loaded through `hf_checkpoint.load_model`, the path real
+checkpoints take. The build is atomic (written to a temp dir, then renamed), so an
+interrupted build never leaves a half-written model behind.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import os
 import shutil
 import tempfile
 import time
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +36,7 @@ import optax
 from absl import logging
 from flax import nnx
 
+from isojax.models import chat_template as chat_template_lib
 from isojax.models import hf_checkpoint
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.models.transformer import ModelConfig, Transformer
@@ -35,11 +46,22 @@ BUILD_FILE = "isojax_build.json"
 _BUILD_VERSION = 1  # bump when the recipe below changes
 
 
+# The demo BPE: Qwen's special tokens; <|im_end|> ends a turn, <|endoftext|> pads.
+_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+_BPE_VOCAB = 640
+DEMO_TASKS = ("arithmetic", "reasoning_gym")
+
+
 def _settings(base: ml_collections.ConfigDict, task: ml_collections.ConfigDict) -> dict:
   keys = ("num_layers", "embed_dim", "num_heads", "num_kv_heads", "head_dim", "mlp_dim",
           "sft_steps", "sft_batch_size", "sft_learning_rate", "sft_max_digits")
-  return dict({k: base[k] for k in keys}, task=task.name, seed=task.seed,
-              version=_BUILD_VERSION)
+  settings = dict({k: base[k] for k in keys}, task=task.name, seed=task.seed,
+                  version=_BUILD_VERSION)
+  if task.name == "reasoning_gym":  # what the SFT data and the prompts depend on
+    settings.update(dataset=task.dataset, dataset_kwargs=task.dataset_kwargs.to_dict(),
+                    num_train=task.num_train, system_prompt=task.system_prompt,
+                    instruction=task.instruction, bpe_vocab=_BPE_VOCAB)
+  return settings
 
 
 def cache_path(base: ml_collections.ConfigDict, task: ml_collections.ConfigDict) -> str:
@@ -66,14 +88,52 @@ def _sft_batch(rng, tok, batch_size: int, max_digits: int, length: int):
   return tokens, loss_mask
 
 
-def train_base_model(base: ml_collections.ConfigDict, task: ml_collections.ConfigDict):
-  """Supervised next-token training on addition; returns (model, tokenizer)."""
-  tok = tokenizer_lib.build_char_tokenizer(arithmetic.ALPHABET)
-  cfg = ModelConfig(vocab_size=tok.vocab_size, num_layers=base.num_layers,
-                    embed_dim=base.embed_dim, num_heads=base.num_heads,
-                    num_kv_heads=base.num_kv_heads, head_dim=base.head_dim,
-                    mlp_dim=base.mlp_dim, tie_embeddings=True)
-  model = Transformer(cfg, rngs=nnx.Rngs(task.seed))
+def _example_batch(rng, examples: list[tuple[list[int], list[int]]], batch_size: int,
+                   length: int, pad_id: int):
+  """Right-padded (prompt + target) rows of random examples and a loss mask on targets."""
+  tokens = np.full((batch_size, length), pad_id, np.int32)
+  loss_mask = np.zeros((batch_size, length), np.float32)
+  for row, i in enumerate(rng.integers(0, len(examples), batch_size)):
+    prompt, target = examples[i]
+    tokens[row, :len(prompt) + len(target)] = prompt + target
+    loss_mask[row, len(prompt):len(prompt) + len(target)] = 1.0
+  return tokens, loss_mask
+
+
+def _reasoning_gym_data(base: ml_collections.ConfigDict, task: ml_collections.ConfigDict):
+  """(BPE tokenizer with a chat template, [(prompt ids, target ids)]) from train problems.
+
+  Prompts are rendered exactly as the RL loop renders them (`tasks.prompts`), so the
+  base model is supervised on the prompts it will later be sampled on.
+  """
+  from isojax import tasks  # pylint: disable=g-import-not-at-top  # tasks imports this module
+  from isojax.tasks import prompts, reasoning_gym_task  # pylint: disable=g-import-not-at-top
+  del base
+  train, _ = reasoning_gym_task.load(task)  # never the validation problems
+  instruction = tasks.default_instruction(task)
+  messages = lambda p: ([{"role": "system", "content": task.system_prompt}]
+                        if task.system_prompt else []) + [
+                            {"role": "user", "content": prompts.user_text(p, instruction)}]
+  template = chat_template_lib.QWEN_CHAT_TEMPLATE
+  render = lambda p: chat_template_lib.render(template, messages(p),
+                                              special_tokens={"eos_token": "<|im_end|>"})
+  texts = [render(p) + reasoning_gym_task.sft_target(p) for p in train]
+  tok = tokenizer_lib.train_bpe_tokenizer(
+      texts, vocab_size=_BPE_VOCAB, special_tokens=_SPECIAL_TOKENS, eos="<|im_end|>",
+      pad="<|endoftext|>", chat_template=template)
+  examples = []
+  for p in train:
+    prompt_text, add_bos = prompts.render(p, tok, fmt="chat", system_prompt=task.system_prompt,
+                                          instruction=instruction)
+    target = tok.encode(reasoning_gym_task.sft_target(p), add_bos=False) + [tok.eos_id]
+    examples.append((tok.encode(prompt_text, add_bos=add_bos), target))
+  return tok, examples
+
+
+def _supervised(cfg: ModelConfig, next_batch: Callable, base: ml_collections.ConfigDict,
+                seed: int, pad_id: int) -> Transformer:
+  """Next-token training on the masked targets of `next_batch(rng)` batches."""
+  model = Transformer(cfg, rngs=nnx.Rngs(seed))
   graphdef, params = nnx.split(model)
   schedule = optax.warmup_cosine_decay_schedule(
       0.0, base.sft_learning_rate, warmup_steps=min(100, base.sft_steps // 10),
@@ -84,7 +144,7 @@ def train_base_model(base: ml_collections.ConfigDict, task: ml_collections.Confi
   @jax.jit
   def step(params, opt_state, tokens, loss_mask):
     def loss_fn(params):
-      logits = nnx.merge(graphdef, params)(tokens[:, :-1], tokens[:, :-1] != tok.pad_id)
+      logits = nnx.merge(graphdef, params)(tokens[:, :-1], tokens[:, :-1] != pad_id)
       logp = jax.nn.log_softmax(logits, axis=-1)
       nll = -jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
       mask = loss_mask[:, 1:]
@@ -93,17 +153,39 @@ def train_base_model(base: ml_collections.ConfigDict, task: ml_collections.Confi
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
-  # The causal mask makes right padding harmless: padding only follows the answer.
-  length = 3 * base.sft_max_digits + 5  # bos a + b = (a+b) eos
-  rng = np.random.default_rng(task.seed)
+  # The causal mask makes right padding harmless: padding only follows the target.
+  rng = np.random.default_rng(seed)
   start = time.time()
   for i in range(base.sft_steps):
-    batch = _sft_batch(rng, tok, base.sft_batch_size, base.sft_max_digits, length)
-    params, opt_state, loss = step(params, opt_state, *batch)
+    params, opt_state, loss = step(params, opt_state, *next_batch(rng))
     if (i + 1) % 250 == 0 or i + 1 == base.sft_steps:
       logging.info("base model SFT step %d/%d loss %.4f (%.0fs)", i + 1, base.sft_steps,
                    float(loss), time.time() - start)
-  return nnx.merge(graphdef, params), tok
+  return nnx.merge(graphdef, params)
+
+
+def train_base_model(base: ml_collections.ConfigDict, task: ml_collections.ConfigDict):
+  """Supervised next-token training for the task's demo; returns (model, tokenizer)."""
+  dims = dict(num_layers=base.num_layers, embed_dim=base.embed_dim, num_heads=base.num_heads,
+              num_kv_heads=base.num_kv_heads, head_dim=base.head_dim, mlp_dim=base.mlp_dim,
+              tie_embeddings=True)
+  if task.name == "arithmetic":
+    tok = tokenizer_lib.build_char_tokenizer(arithmetic.ALPHABET)
+    length = 3 * base.sft_max_digits + 5  # bos a + b = (a+b) eos
+    next_batch = lambda rng: _sft_batch(rng, tok, base.sft_batch_size, base.sft_max_digits,
+                                        length)
+    cfg = ModelConfig(vocab_size=tok.vocab_size, **dims)
+  elif task.name == "reasoning_gym":
+    tok, examples = _reasoning_gym_data(base, task)
+    length = max(len(p) + len(t) for p, t in examples)
+    next_batch = lambda rng: _example_batch(rng, examples, base.sft_batch_size, length,
+                                            tok.pad_id)
+    cfg = ModelConfig(vocab_size=tok.vocab_size, qkv_bias=True, **dims)  # Qwen2-shaped
+  else:
+    raise ValueError(f"base_model.path is empty and task.name={task.name!r}: isojax builds "
+                     f"a tiny base model only for {list(DEMO_TASKS)}; set "
+                     "base_model.path to a Hugging Face checkpoint directory")
+  return _supervised(cfg, next_batch, base, task.seed, tok.pad_id), tok
 
 
 def ensure_base_model(base: ml_collections.ConfigDict, task: ml_collections.ConfigDict) -> str:
@@ -117,9 +199,14 @@ def ensure_base_model(base: ml_collections.ConfigDict, task: ml_collections.Conf
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(dir=parent, prefix=".building-")
   try:
-    hf_checkpoint.save_model(model, tmp, eos_token_id=tok.eos_id, bos_token_id=tok.bos_id,
+    hf_checkpoint.save_model(model, tmp, eos_token_id=tok.eos_id,
+                             bos_token_id=tok.pad_id if tok.bos_id is None else tok.bos_id,
                              pad_token_id=tok.pad_id)
     tok.save(tmp)
+    if task.name == "reasoning_gym":  # an instruct checkpoint's several stop ids
+      with open(os.path.join(tmp, "generation_config.json"), "w") as f:
+        json.dump(dict(eos_token_id=[tok.eos_id, tok.pad_id], pad_token_id=tok.pad_id,
+                       bos_token_id=tok.pad_id), f, indent=2)
     with open(os.path.join(tmp, BUILD_FILE), "w") as f:
       json.dump(_settings(base, task), f, indent=2)
     try:

@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from isojax import config_lib, train
+from isojax import config_lib
 from isojax.models.transformer import ModelConfig, Transformer
 from isojax.rl import advantages, downsampling, losses, rollout, update
+from isojax.rl import batch as rl_batch
 from isojax.sampling import sampler
 
 OPTIONS = ([("advantage", name) for name in advantages.ADVANTAGE_ESTIMATORS]
@@ -39,12 +40,13 @@ def test_option_trains_one_step(field, value):
   g, n, p, t = 2, 4, 2, 3
   rollouts = sampler.Rollouts(tokens=rng.integers(3, 11, (g * n, t)).astype(np.int32),
                               logprobs=-rng.uniform(1, 3, (g * n, t)).astype(np.float32),
-                              mask=np.array([[1, 1, 1], [1, 1, 0]] * n, bool))
+                              mask=np.array([[1, 1, 1], [1, 1, 0]] * n, bool),
+                              finished=np.array([False, True] * n))
   scored = rollout.ScoredRollouts(
       prompts_GP=np.full((g, p), 4, np.int32), prompt_mask_GP=np.ones((g, p), bool),
       rollouts=rollouts, rewards_GN=np.array([[1, 0, 0, 1], [0, 1, 0, 0]], np.float32),
       completions=[""] * (g * n))
-  batch, _ = train.build_train_batch(config, scored, select_rng=jax.random.key(0))
+  batch, _ = rl_batch.build_train_batch(config, scored, select_rng=jax.random.key(0))
   settings = update.UpdateSettings.from_config(
       config, group_size=config_lib.train_rollouts_per_problem(config), prompt_len=p)
   logp = update.score(graphdef, params, batch.tokens, batch.mask, prompt_len=p,

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from isojax import config_lib, train
+from isojax import config_lib
 from isojax.models.transformer import ModelConfig, Transformer
+from isojax.rl import batch as rl_batch
 from isojax.rl import rollout, update
 from isojax.sampling import sampler
 
@@ -20,7 +21,7 @@ def _scored(rewards_GN, t=3, p=2):
       prompts_GP=np.full((g, p), 5, np.int32), prompt_mask_GP=np.ones((g, p), bool),
       rollouts=sampler.Rollouts(tokens=jnp.asarray(tokens),
                                 logprobs=-jnp.arange(b * t, dtype=jnp.float32).reshape(b, t),
-                                mask=jnp.ones((b, t), bool)),
+                                mask=jnp.ones((b, t), bool), finished=jnp.ones((b,), bool)),
       rewards_GN=np.asarray(rewards_GN, np.float32), completions=[""] * b)
 
 
@@ -33,7 +34,7 @@ def _config(**rl):
 
 def test_plain_grpo_batch():
   rewards = np.array([[1, 0, 0, 1, 0, 0], [1, 1, 1, 1, 1, 1]], np.float32)
-  batch, zero_var = train.build_train_batch(_config(), _scored(rewards),
+  batch, zero_var = rl_batch.build_train_batch(_config(), _scored(rewards),
                                             select_rng=jax.random.key(0))
   r = rewards[0]
   np.testing.assert_allclose(np.asarray(batch.advantages[:6]),
@@ -48,7 +49,7 @@ def test_pods_max_variance_rows_and_subset_advantages():
   config = _config(downsample="max_variance", train_rollouts_per_problem=2,
                    zero_variance_filter="all")
   scored = _scored(rewards)
-  batch, zero_var = train.build_train_batch(config, scored, select_rng=jax.random.key(0))
+  batch, zero_var = rl_batch.build_train_batch(config, scored, select_rng=jax.random.key(0))
   # Max variance with m = 2 keeps one correct and one wrong rollout per group.
   kept_rewards = []
   full_tokens, _ = rollout.sequences(scored, 6)
@@ -67,7 +68,7 @@ def test_decoupled_baseline_uses_generated_statistics():
   rewards = np.array([[1, 0, 0, 0, 0, 0], [1, 1, 0, 1, 0, 1]], np.float32)
   config = _config(downsample="max_reward", train_rollouts_per_problem=2,
                    advantages_on="generated")
-  batch, _ = train.build_train_batch(config, _scored(rewards), select_rng=jax.random.key(0))
+  batch, _ = rl_batch.build_train_batch(config, _scored(rewards), select_rng=jax.random.key(0))
   full = (rewards - rewards.mean(1, keepdims=True)) / (rewards.std(1, keepdims=True) + 1e-6)
   # max_reward keeps indices [0, 1] of group 0 and [0, 1] of group 1.
   np.testing.assert_allclose(np.asarray(batch.advantages),
@@ -78,7 +79,7 @@ def test_decoupled_baseline_uses_generated_statistics():
                                          ("regularizers", [1, 1], [1, 0])])
 def test_zero_variance_filter_modes(mode, pg, reg):
   rewards = np.array([[1, 0, 0, 1, 0, 0], [0] * 6], np.float32)
-  batch, _ = train.build_train_batch(_config(zero_variance_filter=mode), _scored(rewards),
+  batch, _ = rl_batch.build_train_batch(_config(zero_variance_filter=mode), _scored(rewards),
                                      select_rng=jax.random.key(0))
   np.testing.assert_array_equal(np.asarray(batch.keep_pg), np.repeat(pg, 6))
   np.testing.assert_array_equal(np.asarray(batch.keep_reg), np.repeat(reg, 6))
@@ -122,3 +123,32 @@ def test_loss_fn_matches_numpy_objective():
       keep_pg=jnp.ones(b, bool), keep_reg=jnp.ones(b, bool), shuffle_rng=jax.random.key(0))
   loss, _ = update.loss_fn(params, graphdef, batch, settings)
   assert float(loss) == pytest.approx(expected, rel=1e-4, abs=1e-5)
+
+
+def test_overlong_modes_against_hand_computed_rewards():
+  """rl.overlong on 4 rollouts: lengths 2, 6, 7, 8 of max 8; the last one truncated."""
+  rewards = np.array([1, 1, 0, 1], np.float32)
+  lengths = np.array([2, 6, 7, 8])
+  finished = np.array([True, True, True, False])
+  shape = lambda mode: rl_batch.shape_rewards(mode, rewards, lengths, finished,
+                                              max_new_tokens=8, cache_tokens=4)
+  np.testing.assert_allclose(shape("reward"), [1, 1, 0, 1])
+  np.testing.assert_allclose(shape("zero"), [1, 1, 0, 0])
+  # DAPO: 0 up to 8 - 4 = 4 tokens, then -(L - 4) / 4: 6 -> -0.5, 7 -> -0.75, 8 -> -1.
+  np.testing.assert_allclose(shape("dapo"), [1, 0.5, -0.75, 0.0])
+  with pytest.raises(ValueError, match="rl.overlong"):
+    shape("clip")
+
+
+def test_truncated_rollouts_earn_zero_in_the_batch():
+  """With rl.overlong=zero a truncated correct rollout's advantage is a wrong one's."""
+  rewards = np.array([[1, 1, 0, 0, 1, 0]], np.float32)
+  scored = _scored(np.concatenate([rewards, rewards]))
+  finished = np.ones(12, bool)
+  finished[[0, 6]] = False  # the first rollout of each group hit max_new_tokens
+  scored.rollouts = scored.rollouts.replace(finished=jnp.asarray(finished))
+  config = _config(overlong="zero")
+  batch, _ = rl_batch.build_train_batch(config, scored, select_rng=jax.random.key(0))
+  r = np.array([0, 1, 0, 0, 1, 0], np.float32)
+  np.testing.assert_allclose(np.asarray(batch.advantages[:6]),
+                             (r - r.mean()) / (r.std() + 1e-6), rtol=1e-5)

@@ -36,7 +36,7 @@ def test_greedy_cached_equals_uncached_argmax():
   tokens, mask = _prompts()
   graphdef, state = nnx.split(model)
   out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(0), n=1,
-                       max_new_tokens=6, temperature=0.0, eos_id=EOS, pad_id=PAD)
+                       max_new_tokens=6, temperature=0.0, stop_ids=(EOS,), pad_id=PAD)
   # Uncached reference: rerun the whole sequence for every new token.
   for row in range(tokens.shape[0]):
     seq = list(tokens[row][mask[row]])
@@ -58,14 +58,38 @@ def test_stops_at_eos_and_pads_after():
   tokens, mask = _prompts()
   graphdef, state = nnx.split(model)
   free = sampler.sample(graphdef, state, tokens, mask, jax.random.key(0), n=1,
-                        max_new_tokens=5, temperature=0.0, eos_id=-1, pad_id=PAD)
+                        max_new_tokens=5, temperature=0.0, stop_ids=(), pad_id=PAD)
   eos = int(free.tokens[0, 0])
   assert eos not in np.asarray(free.tokens[1]).tolist(), "pick prompts where row 1 differs"
   out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(0), n=1,
-                       max_new_tokens=5, temperature=0.0, eos_id=eos, pad_id=PAD)
+                       max_new_tokens=5, temperature=0.0, stop_ids=(eos,), pad_id=PAD)
   np.testing.assert_array_equal(np.asarray(out.mask), [[1, 0, 0, 0, 0], [1, 1, 1, 1, 1]])
   np.testing.assert_array_equal(np.asarray(out.tokens[0]), [eos, PAD, PAD, PAD, PAD])
   np.testing.assert_array_equal(np.asarray(out.tokens[1]), np.asarray(free.tokens[1]))
+  np.testing.assert_array_equal(np.asarray(out.finished), [True, False])
+
+
+def test_any_of_several_stop_ids_ends_a_rollout():
+  """Two stop ids (Llama 3 / Qwen Instruct list several): each row stops at whichever
+  of them comes first in its unconstrained greedy continuation; the rest run on."""
+  model = _model()
+  tokens, mask = _prompts()
+  graphdef, state = nnx.split(model)
+  free = np.asarray(sampler.sample(graphdef, state, tokens, mask, jax.random.key(0), n=1,
+                                   max_new_tokens=6, temperature=0.0, stop_ids=(),
+                                   pad_id=PAD).tokens)
+  stop_a, stop_b = int(free[0, 1]), int(free[1, 2])  # row 0's 2nd token, row 1's 3rd
+  stops = (stop_a, stop_b)
+  out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(0), n=1,
+                       max_new_tokens=6, temperature=0.0, stop_ids=stops, pad_id=PAD)
+  for row in range(2):
+    # Reference: the free greedy row cut after its first token in either stop id.
+    first = next((t for t, tok in enumerate(free[row]) if tok in stops), None)
+    length = 6 if first is None else first + 1
+    got_mask = np.asarray(out.mask[row])
+    assert got_mask.sum() == length and got_mask[:length].all()
+    np.testing.assert_array_equal(np.asarray(out.tokens[row])[:length], free[row, :length])
+    assert bool(out.finished[row]) == (first is not None)
 
 
 @pytest.mark.parametrize("n", [1, 3])
@@ -75,7 +99,7 @@ def test_sampler_logprobs_match_trainer_scores(n):
   tokens, mask = _prompts()
   graphdef, state = nnx.split(model)
   out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(1), n=n,
-                       max_new_tokens=6, temperature=0.6, eos_id=EOS, pad_id=PAD)
+                       max_new_tokens=6, temperature=0.6, stop_ids=(EOS,), pad_id=PAD)
   seq = np.concatenate([np.repeat(tokens, n, 0), np.asarray(out.tokens)], axis=1)
   seq_mask = np.concatenate([np.repeat(mask, n, 0), np.asarray(out.mask)], axis=1)
   scores = update.score(graphdef, state, seq, seq_mask, prompt_len=tokens.shape[1],

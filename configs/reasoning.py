@@ -1,0 +1,33 @@
+r"""RL on a reasoning-gym task: the embedded demo of the real-task path, hard recipe.
+
+  python -m isojax.main --config=configs/reasoning.py --workdir=/tmp/isojax/reasoning
+  python -m isojax.main --config=configs/reasoning.py:micro --workdir=/tmp/isojax/rg_micro
+  python -m isojax.main --config=configs/reasoning.py --workdir=... \
+      --config.task.dataset=basic_arithmetic --config.base_model.path=/ckpt/Qwen2.5-1.5B-Instruct
+
+With an empty `base_model.path` isojax builds (once, cached) a tiny Qwen2-shaped model
+with a locally trained BPE tokenizer, a Qwen-style chat template and two end-of-
+sequence ids, SFT-trained on chat-rendered `chain_sum` problems with worked rationales
+("3+4=7, 7-2=5 <answer>5</answer>"); RL then samples it through the chat template,
+stops at either id and grades with reasoning-gym's own `score_answer`. Nothing is
+downloaded. Any other reasoning-gym dataset works with a real checkpoint.
+"""
+
+import ml_collections
+
+from isojax import config_lib
+from isojax.tasks import reasoning_gym_task
+
+
+def get_config(arg=None):
+  config = config_lib.apply_recipe(config_lib.base_config(), "hard")
+  config.task.update(name="reasoning_gym", dataset=reasoning_gym_task.DEMO_DATASET,
+                     num_train=2048, num_val=256)
+  config.task.dataset_kwargs = ml_collections.ConfigDict(reasoning_gym_task.DEMO_KWARGS)
+  config.base_model.update(sft_steps=500)
+  config.sampling.max_new_tokens = 40
+  config.rollouts_per_problem = 8
+  config.problems_per_batch = 16
+  config.num_steps = 100
+  config.eval.update(every=10, chunk_problems=128)
+  return config_lib.apply_preset(config, arg)

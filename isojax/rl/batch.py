@@ -1,0 +1,115 @@
+"""RL batch assembly: verified rewards -> shaped rewards -> advantages -> a TrainBatch.
+
+Everything between "the verifier graded B = G * n rollouts" and "the update consumes a
+batch" is here, as host-side NumPy/JAX on small arrays: the overlong-response rule
+(`rl.overlong`), advantages, PODS down-sampling (n -> m per group) and the zero-variance
+masks. The training loop calls `build_train_batch` once per step.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from isojax import config_lib
+from isojax.rl import advantages as advantages_lib
+from isojax.rl import downsampling, rollout, update
+
+OVERLONG_MODES = config_lib.OVERLONG_MODES
+
+
+def dapo_overlong_penalty(lengths_B: np.ndarray, max_new_tokens: int,
+                          cache_tokens: int) -> np.ndarray:
+  """DAPO's soft overlong punishment, in [-1, 0] (Yu et al. 2025, eq. 13).
+
+  0 up to max_new_tokens - cache_tokens tokens, then linear down to -1 at
+  max_new_tokens (where a rollout that never stopped ends).
+  """
+  start = max_new_tokens - cache_tokens
+  over = np.asarray(lengths_B, np.float32) - start
+  return -np.clip(over / cache_tokens, 0.0, 1.0)
+
+
+def shape_rewards(mode: str, rewards_B: np.ndarray, lengths_B: np.ndarray,
+                  finished_B: np.ndarray, *, max_new_tokens: int,
+                  cache_tokens: int = 0) -> np.ndarray:
+  """What each rollout earns under `rl.overlong`; truncated = not finished."""
+  rewards_B = np.asarray(rewards_B, np.float32)
+  if mode == "reward":
+    return rewards_B
+  if mode == "zero":
+    return np.where(finished_B, rewards_B, 0.0).astype(np.float32)
+  if mode == "dapo":
+    return rewards_B + dapo_overlong_penalty(lengths_B, max_new_tokens, cache_tokens)
+  raise ValueError(f"rl.overlong={mode!r}: expected one of {list(OVERLONG_MODES)}")
+
+
+def _filter_masks(mode: str, zero_var_G: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+  """[B] masks of sequences kept in the policy-gradient and the regulariser terms."""
+  keep = np.repeat(~zero_var_G, m)
+  everything = np.ones_like(keep)
+  if mode == "off":
+    return everything, everything
+  if mode == "all":
+    return keep, keep
+  if mode == "regularizers":
+    return everything, keep
+  raise ValueError(f"rl.zero_variance_filter={mode!r}: expected one of "
+                   f"{update.ZERO_VARIANCE_MODES}")
+
+
+def training_rewards(config: ml_collections.ConfigDict,
+                     scored: rollout.ScoredRollouts) -> np.ndarray:
+  """[G, n] rewards the update optimises: verified rewards under `rl.overlong`."""
+  r = scored.rollouts
+  return shape_rewards(
+      config.rl.overlong, scored.rewards_GN.reshape(-1), np.asarray(r.mask).sum(-1),
+      np.asarray(r.finished), max_new_tokens=config.sampling.max_new_tokens,
+      cache_tokens=config.rl.overlong_cache_tokens).reshape(scored.rewards_GN.shape)
+
+
+def selected_rows(config: ml_collections.ConfigDict, rewards_GN: np.ndarray, *,
+                  select_rng: jax.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(rows [G * m] into the B = G * n rollouts, advantages [G, m], rewards [G, m])."""
+  rl = config.rl
+  n, m = config.rollouts_per_problem, config_lib.train_rollouts_per_problem(config)
+  rewards_GN = jnp.asarray(rewards_GN)
+  g = rewards_GN.shape[0]
+  if rl.downsample == "none":
+    adv_GM = advantages_lib.compute_advantages(rl.advantage, rewards_GN, eps=rl.advantage_eps)
+    return np.arange(g * n), np.asarray(adv_GM), np.asarray(rewards_GN)
+  idx_GM = downsampling.select_rollouts(rl.downsample, rewards_GN, m, rng=select_rng)
+  rows = (np.arange(g)[:, None] * n + np.asarray(idx_GM)).reshape(-1)
+  rewards_GM = downsampling.gather_groups(rewards_GN, idx_GM)
+  if rl.advantages_on == "generated":  # decoupled baseline: statistics from all n
+    adv_GM = downsampling.gather_groups(advantages_lib.compute_advantages(
+        rl.advantage, rewards_GN, eps=rl.advantage_eps), idx_GM)
+  else:
+    adv_GM = advantages_lib.compute_advantages(rl.advantage, rewards_GM, eps=rl.advantage_eps)
+  return rows, np.asarray(adv_GM), np.asarray(rewards_GM)
+
+
+def build_train_batch(config: ml_collections.ConfigDict, scored: rollout.ScoredRollouts, *,
+                      select_rng: jax.Array) -> tuple[update.TrainBatch, np.ndarray]:
+  """Shaped rewards, advantages, PODS down-sampling and zero-variance masks.
+
+  Returns a host (NumPy) batch whose old/ref log-probs and shuffle key the caller
+  fills after sharding it, and the [G] zero-variance flags of the trained groups.
+  """
+  m = config_lib.train_rollouts_per_problem(config)
+  rows, adv_GM, rewards_GM = selected_rows(config, training_rewards(config, scored),
+                                           select_rng=select_rng)
+  zero_var_G = np.asarray(advantages_lib.zero_variance_groups(jnp.asarray(rewards_GM)))
+  keep_pg, keep_reg = _filter_masks(config.rl.zero_variance_filter, zero_var_G, m)
+  tokens, mask = rollout.sequences(scored, config.rollouts_per_problem)
+  response_mask = scored.rollouts.mask[rows]
+  batch = update.TrainBatch(
+      tokens=tokens[rows], mask=mask[rows], response_mask=response_mask,
+      sampler_logp=scored.rollouts.logprobs[rows],
+      old_logp=np.zeros(response_mask.shape, np.float32),
+      ref_logp=np.zeros(response_mask.shape, np.float32),
+      advantages=adv_GM.reshape(-1), keep_pg=keep_pg, keep_reg=keep_reg,
+      shuffle_rng=None)
+  return batch, zero_var_G

@@ -1,0 +1,473 @@
+"""Math problems from local files or a prepared TFDS dataset: the `math` family's input.
+
+Public math sets (GSM8K, MATH / MATH-500, DAPO-Math-17k, Polaris, DeepScaleR) ship as
+JSONL / JSON / Parquet / CSV files, `datasets.save_to_disk` directories or TFDS
+datasets, each with its own column names and its own way of writing the gold answer.
+This module turns any of them into `Problem(prompt=question, answer=gold)`, so the RL
+loop, splits and profiling see one shape. A format is a row of data in `MAPPINGS`, not
+a branch in the loop.
+
+It reads local data only: `datasets` is put in offline mode and TFDS never downloads,
+so a run on a machine without Hub access fails at once with the path it could not
+find, instead of stalling on network retries. Rows that cannot be used (no question,
+no answer, a gold answer `math-verify` cannot parse, a repeated question) are skipped
+and counted in a `LoadReport` for the caller to log; a source that yields nothing
+raises.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import glob
+import os
+from typing import Any, Callable, Iterable, Iterator
+
+import ml_collections
+import numpy as np
+
+from isojax.tasks import math_verifier
+from isojax.tasks.problem import Problem
+
+# Read by `datasets` when it is imported (lazily, below): local files never need the
+# Hub. `setdefault`, so a person who exported the variable keeps their choice.
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+# File extension -> `datasets` packaged builder.
+BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+# DAPO-Math-17k wraps every question in its own instruction (answer on an `Answer:`
+# line). The family adds its own instruction and reads `\boxed{}`, so the wrapper is
+# removed: two conflicting instructions would cost reward for no reason.
+_DAPO_PREFIX = ("Solve the following math problem step by step. The last line of your "
+                "response should be of the form Answer: $Answer (without quotes) where "
+                "$Answer is the answer to the problem.\n\n")
+_DAPO_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
+
+
+# ------------------------------------------------------------------ cell extractors
+
+
+def _text(value: Any) -> str | None:
+  """A cell as stripped text; numbers (JSON / Parquet ints) become their decimal text."""
+  if isinstance(value, bytes):  # TFDS `Text` features decode to bytes
+    value = value.decode("utf-8")
+  if isinstance(value, (int, float)) and not isinstance(value, bool):
+    value = str(value)
+  if not isinstance(value, str) or not value.strip():
+    return None
+  return value.strip()
+
+
+def _after_hashes(value: Any) -> str | None:
+  """GSM8K: the gold follows `####` at the end of the worked solution; drop commas."""
+  text = _text(value)
+  if text is None or "####" not in text:
+    return None
+  return _text(text.rsplit("####", 1)[1].replace(",", ""))
+
+
+def _boxed(value: Any) -> str | None:
+  """MATH-style solutions: the gold is the last `\\boxed{...}`."""
+  text = _text(value)
+  return None if text is None else math_verifier.extract_answer(text)
+
+
+def _user_message(value: Any) -> str | None:
+  """DAPO: a chat (list of {role, content}, or TFDS's columnar dict) or a plain string."""
+  if isinstance(value, dict) and "role" in value:  # TFDS Sequence(FeaturesDict): columns
+    value = [dict(role=r, content=c) for r, c in zip(value["role"], value["content"])]
+  if isinstance(value, (list, tuple)):
+    users = [m.get("content") for m in value
+             if isinstance(m, dict) and _text(m.get("role")) == "user"]
+    value = users[0] if users else None
+  text = _text(value)
+  if text is None:
+    return None
+  if text.startswith(_DAPO_PREFIX):
+    text = text[len(_DAPO_PREFIX):]
+  if text.endswith(_DAPO_SUFFIX):
+    text = text[:-len(_DAPO_SUFFIX)]
+  return _text(text)
+
+
+def _ground_truth(value: Any) -> str | None:
+  """DAPO's `reward_model` struct holds the gold in `ground_truth`."""
+  return _text(value.get("ground_truth") if isinstance(value, dict) else value)
+
+
+# ------------------------------------------------------------------------- mappings
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+  name: str
+  extract: Callable[[Any], str | None] = _text  # cell -> text, None if unusable
+
+
+@dataclasses.dataclass(frozen=True)
+class Mapping:
+  """Where a format keeps the question and the gold answer.
+
+  Each side lists columns in order of preference; a row takes the first of them that
+  the file has and that yields text, so one mapping covers a set's raw and processed
+  variants (DAPO's `reward_model` struct or a flat `solution` column).
+  """
+  question: tuple[Column, ...]
+  answer: tuple[Column, ...]
+
+
+MAPPINGS = {
+    # Columns come from task.question_field / task.answer_field.
+    "generic": Mapping(question=(), answer=()),
+    "gsm8k": Mapping((Column("question"),), (Column("answer", _after_hashes),)),
+    "math": Mapping((Column("problem"),), (Column("answer"), Column("solution", _boxed))),
+    "dapo": Mapping((Column("prompt", _user_message),),
+                    (Column("reward_model", _ground_truth), Column("solution"),
+                     Column("answer"))),
+    "polaris": Mapping((Column("problem"),), (Column("answer"),)),
+    "deepscaler": Mapping((Column("problem"),),
+                          (Column("answer"), Column("solution", _boxed))),
+}
+
+
+def mapping_for(task: ml_collections.ConfigDict) -> Mapping:
+  """The format's mapping, with task.question_field / answer_field overriding columns.
+
+  An override names the one column to read but keeps the format's reading of it (a
+  `gsm8k` answer column is still split at `####`).
+  """
+  mapping = MAPPINGS[task.format]
+  question, answer = mapping.question, mapping.answer
+  if task.question_field:
+    question = (Column(task.question_field, question[0].extract if question else _text),)
+  if task.answer_field:
+    answer = (Column(task.answer_field, answer[0].extract if answer else _text),)
+  return Mapping(question, answer)
+
+
+# ----------------------------------------------------------------------- validation
+
+
+def validate(task: ml_collections.ConfigDict) -> None:
+  """Checks the task fields without reading data, so a bad config fails before compiling."""
+  if task.format not in MAPPINGS:
+    raise ValueError(f"task.format={task.format!r}: expected one of {sorted(MAPPINGS)}")
+  if task.format == "generic" and not (task.question_field and task.answer_field):
+    raise ValueError(
+        "task.format='generic' needs both task.question_field and task.answer_field "
+        f"(got {task.question_field!r}, {task.answer_field!r})")
+  if bool(task.train_files) == bool(task.tfds_name):
+    raise ValueError(
+        "the math task needs exactly one training source: task.train_files (local files "
+        "or a save_to_disk directory) or task.tfds_name (with task.data_dir); got "
+        f"train_files={task.train_files!r}, tfds_name={task.tfds_name!r}")
+  if task.tfds_name and not task.data_dir:
+    raise ValueError(f"task.tfds_name={task.tfds_name!r} needs task.data_dir, the local "
+                     "directory the dataset was prepared in (downloads are off)")
+  for field in ("num_train", "num_val"):
+    if not isinstance(task[field], int) or task[field] < 0:
+      raise ValueError(f"task.{field}={task[field]!r}: expected an integer >= 0")
+
+
+# -------------------------------------------------------------------------- sources
+
+
+@dataclasses.dataclass(frozen=True)
+class _Table:
+  name: str                 # file, directory or TFDS split, for error messages
+  columns: tuple[str, ...]
+  rows: Callable[[tuple[str, ...]], Iterable[dict]]  # the named columns of each row
+
+
+def _datasets():
+  """`datasets`, imported on first use (it is slow to import) and kept off the Hub."""
+  import datasets  # pylint: disable=import-outside-toplevel
+  # The environment variable is read only at import; if something imported `datasets`
+  # before this module, set the flag it reads at call time too.
+  datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True
+  return datasets
+
+
+def _expand(spec: str, field: str) -> list[str]:
+  """Comma-separated paths and globs -> existing paths, in order."""
+  paths = []
+  for pattern in (p.strip() for p in spec.split(",")):
+    if not pattern:
+      continue
+    pattern = os.path.expanduser(pattern)
+    if glob.has_magic(pattern):
+      matches = sorted(glob.glob(pattern))
+      if not matches:
+        raise FileNotFoundError(f"{field}: {pattern!r} matches no files")
+      paths += matches
+    elif os.path.exists(pattern):
+      paths.append(pattern)
+    else:
+      raise FileNotFoundError(f"{field}: {pattern} does not exist")
+  if not paths:
+    raise ValueError(f"{field}={spec!r} names no files")
+  return paths
+
+
+def _builder(paths: list[str], field: str) -> str:
+  """The one `datasets` builder for these files, from their extensions."""
+  builders = {}
+  for path in paths:
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in BUILDERS:
+      raise ValueError(f"{field}: {path} has extension {ext!r}; expected one of "
+                       f"{sorted(BUILDERS)} or a save_to_disk directory")
+    builders.setdefault(BUILDERS[ext], path)
+  if len(builders) > 1:
+    raise ValueError(f"{field}: mixed file types ({', '.join(builders.values())}); "
+                     "give files of one type (JSONL and JSON count as one)")
+  return next(iter(builders))
+
+
+def _dataset_rows(ds) -> Callable[[tuple[str, ...]], Iterator[dict]]:
+  """Rows of a `datasets.Dataset`, read in column batches (row-by-row is slower)."""
+  def rows(columns):
+    for batch in ds.select_columns(list(columns)).iter(batch_size=1024):
+      for values in zip(*(batch[c] for c in columns)):
+        yield dict(zip(columns, values))
+  return rows
+
+
+def _csv_header(path: str) -> list[str]:
+  with open(path, newline="", encoding="utf-8") as f:
+    return next(csv.reader(f), [])
+
+
+def _read_file(path: str, builder: str) -> _Table:
+  datasets = _datasets()
+  kwargs = {}
+  if builder == "csv":
+    # Every column as text: pandas would otherwise read "007" as 7 and an integer
+    # column with one empty cell as floats ("12.0"). Empty cells stay "" (skipped).
+    kwargs = dict(features=datasets.Features(
+        {c: datasets.Value("string") for c in _csv_header(path)}), keep_default_na=False)
+  ds = datasets.load_dataset(
+      builder, data_files=path, split="train",
+      download_config=datasets.DownloadConfig(local_files_only=True), **kwargs)
+  return _Table(path, tuple(ds.column_names), _dataset_rows(ds))
+
+
+def _read_disk(path: str, split: str, field: str, split_field: str) -> _Table:
+  """A `save_to_disk` directory; a DatasetDict gives the split named by `split_field`."""
+  datasets = _datasets()
+  try:
+    ds = datasets.load_from_disk(path)
+  except FileNotFoundError as e:
+    raise ValueError(f"{field}: {path} is a directory but not one written by "
+                     f"Dataset.save_to_disk or DatasetDict.save_to_disk ({e})") from e
+  name = path
+  if isinstance(ds, datasets.DatasetDict):
+    if split not in ds:
+      raise ValueError(f"{split_field}={split!r}: {path} holds splits {sorted(ds)}")
+    ds, name = ds[split], f"{path}[{split}]"
+  return _Table(name, tuple(ds.column_names), _dataset_rows(ds))
+
+
+def _read_files(spec: str, field: str, split: str, split_field: str) -> list[_Table]:
+  paths = _expand(spec, field)
+  dirs = [p for p in paths if os.path.isdir(p)]
+  if dirs:
+    if len(paths) > 1:
+      raise ValueError(f"{field}: {dirs[0]} is a directory; a save_to_disk directory "
+                       "must be the only entry")
+    return [_read_disk(dirs[0], split, field, split_field)]
+  builder = _builder(paths, field)
+  # One table per file, so errors name the file at fault.
+  return [_read_file(path, builder) for path in paths]
+
+
+def _decode(value: Any) -> Any:
+  """A TFDS record's values as Python text: bytes -> str, arrays -> lists, recursively."""
+  if isinstance(value, bytes):
+    return value.decode("utf-8")
+  if isinstance(value, dict):
+    return {k: _decode(v) for k, v in value.items()}
+  if isinstance(value, np.ndarray):
+    return [_decode(v) for v in value.tolist()]
+  if isinstance(value, (list, tuple)):
+    return [_decode(v) for v in value]
+  return value
+
+
+def _read_tfds(task: ml_collections.ConfigDict, split: str, split_field: str) -> _Table:
+  """A TFDS dataset prepared as array_record under task.data_dir (no TensorFlow needed)."""
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  data_dir = os.path.expanduser(task.data_dir)
+  # TFDS keeps a prepared "name[/config][:version]" under data_dir/name[/config].
+  prepared = os.path.join(data_dir, task.tfds_name.split(":")[0])
+  if not os.path.isdir(prepared):
+    raise FileNotFoundError(
+        f"task.tfds_name={task.tfds_name!r}: {prepared} does not exist; prepare the "
+        "dataset under task.data_dir first (downloads are off)")
+  try:
+    source = tfds.data_source(task.tfds_name, split=split, data_dir=data_dir,
+                              download=False)
+  except tfds.core.registered.DatasetNotFoundError as e:
+    # TFDS's own message lists every dataset in its catalogue; the path is what matters.
+    raise FileNotFoundError(
+        f"task.tfds_name={task.tfds_name!r}: not prepared under task.data_dir={data_dir} "
+        "(downloads are off; prepare it there first)") from e
+  except NotImplementedError as e:  # prepared as TFRecord, which needs TensorFlow
+    raise ValueError(
+        f"task.tfds_name={task.tfds_name!r} under {data_dir} is not in a random-access "
+        "format; prepare it with file_format='array_record' (TFRecord needs TensorFlow)"
+        ) from e
+  except ValueError as e:  # an unknown split
+    raise ValueError(f"task.tfds_name={task.tfds_name!r}, {split_field}={split!r}: {e}") from e
+  columns = tuple(source.dataset_info.features.keys())
+  rows = lambda names: ({c: _decode(r[c]) for c in names} for r in source)
+  return _Table(f"tfds:{task.tfds_name}[{split}]", columns, rows)
+
+
+def _train_tables(task: ml_collections.ConfigDict) -> list[_Table]:
+  if task.tfds_name:
+    return [_read_tfds(task, task.train_split, "task.train_split")]
+  return _read_files(task.train_files, "task.train_files", task.train_split,
+                     "task.train_split")
+
+
+def _val_tables(task: ml_collections.ConfigDict) -> list[_Table] | None:
+  """Validation tables, or None when validation is held out of the training set."""
+  if task.val_files:
+    return _read_files(task.val_files, "task.val_files", task.val_split, "task.val_split")
+  if not task.val_split:
+    return None
+  if task.tfds_name:
+    return [_read_tfds(task, task.val_split, "task.val_split")]
+  paths = _expand(task.train_files, "task.train_files")
+  if not (len(paths) == 1 and os.path.isdir(paths[0])):
+    raise ValueError(f"task.val_split={task.val_split!r} needs a DatasetDict directory "
+                     f"or a TFDS dataset, but task.train_files={task.train_files!r} are "
+                     "plain files; set task.val_files, or task.val_split='' to hold out")
+  return [_read_disk(paths[0], task.val_split, "task.train_files", "task.val_split")]
+
+
+# ------------------------------------------------------------------------ problems
+
+
+@dataclasses.dataclass
+class LoadReport:
+  num_train: int
+  num_val: int
+  skipped: dict[str, int]  # "<train|val>/<reason>" -> rows skipped for that reason
+
+
+def _present(side: tuple[Column, ...], table: _Table, what: str,
+             task: ml_collections.ConfigDict) -> tuple[Column, ...]:
+  """The side's columns that this table has; raises naming the table if it has none."""
+  present = tuple(c for c in side if c.name in table.columns)
+  if not present:
+    names = [c.name for c in side]
+    raise ValueError(
+        f"{table.name}: task.format={task.format!r} reads the {what} from column "
+        f"{' or '.join(map(repr, names))} (override with task.{what}_field), but the "
+        f"file has columns {list(table.columns)}")
+  return present
+
+
+def _first(columns: tuple[Column, ...], row: dict) -> str | None:
+  for column in columns:
+    text = column.extract(row[column.name])
+    if text is not None:
+      return text
+  return None
+
+
+def _problems(tables: list[_Table], task: ml_collections.ConfigDict, role: str,
+              skipped: dict[str, int], exclude: frozenset[str] = frozenset()
+              ) -> list[Problem]:
+  """The usable rows of `tables` in file order, each question once.
+
+  Rows are skipped, and counted in `skipped` under "<role>/<reason>", when they have
+  no question, repeat an earlier question (or one in `exclude`, the validation set),
+  have no answer, or have a gold answer math-verify cannot parse (no completion could
+  ever be graded correct against it). A table that yields nothing raises.
+  """
+  mapping = mapping_for(task)
+  problems, seen = [], set(exclude)
+  for table in tables:
+    questions = _present(mapping.question, table, "question", task)
+    answers = _present(mapping.answer, table, "answer", task)
+    counts = dict.fromkeys(("missing_question", "duplicate_question", "in_val",
+                            "missing_answer", "unparseable_answer"), 0)
+    kept = 0
+    for row in table.rows(tuple(c.name for c in questions + answers)):
+      question = _first(questions, row)
+      # The question is checked first and the gold parsed last: sets like DAPO-Math-17k
+      # repeat each problem many times, and parsing is the slow step.
+      reason = ("missing_question" if question is None else
+                "in_val" if question in exclude else
+                "duplicate_question" if question in seen else None)
+      if reason is None:
+        answer = _first(answers, row)
+        reason = ("missing_answer" if answer is None else
+                  "unparseable_answer" if math_verifier.parse_gold(answer) is None
+                  else None)
+      if reason is not None:
+        counts[reason] += 1
+        continue
+      seen.add(question)
+      problems.append(Problem(prompt=question, answer=answer, difficulty=0, meta=""))
+      kept += 1
+    nonzero = {k: v for k, v in counts.items() if v}
+    if not kept:
+      raise ValueError(f"{table.name}: no usable {role} problems with task.format="
+                       f"{task.format!r}; rows skipped by reason: {nonzero or 'none (empty)'}")
+    for reason, n in nonzero.items():
+      skipped[f"{role}/{reason}"] = skipped.get(f"{role}/{reason}", 0) + n
+  return problems
+
+
+def _subset(n: int, size: int, seed: int, stream: int) -> list[int]:
+  """Sorted indices of a seeded subset of `n` out of `size` (all if n is 0 or >= size).
+
+  A prefix of one seeded permutation, so a larger `n` keeps every index a smaller one
+  chose, and `stream` keeps the held-out draw independent of the training cap.
+  """
+  if not n or n >= size:
+    return list(range(size))
+  order = np.random.default_rng([seed, stream]).permutation(size)
+  return sorted(order[:n].tolist())
+
+
+def _hold_out(pool: list[Problem], num_val: int, seed: int
+              ) -> tuple[list[Problem], list[Problem]]:
+  """Splits `pool` (questions already distinct) into (train, val) deterministically."""
+  if num_val >= len(pool):
+    raise ValueError(f"task.num_val={num_val}: only {len(pool)} usable problems to hold "
+                     "out from; lower it or give task.val_files")
+  val_idx = set(_subset(num_val, len(pool), seed, stream=0)) if num_val else set()
+  return ([p for i, p in enumerate(pool) if i not in val_idx],
+          [p for i, p in enumerate(pool) if i in val_idx])
+
+
+def load(task: ml_collections.ConfigDict
+         ) -> tuple[list[Problem], list[Problem], LoadReport]:
+  """(train, val, report) from the sources and mapping that `task` names.
+
+  Validation comes from task.val_files, or task.val_split of the training source, or
+  else task.num_val problems held out of the training set by task.seed. No question is
+  in both sets. task.num_train caps training (0: all) and task.num_val caps a separate
+  validation source (0: all), each by a seeded subset in file order.
+  """
+  validate(task)
+  skipped: dict[str, int] = {}
+  train_tables = _train_tables(task)
+  val_tables = _val_tables(task)
+  if val_tables is None:
+    train, val = _hold_out(_problems(train_tables, task, "train", skipped),
+                           task.num_val, task.seed)
+  else:
+    all_val = _problems(val_tables, task, "val", skipped)
+    val = [all_val[i] for i in _subset(task.num_val, len(all_val), task.seed, stream=0)]
+    # Every question of the validation source is kept out of training, capped or not.
+    train = _problems(train_tables, task, "train", skipped,
+                      exclude=frozenset(p.prompt for p in all_val))
+  train = [train[i] for i in _subset(task.num_train, len(train), task.seed, stream=1)]
+  return train, val, LoadReport(len(train), len(val), skipped)

@@ -1,0 +1,112 @@
+"""Problems -> prompt token ids, as the checkpoint expects them, with bucketed padding.
+
+An instruct checkpoint was trained on its own chat template; a base model on plain
+text. `task.prompt_format` picks: `chat` renders [system?, user] messages through the
+tokenizer's `chat_template` (exactly as `transformers`' `apply_chat_template` does,
+with the generation prompt appended), `plain` uses the question (and instruction) as
+text, and `auto` picks `chat` whenever the checkpoint has a template.
+
+Every prompt is rendered and tokenized once, at load time. Prompts longer than
+`task.max_prompt_tokens` are dropped there and counted, never truncated silently.
+Batches are left-padded to a *bucket* (the next power of two of the batch's longest
+prompt, at least `MIN_BUCKET`, at most the longest prompt of the task), so one long
+prompt does not set the cost of every batch while the number of compiled shapes stays
+logarithmic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import ml_collections
+import numpy as np
+
+from isojax.tasks.problem import Problem
+
+FORMATS = ("auto", "chat", "plain")
+MIN_BUCKET = 16
+
+
+def resolve_format(task: ml_collections.ConfigDict, tok) -> str:
+  """`chat` or `plain` for this task and tokenizer."""
+  fmt = task.prompt_format
+  if fmt not in FORMATS:
+    raise ValueError(f"task.prompt_format={fmt!r}: expected one of {list(FORMATS)}")
+  if fmt == "auto":
+    return "chat" if tok.chat_template else "plain"
+  if fmt == "chat" and not tok.chat_template:
+    raise ValueError("task.prompt_format='chat': the checkpoint's tokenizer has no "
+                     "chat_template (tokenizer_config.json or chat_template.jinja); "
+                     "use task.prompt_format='plain' for a base model")
+  return fmt
+
+
+def user_text(problem: Problem, instruction: str) -> str:
+  return f"{problem.prompt}\n\n{instruction}" if instruction else problem.prompt
+
+
+def render(problem: Problem, tok, *, fmt: str, system_prompt: str, instruction: str
+           ) -> tuple[str, bool]:
+  """(prompt text, whether the tokenizer should prepend BOS) for one problem.
+
+  A chat template writes its own BOS where the model expects one, so chat prompts are
+  tokenized without adding another (as `apply_chat_template(tokenize=True)` does).
+  """
+  if fmt == "plain":
+    text = user_text(problem, instruction)
+    return (f"{system_prompt}\n\n{text}" if system_prompt else text), True
+  messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+  messages.append({"role": "user", "content": user_text(problem, instruction)})
+  return tok.render_chat(messages, add_generation_prompt=True), False
+
+
+def bucket_length(longest: int, max_len: int) -> int:
+  """The padded prompt length of a batch whose longest prompt has `longest` tokens."""
+  bucket = max(MIN_BUCKET, 1 << max(longest - 1, 0).bit_length())
+  return min(bucket, max_len)
+
+
+@dataclasses.dataclass
+class PromptBook:
+  """Token ids of every problem's rendered prompt, and batch padding."""
+  ids: dict[Problem, tuple[int, ...]]
+  pad_id: int
+  max_len: int  # the longest prompt of the task, in tokens
+
+  def batch(self, problems: Sequence[Problem]) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens [G, P] int32, mask [G, P] bool), left-padded to the batch's bucket."""
+    rows = [self.ids[p] for p in problems]
+    length = bucket_length(max(len(r) for r in rows), self.max_len)
+    tokens_GP = np.full((len(rows), length), self.pad_id, np.int32)
+    mask_GP = np.zeros((len(rows), length), bool)
+    for i, row in enumerate(rows):
+      tokens_GP[i, length - len(row):] = row
+      mask_GP[i, length - len(row):] = True
+    return tokens_GP, mask_GP
+
+
+def build(splits: dict[str, list[Problem]], tok, task: ml_collections.ConfigDict,
+          instruction: str) -> tuple[PromptBook, dict[str, list[Problem]], dict[str, int]]:
+  """Renders and tokenizes every problem; drops those over `task.max_prompt_tokens`.
+
+  Returns the book, the kept problems of each split and the dropped count per split.
+  """
+  fmt = resolve_format(task, tok)
+  ids, kept, dropped = {}, {}, {}
+  for name, problems in splits.items():
+    kept[name], dropped[name] = [], 0
+    for p in problems:
+      if p not in ids:
+        text, add_bos = render(p, tok, fmt=fmt, system_prompt=task.system_prompt,
+                               instruction=instruction)
+        ids[p] = tuple(tok.encode(text, add_bos=add_bos))
+      if len(ids[p]) > task.max_prompt_tokens:
+        dropped[name] += 1
+      else:
+        kept[name].append(p)
+  lengths = [len(ids[p]) for problems in kept.values() for p in problems]
+  if not lengths:
+    raise ValueError(f"every prompt is longer than task.max_prompt_tokens="
+                     f"{task.max_prompt_tokens} tokens")
+  return PromptBook(ids, tok.pad_id, max(lengths)), kept, dropped

@@ -1,0 +1,272 @@
+"""Math grading: what math-verify counts as equal, answer extraction, and a pool that
+survives completions whose grading hangs, raises or kills its worker."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import hypothesis
+import numpy as np
+import pytest
+from hypothesis import strategies as st
+
+from isojax.tasks import math_verifier
+from isojax.tasks.problem import Problem
+
+TIMEOUT_S = 1.0
+HANG, RAISE, CRASH = "<<HANG>>", "<<RAISE>>", "<<CRASH>>"
+
+
+def _misbehaving_grade(completion: str, gold: str, pattern: str = "") -> float:
+  """grade_one, except on marker completions: hang forever, raise, or kill the worker.
+
+  Module level so the pool can pickle it to its workers.
+  """
+  if HANG in completion:
+    time.sleep(3600)
+  if RAISE in completion:
+    raise RuntimeError("injected failure")
+  if CRASH in completion:
+    os._exit(3)  # like a segfault in a native library: the worker dies
+  return math_verifier.grade_one(completion, gold, pattern)
+
+
+def _box(answer: str) -> str:
+  return f"Let me work it out. ... So the answer is \\boxed{{{answer}}}."
+
+
+# (completion, gold, expected reward): what math-verify 0.9 really does.
+GRADE_TABLE = [
+  # Fractions and decimals in any form.
+  (_box("\\frac{1}{2}"), "0.5", 1.0),
+  (_box("0.5"), "\\frac{1}{2}", 1.0),
+  (_box("1/2"), "\\frac{1}{2}", 1.0),
+  (_box("\\dfrac{1}{2}"), "1/2", 1.0),
+  (_box("0.50"), "1/2", 1.0),
+  (_box("0.3333333"), "\\frac{1}{3}", 1.0),
+  (_box("0.333"), "\\frac{1}{3}", 0.0),  # compared after rounding to 6 decimals
+  (_box("72.0"), "72", 1.0),
+  # LaTeX expressions, compared symbolically.
+  (_box("\\sqrt{2}"), "\\sqrt{2}", 1.0),
+  (_box("2^{1/2}"), "\\sqrt{2}", 1.0),
+  (_box("\\frac{\\sqrt{2}}{2}"), "\\frac{1}{\\sqrt{2}}", 1.0),
+  (_box("2\\sqrt{3}"), "\\sqrt{12}", 1.0),
+  (_box("x^2+2x+1"), "(x+1)^2", 1.0),
+  (_box("\\pi"), "\\pi", 1.0),
+  (_box("3.14"), "\\pi", 0.0),
+  (_box("\\infty"), "\\infty", 1.0),
+  # Intervals and sets.
+  (_box("(1, 2]"), "(1,2]", 1.0),
+  (_box("[1, 2]"), "(1,2]", 0.0),
+  (_box("\\left( 1, 2 \\right)"), "(1,2)", 1.0),
+  (_box("\\{1,2,3\\}"), "\\{3,2,1\\}", 1.0),
+  (_box("1,2,3"), "\\{1,2,3\\}", 1.0),
+  # Signs.
+  (_box("-3"), "-3", 1.0),
+  (_box("3"), "-3", 0.0),
+  # Thousands separators: commas are read, thin spaces and plain spaces are not.
+  (_box("1,000"), "1000", 1.0),
+  (_box("1000"), "1,000", 1.0),
+  (_box("1\\,000"), "1000", 0.0),
+  (_box("1 000"), "1000", 0.0),
+  (_box("1.5e3"), "1500", 0.0),  # scientific e-notation is not read
+  # Units, dollars and percent: LaTeX-marked ones are stripped, a bare word is not.
+  (_box("5 \\text{ cm}"), "5", 1.0),
+  (_box("5\\text{cm}"), "5", 1.0),
+  (_box("5 cm"), "5", 1.0),
+  (_box("\\$18"), "18", 1.0),
+  (_box("18"), "\\$18", 1.0),
+  (_box("\\$18.00"), "18", 1.0),
+  (_box("18 dollars"), "18", 0.0),  # "dollars" becomes a product of symbols
+  (_box("10\\%"), "10", 1.0),
+  (_box("10\\%"), "0.1", 1.0),  # math-verify accepts a percent read either way
+  (_box("$5$"), "5", 1.0),
+  (_box("x = 5"), "5", 1.0),  # the right-hand side of a bare equation
+  # GSM8K-style integer golds.
+  (_box("72"), "72", 1.0),
+  (_box("71"), "72", 0.0),
+  ("Natalia sold 48 + 24 = 72 clips. #### 72", "72", 0.0),  # no box, no answer
+  ("The answer is 72", "72", 0.0),
+  # Multiple-choice letters.
+  (_box("\\text{(A)}"), "A", 1.0),
+  (_box("B"), "A", 0.0),
+  # Boxes: nested braces, the last box counts, \fbox and `\boxed {`.
+  ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt{3}}{2}", 1.0),
+  ("First \\boxed{3}, then on reflection \\boxed{4}.", "4", 1.0),
+  ("First \\boxed{4}, then on reflection \\boxed{3}.", "4", 0.0),
+  ("\\fbox{7}", "7", 1.0),
+  ("\\boxed {7}", "7", 1.0),
+  ("\\boxed{7", "7", 0.0),  # cut off before the box closed
+  # Garbage and empty text.
+  ("", "72", 0.0),
+  ("\\boxed{}", "72", 0.0),
+  ("\\boxed{}}{{\\frac{", "72", 0.0),
+  (_box("\\frac{"), "72", 0.0),
+  (_box("banana"), "72", 0.0),
+]
+
+
+@pytest.mark.parametrize("completion,gold,expected", GRADE_TABLE)
+def test_grade_one_table(completion, gold, expected):
+  assert math_verifier.grade_one(completion, gold) == expected
+
+
+@pytest.mark.parametrize("completion,expected", [
+  ("<think>so 1/2</think><answer>0.5</answer>", 1.0),
+  ("<answer>7</answer> then <answer> \\frac{1}{2} </answer>", 1.0),  # last one counts
+  ("<answer>\n1/2\n</answer>", 1.0),  # DOTALL: the answer may span lines
+  ("<answer>0.4</answer>", 0.0),
+  ("\\boxed{1/2}", 0.0),  # a box is not the custom pattern's answer
+])
+def test_grade_one_custom_pattern(completion, expected):
+  assert math_verifier.grade_one(completion, "\\frac{1}{2}", "<answer>(.*?)</answer>") == expected
+
+
+@pytest.mark.parametrize("completion,pattern,expected", [
+  ("\\boxed{5}", "", "5"),
+  ("\\boxed{\\frac{a}{b}}", "", "\\frac{a}{b}"),
+  ("\\boxed{1} and \\boxed{ 2 }", "", "2"),
+  ("\\boxed{\\boxed{3}}", "", "\\boxed{3}"),  # the outermost box
+  ("\\boxed{\\{1, 2\\}}", "", "\\{1, 2\\}"),  # escaped braces do not close the box
+  ("\\boxed{5} then \\boxed{6", "", "5"),  # a truncated last box is skipped
+  ("\\fbox{x}", "", "x"),
+  ("\\boxed  {x}", "", "x"),
+  ("no box here", "", None),
+  ("\\boxed{  }", "", None),
+  ("Answer: 12\nAnswer: 13 ", r"Answer:([^\n]*)", "13"),
+  ("<answer>a</answer><answer>b</answer>", "<answer>(.*?)</answer>", "b"),
+  ("nothing", "<answer>(.*?)</answer>", None),
+])
+def test_extract_answer(completion, pattern, expected):
+  assert math_verifier.extract_answer(completion, pattern) == expected
+
+
+@pytest.mark.parametrize("pattern", ["<answer>.*</answer>", "(a)(b)"])
+def test_extract_answer_rejects_pattern_without_one_group(pattern):
+  with pytest.raises(ValueError, match="one capture group"):
+    math_verifier.extract_answer("<answer>1</answer>", pattern)
+
+
+def test_parse_gold():
+  assert [str(x) for x in math_verifier.parse_gold("\\frac{1}{2}")] == ["1/2"]
+  assert [str(x) for x in math_verifier.parse_gold("1,000")] == ["1000"]
+  for text in ["", "   ", "\\frac{", "}}{{", "???"]:
+    assert math_verifier.parse_gold(text) is None, text
+
+
+def test_grade_one_raises_on_unparseable_gold():
+  with pytest.raises(ValueError, match="gold answer"):
+    math_verifier.grade_one("\\boxed{1}", "\\frac{")
+
+
+def test_verifier_validates_arguments():
+  with pytest.raises(ValueError, match="pattern="):
+    math_verifier.MathVerifier(pattern="no group")
+  with pytest.raises(ValueError, match="timeout_s="):
+    math_verifier.MathVerifier(timeout_s=0)
+  with pytest.raises(ValueError, match="workers="):
+    math_verifier.MathVerifier(workers=-1)
+  assert math_verifier.MathVerifier().workers == min(4, os.cpu_count())
+
+
+# ------------------------------------------------------------------------- the pool
+
+
+@pytest.fixture(scope="module")
+def verifier():
+  """One warmed pool for the module: worker start-up is kept out of the timings."""
+  with math_verifier.MathVerifier(timeout_s=TIMEOUT_S, workers=2,
+                                  grade_fn=_misbehaving_grade) as v:
+    v.grade([_box("1")] * 2, [Problem("p", "1")] * 2)
+    yield v
+
+
+def _batch(markers: dict[int, str], size: int = 5):
+  """Completions answering problem i with i (correct) or i + 1 (wrong, odd i)."""
+  completions, problems, expected = [], [], []
+  for i in range(size):
+    answer = i if i % 2 == 0 else i + 1
+    completions.append(markers.get(i, "") + _box(str(answer)))
+    problems.append(Problem(f"problem {i}", str(i)))
+    expected.append(0.0 if i in markers else float(answer == i))
+  return completions, problems, np.array(expected, np.float32)
+
+
+def test_grade_scores_batch(verifier):
+  completions, problems, expected = _batch({})
+  grades = verifier.grade(completions, problems)
+  np.testing.assert_array_equal(grades.rewards, expected)
+  assert grades.rewards.dtype == np.float32
+  assert (grades.timeouts, grades.errors) == (0, 0)
+
+
+def test_hung_completion_times_out_and_pool_survives(verifier):
+  completions, problems, expected = _batch({2: HANG})
+  start = time.monotonic()
+  grades = verifier.grade(completions, problems)
+  elapsed = time.monotonic() - start
+  assert elapsed < TIMEOUT_S + 5.0, elapsed  # slack: restarting the killed worker
+  np.testing.assert_array_equal(grades.rewards, expected)
+  assert (grades.timeouts, grades.errors) == (1, 0)
+  # The killed worker was replaced: a second batch is graded in full.
+  completions, problems, expected = _batch({})
+  grades = verifier.grade(completions, problems)
+  np.testing.assert_array_equal(grades.rewards, expected)
+  assert (grades.timeouts, grades.errors) == (0, 0)
+
+
+def test_raising_and_crashing_completions_count_as_errors(verifier):
+  completions, problems, expected = _batch({1: RAISE, 4: CRASH})
+  completions.append(_box("1"))  # a gold math-verify cannot parse: grade_one raises
+  problems.append(Problem("broken", "\\frac{"))
+  expected = np.append(expected, np.float32(0.0))
+  grades = verifier.grade(completions, problems)
+  np.testing.assert_array_equal(grades.rewards, expected)
+  assert (grades.timeouts, grades.errors) == (0, 3)
+
+
+def test_grade_async_overlaps_and_matches_grade(verifier):
+  completions, problems, expected = _batch({0: HANG})
+  start = time.monotonic()
+  future = verifier.grade_async(completions, problems)
+  assert time.monotonic() - start < 0.5  # queued, not graded, before returning
+  assert not future.done()
+  grades = future.result(timeout=TIMEOUT_S + 10.0)
+  np.testing.assert_array_equal(grades.rewards, expected)
+  assert (grades.timeouts, grades.errors) == (1, 0)
+  # Without the hang, the async and blocking paths agree on the same batch.
+  completions, problems, _ = _batch({})
+  async_grades = verifier.grade_async(completions, problems).result()
+  grades = verifier.grade(completions, problems)
+  np.testing.assert_array_equal(async_grades.rewards, grades.rewards)
+  assert (async_grades.timeouts, async_grades.errors) == (grades.timeouts, grades.errors)
+
+
+def test_grade_edge_batches(verifier):
+  grades = verifier.grade([], [])
+  assert grades.rewards.shape == (0,) and grades.rewards.dtype == np.float32
+  with pytest.raises(ValueError, match="2 completions for 1 problems"):
+    verifier.grade(["a", "b"], [Problem("p", "1")])
+
+
+_texts = st.one_of(st.text(max_size=40), st.text(max_size=40).map(lambda s: f"\\boxed{{{s}}}"))
+
+
+@hypothesis.settings(max_examples=5, deadline=None)  # each example is a pool round trip
+@hypothesis.given(completions=st.lists(_texts, min_size=1, max_size=6),
+                  gold=st.one_of(st.text(max_size=10), st.sampled_from(["72", "\\frac{1}{2}"])))
+def test_grade_never_raises_on_arbitrary_text(verifier, completions, gold):
+  grades = verifier.grade(completions, [Problem("p", gold)] * len(completions))
+  assert grades.rewards.shape == (len(completions),)
+  assert set(grades.rewards.tolist()) <= {0.0, 1.0}
+  assert grades.timeouts + grades.errors <= len(completions)
+
+
+def test_pool_starts_lazily_and_close_releases_it():
+  v = math_verifier.MathVerifier(workers=1)
+  assert v._pool is None  # pylint: disable=protected-access  # nothing started yet
+  with v:
+    assert v.grade([_box("0.5")], [Problem("p", "1/2")]).rewards.tolist() == [1.0]
+    assert v._pool is not None  # pylint: disable=protected-access
+  assert v._pool is None  # pylint: disable=protected-access
