@@ -17,9 +17,10 @@ the (seed, index, size) that generated it. JSON turns tuples into lists; almost 
 dataset grades the same either way, but a few compare tuple-valued metadata (ARC grids),
 and for those the verifier regenerates the entry from its source instead.
 
-The demo (`DEMO_DATASET`, `DEMO_KWARGS`) is chain_sum with two to four one-digit terms:
-short prompts, a few-step computation whose every step is a small addition fact, so a
-2-layer model after brief SFT on worked rationales solves some problems and not others.
+The demo (`DEMO_DATASET`, `DEMO_KWARGS`) is chain_sum with two or three terms of one or
+two digits: short prompts, a one- or two-step computation written out as running sums,
+so a 2-layer model after brief SFT on those rationales solves most one-digit problems
+and few two-digit ones, and RL has problems of every pass rate in between to learn from.
 """
 
 from __future__ import annotations
@@ -39,12 +40,13 @@ from isojax.tasks import problem as problem_lib
 DEFAULT_ANSWER_PATTERN = r"<answer>(.*?)</answer>"
 DEFAULT_INSTRUCTION = "Give your final answer within <answer> </answer> tags."
 
-# Two to four one-digit terms: "State the final answer to the following arithmetic
-# problem: 7 + 2 - 5 =". Every rationale step is a one-digit addition or subtraction on
-# a partial sum in [-27, 36], a table a 2-layer model can learn part of in minutes;
-# more terms chain more steps, so pass rates spread with the term count.
+# "State the final answer to the following arithmetic problem: 41 - 17 + 90 =". Each
+# problem draws one digit count for all its terms, so difficulty (terms x digits: 2, 3,
+# 4, 6) comes in four levels. One-digit terms alone (even four of them) were too easy:
+# a 1M-parameter 2-layer model solved nearly all of them after brief SFT, leaving RL
+# nothing to learn; two-digit sums (carries, three-digit partial sums) keep it busy.
 DEMO_DATASET = "chain_sum"
-DEMO_KWARGS = dict(min_terms=2, max_terms=4, min_digits=1, max_digits=1)
+DEMO_KWARGS = dict(min_terms=2, max_terms=3, min_digits=1, max_digits=2)
 
 # The key in `Problem.meta` that records where the entry came from.
 SOURCE_KEY = "isojax_source"
