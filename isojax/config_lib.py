@@ -352,6 +352,7 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     raise ValueError(f"eval.num_samples={c.eval.num_samples} must be >= eval.k={c.eval.k}")
   _check_task(c)
   _check_overlong(c)
+  _check_memory_fields(c, b_p * m)
   if b_p % c.rl.num_minibatches:
     raise ValueError(
         f"rl.num_minibatches={c.rl.num_minibatches} must divide problems_per_batch={b_p} "
@@ -391,6 +392,24 @@ def _check_task(c: ml_collections.ConfigDict) -> None:
       isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in stop):
     raise ValueError(f"sampling.stop_token_ids={stop!r}: expected a tuple of token ids >= 0")
   tasks.validate(t)  # the family's own fields (task.name is checked there)
+
+
+def _check_memory_fields(c: ml_collections.ConfigDict, trained_rollouts: int) -> None:
+  """Micro-batches must split each PPO minibatch evenly (rl.micro_batch_size)."""
+  for field in ("micro_batch_size", "logprob_chunk_size"):
+    value = c.rl[field]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+      raise ValueError(f"rl.{field}={value!r}: expected an integer >= 0 (0 = off)")
+  minibatch = trained_rollouts // c.rl.num_minibatches
+  size = c.rl.micro_batch_size
+  if 0 < size < minibatch and minibatch % size:
+    raise ValueError(
+        f"rl.micro_batch_size={size} must divide the minibatch of {minibatch} rollouts "
+        f"(problems_per_batch * train_rollouts_per_problem / rl.num_minibatches)")
+  rollouts = c.problems_per_batch * c.rollouts_per_problem
+  if 0 < size < rollouts and rollouts % size:
+    raise ValueError(f"rl.micro_batch_size={size} must divide the {rollouts} rollouts of a "
+                     "step (problems_per_batch * rollouts_per_problem) for the log-prob passes")
 
 
 def _check_overlong(c: ml_collections.ConfigDict) -> None:

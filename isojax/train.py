@@ -192,7 +192,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   def log_probs(tokens_BS, mask_BS, prompt_len: int):
     """(old, reference) log-probs [B, T] of the responses; dispatched asynchronously."""
     score = functools.partial(update.score, prompt_len=prompt_len,
-                              temperature=settings.temperature)
+                              temperature=settings.temperature,
+                              micro_batch_size=settings.micro_batch_size,
+                              chunk_size=settings.logprob_chunk_size)
     old_logp = score(graphdef, params, tokens_BS, mask_BS)
     ref_logp = old_logp if ref_params is None else score(graphdef, ref_params, tokens_BS,
                                                          mask_BS)
@@ -239,7 +241,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
 
     values = {
         metrics.TRAIN_REWARD: float(scored.rewards_GN.mean()),
-        metrics.TRAIN_ENTROPY: float(stats.pop("entropy")),
         metrics.TRAIN_LOSS: float(stats.pop("loss")),
         metrics.TRAIN_CLIP_FRACTION: float(stats.pop("clip_fraction")),
         metrics.TRAIN_GRAD_NORM: float(stats.pop("grad_norm")),
@@ -255,8 +256,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     if config.rl.overlong != "reward":
       values[metrics.TRAIN_SHAPED_REWARD] = float(
           rl_batch.training_rewards(config, scored).mean())
-    kl = stats.pop("kl")
-    if ref_params is not None:
+    # Entropy and KL are absent when neither a coefficient nor a logged metric needs them.
+    if "entropy" in stats:
+      values[metrics.TRAIN_ENTROPY] = float(stats.pop("entropy"))
+    kl = stats.pop("kl", None)
+    if ref_params is not None and kl is not None:
       values[metrics.TRAIN_KL] = float(kl)
     values.update({f"train/{k}": float(v) for k, v in stats.items()})
     evaluate_now = counters.step % config.eval.every == 0 or counters.step == num_steps

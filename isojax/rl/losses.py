@@ -237,6 +237,22 @@ def aggregate(name: str, loss_BT: jax.Array, mask_BT: jax.Array, *, group_size: 
                             constant_normalizer=constant_normalizer)
 
 
+def aggregation_weights(name: str, mask_BT: jax.Array, *, group_size: int,
+                        constant_normalizer: float | None = None) -> jax.Array:
+  """Per-token weights w [B, T] with aggregate(name, x, mask) == sum(w * x) for every x.
+
+  Every aggregation is linear in the token losses, with coefficients that depend on
+  the mask only; so the weights are its gradient (taken at 0, the same anywhere).
+  Gradient accumulation needs them: a micro-batch's rows contribute sum(w * x) with
+  the normalisers (token, sequence and group counts) of the whole minibatch, and the
+  micro-batch terms add up to the minibatch loss whatever rows each one holds.
+  """
+  zeros_BT = jnp.zeros(mask_BT.shape, jnp.float32)
+  return sg(jax.grad(lambda x_BT: aggregate(
+      name, x_BT, mask_BT, group_size=group_size,
+      constant_normalizer=constant_normalizer))(zeros_BT))
+
+
 # --------------------------------------------------------------------------------
 # Regularisers and truncated importance sampling.
 # --------------------------------------------------------------------------------

@@ -8,6 +8,17 @@ it uses are names from the config, looked up in the registries of
 
 Token log-probabilities are those of the tempered policy softmax(logits / temperature),
 the distribution the sampler draws from.
+
+Memory. No [B, T, V] logits are ever held: `isojax.rl.logprobs` runs the LM head over
+chunks of `logprob_chunk_size` response positions. And one optimizer update (one
+minibatch) may hold more rollouts than one forward/backward pass can: it is cut into
+micro-batches of `micro_batch_size` rollouts whose gradients a `lax.scan` adds up.
+Each micro-batch's loss carries the normalisers of the whole minibatch
+(`losses.aggregation_weights`), so the sum is the minibatch loss for every
+aggregation, and the diagnostics are computed once from the minibatch's [B, T]
+log-probs: the update and its stats do not depend on the split, only the memory does.
+Entropy is computed only if it is a loss term or logged (`log_entropy`), the KL
+diagnostic only if it is a loss term or logged (`log_kl`); skipped stats are absent.
 """
 
 from __future__ import annotations
@@ -23,7 +34,7 @@ import optax
 from flax import nnx
 
 from isojax import config_lib
-from isojax.rl import losses
+from isojax.rl import logprobs, losses
 
 ZERO_VARIANCE_MODES = ("off", "all", "regularizers")
 
@@ -61,6 +72,18 @@ class UpdateSettings:
   tis_threshold: float
   num_minibatches: int
   num_epochs: int
+  micro_batch_size: int = 0     # rollouts per gradient-accumulation pass; 0: the minibatch
+  logprob_chunk_size: int = 0   # response positions per LM-head chunk; 0: unchunked
+  log_entropy: bool = True      # compute train/entropy even when entropy_coef == 0
+  log_kl: bool = True           # compute train/kl even when kl_coef == 0 (ref_logp given)
+
+  @property
+  def need_entropy(self) -> bool:
+    return bool(self.entropy_coef) or self.log_entropy
+
+  @property
+  def need_kl(self) -> bool:
+    return bool(self.kl_coef) or self.log_kl
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, group_size: int,
@@ -74,7 +97,9 @@ class UpdateSettings:
                constant_normalizer=float(config.sampling.max_new_tokens),
                kl_coef=rl.kl_coef, kl_form=rl.kl_form, entropy_coef=rl.entropy_coef,
                tis_threshold=rl.tis_threshold, num_minibatches=rl.num_minibatches,
-               num_epochs=rl.num_epochs)
+               num_epochs=rl.num_epochs, micro_batch_size=rl.micro_batch_size,
+               logprob_chunk_size=rl.logprob_chunk_size,
+               log_entropy=bool(rl.get("log_entropy", True)), log_kl=bool(rl.log_kl_to_base))
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation,
@@ -90,54 +115,155 @@ def make_optimizer(config: ml_collections.ConfigDict) -> tuple[optax.GradientTra
   return tx, schedule
 
 
-def response_logits(model, tokens_BS, mask_BS, prompt_len: int, temperature: float):
-  """Tempered logits [B, T, V] at the positions that predict the response tokens."""
-  hidden = model.hidden_states(tokens_BS, mask_BS)
-  return model.logits(hidden[:, prompt_len - 1:-1]) / temperature
+def _num_micro_batches(rows: int, micro_batch_size: int, what: str, why: str = "") -> int:
+  """How many micro-batches of `micro_batch_size` rollouts cover `rows` rollouts.
+
+  0, or a size of at least `rows`, means one pass over all of them: the setting caps
+  the rollouts per pass, so a cap above the minibatch is no error.
+  """
+  if micro_batch_size < 0:
+    raise ValueError(f"rl.micro_batch_size={micro_batch_size}: expected >= 0 "
+                     "(0 = the whole minibatch)")
+  if not micro_batch_size or micro_batch_size >= rows:
+    return 1
+  if rows % micro_batch_size:
+    raise ValueError(f"rl.micro_batch_size={micro_batch_size} must divide {what} of "
+                     f"{rows} rollouts{why}")
+  return rows // micro_batch_size
 
 
-def token_logp(logits_BTV, tokens_BT):
-  logp = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), axis=-1)
-  return jnp.take_along_axis(logp, tokens_BT[..., None], axis=-1)[..., 0]
+def _split_micro(tree, k: int):
+  """[B, ...] -> [k, B / k, ...]; micro-batch j holds rows j, j + k, j + 2k, ...
+
+  Strided rather than contiguous: the reshape keeps the data-parallel sharding of the
+  batch axis on every micro-batch, where a contiguous block would sit on few devices.
+  """
+  return jax.tree.map(lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1),
+                      tree)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "prompt_len", "temperature"))
-def score(graphdef, state, tokens_BS, mask_BS, *, prompt_len: int, temperature: float):
-  """Log-probs [B, T] of the response tokens under the model (no gradient)."""
+def _merge_micro(tree):
+  """Inverse of `_split_micro`: [k, B / k, ...] -> [B, ...] in the original row order."""
+  return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(-1, *x.shape[2:]), tree)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "prompt_len", "temperature",
+                                             "micro_batch_size", "chunk_size"))
+def score(graphdef, state, tokens_BS, mask_BS, *, prompt_len: int, temperature: float,
+          micro_batch_size: int = 0, chunk_size: int = 0):
+  """Log-probs [B, T] of the response tokens under the model (no gradient).
+
+  One forward over `micro_batch_size` rollouts at a time (0: all B), the LM head in
+  chunks of `chunk_size` response positions (0: unchunked); the values do not depend
+  on either.
+  """
   model = nnx.merge(graphdef, state)
-  logits = response_logits(model, tokens_BS, mask_BS, prompt_len, temperature)
-  return token_logp(logits, tokens_BS[:, prompt_len:])
+
+  def logp(xs):
+    return logprobs.response_logp(model, *xs, prompt_len=prompt_len, temperature=temperature,
+                                  chunk_size=chunk_size)[0]
+
+  k = _num_micro_batches(tokens_BS.shape[0], micro_batch_size, "the rollout batch")
+  if k == 1:
+    return logp((tokens_BS, mask_BS))
+  return _merge_micro(jax.lax.map(logp, _split_micro((tokens_BS, mask_BS), k)))
+
+
+def _weights(mb: TrainBatch, s: UpdateSettings):
+  """Aggregation weights [B, T] of the policy-gradient and the regulariser terms."""
+  agg = functools.partial(losses.aggregation_weights, s.aggregation, group_size=s.group_size,
+                          constant_normalizer=s.constant_normalizer)
+  return (agg(mb.response_mask & mb.keep_pg[:, None]),
+          agg(mb.response_mask & mb.keep_reg[:, None]))
+
+
+def _weighted_loss(params, graphdef, mb: TrainBatch, w_pg_BT, w_reg_BT, s: UpdateSettings):
+  """The share of rows `mb` in their minibatch's loss, and their (logp, entropy) [b, T].
+
+  Every term is a per-token quantity of one row times a weight that holds the whole
+  minibatch's normaliser, so the shares of any split of the minibatch add up to its loss.
+  """
+  model = nnx.merge(graphdef, params)
+  logp_BT, entropy_BT = logprobs.response_logp(
+      model, mb.tokens, mb.mask, prompt_len=s.prompt_len, temperature=s.temperature,
+      chunk_size=s.logprob_chunk_size, need_entropy=s.need_entropy)
+  valid_BT = mb.response_mask
+  pg_mask_BT = valid_BT & mb.keep_pg[:, None]
+  reg_mask_BT = valid_BT & mb.keep_reg[:, None]
+  pg_BT, _ = losses.policy_loss(
+      s.policy_loss, logp_BT=logp_BT, old_logp_BT=mb.old_logp, advantages_B=mb.advantages,
+      mask_BT=pg_mask_BT, clip_eps=s.clip_eps, clip_eps_high=s.clip_eps_high,
+      cispo_eps_max=s.cispo_eps_max)
+  tis_w_BT, _ = losses.truncated_is_weights(mb.old_logp, mb.sampler_logp, valid_BT,
+                                            s.tis_threshold)
+  # Masked before weighting, as `losses.aggregate` does: padding may hold inf.
+  total = lambda w_BT, x_BT, mask_BT: jnp.sum(w_BT * jnp.where(mask_BT, x_BT, 0.0))
+  loss = total(w_pg_BT, pg_BT * tis_w_BT, pg_mask_BT)
+  if s.kl_coef:
+    kl_BT = losses.kl_penalty(s.kl_form, logp_BT, mb.ref_logp)
+    loss = loss + s.kl_coef * total(w_reg_BT, kl_BT, reg_mask_BT)
+  if s.entropy_coef:
+    loss = loss - s.entropy_coef * total(w_reg_BT, entropy_BT, reg_mask_BT)
+  return loss, (logp_BT, entropy_BT)
+
+
+def _stats(mb: TrainBatch, logp_BT, entropy_BT, loss, s: UpdateSettings) -> dict:
+  """Diagnostics of one minibatch from its log-probs [B, T], however it was split.
+
+  `entropy` is absent unless `s.need_entropy`, `kl` unless `s.need_kl`.
+  """
+  logp_BT = jax.lax.stop_gradient(logp_BT)
+  valid_BT = mb.response_mask
+  _, pg_stats = losses.policy_loss(
+      s.policy_loss, logp_BT=logp_BT, old_logp_BT=mb.old_logp, advantages_B=mb.advantages,
+      mask_BT=valid_BT & mb.keep_pg[:, None], clip_eps=s.clip_eps,
+      clip_eps_high=s.clip_eps_high, cispo_eps_max=s.cispo_eps_max)
+  _, tis_stats = losses.truncated_is_weights(mb.old_logp, mb.sampler_logp, valid_BT,
+                                             s.tis_threshold)
+  stats = dict(pg_stats, **tis_stats, loss=loss)
+  n_valid = jnp.maximum(valid_BT.sum(), 1)
+  valid_mean = lambda x_BT: jnp.where(valid_BT, x_BT, 0).sum() / n_valid
+  if entropy_BT is not None:
+    stats["entropy"] = valid_mean(jax.lax.stop_gradient(entropy_BT))
+  if s.need_kl:
+    stats["kl"] = valid_mean(losses.kl_penalty("k3", logp_BT, mb.ref_logp))
+  return stats
 
 
 def loss_fn(params, graphdef, mb: TrainBatch, s: UpdateSettings):
-  model = nnx.merge(graphdef, params)
-  logits = response_logits(model, mb.tokens, mb.mask, s.prompt_len, s.temperature)
-  logp = token_logp(logits, mb.tokens[:, s.prompt_len:])
-  valid = mb.response_mask
-  pg_mask = valid & mb.keep_pg[:, None]
-  reg_mask = valid & mb.keep_reg[:, None]
-  pg_BT, pg_stats = losses.policy_loss(
-      s.policy_loss, logp_BT=logp, old_logp_BT=mb.old_logp, advantages_B=mb.advantages,
-      mask_BT=pg_mask, clip_eps=s.clip_eps, clip_eps_high=s.clip_eps_high,
-      cispo_eps_max=s.cispo_eps_max)
-  tis_w, tis_stats = losses.truncated_is_weights(mb.old_logp, mb.sampler_logp, valid,
-                                                 s.tis_threshold)
-  agg = functools.partial(losses.aggregate, s.aggregation, group_size=s.group_size,
-                          constant_normalizer=s.constant_normalizer)
-  loss = agg(pg_BT * tis_w, pg_mask)
-  entropy_BT = losses.token_entropy(logits)
-  kl_BT = losses.kl_penalty(s.kl_form, logp, mb.ref_logp)
-  if s.kl_coef:
-    loss = loss + s.kl_coef * agg(kl_BT, reg_mask)
-  if s.entropy_coef:
-    loss = loss - s.entropy_coef * agg(entropy_BT, reg_mask)
-  n_valid = jnp.maximum(valid.sum(), 1)
-  stats = dict(pg_stats, **tis_stats,
-               loss=loss,
-               entropy=jnp.where(valid, entropy_BT, 0).sum() / n_valid,
-               kl=jnp.where(valid, losses.kl_penalty("k3", logp, mb.ref_logp), 0).sum()
-               / n_valid)
-  return loss, stats
+  """(loss, stats) of one minibatch in a single pass (no micro-batches)."""
+  w_pg_BT, w_reg_BT = _weights(mb, s)
+  loss, (logp_BT, entropy_BT) = _weighted_loss(params, graphdef, mb, w_pg_BT, w_reg_BT, s)
+  return loss, _stats(mb, logp_BT, entropy_BT, loss, s)
+
+
+def minibatch_grads(params, graphdef, mb: TrainBatch, s: UpdateSettings):
+  """(gradient, stats) of one minibatch's loss, accumulated over its micro-batches.
+
+  Equal, to float rounding, to the gradient of `loss_fn`; only one micro-batch's
+  activations are alive at a time. The scan carries the gradient sum and the loss;
+  each micro-batch hands back its log-probs and entropy [b, T] for the diagnostics.
+  """
+  rows = mb.advantages.shape[0]
+  k = _num_micro_batches(rows, s.micro_batch_size, "the minibatch",
+                         f" (the rollout batch over rl.num_minibatches={s.num_minibatches})")
+  if k == 1:
+    (_, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, graphdef, mb, s)
+    return grads, stats
+  grad_fn = jax.value_and_grad(_weighted_loss, has_aux=True)
+
+  def accumulate(carry, micro):
+    grads, loss = carry
+    (micro_loss, aux), micro_grads = grad_fn(params, graphdef, *micro, s)
+    return (jax.tree.map(jnp.add, grads, micro_grads), loss + micro_loss), aux
+
+  carry = (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32))
+  # Rows only: the weights already hold the minibatch's normalisers, and no term
+  # needs a micro-batch to hold whole groups.
+  micro = _split_micro((mb.replace(shuffle_rng=None), *_weights(mb, s)), k)
+  (grads, loss), aux = jax.lax.scan(accumulate, carry, micro)
+  logp_BT, entropy_BT = _merge_micro(aux)
+  return grads, _stats(mb, logp_BT, entropy_BT, loss, s)
 
 
 def _split_minibatches(batch: TrainBatch, num: int, group_size: int, rng) -> TrainBatch:
@@ -157,11 +283,9 @@ def _split_minibatches(batch: TrainBatch, num: int, group_size: int, rng) -> Tra
 def train_step(graphdef, params, opt_state, batch: TrainBatch, *,
                tx: optax.GradientTransformation, settings: UpdateSettings):
   """num_epochs x num_minibatches optimizer updates. Returns (params, opt_state, stats)."""
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-
   def one_update(carry, mb):
     params, opt_state = carry
-    (_, stats), grads = grad_fn(params, graphdef, mb, settings)
+    grads, stats = minibatch_grads(params, graphdef, mb, settings)
     updates, opt_state = tx.update(grads, opt_state, params)
     stats["grad_norm"] = optax.tree.norm(grads)
     return (optax.apply_updates(params, updates), opt_state), stats
