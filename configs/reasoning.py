@@ -22,11 +22,11 @@ from isojax.tasks import reasoning_gym_task
 def get_config(arg=None):
   config = config_lib.apply_recipe(config_lib.base_config(), "hard")
   config.task.update(name="reasoning_gym", dataset=reasoning_gym_task.DEMO_DATASET,
-                     num_train=2048, num_val=256)
+                     num_train=2048, num_val=256, binary_reward=True)
   config.task.dataset_kwargs = ml_collections.ConfigDict(reasoning_gym_task.DEMO_KWARGS)
   config.base_model.update(sft_steps=500)
   config.sampling.max_new_tokens = 40
-  config.rollouts_per_problem = 8
+  config.rollouts_per_problem = 16
   config.problems_per_batch = 16
   config.num_steps = 100
   config.eval.update(every=10, chunk_problems=128)

@@ -69,6 +69,7 @@ def base_config() -> ml_collections.ConfigDict:
       question_field="",     # generic mapping (or an override of a named one)
       answer_field="",
       answer_pattern="",     # regex with one group; "" = the family's default extraction
+      binary_reward=False,   # reasoning_gym: 1 only for full marks (no partial credit)
       # Prompts: the checkpoint's chat template (auto: when it has one) or plain text.
       prompt_format="auto",  # auto | chat | plain
       system_prompt="",

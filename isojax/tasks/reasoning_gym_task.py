@@ -226,8 +226,8 @@ def extract_answer(completion: str, pattern: re.Pattern) -> str | None:
 class ReasoningGymVerifier(problem_lib.Verifier):
   """Scores completions with the dataset's own `score_answer`, clipped to [0, 1]."""
 
-  def __init__(self, name: str, kwargs: dict, pattern: str):
-    self.name, self.kwargs = name, dict(kwargs)
+  def __init__(self, name: str, kwargs: dict, pattern: str, binary: bool = False):
+    self.name, self.kwargs, self.binary = name, dict(kwargs), binary
     self.pattern = re.compile(pattern, re.DOTALL)
     # score_answer is a method: some datasets grade with their config (ARC board
     # format), so the scorer is built once with the task's kwargs.
@@ -259,7 +259,10 @@ class ReasoningGymVerifier(problem_lib.Verifier):
     if not answer:  # empty tags are no answer (ARC would grade "" as an empty grid: 0.05)
       return 0.0
     score = float(self.scorer.score_answer(answer, self.entry(problem)))
-    return min(max(score, 0.0), 1.0) if math.isfinite(score) else 0.0
+    score = min(max(score, 0.0), 1.0) if math.isfinite(score) else 0.0
+    # Partial credit (chain_sum gives "15" for gold 5 half a point) can be exploited;
+    # `task.binary_reward` pays only full marks, as evaluation counts them.
+    return float(score >= 1.0) if self.binary else score
 
   def grade(self, completions: Sequence[str],
             problems: Sequence[problem_lib.Problem]) -> problem_lib.Grades:
@@ -275,7 +278,8 @@ class ReasoningGymVerifier(problem_lib.Verifier):
 
 
 def make_verifier(task) -> ReasoningGymVerifier:
-  return ReasoningGymVerifier(task.dataset, dataset_kwargs(task), answer_pattern(task))
+  return ReasoningGymVerifier(task.dataset, dataset_kwargs(task), answer_pattern(task),
+                              binary=bool(task.binary_reward))
 
 
 # ---------------------------------------------------------------------------------

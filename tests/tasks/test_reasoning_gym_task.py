@@ -7,6 +7,7 @@ import json
 import re
 
 import ml_collections
+import numpy as np
 import pytest
 
 from isojax.tasks import reasoning_gym_task as rgt
@@ -187,3 +188,17 @@ def test_validate_names_the_bad_field(overrides, message):
   fields.update(overrides)
   with pytest.raises(ValueError, match=message):
     rgt.validate(ml_collections.ConfigDict(fields))
+
+
+def test_binary_reward_pays_only_full_marks():
+  """chain_sum gives partial credit when the gold is a substring of the answer."""
+  from isojax.tasks.problem import Problem
+  entry = {"question": "q", "answer": "5", "metadata": {}}
+  problem = Problem("q", "5", meta=json.dumps(entry))
+  scorer = rgt.ReasoningGymVerifier("chain_sum", {}, r"<answer>(.*?)</answer>")
+  binary = rgt.ReasoningGymVerifier("chain_sum", {}, r"<answer>(.*?)</answer>",
+                                                   binary=True)
+  texts = ["<answer>5</answer>", "<answer>15</answer>", "<answer>7</answer>"]
+  partial = scorer.grade(texts, [problem] * 3).rewards
+  assert partial[0] == 1 and 0 < partial[1] < 1  # the library's own partial credit
+  np.testing.assert_array_equal(binary.grade(texts, [problem] * 3).rewards, [1, 0, 0])
