@@ -126,15 +126,19 @@ def model_path(config: ml_collections.ConfigDict) -> str:
 
 
 def settings(config: ml_collections.ConfigDict, options: Options) -> dict[str, Any]:
-  """Everything that determines the splits: equal settings, equal files."""
-  return dict(
+  """Everything that determines the splits: equal settings, equal files.
+
+  Round-tripped through JSON (tuples become lists) so it compares equal to what a
+  split file holds.
+  """
+  return json.loads(json.dumps(dict(
       version=_VERSION, model=model_path(config), sampling=config.sampling.to_dict(),
       model_dtype=config.model.dtype, num_samples=options.num_samples,
       hard_samples=options.hard_samples, pool_size=options.pool_size,
       val_pool_size=options.val_pool_size, min_digits=options.min_digits,
       max_digits=options.max_digits, num_train=options.num_train, num_val=options.num_val,
       seed=options.seed, bands={k: dataclasses.asdict(b) for k, b in BANDS.items()},
-      **({} if config.task.name == "arithmetic" else dict(task=config.task.to_dict())))
+      **({} if config.task.name == "arithmetic" else dict(task=config.task.to_dict())))))
 
 
 def _check_options(options: Options) -> None:

@@ -91,12 +91,8 @@ class TextTokenizer:
     length = length or longest
     if longest > length:
       raise ValueError(f"a prompt has {longest} tokens, more than the allowed {length}")
-    tokens = np.full((len(texts), length), self.pad_id, np.int32)
-    mask = np.zeros((len(texts), length), bool)
-    for i, ids in enumerate(encoded):
-      tokens[i, length - len(ids):] = ids
-      mask[i, length - len(ids):] = True
-    return tokens, mask
+    return left_pad(encoded, length, self.pad_id)
+
 
   def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
                   **kwargs) -> str:
@@ -128,6 +124,17 @@ class TextTokenizer:
     if self.chat_template is not None and os.path.isfile(jinja_file):
       with open(jinja_file, "w", encoding="utf-8") as f:
         f.write(self.chat_template)
+
+
+def left_pad(rows: Sequence[Sequence[int]], length: int, pad_id: int
+             ) -> tuple[np.ndarray, np.ndarray]:
+  """(tokens [G, P] int32, mask [G, P] bool) of id rows right-aligned in `length` slots."""
+  tokens = np.full((len(rows), length), pad_id, np.int32)
+  mask = np.zeros((len(rows), length), bool)
+  for i, ids in enumerate(rows):
+    tokens[i, length - len(ids):] = ids
+    mask[i, length - len(ids):] = True
+  return tokens, mask
 
 
 def _unique(ids: Iterable[int]) -> tuple[int, ...]:

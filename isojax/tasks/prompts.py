@@ -22,6 +22,7 @@ from typing import Sequence
 import ml_collections
 import numpy as np
 
+from isojax.models import tokenizer as tokenizer_lib
 from isojax.tasks.problem import Problem
 
 FORMATS = ("auto", "chat", "plain")
@@ -77,13 +78,8 @@ class PromptBook:
   def batch(self, problems: Sequence[Problem]) -> tuple[np.ndarray, np.ndarray]:
     """(tokens [G, P] int32, mask [G, P] bool), left-padded to the batch's bucket."""
     rows = [self.ids[p] for p in problems]
-    length = bucket_length(max(len(r) for r in rows), self.max_len)
-    tokens_GP = np.full((len(rows), length), self.pad_id, np.int32)
-    mask_GP = np.zeros((len(rows), length), bool)
-    for i, row in enumerate(rows):
-      tokens_GP[i, length - len(row):] = row
-      mask_GP[i, length - len(row):] = True
-    return tokens_GP, mask_GP
+    return tokenizer_lib.left_pad(rows, bucket_length(max(len(r) for r in rows), self.max_len),
+                                  self.pad_id)
 
 
 def build(splits: dict[str, list[Problem]], tok, task: ml_collections.ConfigDict,
