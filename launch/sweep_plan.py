@@ -234,6 +234,7 @@ def write_manifest(out_dir: str, manifest: dict[str, Any]) -> None:
 
 def _write_plan(path: str, config: dict[str, Any]) -> None:
   """Writes plan.json, or checks that the one there is the same plan."""
+  config = json.loads(json.dumps(config))  # as JSON holds it (tuples become lists)
   if os.path.isfile(path):
     with open(path) as f:
       existing = json.load(f)
