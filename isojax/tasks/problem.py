@@ -13,6 +13,7 @@ grading is cheap and local complete it immediately.
 
 from __future__ import annotations
 
+import abc
 import concurrent.futures
 import dataclasses
 from typing import Sequence
@@ -35,11 +36,12 @@ class Grades:
   errors: int = 0      # completions whose grading raised (scored 0)
 
 
-class Verifier:
+class Verifier(abc.ABC):
   """Grades completions against problems; subclasses implement `grade`."""
 
+  @abc.abstractmethod
   def grade(self, completions: Sequence[str], problems: Sequence[Problem]) -> Grades:
-    raise NotImplementedError
+    """Rewards [B] for completion b of problem b, with timeout and error counts."""
 
   def grade_async(self, completions: Sequence[str], problems: Sequence[Problem]
                   ) -> concurrent.futures.Future:
