@@ -99,7 +99,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict(dict(
       dtype="float32",       # activations; parameters stay float32
       fp32_lm_head=True,     # logits in float32 (ScaleRL)
-      remat="none",          # none | full | a jax.checkpoint_policies name
+      remat="none",          # none | full | a transformer.REMAT_POLICIES name
   ))
 
   c.sampling = ml_collections.ConfigDict(dict(
@@ -354,6 +354,7 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _check_task(c)
   _check_overlong(c)
   _check_memory_fields(c, b_p * m)
+  _check_model(c)
   if b_p % c.rl.num_minibatches:
     raise ValueError(
         f"rl.num_minibatches={c.rl.num_minibatches} must divide problems_per_batch={b_p} "
@@ -393,6 +394,15 @@ def _check_task(c: ml_collections.ConfigDict) -> None:
       isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in stop):
     raise ValueError(f"sampling.stop_token_ids={stop!r}: expected a tuple of token ids >= 0")
   tasks.validate(t)  # the family's own fields (task.name is checked there)
+
+
+def _check_model(c: ml_collections.ConfigDict) -> None:
+  from isojax.models import transformer  # pylint: disable=g-import-not-at-top
+  if c.model.remat not in ("none", "full") + transformer.REMAT_POLICIES:
+    raise ValueError(f"model.remat={c.model.remat!r}: expected none, full or one of "
+                     f"{transformer.REMAT_POLICIES}")
+  if c.model.dtype not in ("float32", "bfloat16"):
+    raise ValueError(f"model.dtype={c.model.dtype!r}: expected float32 or bfloat16")
 
 
 def _check_memory_fields(c: ml_collections.ConfigDict, trained_rollouts: int) -> None:

@@ -133,8 +133,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   writer = run_dir.MetricsWriter(workdir, resume_step=resume_step, enabled=primary)
 
   # ==================== Model ====================
-  policy = hf_checkpoint.load_model(path, mesh, dtype=config.model.dtype,
-                                    fp32_lm_head=config.model.fp32_lm_head)
+  policy = hf_checkpoint.load_model(path, mesh, **config.model)
   graphdef, params = nnx.split(policy)
   keep_reference = config.rl.kl_coef > 0 or config.rl.log_kl_to_base
   ref_params = jax.tree.map(jnp.copy, params) if keep_reference else None
@@ -145,7 +144,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
 
   # ==================== Optimizer and restore ====================
   tx, schedule = update.make_optimizer(config)
-  opt_state = jax.jit(tx.init)(params)
+  opt_state = jax.jit(tx.init, out_shardings=update.opt_state_shardings(tx, params, mesh))(
+      params)
   counters = Counters()
   if resume_step is not None:
     restored = ckpt.restore(resume_step, args=ocp.args.Composite(

@@ -186,8 +186,7 @@ class _Sampler:
       raise ProfileError(f"{dropped['pool']} pool problems have prompts longer than "
                          f"task.max_prompt_tokens={config.task.max_prompt_tokens}")
     self.verifier = tasks.make_verifier(config.task)
-    policy = hf_checkpoint.load_model(path, mesh, dtype=config.model.dtype,
-                                      fp32_lm_head=config.model.fp32_lm_head)
+    policy = hf_checkpoint.load_model(path, mesh, **config.model)
     self.graphdef, self.params = nnx.split(policy)
 
   def correct(self, problems, num_samples: int, chunk_rollouts: int, rng) -> np.ndarray:

@@ -6,21 +6,24 @@ builds for CPU demos is written in the same layout and read back through the sam
 `load_model`, so the path that loads a 7B checkpoint on a pod is the path every test
 and demo exercises.
 
-Loading is streaming: each tensor is read from safetensors, transposed to the Flax
-layout and placed straight onto its mesh sharding, so the host never holds the whole
-model in device layout twice.
+Loading is streaming: each device reads its own block of each tensor from
+safetensors, transposed to the Flax layout (and stacked over layers, our layout for
+the scanned decoder), so the host never holds the whole model.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
-from typing import Any, Iterator
+import struct
+from typing import Any
 
 import jax
+import ml_dtypes
 import numpy as np
 from flax import nnx
-from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from isojax.models import sharding as sharding_lib
@@ -98,34 +101,88 @@ def hf_config_from_model_config(cfg: ModelConfig, *, eos_token_id: int, bos_toke
   return hf
 
 
-def hf_name(key: tuple) -> tuple[str, bool]:
-  """(Hugging Face tensor name, transposed?) of one of our parameter paths."""
+def hf_name(key: tuple, layer: int | None = None) -> tuple[str, bool]:
+  """(Hugging Face tensor name, transposed?) of one of our parameter paths.
+
+  Parameters under `layers` are stacked over the layer axis; `layer` picks the
+  Hugging Face tensor of one layer (`model.layers.<layer>....`).
+  """
   if key == ("embed", "embedding"):
     return "model.embed_tokens.weight", False
   if key == ("final_norm", "weight"):
     return "model.norm.weight", False
   if key == ("lm_head", "kernel"):
     return "lm_head.weight", True
-  if key[0] == "layers":
-    _, layer, module, *inner, leaf = key
+  if key[0] == "layers" and layer is not None:
+    _, module, *inner, leaf = key
     name, transpose = _LEAF_NAMES[leaf]
     return ".".join(["model.layers", str(layer), _MODULE_NAMES[module], *inner, name]), transpose
-  raise ValueError(f"parameter {key} has no Hugging Face name")
+  raise ValueError(f"parameter {key} (layer {layer}) has no Hugging Face name")
 
 
-def _iter_tensors(path: str) -> Iterator[tuple[str, np.ndarray]]:
-  index = os.path.join(path, WEIGHTS_INDEX)
-  if os.path.exists(index):
-    with open(index) as f:
-      files = sorted(set(json.load(f)["weight_map"].values()))
-  elif os.path.exists(os.path.join(path, WEIGHTS_FILE)):
-    files = [WEIGHTS_FILE]
-  else:
-    raise FileNotFoundError(f"{path}: no {WEIGHTS_FILE} or {WEIGHTS_INDEX}")
-  for file in files:
-    with safe_open(os.path.join(path, file), framework="np") as f:
-      for name in f.keys():
-        yield name, f.get_tensor(name)
+def _is_stacked(key: tuple) -> bool:
+  return key[0] == "layers"
+
+
+def _hf_names(key: tuple, num_layers: int) -> list[str]:
+  """Every Hugging Face tensor behind one parameter (one per layer when stacked)."""
+  layers = range(num_layers) if _is_stacked(key) else [None]
+  return [hf_name(key, layer)[0] for layer in layers]
+
+
+# safetensors dtype codes -> NumPy dtypes (ml_dtypes for bfloat16, which the
+# `safetensors` NumPy API cannot represent; real Qwen/Llama checkpoints are bfloat16).
+_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16,
+           "BF16": ml_dtypes.bfloat16, "I64": np.int64, "I32": np.int32}
+
+
+def _map_safetensors(file: str) -> dict[str, np.ndarray]:
+  """Every tensor of a .safetensors file as a read-only memory map (nothing is read yet).
+
+  The format is an 8-byte little-endian header size, a JSON header of
+  {name: {dtype, shape, data_offsets}} and the raw bytes.
+  """
+  with open(file, "rb") as f:
+    (header_size,) = struct.unpack("<Q", f.read(8))
+    header = json.loads(f.read(header_size))
+  header.pop("__metadata__", None)
+  data = np.memmap(file, dtype=np.uint8, mode="r", offset=8 + header_size)
+  out = {}
+  for name, info in header.items():
+    if info["dtype"] not in _DTYPES:
+      raise ValueError(f"{file}: tensor {name!r} has dtype {info['dtype']}; expected one of "
+                       f"{sorted(_DTYPES)}")
+    start, end = info["data_offsets"]
+    out[name] = data[start:end].view(_DTYPES[info["dtype"]]).reshape(info["shape"])
+  return out
+
+
+class _Tensors:
+  """The tensors of a (sharded) safetensors checkpoint, memory-mapped."""
+
+  def __init__(self, path: str):
+    index = os.path.join(path, WEIGHTS_INDEX)
+    if os.path.exists(index):
+      with open(index) as f:
+        files = sorted(set(json.load(f)["weight_map"].values()))
+    elif os.path.exists(os.path.join(path, WEIGHTS_FILE)):
+      files = [WEIGHTS_FILE]
+    else:
+      raise FileNotFoundError(f"{path}: no {WEIGHTS_FILE} or {WEIGHTS_INDEX}")
+    self._tensors = {}
+    for file in files:
+      self._tensors.update(_map_safetensors(os.path.join(path, file)))
+
+  def names(self) -> list[str]:
+    return list(self._tensors)
+
+  def shape(self, name: str) -> tuple[int, ...]:
+    return self._tensors[name].shape
+
+  def read(self, name: str, index: tuple[slice, ...], transpose: bool) -> np.ndarray:
+    """`tensor.T[index]` (or `tensor[index]`) as float32, reading only that block."""
+    tensor = self._tensors[name].T if transpose else self._tensors[name]
+    return np.asarray(tensor[tuple(index)], np.float32)
 
 
 def read_hf_config(path: str) -> dict[str, Any]:
@@ -140,48 +197,74 @@ def abstract_model(cfg: ModelConfig) -> Transformer:
   return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
 
 
-def load_model(path: str, mesh=None, *, dtype: str = "float32",
-               fp32_lm_head: bool = True) -> Transformer:
-  """Builds the model described by `path/config.json` with its weights, on `mesh`."""
+def load_model(path: str, mesh=None, *, dtype: str = "float32", fp32_lm_head: bool = True,
+               remat: str = "none") -> Transformer:
+  """Builds the model described by `path/config.json` with its weights, on `mesh`.
+
+  Every device reads only its own block of each tensor straight from safetensors
+  (`jax.make_array_from_callback`), so the host never holds a whole stacked
+  parameter, let alone the model.
+  """
   cfg = model_config_from_hf(read_hf_config(path), dtype=dtype, fp32_lm_head=fp32_lm_head,
                              source=os.path.join(path, "config.json"))
+  cfg = dataclasses.replace(cfg, remat=remat)
   mesh = mesh or sharding_lib.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
   graphdef, abstract_state = nnx.split(abstract_model(cfg))
-  shardings = sharding_lib.state_shardings(abstract_state, mesh)
   flat_abstract = dict(nnx.to_flat_state(abstract_state))
-  flat_shardings = dict(nnx.to_flat_state(shardings))
-  expected = {hf_name(key)[0]: key for key in flat_abstract}
-  loaded = {}
-  for name, tensor in _iter_tensors(path):
+  flat_shardings = dict(nnx.to_flat_state(sharding_lib.state_shardings(abstract_state, mesh)))
+  tensors = _Tensors(path)
+  _check_tensors(path, tensors, flat_abstract, cfg)
+  for key, var in flat_abstract.items():
+    sharding = flat_shardings[key]
+    sharding = sharding.get_value() if hasattr(sharding, "get_value") else sharding
+    flat_abstract[key] = var.replace(jax.make_array_from_callback(
+        var.shape, sharding, functools.partial(_read_block, tensors, key, cfg.num_layers)))
+  return nnx.merge(graphdef, nnx.from_flat_state(flat_abstract))
+
+
+def _check_tensors(path: str, tensors: _Tensors, flat_abstract: dict, cfg: ModelConfig) -> None:
+  """Every parameter's tensors exist with the right shapes; no tensor is left over."""
+  expected = {}
+  for key, var in flat_abstract.items():
+    transpose = hf_name(key, 0 if _is_stacked(key) else None)[1]
+    shape = var.shape[1:] if _is_stacked(key) else var.shape
+    for name in _hf_names(key, cfg.num_layers):
+      expected[name] = shape[::-1] if transpose else shape
+  for name in tensors.names():
     if name not in expected:
       if "rotary_emb" in name or (name == "lm_head.weight" and cfg.tie_embeddings):
         continue  # cached RoPE tables; a tied head some checkpoints still store
       raise ValueError(f"{path}: tensor {name!r} has no place in the model")
-    key = expected[name]
-    _, transpose = hf_name(key)
-    value = tensor.T if transpose else tensor
-    if value.shape != flat_abstract[key].shape:
-      shape = flat_abstract[key].shape
-      raise ValueError(f"{path}: tensor {name!r} has shape {tensor.shape}, expected "
-                       f"{shape[::-1] if transpose else shape}")
-    sharding = flat_shardings[key]
-    sharding = sharding.get_value() if hasattr(sharding, "get_value") else sharding
-    loaded[key] = jax.device_put(value.astype(np.float32), sharding)
-  missing = sorted(hf_name(k)[0] for k in set(flat_abstract) - set(loaded))
+    if tensors.shape(name) != tuple(expected[name]):
+      raise ValueError(f"{path}: tensor {name!r} has shape {tensors.shape(name)}, expected "
+                       f"{tuple(expected[name])}")
+  missing = sorted(set(expected) - set(tensors.names()))
   if missing:
     raise ValueError(f"{path}: checkpoint lacks tensors {missing[:5]}"
                      f"{' ...' if len(missing) > 5 else ''}")
-  for key, value in loaded.items():
-    flat_abstract[key] = flat_abstract[key].replace(value)
-  return nnx.merge(graphdef, nnx.from_flat_state(flat_abstract))
+
+
+def _read_block(tensors: _Tensors, key: tuple, num_layers: int,
+                index: tuple[slice, ...]) -> np.ndarray:
+  """The block `index` of parameter `key`, read from its Hugging Face tensor(s)."""
+  if not _is_stacked(key):
+    name, transpose = hf_name(key)
+    return tensors.read(name, index, transpose)
+  blocks = []
+  for layer in range(num_layers)[index[0]]:
+    name, transpose = hf_name(key, layer)
+    blocks.append(tensors.read(name, index[1:], transpose))
+  return np.stack(blocks)
 
 
 def _hf_tensors(model: Transformer) -> dict[str, np.ndarray]:
   out = {}
   for key, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-    name, transpose = hf_name(key)
     value = np.asarray(jax.device_get(var[...]), np.float32)
-    out[name] = np.ascontiguousarray(value.T if transpose else value)
+    per_layer = list(value) if _is_stacked(key) else [value]
+    for layer, tensor in enumerate(per_layer):
+      name, transpose = hf_name(key, layer if _is_stacked(key) else None)
+      out[name] = np.ascontiguousarray(tensor.T if transpose else tensor)
   return out
 
 

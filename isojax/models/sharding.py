@@ -30,6 +30,7 @@ LOGICAL_RULES = (
     ("vocab", "tensor"),
     ("head_dim", None),
     ("norm", None),
+    ("layers", None),
 )
 
 

@@ -5,7 +5,9 @@ SwiGLU, optional qkv bias (Qwen2.5), optional per-head q/k RMSNorm (Qwen3), tied
 untied embeddings. Every parameter carries logical axis names (`embed`, `heads`,
 `kv_heads`, `mlp`, `vocab`, `head_dim`); `isojax.models.sharding` maps them to mesh axes.
 
-Three entry points share the same layers:
+The layers are one `Block` whose parameters are stacked on a leading `layers` axis
+and run by `lax.scan` (compile time independent of depth, `cfg.remat` choosing what
+the backward pass recomputes). Three entry points share that one block code path:
   `__call__`  uncached forward over whole sequences (training, tests);
   `prefill`   forward over left-padded prompts, returning each layer's keys/values;
   `decode`    one new token per rollout attending to the *shared* prompt cache of its
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any, Callable
 
 import flax
 import jax
@@ -44,11 +47,15 @@ class ModelConfig:
   tie_embeddings: bool = False
   dtype: str = "float32"               # activation dtype; parameters are float32
   fp32_lm_head: bool = True            # logits computed in float32
+  remat: str = "none"                  # none | full | a REMAT_POLICIES name
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
       raise ValueError(f"num_heads={self.num_heads} must be a multiple of "
                        f"num_kv_heads={self.num_kv_heads}")
+    if self.remat not in ("none", "full") + REMAT_POLICIES:
+      raise ValueError(f"model.remat={self.remat!r}: expected none, full or one of "
+                       f"{REMAT_POLICIES}")
 
 
 @flax.struct.dataclass
@@ -124,8 +131,8 @@ class Attention(nnx.Module):
     zeros = nnx.initializers.zeros_init()
     self.cfg = cfg
     linear = lambda i, o, names, bias: nnx.Linear(
-        i, o, use_bias=bias, rngs=rngs, kernel_init=_param(init, names),
-        bias_init=_param(zeros, names[1:]))
+        i, o, use_bias=bias, dtype=jnp.dtype(cfg.dtype), rngs=rngs,
+        kernel_init=_param(init, names), bias_init=_param(zeros, names[1:]))
     self.q_proj = linear(d, n * h, ("embed", "heads"), cfg.qkv_bias)
     self.k_proj = linear(d, k * h, ("embed", "kv_heads"), cfg.qkv_bias)
     self.v_proj = linear(d, k * h, ("embed", "kv_heads"), cfg.qkv_bias)
@@ -149,13 +156,13 @@ class Attention(nnx.Module):
     return q_BSNH.reshape(b, s, self.cfg.num_kv_heads, -1, h)  # [B, S, K, R, H]
 
   def attend(self, q_BSNH, k_BTKH, v_BTKH, mask_BST):
-    """Full attention of S queries over T keys (training forward and prefill)."""
-    scale = self.cfg.head_dim ** -0.5
-    q = self._grouped(q_BSNH)
-    scores = jnp.einsum("bskrh,btkh->bkrst", q, k_BTKH) * scale
-    w = _softmax_weights(scores, mask_BST[:, None, None]).astype(v_BTKH.dtype)
-    out = jnp.einsum("bkrst,btkh->bskrh", w, v_BTKH)
-    return self.o_proj(out.reshape(*out.shape[:2], -1))
+    """Full attention of S queries over T keys (training forward and prefill).
+
+    `jax.nn.dot_product_attention` picks a fused kernel where the platform has one
+    (cuDNN flash attention for bf16 on GPU) and otherwise XLA's einsum-softmax-einsum.
+    """
+    return jax.nn.dot_product_attention(q_BSNH, k_BTKH, v_BTKH, mask=mask_BST[:, None],
+                                        scale=self.cfg.head_dim ** -0.5)
 
   def attend_decode(self, q_B1NH, prefix_k_GPKH, prefix_v_GPKH, prefix_mask_GP,
                     k_BTKH, v_BTKH, mask_BT):
@@ -175,7 +182,7 @@ class Attention(nnx.Module):
     w_prefix = w[..., :p].astype(v_BTKH.dtype).reshape(g, b // g, *w.shape[1:3], p)
     out = jnp.einsum("gnkrp,gpkh->gnkrh", w_prefix, prefix_v_GPKH).reshape(b, *q.shape[1:])
     out = out + jnp.einsum("bkrt,btkh->bkrh", w[..., p:].astype(v_BTKH.dtype), v_BTKH)
-    return self.o_proj(out.reshape(b, 1, -1))
+    return out.reshape(b, 1, *q_B1NH.shape[2:])                  # [B, 1, N, H]
 
 
 class MLP(nnx.Module):
@@ -183,7 +190,8 @@ class MLP(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     init = nnx.initializers.normal(0.02)
     linear = lambda i, o, names: nnx.Linear(
-        i, o, use_bias=False, rngs=rngs, kernel_init=_param(init, names))
+        i, o, use_bias=False, dtype=jnp.dtype(cfg.dtype), rngs=rngs,
+        kernel_init=_param(init, names))
     self.gate_proj = linear(cfg.embed_dim, cfg.mlp_dim, ("embed", "mlp"))
     self.up_proj = linear(cfg.embed_dim, cfg.mlp_dim, ("embed", "mlp"))
     self.down_proj = linear(cfg.mlp_dim, cfg.embed_dim, ("mlp", "embed"))
@@ -192,7 +200,13 @@ class MLP(nnx.Module):
     return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+# attention(q [B,S,N,H], k [B,S,K,H], v [B,S,K,H]) -> (output [B,S,N,H], aux): how a
+# block attends in one mode (training, prefill or decode) and what that mode keeps.
+AttentionFn = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, Any]]
+
+
 class Block(nnx.Module):
+  """Pre-norm decoder block; the one code path of training, prefill and decode."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.input_norm = RMSNorm(cfg.embed_dim, cfg.rms_norm_eps)
@@ -200,9 +214,47 @@ class Block(nnx.Module):
     self.post_attn_norm = RMSNorm(cfg.embed_dim, cfg.rms_norm_eps)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def finish(self, x, attn_out):
-    x = x + attn_out
-    return x + self.mlp(self.post_attn_norm(x))
+  def __call__(self, x_BSD, positions_BS, inv_freq, attention: AttentionFn):
+    q, k, v = self.attn.qkv(self.input_norm(x_BSD), positions_BS, inv_freq)
+    out_BSNH, aux = attention(q, k, v)
+    x_BSD = x_BSD + self.attn.o_proj(out_BSNH.reshape(*out_BSNH.shape[:2], -1))
+    return x_BSD + self.mlp(self.post_attn_norm(x_BSD)), aux
+
+
+def _stacked_blocks(cfg: ModelConfig, rngs: nnx.Rngs) -> Block:
+  """One Block whose parameters carry a leading `layers` axis of size num_layers.
+
+  The layers are initialised one after another from `rngs` (the draws of an unrolled
+  stack), then stacked into the layout `nnx.vmap` gives, whose partition metadata
+  names the new axis `layers`.
+  """
+  blocks = [Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)]
+
+  @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+  def make(keys):
+    return Block(cfg, rngs=nnx.Rngs(keys))
+  stacked = nnx.eval_shape(lambda: make(jax.random.split(jax.random.key(0), cfg.num_layers)))
+  state = nnx.state(stacked)
+  nnx.replace_by_pure_dict(state, jax.tree.map(
+      lambda *xs: jnp.stack(xs), *[nnx.to_pure_dict(nnx.state(b)) for b in blocks]))
+  nnx.update(stacked, state)
+  return stacked
+
+
+REMAT_POLICIES = ("everything_saveable", "nothing_saveable", "dots_saveable",
+                  "checkpoint_dots", "dots_with_no_batch_dims_saveable",
+                  "checkpoint_dots_with_no_batch_dims")
+
+
+def remat(fn: Callable, policy: str) -> Callable:
+  """`fn` rematerialised in the backward pass: none | full | a REMAT_POLICIES name."""
+  if policy == "none":
+    return fn
+  if policy == "full":
+    return jax.checkpoint(fn, prevent_cse=False)
+  if policy not in REMAT_POLICIES:
+    raise ValueError(f"model.remat={policy!r}: expected none, full or one of {REMAT_POLICIES}")
+  return jax.checkpoint(fn, prevent_cse=False, policy=getattr(jax.checkpoint_policies, policy))
 
 
 class Transformer(nnx.Module):
@@ -217,7 +269,7 @@ class Transformer(nnx.Module):
     self.embed = nnx.Embed(cfg.vocab_size, cfg.embed_dim, rngs=rngs,
                            embedding_init=_param(nnx.initializers.normal(0.02),
                                                  ("vocab", "embed")))
-    self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+    self.layers = _stacked_blocks(cfg, rngs)
     self.final_norm = RMSNorm(cfg.embed_dim, cfg.rms_norm_eps)
     if not cfg.tie_embeddings:
       self.lm_head = nnx.Linear(
@@ -233,6 +285,19 @@ class Transformer(nnx.Module):
   def _embed(self, tokens):
     return self.embed(tokens).astype(jnp.dtype(self.cfg.dtype))
 
+  def _scan_layers(self, layer_fn, carry, xs=None):
+    """`lax.scan` of `layer_fn(block, carry, x) -> (carry, y)` over the stacked layers.
+
+    One traced block whatever the depth, so compile time does not grow with it; the
+    step is rematerialised per `cfg.remat` when it is differentiated.
+    """
+    graphdef, stacked = nnx.split(self.layers)
+
+    def step(carry, layer):
+      layer_state, x = layer
+      return layer_fn(nnx.merge(graphdef, layer_state), carry, x)
+    return jax.lax.scan(remat(step, self.cfg.remat), carry, (stacked, xs))
+
   def logits(self, h_BSD):
     """LM head on final hidden states (float32 when `fp32_lm_head`)."""
     h = self.final_norm(h_BSD)
@@ -244,16 +309,21 @@ class Transformer(nnx.Module):
                       self.lm_head.kernel[...].astype(dtype))
 
   # -- entry points ---------------------------------------------------------
+  def _full_attention_inputs(self, mask_BS):
+    positions_BS = jnp.maximum(jnp.cumsum(mask_BS, axis=-1) - 1, 0)
+    s = mask_BS.shape[1]
+    mask_BSS = jnp.tril(jnp.ones((s, s), bool))[None] & mask_BS[:, None, :]
+    return positions_BS, mask_BSS
+
   def hidden_states(self, tokens_BS, mask_BS):
     """Uncached causal forward; `mask_BS` is False on padding. Returns [B, S, D]."""
-    positions = jnp.maximum(jnp.cumsum(mask_BS, axis=-1) - 1, 0)
-    s = tokens_BS.shape[1]
-    causal = jnp.tril(jnp.ones((s, s), bool))
-    attn_mask = causal[None] & mask_BS[:, None, :]
-    x = self._embed(tokens_BS)
-    for layer in self.layers:
-      q, k, v = layer.attn.qkv(layer.input_norm(x), positions, self._inv_freq)
-      x = layer.finish(x, layer.attn.attend(q, k, v, attn_mask))
+    positions, mask_BSS = self._full_attention_inputs(mask_BS)
+    inv_freq = self._inv_freq
+
+    def layer(block, x, _):
+      return block(x, positions, inv_freq,
+                   lambda q, k, v: (block.attn.attend(q, k, v, mask_BSS), None))
+    x, _ = self._scan_layers(layer, self._embed(tokens_BS))
     return x
 
   def __call__(self, tokens_BS, mask_BS):
@@ -261,18 +331,14 @@ class Transformer(nnx.Module):
 
   def prefill(self, tokens_GP, mask_GP):
     """Encodes left-padded prompts once. Returns (last-token logits [G, V], cache)."""
-    positions = jnp.maximum(jnp.cumsum(mask_GP, axis=-1) - 1, 0)
-    p = tokens_GP.shape[1]
-    attn_mask = jnp.tril(jnp.ones((p, p), bool))[None] & mask_GP[:, None, :]
-    x = self._embed(tokens_GP)
-    ks, vs = [], []
-    for layer in self.layers:
-      q, k, v = layer.attn.qkv(layer.input_norm(x), positions, self._inv_freq)
-      ks.append(k)
-      vs.append(v)
-      x = layer.finish(x, layer.attn.attend(q, k, v, attn_mask))
-    cache = PrefixCache(k=jnp.stack(ks), v=jnp.stack(vs), mask=mask_GP)
-    return self.logits(x[:, -1:])[:, 0], cache
+    positions, mask_GPP = self._full_attention_inputs(mask_GP)
+    inv_freq = self._inv_freq
+
+    def layer(block, x, _):
+      return block(x, positions, inv_freq,
+                   lambda q, k, v: (block.attn.attend(q, k, v, mask_GPP), (k, v)))
+    x, (k_LGPKH, v_LGPKH) = self._scan_layers(layer, self._embed(tokens_GP))
+    return self.logits(x[:, -1:])[:, 0], PrefixCache(k=k_LGPKH, v=v_LGPKH, mask=mask_GP)
 
   def init_decode_cache(self, batch: int, length: int) -> DecodeCache:
     cfg = self.cfg
@@ -281,16 +347,31 @@ class Transformer(nnx.Module):
     return DecodeCache(k=zeros, v=zeros)
 
   def decode(self, token_B, position_B, step, prefix: PrefixCache, cache: DecodeCache):
-    """Feeds one token per rollout at decode slot `step`. Returns (logits [B, V], cache)."""
-    x = self._embed(token_B[:, None])
-    own_mask = jnp.arange(cache.k.shape[2])[None, :] <= step      # [1, T]
-    own_mask = jnp.broadcast_to(own_mask, (token_B.shape[0], cache.k.shape[2]))
-    new_k, new_v = cache.k, cache.v
-    for i, layer in enumerate(self.layers):
-      q, k, v = layer.attn.qkv(layer.input_norm(x), position_B[:, None], self._inv_freq)
-      new_k = jax.lax.dynamic_update_slice(new_k, k[None].astype(new_k.dtype), (i, 0, step, 0, 0))
-      new_v = jax.lax.dynamic_update_slice(new_v, v[None].astype(new_v.dtype), (i, 0, step, 0, 0))
-      out = layer.attn.attend_decode(q, prefix.k[i], prefix.v[i], prefix.mask,
-                                     new_k[i], new_v[i], own_mask)
-      x = layer.finish(x, out)
-    return self.logits(x)[:, 0], DecodeCache(k=new_k, v=new_v)
+    """Feeds one token per rollout at decode slot `step`. Returns (logits [B, V], cache).
+
+    The cache rides in the scan's carry and each layer writes its slot in place, so
+    decoding never holds two copies of it.
+    """
+    b, t = token_B.shape[0], cache.k.shape[2]
+    own_mask_BT = jnp.broadcast_to(jnp.arange(t)[None, :] <= step, (b, t))
+    inv_freq = self._inv_freq
+
+    def layer(block, carry, layer_xs):
+      x, k_cache, v_cache = carry
+      prefix_k, prefix_v, i = layer_xs
+
+      def attention(q, k, v):
+        k_all = jax.lax.dynamic_update_slice(k_cache, k[None].astype(k_cache.dtype),
+                                             (i, 0, step, 0, 0))
+        v_all = jax.lax.dynamic_update_slice(v_cache, v[None].astype(v_cache.dtype),
+                                             (i, 0, step, 0, 0))
+        out = block.attn.attend_decode(q, prefix_k, prefix_v, prefix.mask, k_all[i],
+                                       v_all[i], own_mask_BT)
+        return out, (k_all, v_all)
+      x, (k_cache, v_cache) = block(x, position_B[:, None], inv_freq, attention)
+      return (x, k_cache, v_cache), None
+
+    layer_xs = (prefix.k, prefix.v, jnp.arange(self.cfg.num_layers))
+    (x, k, v), _ = self._scan_layers(layer, (self._embed(token_B[:, None]), cache.k, cache.v),
+                                     layer_xs)
+    return self.logits(x)[:, 0], DecodeCache(k=k, v=v)

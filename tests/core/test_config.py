@@ -86,3 +86,13 @@ def test_recipe_table_rows():
   hard = config_lib.apply_recipe(config_lib.base_config(), "hard")
   assert easy.rl.kl_coef > 0 and easy.rl.entropy_coef > 0
   assert hard.rl.kl_coef == 0 and hard.rl.entropy_coef == 0
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("remat", "dots", r"model.remat='dots'.*dots_saveable"),
+    ("dtype", "float16", r"model.dtype='float16'")])
+def test_bad_model_fields_name_field(field, value, message):
+  c = _config()
+  c.model[field] = value
+  with pytest.raises(ValueError, match=message):
+    config_lib.resolve(c)

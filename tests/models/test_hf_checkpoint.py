@@ -85,3 +85,41 @@ def test_unsupported_model_type_names_the_file(tmp_path):
   (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
   with pytest.raises(ValueError, match="config.json.*gpt2"):
     hf_checkpoint.load_model(str(tmp_path))
+
+
+def test_bfloat16_checkpoint_loads_its_exact_values(tmp_path):
+  """Real checkpoints are bfloat16 (which safetensors' NumPy API cannot read)."""
+  hf = _hf_model("qwen2", False).to(torch.bfloat16)
+  hf.save_pretrained(tmp_path, safe_serialization=True)
+  ours = hf_checkpoint.load_model(str(tmp_path))
+  hf32 = hf.float()  # the same bfloat16 values, computed in float32 like ours
+  tokens = np.arange(1, 12)[None]
+  with torch.no_grad():
+    expected = hf32(torch.tensor(tokens)).logits.numpy()
+  np.testing.assert_allclose(np.asarray(ours(tokens, np.ones_like(tokens, bool))), expected,
+                             atol=2e-4, rtol=2e-4)
+  q_layer1 = hf32.model.layers[1].self_attn.q_proj.weight.detach().numpy().T
+  np.testing.assert_array_equal(np.asarray(ours.layers.attn.q_proj.kernel[...][1]), q_layer1)
+
+
+def test_sharded_checkpoint_with_index_loads(tmp_path):
+  hf = _hf_model("llama", False)
+  hf.save_pretrained(tmp_path, safe_serialization=True, max_shard_size="20KB")
+  assert (tmp_path / hf_checkpoint.WEIGHTS_INDEX).exists()
+  ours = hf_checkpoint.load_model(str(tmp_path))
+  tokens = np.arange(1, 9)[None]
+  with torch.no_grad():
+    expected = hf(torch.tensor(tokens)).logits.numpy()
+  np.testing.assert_allclose(np.asarray(ours(tokens, np.ones_like(tokens, bool))), expected,
+                             atol=2e-4, rtol=2e-4)
+
+
+def test_wrong_tensor_shape_names_tensor(tmp_path):
+  hf = _hf_model("qwen3", False)
+  hf.save_pretrained(tmp_path, safe_serialization=True)
+  config = (tmp_path / "config.json").read_text().replace('"intermediate_size": 96',
+                                                          '"intermediate_size": 80')
+  (tmp_path / "config.json").write_text(config)
+  with pytest.raises(ValueError, match=r"model.layers.0.mlp.\w+.weight' has shape "
+                                       r"\((96, 64|64, 96)\), expected \((80, 64|64, 80)\)"):
+    hf_checkpoint.load_model(str(tmp_path))

@@ -36,8 +36,8 @@ def test_sharded_model_and_update_match_single_device(tmp_path):
     mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
     shardings = sharding.state_shardings(params, mesh)
     sharded = jax.device_put(params, shardings)
-    q = sharded["layers"][0]["attn"]["q_proj"]["kernel"][...]
-    assert q.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor"), q.sharding.spec
+    q = sharded["layers"]["attn"]["q_proj"]["kernel"][...]   # stacked: [layers, in, out]
+    assert q.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor"), q.sharding.spec
     emb = sharded["embed"]["embedding"][...]   # vocab 15 is not divisible: replicated
     assert emb.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp"), emb.sharding.spec
     rng = np.random.default_rng(0)
