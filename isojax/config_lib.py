@@ -107,6 +107,8 @@ def base_config() -> ml_collections.ConfigDict:
       top_p=1.0,
       top_k=0,               # 0 disables top-k
       max_new_tokens=8,
+      max_rollouts_per_call=0,  # 0: a step's rollouts in one sampler call
+      weights_dtype="",      # "" (as trained) or "bfloat16": weights cast for sampling
       stop_token_ids=(),     # ids that end a rollout besides the checkpoint's EOS ids
   ))
 
@@ -364,6 +366,7 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     raise ValueError(f"problems_per_batch={b_p} exceeds task.num_train={c.task.num_train}")
   if not c.sampling.temperature >= 0:
     raise ValueError(f"sampling.temperature={c.sampling.temperature}: expected >= 0")
+  _check_sampling_memory(c, n)
   if not 0 < c.sampling.top_p <= 1:
     raise ValueError(f"sampling.top_p={c.sampling.top_p}: expected in (0, 1]")
   if c.optim.lr_scaling not in LR_SCALING_RULES:
@@ -403,6 +406,20 @@ def _check_model(c: ml_collections.ConfigDict) -> None:
                      f"{transformer.REMAT_POLICIES}")
   if c.model.dtype not in ("float32", "bfloat16"):
     raise ValueError(f"model.dtype={c.model.dtype!r}: expected float32 or bfloat16")
+
+
+def _check_sampling_memory(c: ml_collections.ConfigDict, n: int) -> None:
+  s = c.sampling
+  if not isinstance(s.max_rollouts_per_call, int) or s.max_rollouts_per_call < 0:
+    raise ValueError(f"sampling.max_rollouts_per_call={s.max_rollouts_per_call!r}: expected "
+                     "an integer >= 0 (0: no limit)")
+  for what, group in (("rollouts_per_problem", n), ("eval.num_samples", c.eval.num_samples)):
+    if 0 < s.max_rollouts_per_call < group:
+      raise ValueError(f"sampling.max_rollouts_per_call={s.max_rollouts_per_call} is smaller "
+                       f"than {what}={group}: a sampler call holds whole groups")
+  if s.weights_dtype not in ("", "float32", "bfloat16"):
+    raise ValueError(f"sampling.weights_dtype={s.weights_dtype!r}: expected '', float32 or "
+                     "bfloat16")
 
 
 def _check_memory_fields(c: ml_collections.ConfigDict, trained_rollouts: int) -> None:

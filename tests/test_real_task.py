@@ -104,7 +104,7 @@ def test_generation_stops_at_either_eos_id(setup):
   assert tok.eos_ids == (im_end, endoftext)
   train_problems, _, book, _ = train.load_task(config, tok)
   graphdef, params = nnx.split(hf_checkpoint.load_model(ckpt))
-  sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_p=1.0, top_k=0,
+  sampling = ml_collections.ConfigDict(dict(config.sampling.to_dict(), temperature=1.0,
                                             max_new_tokens=48))
   scored = rollout.generate(graphdef, params, tok, book, train_problems[:8],
                             tasks.PerItemVerifier(lambda text, p: 0.0), n=16,

@@ -8,16 +8,20 @@ Mesh axes:
   data    pure data parallelism (replicated parameters)
   fsdp    data parallelism with parameters and optimizer state sharded on `embed`
   tensor  tensor parallelism over heads, MLP width and vocabulary
+On TPU the axes follow the chips' interconnect (`make_mesh`); across slices only
+`data` is split, since the links between slices are the slowest.
 """
 
 from __future__ import annotations
 
+import collections
 import math
 from typing import Any, Mapping
 
 import jax
 import numpy as np
 from flax import nnx
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -54,9 +58,49 @@ def mesh_shape(axis_sizes: Mapping[str, int], num_devices: int) -> tuple[int, ..
 
 
 def make_mesh(axis_sizes: Mapping[str, int], devices=None) -> Mesh:
-  devices = jax.devices() if devices is None else devices
+  """The (data, fsdp, tensor) mesh over `devices` (default: all), laid out physically.
+
+  Not `jax.make_mesh`: it makes every axis `Explicit`, which would change how every
+  jitted function in isojax is sharded; these axes stay `Auto`.
+  """
+  devices = list(jax.devices() if devices is None else devices)
   shape = mesh_shape(axis_sizes, len(devices))
-  return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+  return Mesh(device_grid(shape, devices), MESH_AXES)
+
+
+def device_grid(shape: tuple[int, ...], devices: list) -> np.ndarray:
+  """`devices` as a `shape` array (data, fsdp, tensor) that follows the interconnect.
+
+  In one slice, `create_device_mesh` folds the axes onto the TPU torus so that
+  neighbours along each axis are ICI neighbours (on CPU and GPU it is a reshape).
+  Devices of several slices (several `slice_index` values) are joined by DCN, the
+  slow link, so only `data` (one gradient all-reduce per step) crosses slices:
+  `create_hybrid_device_mesh` puts one block of `data` in each slice.
+  """
+  per_slice = collections.Counter(_slice_index(d) for d in devices)
+  num_slices = len(per_slice)
+  if num_slices > 1 and shape[0] % num_slices:
+    raise ValueError(f"mesh.data={shape[0]} is not divisible by the {num_slices} slices the "
+                     f"devices span (mesh {dict(zip(MESH_AXES, shape))}): data parallelism "
+                     "is the only axis that crosses slices")
+  if len(set(per_slice.values())) > 1:
+    raise ValueError(f"the devices span slices of unequal sizes {dict(per_slice)}")
+  try:
+    if num_slices > 1:
+      return mesh_utils.create_hybrid_device_mesh(
+          (shape[0] // num_slices, *shape[1:]), (num_slices, 1, 1), devices,
+          allow_split_physical_axes=True)
+    return mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+  except (ValueError, AssertionError, NotImplementedError):
+    # create_device_mesh refuses TPU device lists that are not a whole physical block
+    # (3 of 8 chips, a hand-picked subset) and shapes it cannot fold onto the torus.
+    # Those still get a correct mesh: the given order, each slice's devices contiguous
+    # along `data`; only the ICI neighbourhood is lost.
+    return np.asarray(sorted(devices, key=_slice_index), dtype=object).reshape(shape)
+
+
+def _slice_index(device) -> int:
+  return getattr(device, "slice_index", None) or 0
 
 
 def logical_to_mesh(names: tuple[str | None, ...]) -> PartitionSpec:
@@ -84,6 +128,27 @@ def _divisible(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> Parti
     shards = math.prod(mesh.shape[a] for a in names)
     out.append(axes if size % shards == 0 else None)
   return PartitionSpec(*out)
+
+
+def batch_shards(mesh: Mesh | None) -> int:
+  """How many ways the `batch` logical axis is split on `mesh` (1 without a mesh)."""
+  if mesh is None:
+    return 1
+  axes = dict(LOGICAL_RULES)["batch"]
+  return math.prod(mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes))
+
+
+def constrain(x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:
+  """Pins an activation to its logical layout under the current mesh (`jax.set_mesh`).
+
+  Outside a mesh context this is the identity, so single-device code, tests and
+  notebooks need no mesh. Dimensions the mesh axes do not divide stay replicated.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return x
+  spec = _divisible(logical_to_mesh(names), x.shape, mesh)
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:

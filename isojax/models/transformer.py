@@ -27,6 +27,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from isojax.models import sharding
+
 NEG_INF = -1e30
 
 
@@ -56,6 +58,11 @@ class ModelConfig:
     if self.remat not in ("none", "full") + REMAT_POLICIES:
       raise ValueError(f"model.remat={self.remat!r}: expected none, full or one of "
                        f"{REMAT_POLICIES}")
+
+
+# Logical axes of the key/value caches [L, B or G, T, K, H]: split over the
+# data-parallel axes by rollout (or problem) and over `tensor` by KV head.
+CACHE_AXES = ("layers", "batch", None, "kv_heads", "head_dim")
 
 
 @flax.struct.dataclass
@@ -338,12 +345,13 @@ class Transformer(nnx.Module):
       return block(x, positions, inv_freq,
                    lambda q, k, v: (block.attn.attend(q, k, v, mask_GPP), (k, v)))
     x, (k_LGPKH, v_LGPKH) = self._scan_layers(layer, self._embed(tokens_GP))
+    k_LGPKH, v_LGPKH = (sharding.constrain(c, CACHE_AXES) for c in (k_LGPKH, v_LGPKH))
     return self.logits(x[:, -1:])[:, 0], PrefixCache(k=k_LGPKH, v=v_LGPKH, mask=mask_GP)
 
   def init_decode_cache(self, batch: int, length: int) -> DecodeCache:
     cfg = self.cfg
     shape = (cfg.num_layers, batch, length, cfg.num_kv_heads, cfg.head_dim)
-    zeros = jnp.zeros(shape, jnp.dtype(cfg.dtype))
+    zeros = sharding.constrain(jnp.zeros(shape, jnp.dtype(cfg.dtype)), CACHE_AXES)
     return DecodeCache(k=zeros, v=zeros)
 
   def decode(self, token_B, position_B, step, prefix: PrefixCache, cache: DecodeCache):

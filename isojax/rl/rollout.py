@@ -10,11 +10,11 @@ on `Pending.result()`.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 from typing import Sequence
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -73,18 +73,61 @@ class Pending:
 def sample(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Sequence[Problem],
            verifier: Verifier, *, n: int, rng: jax.Array, sampling: ml_collections.ConfigDict,
            temperature: float | None = None) -> Pending:
-  """Samples n rollouts per problem and submits them to the verifier."""
+  """Samples n rollouts per problem and submits them to the verifier.
+
+  Runs on the mesh the parameters live on, each device decoding its share of the
+  problems, in calls of at most `sampling.max_rollouts_per_call` rollouts (0: one
+  call) so that one call's decode cache fits; see `call_plan`.
+  """
   prompts, mask = book.batch(problems)
-  rollouts = sampler.sample(
-      graphdef, params, jnp.asarray(prompts), jnp.asarray(mask), rng, n=n,
-      max_new_tokens=sampling.max_new_tokens,
-      temperature=float(sampling.temperature if temperature is None else temperature),
-      top_k=int(sampling.top_k), top_p=float(sampling.top_p), stop_ids=tok.eos_ids,
-      pad_id=tok.pad_id)
-  rollouts = jax.tree.map(sharding.to_host, rollouts)
+  mesh = params_mesh(params)
+  per_call, num_calls = call_plan(len(problems), n, sampling.max_rollouts_per_call,
+                                  sharding.batch_shards(mesh))
+  rows = np.resize(np.arange(len(problems)), per_call * num_calls)  # pad by repetition
+  kwargs = dict(n=n, max_new_tokens=sampling.max_new_tokens,
+                temperature=float(sampling.temperature if temperature is None else temperature),
+                top_k=int(sampling.top_k), top_p=float(sampling.top_p), stop_ids=tok.eos_ids,
+                pad_id=tok.pad_id, weights_dtype=sampling.weights_dtype or None)
+  parts = []
+  with contextlib.ExitStack() as stack:
+    if mesh is not None:
+      stack.enter_context(jax.set_mesh(mesh))
+    for call in range(num_calls):
+      take = rows[call * per_call:(call + 1) * per_call]
+      batch = (prompts[take], mask[take])
+      if mesh is not None:
+        batch = sharding.shard_batch(batch, mesh)
+      parts.append(sampler.sample(graphdef, params, *batch, rng, call * per_call * n,
+                                  **kwargs))
+  host = [jax.tree.map(sharding.to_host, part) for part in parts]
+  rollouts = jax.tree.map(lambda *xs: np.concatenate(xs)[:len(problems) * n], *host)
   completions = [tok.decode(row) for row in rollouts.tokens]
   grades = verifier.grade_async(completions, [problems[i // n] for i in range(len(completions))])
   return Pending(prompts, mask, rollouts, completions, grades, n)
+
+
+def params_mesh(params) -> jax.sharding.Mesh | None:
+  """The mesh the parameters are placed on (None for single-device arrays)."""
+  leaf_sharding = getattr(jax.tree.leaves(params)[0], "sharding", None)
+  return leaf_sharding.mesh if isinstance(leaf_sharding, jax.sharding.NamedSharding) else None
+
+
+def call_plan(num_problems: int, n: int, max_rollouts_per_call: int, shards: int
+              ) -> tuple[int, int]:
+  """(problems per sampler call, number of calls) for `num_problems` problems.
+
+  A call holds whole groups, a multiple of `shards` problems (each data-parallel
+  device gets the same number) and at most `max_rollouts_per_call` rollouts (0: no
+  limit). The last call is padded with repeated problems whose rollouts are dropped.
+  """
+  per_call = -(-num_problems // shards) * shards  # everything, padded to whole shards
+  if max_rollouts_per_call:
+    fits = max_rollouts_per_call // n // shards * shards
+    if not fits:
+      raise ValueError(f"sampling.max_rollouts_per_call={max_rollouts_per_call} cannot hold "
+                       f"{shards} problem(s) (one per data-parallel device) of {n} rollouts")
+    per_call = min(per_call, fits)
+  return per_call, -(-num_problems // per_call)
 
 
 def generate(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Sequence[Problem],

@@ -1,0 +1,133 @@
+"""Data-parallel sampling on 8 fake CPU devices, and calls split by max_rollouts_per_call.
+
+The multi-device test runs a child Python with XLA_FLAGS set before JAX starts.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from isojax.models.transformer import ModelConfig, Transformer
+from isojax.rl import rollout
+from isojax.sampling import sampler
+
+SETTINGS = dict(max_new_tokens=6, temperature=1.0, stop_ids=(2,), pad_id=0)
+
+
+def test_rollouts_are_split_over_devices_and_equal_single_device(tmp_path):
+  code = """
+    import jax, numpy as np
+    from flax import nnx
+    from isojax.models import sharding
+    from isojax.models.transformer import ModelConfig, Transformer
+    from isojax.sampling import sampler
+    assert jax.device_count() == 8
+    cfg = ModelConfig(vocab_size=24, num_layers=2, embed_dim=32, num_heads=4, num_kv_heads=2,
+                      head_dim=8, mlp_dim=48, qkv_bias=True)
+    graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+    rng = np.random.default_rng(0)
+    prompts = rng.integers(3, 24, size=(8, 5)).astype(np.int32)
+    mask = np.ones_like(prompts, bool); mask[::3, :2] = False
+    settings = dict(n=2, max_new_tokens=6, temperature=1.0, stop_ids=(2,), pad_id=0)
+    single = sampler.sample(graphdef, params, prompts, mask, jax.random.key(4), **settings)
+    for axes in ({"data": 8, "fsdp": 1, "tensor": 1}, {"data": 2, "fsdp": 2, "tensor": 2}):
+      mesh = sharding.make_mesh(axes)
+      placed = jax.device_put(params, sharding.state_shardings(params, mesh))
+      with jax.set_mesh(mesh):
+        out = sampler.sample(graphdef, placed, *sharding.shard_batch((prompts, mask), mesh),
+                             jax.random.key(4), **settings)
+      shards = sharding.batch_shards(mesh)
+      for name in ("tokens", "logprobs", "mask", "finished"):
+        x = getattr(out, name)
+        rows = {s.data.shape[0] for s in x.addressable_shards}
+        assert rows == {16 // shards}, (axes, name, rows)   # B / (data * fsdp) per device
+        index = {s.index[0].start for s in x.addressable_shards}
+        assert len(index) == shards, (axes, name, index)
+      np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(single.tokens))
+      np.testing.assert_array_equal(np.asarray(out.mask), np.asarray(single.mask))
+      np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(single.logprobs),
+                                 atol=1e-5)
+    # The decode cache is split too: per device, the compiled call's temporaries (the
+    # cache and loop state) shrink with the data-parallel width.
+    def temp_bytes(mesh):
+      placed = jax.device_put(params, sharding.state_shardings(params, mesh))
+      with jax.set_mesh(mesh):
+        batch = sharding.shard_batch((big, np.ones_like(big, bool)), mesh)
+        compiled = sampler.sample.lower(graphdef, placed, *batch, jax.random.key(4),
+                                        **dict(settings, max_new_tokens=256)).compile()
+      return compiled.memory_analysis().temp_size_in_bytes
+    big = rng.integers(3, 24, size=(64, 5)).astype(np.int32)
+    one = temp_bytes(sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1]))
+    eight = temp_bytes(sharding.make_mesh({"data": 8, "fsdp": 1, "tensor": 1}))
+    cache_bytes = 2 * cfg.num_layers * 128 * 256 * cfg.num_kv_heads * cfg.head_dim * 4
+    assert one > cache_bytes > 4 * eight, (one, eight, cache_bytes)
+    print("ok", one, eight)
+  """
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=tmp_path, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  assert "ok" in proc.stdout
+
+
+def _model():
+  cfg = ModelConfig(vocab_size=24, num_layers=1, embed_dim=16, num_heads=2, num_kv_heads=1,
+                    head_dim=8, mlp_dim=32)
+  return nnx.split(Transformer(cfg, rngs=nnx.Rngs(1)))
+
+
+def test_rollouts_do_not_depend_on_how_calls_are_split():
+  """Rollout r draws from fold_in(rng, r): two calls of 3 problems (the second with
+  first_row = 3 * n) give exactly the rollouts of one call of 6."""
+  graphdef, params = _model()
+  prompts = np.random.default_rng(2).integers(3, 24, size=(6, 4)).astype(np.int32)
+  mask = np.ones_like(prompts, bool)
+  n = 3
+  whole = sampler.sample(graphdef, params, prompts, mask, jax.random.key(7), n=n, **SETTINGS)
+  parts = [sampler.sample(graphdef, params, prompts[i:i + 3], mask[i:i + 3], jax.random.key(7),
+                          i * n, n=n, **SETTINGS) for i in (0, 3)]
+  for name in ("tokens", "mask", "finished"):
+    np.testing.assert_array_equal(
+        np.concatenate([np.asarray(getattr(p, name)) for p in parts]),
+        np.asarray(getattr(whole, name)))
+  assert len({tuple(r) for r in np.asarray(whole.tokens)}) > 1  # rollouts do differ
+
+
+def test_bfloat16_sampling_weights_round_the_weights():
+  """weights_dtype=bfloat16 samples greedily exactly what float32 does with weights
+  rounded to bfloat16 beforehand."""
+  graphdef, params = _model()
+  rounded = jax.tree.map(lambda x: x.astype("bfloat16").astype("float32"), params)
+  prompts = np.random.default_rng(3).integers(3, 24, size=(4, 4)).astype(np.int32)
+  mask = np.ones_like(prompts, bool)
+  greedy = dict(SETTINGS, temperature=0.0)
+  a = sampler.sample(graphdef, params, prompts, mask, jax.random.key(0), n=1,
+                     weights_dtype="bfloat16", **greedy)
+  b = sampler.sample(graphdef, rounded, prompts, mask, jax.random.key(0), n=1, **greedy)
+  np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+
+
+@pytest.mark.parametrize("problems,n,limit,shards", [
+    (16, 4, 0, 1), (16, 4, 16, 1), (10, 4, 16, 1), (10, 4, 0, 8), (16, 4, 40, 2),
+    (3, 2, 0, 4), (100, 8, 64, 8), (1, 16, 16, 1)])
+def test_call_plan_covers_problems_within_the_limit(problems, n, limit, shards):
+  per_call, calls = rollout.call_plan(problems, n, limit, shards)
+  # brute force: the largest multiple of `shards` problems within the limit, no more
+  # than the problems (rounded up to whole shards) need
+  candidates = [g for g in range(shards, problems + shards, shards)
+                if not limit or g * n <= limit]
+  assert per_call == max(candidates)
+  assert calls == -(-problems // per_call)
+  assert per_call % shards == 0 and (not limit or per_call * n <= limit)
+
+
+def test_call_plan_rejects_a_limit_below_one_problem_per_device():
+  with pytest.raises(ValueError, match="max_rollouts_per_call=16 cannot hold 8 problem"):
+    rollout.call_plan(64, 4, 16, 8)
