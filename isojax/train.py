@@ -9,7 +9,6 @@ checkpoint, loop. The problem order and every random key are functions of
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging as std_logging
 import time
 
@@ -25,8 +24,8 @@ from flax import nnx
 from isojax import config_lib, evaluation, metrics, run_dir, tasks
 from isojax.models import hf_checkpoint, sharding
 from isojax.models import tokenizer as tokenizer_lib
-from isojax.rl import batch as rl_batch
 from isojax.rl import problem_pool, rollout, update
+from isojax.rl import step as rl_step
 from isojax.tasks import prompts, tiny_base_model
 
 # Allocation fields that must not change when a run resumes.
@@ -137,8 +136,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   graphdef, params = nnx.split(policy)
   keep_reference = config.rl.kl_coef > 0 or config.rl.log_kl_to_base
   ref_params = jax.tree.map(jnp.copy, params) if keep_reference else None
-  settings = update.UpdateSettings.from_config(
-      config, group_size=config_lib.train_rollouts_per_problem(config), prompt_len=0)
   pool = (problem_pool.ProblemPool(len(train_problems), threshold=config.rl.retire_pass_rate)
           if config.rl.retire_pass_rate > 0 else None)
 
@@ -158,6 +155,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
           {k: np.asarray(v) for k, v in restored.counters["pool"].items()})
     logging.info("resumed %s at step %d (%d rollouts)", workdir, counters.step,
                  counters.rollouts)
+  learner = rl_step.Learner(config, mesh, graphdef, params, opt_state, ref_params, tx)
+  del params, opt_state  # the learner owns (and donates) them from here on
 
   rng = jax.random.key(config.seed)
   sample_key, eval_key, shuffle_key, select_key = jax.random.split(rng, 4)
@@ -169,12 +168,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
 
   def run_eval() -> dict[str, float]:
     start = time.time()
-    result = evaluation.evaluate(graphdef, params, tok, book, val_problems, verifier, config,
-                                 rng=eval_key)
+    result = evaluation.evaluate(graphdef, learner.params, tok, book, val_problems, verifier,
+                                 config, rng=eval_key)
     if config.eval.train_problems:
       result[metrics.TRAIN_PASS1_HISTOGRAM] = evaluation.pass_rate_histogram(
-          graphdef, params, tok, book, train_problems[:config.eval.train_problems], verifier,
-          config, rng=eval_key)
+          graphdef, learner.params, tok, book, train_problems[:config.eval.train_problems],
+          verifier, config, rng=eval_key)
     counters.wall_s += time.time() - start
     logging.info("step %d eval: %s", counters.step, " ".join(
         f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()))
@@ -182,24 +181,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
 
   def save() -> None:
     ckpt.save(counters.step, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
+        params=ocp.args.StandardSave(learner.params),
+        opt_state=ocp.args.StandardSave(learner.opt_state),
         counters=ocp.args.JsonSave(dict(
             counters=dataclasses.asdict(counters),
             pool={k: v.tolist() for k, v in pool.to_dict().items()} if pool else None))),
               force=True)
 
   # ==================== Loop ====================
-  def log_probs(tokens_BS, mask_BS, prompt_len: int):
-    """(old, reference) log-probs [B, T] of the responses; dispatched asynchronously."""
-    score = functools.partial(update.score, prompt_len=prompt_len,
-                              temperature=settings.temperature,
-                              micro_batch_size=settings.micro_batch_size,
-                              chunk_size=settings.logprob_chunk_size)
-    old_logp = score(graphdef, params, tokens_BS, mask_BS)
-    ref_logp = old_logp if ref_params is None else score(graphdef, ref_params, tokens_BS,
-                                                         mask_BS)
-    return old_logp, ref_logp
-
   last_eval = run_eval() if counters.step == 0 else {}
   if counters.step == 0:
     record(dict(last_eval, **{metrics.TASK_SKIPPED_PREFIX + k: v for k, v in skipped.items()}))
@@ -213,56 +202,24 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     else:
       chosen = pool.sample(np.random.default_rng([config.seed, step]), b_p)
     problems = [train_problems[i] for i in chosen]
-    pending = rollout.sample(graphdef, params, tok, book, problems, verifier, n=n,
+    pending = rollout.sample(graphdef, learner.params, tok, book, problems, verifier, n=n,
                              rng=jax.random.fold_in(sample_key, step), sampling=config.sampling)
-    prompt_len = pending.prompt_len
-    early = None
-    if config.rl.downsample == "none":
-      # Every rollout is trained on: score them on the device while the host grades.
-      early = log_probs(*(sharding.shard_batch(x, mesh) for x in rollout.sequences(pending, n)),
-                        prompt_len)
+    prefetched = learner.prefetch(pending)  # devices score while the host grades
     scored = pending.result()
     if pool is not None:
       pool.update(np.repeat(chosen, n), scored.rewards_GN.reshape(-1))
-    batch, zero_var_G = rl_batch.build_train_batch(
-        config, scored, select_rng=jax.random.fold_in(select_key, step))
-    batch = sharding.shard_batch(batch, mesh)
-    old_logp, ref_logp = early or log_probs(batch.tokens, batch.mask, prompt_len)
-    batch = batch.replace(old_logp=old_logp, ref_logp=ref_logp,
-                          shuffle_rng=jax.random.fold_in(shuffle_key, step))
-    params, opt_state, stats = update.train_step(
-        graphdef, params, opt_state, batch, tx=tx,
-        settings=dataclasses.replace(settings, prompt_len=prompt_len))
-    stats = jax.device_get(stats)
+    result = learner.step(scored, select_rng=jax.random.fold_in(select_key, step),
+                          shuffle_rng=jax.random.fold_in(shuffle_key, step),
+                          prefetched=prefetched)
     counters.step += 1
     counters.rollouts += n * b_p
     counters.tokens += scored.num_tokens
     counters.wall_s += time.time() - step_start
-
-    values = {
-        metrics.TRAIN_REWARD: float(scored.rewards_GN.mean()),
-        metrics.TRAIN_LOSS: float(stats.pop("loss")),
-        metrics.TRAIN_CLIP_FRACTION: float(stats.pop("clip_fraction")),
-        metrics.TRAIN_GRAD_NORM: float(stats.pop("grad_norm")),
-        metrics.TRAIN_LR: float(schedule(step * config.rl.num_minibatches * config.rl.num_epochs)),
-        metrics.TRAIN_ZERO_VARIANCE: float(zero_var_G.mean()),
-        metrics.TRAIN_RESPONSE_LENGTH: scored.num_tokens / (n * b_p),
-        metrics.TRAIN_ACTIVE_PROBLEMS: len(train_problems) if pool is None else int(
-            pool.active_ids().size),
-        metrics.TRAIN_TRUNCATED: scored.truncated_fraction,
-        metrics.TRAIN_VERIFIER_TIMEOUTS: scored.verifier_timeouts,
-        metrics.TRAIN_VERIFIER_ERRORS: scored.verifier_errors,
-    }
-    if config.rl.overlong != "reward":
-      values[metrics.TRAIN_SHAPED_REWARD] = float(
-          rl_batch.training_rewards(config, scored).mean())
-    # Entropy and KL are absent when neither a coefficient nor a logged metric needs them.
-    if "entropy" in stats:
-      values[metrics.TRAIN_ENTROPY] = float(stats.pop("entropy"))
-    kl = stats.pop("kl", None)
-    if ref_params is not None and kl is not None:
-      values[metrics.TRAIN_KL] = float(kl)
-    values.update({f"train/{k}": float(v) for k, v in stats.items()})
+    values = rl_step.step_metrics(
+        config, result,
+        learning_rate=schedule(step * config.rl.num_minibatches * config.rl.num_epochs),
+        active_problems=len(train_problems) if pool is None else int(pool.active_ids().size),
+        has_reference=ref_params is not None)
     evaluate_now = counters.step % config.eval.every == 0 or counters.step == num_steps
     if evaluate_now:
       last_eval = run_eval()

@@ -115,6 +115,19 @@ def make_optimizer(config: ml_collections.ConfigDict) -> tuple[optax.GradientTra
   return tx, schedule
 
 
+def opt_state_shardings(tx: optax.GradientTransformation, params, mesh):
+  """Where `tx.init(params)` should live: each parameter's moments beside the parameter.
+
+  `jax.jit(tx.init)` alone leaves the state on one device (zeros carry no sharding),
+  and the first update would then replicate Adam's moments on every chip.
+  `params` holds arrays or `jax.ShapeDtypeStruct`s with shardings; step counts and
+  other non-parameter fields are replicated.
+  """
+  return optax.tree_utils.tree_map_params(
+      tx, lambda _, x: x.sharding, jax.eval_shape(tx.init, params), params,
+      transform_non_params=lambda _: jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+
+
 def _num_micro_batches(rows: int, micro_batch_size: int, what: str, why: str = "") -> int:
   """How many micro-batches of `micro_batch_size` rollouts cover `rows` rollouts.
 

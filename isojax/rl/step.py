@@ -1,0 +1,114 @@
+"""One RL step after sampling: score -> assemble the batch -> update; and its metrics.
+
+`train.run` samples (`rollout.sample`), hands the pending rollouts to `Learner.step`
+and logs `step_metrics`. Without PODS every rollout is trained on, so the old- and
+reference-log-prob passes are dispatched to the devices *before* waiting on the
+verifier (`Learner.prefetch`), and the host grades while the devices score.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+import optax
+from jax.sharding import Mesh
+
+from isojax import config_lib, metrics
+from isojax.models import sharding
+from isojax.rl import batch as rl_batch
+from isojax.rl import rollout, update
+
+
+@dataclasses.dataclass
+class StepResult:
+  scored: rollout.ScoredRollouts
+  zero_variance_G: np.ndarray   # [G] bool, trained groups whose rewards are all equal
+  stats: dict[str, float]       # the update's statistics (see update.train_step)
+
+
+@dataclasses.dataclass
+class Learner:
+  """The policy being trained and everything its update needs; mutated by `step`."""
+  config: ml_collections.ConfigDict
+  mesh: Mesh
+  graphdef: Any
+  params: Any
+  opt_state: Any
+  ref_params: Any       # None when neither rl.kl_coef nor rl.log_kl_to_base needs it
+  tx: optax.GradientTransformation
+
+  @functools.cached_property
+  def settings(self) -> update.UpdateSettings:
+    return update.UpdateSettings.from_config(
+        self.config, group_size=config_lib.train_rollouts_per_problem(self.config),
+        prompt_len=0)
+
+  def log_probs(self, tokens_BS, mask_BS, prompt_len: int):
+    """(old, reference) log-probs [B, T] of the responses, dispatched asynchronously."""
+    s = self.settings
+    score = functools.partial(update.score, prompt_len=prompt_len, temperature=s.temperature,
+                              micro_batch_size=s.micro_batch_size,
+                              chunk_size=s.logprob_chunk_size)
+    old_logp = score(self.graphdef, self.params, tokens_BS, mask_BS)
+    ref_logp = old_logp if self.ref_params is None else score(
+        self.graphdef, self.ref_params, tokens_BS, mask_BS)
+    return old_logp, ref_logp
+
+  def prefetch(self, pending: rollout.Pending):
+    """Log-probs of every rollout while grades compute (None under PODS: the trained
+    subset depends on the rewards)."""
+    if self.config.rl.downsample != "none":
+      return None
+    tokens, mask = rollout.sequences(pending, self.config.rollouts_per_problem)
+    return self.log_probs(*sharding.shard_batch((tokens, mask), self.mesh),
+                          pending.prompt_len)
+
+  def step(self, scored: rollout.ScoredRollouts, *, select_rng: jax.Array,
+           shuffle_rng: jax.Array, prefetched=None) -> StepResult:
+    """Advantages, PODS and masks (rl/batch.py), log-probs, then one train_step."""
+    batch, zero_var_G = rl_batch.build_train_batch(self.config, scored, select_rng=select_rng)
+    batch = sharding.shard_batch(batch, self.mesh)
+    old_logp, ref_logp = prefetched or self.log_probs(batch.tokens, batch.mask,
+                                                      scored.prompt_len)
+    batch = batch.replace(old_logp=old_logp, ref_logp=ref_logp, shuffle_rng=shuffle_rng)
+    self.params, self.opt_state, stats = update.train_step(
+        self.graphdef, self.params, self.opt_state, batch, tx=self.tx,
+        settings=dataclasses.replace(self.settings, prompt_len=scored.prompt_len))
+    return StepResult(scored, zero_var_G, jax.device_get(stats))
+
+
+def step_metrics(config: ml_collections.ConfigDict, result: StepResult, *,
+                 learning_rate: float, active_problems: int,
+                 has_reference: bool) -> dict[str, float]:
+  """The `train/...` metrics of one step."""
+  scored, stats = result.scored, dict(result.stats)
+  rollouts = scored.rewards_GN.size
+  values = {
+      metrics.TRAIN_REWARD: float(scored.rewards_GN.mean()),
+      metrics.TRAIN_LOSS: float(stats.pop("loss")),
+      metrics.TRAIN_CLIP_FRACTION: float(stats.pop("clip_fraction")),
+      metrics.TRAIN_GRAD_NORM: float(stats.pop("grad_norm")),
+      metrics.TRAIN_LR: float(learning_rate),
+      metrics.TRAIN_ZERO_VARIANCE: float(result.zero_variance_G.mean()),
+      metrics.TRAIN_RESPONSE_LENGTH: scored.num_tokens / rollouts,
+      metrics.TRAIN_ACTIVE_PROBLEMS: active_problems,
+      metrics.TRAIN_TRUNCATED: scored.truncated_fraction,
+      metrics.TRAIN_VERIFIER_TIMEOUTS: scored.verifier_timeouts,
+      metrics.TRAIN_VERIFIER_ERRORS: scored.verifier_errors,
+  }
+  if config.rl.overlong != "reward":
+    values[metrics.TRAIN_SHAPED_REWARD] = float(
+        rl_batch.training_rewards(config, scored).mean())
+  # Entropy and KL are absent when neither a coefficient nor a logged metric needs them.
+  if "entropy" in stats:
+    values[metrics.TRAIN_ENTROPY] = float(stats.pop("entropy"))
+  kl = stats.pop("kl", None)
+  if has_reference and kl is not None:
+    values[metrics.TRAIN_KL] = float(kl)
+  values.update({f"train/{k}": float(v) for k, v in stats.items()})
+  return values
