@@ -32,6 +32,9 @@ setup(
         # TensorFlow (array_record), and reasoning-gym's procedural datasets.
         "tasks": ["datasets>=3.0,<6", "tensorflow-datasets>=4.9.7,<5", "array_record>=0.7",
                   "reasoning-gym>=0.1.23,<0.2"],
+        # launch.aot compiles for TPU topologies on a CPU-only machine: libtpu only,
+        # within the same jax range (pip keeps the installed jax, adds its libtpu).
+        "aot": ["jax[tpu]>=0.7,<0.11"],
         # The Hugging Face parity tests build random models with transformers + torch.
         # Install torch first (`pip install torch==2.13.0` gives the CPU build here).
         "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100",

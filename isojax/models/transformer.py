@@ -60,6 +60,9 @@ class ModelConfig:
                        f"{REMAT_POLICIES}")
 
 
+# Logical axes of the residual stream [B, S, D]: rows over the data-parallel axes
+# (FSDP gathers each layer's weights; activations are never split on `embed`).
+ACTIVATION_AXES = ("batch", None, None)
 # Logical axes of the key/value caches [L, B or G, T, K, H]: split over the
 # data-parallel axes by rollout (or problem) and over `tensor` by KV head.
 CACHE_AXES = ("layers", "batch", None, "kv_heads", "head_dim")
@@ -225,7 +228,8 @@ class Block(nnx.Module):
     q, k, v = self.attn.qkv(self.input_norm(x_BSD), positions_BS, inv_freq)
     out_BSNH, aux = attention(q, k, v)
     x_BSD = x_BSD + self.attn.o_proj(out_BSNH.reshape(*out_BSNH.shape[:2], -1))
-    return x_BSD + self.mlp(self.post_attn_norm(x_BSD)), aux
+    x_BSD = x_BSD + self.mlp(self.post_attn_norm(x_BSD))
+    return sharding.constrain(x_BSD, ACTIVATION_AXES), aux
 
 
 def _stacked_blocks(cfg: ModelConfig, rngs: nnx.Rngs) -> Block:
@@ -290,7 +294,8 @@ class Transformer(nnx.Module):
                                     self.cfg.rope_scaling)
 
   def _embed(self, tokens):
-    return self.embed(tokens).astype(jnp.dtype(self.cfg.dtype))
+    return sharding.constrain(self.embed(tokens).astype(jnp.dtype(self.cfg.dtype)),
+                              ACTIVATION_AXES)
 
   def _scan_layers(self, layer_fn, carry, xs=None):
     """`lax.scan` of `layer_fn(block, carry, x) -> (carry, y)` over the stacked layers.

@@ -54,9 +54,10 @@ class Learner:
     score = functools.partial(update.score, prompt_len=prompt_len, temperature=s.temperature,
                               micro_batch_size=s.micro_batch_size,
                               chunk_size=s.logprob_chunk_size)
-    old_logp = score(self.graphdef, self.params, tokens_BS, mask_BS)
-    ref_logp = old_logp if self.ref_params is None else score(
-        self.graphdef, self.ref_params, tokens_BS, mask_BS)
+    with jax.set_mesh(self.mesh):
+      old_logp = score(self.graphdef, self.params, tokens_BS, mask_BS)
+      ref_logp = old_logp if self.ref_params is None else score(
+          self.graphdef, self.ref_params, tokens_BS, mask_BS)
     return old_logp, ref_logp
 
   def prefetch(self, pending: rollout.Pending):
@@ -76,9 +77,10 @@ class Learner:
     old_logp, ref_logp = prefetched or self.log_probs(batch.tokens, batch.mask,
                                                       scored.prompt_len)
     batch = batch.replace(old_logp=old_logp, ref_logp=ref_logp, shuffle_rng=shuffle_rng)
-    self.params, self.opt_state, stats = update.train_step(
-        self.graphdef, self.params, self.opt_state, batch, tx=self.tx,
-        settings=dataclasses.replace(self.settings, prompt_len=scored.prompt_len))
+    with jax.set_mesh(self.mesh):  # activations pinned to their logical axes
+      self.params, self.opt_state, stats = update.train_step(
+          self.graphdef, self.params, self.opt_state, batch, tx=self.tx,
+          settings=dataclasses.replace(self.settings, prompt_len=scored.prompt_len))
     return StepResult(scored, zero_var_G, jax.device_get(stats))
 
 

@@ -34,6 +34,7 @@ import optax
 from flax import nnx
 
 from isojax import config_lib
+from isojax.models import sharding
 from isojax.rl import logprobs, losses
 
 ZERO_VARIANCE_MODES = ("off", "all", "regularizers")
@@ -151,8 +152,19 @@ def _split_micro(tree, k: int):
   Strided rather than contiguous: the reshape keeps the data-parallel sharding of the
   batch axis on every micro-batch, where a contiguous block would sit on few devices.
   """
-  return jax.tree.map(lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1),
-                      tree)
+  return jax.tree.map(lambda x: _rows_on_batch(
+      x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1), axis=1), tree)
+
+
+def _rows_on_batch(x: jax.Array, axis: int) -> jax.Array:
+  """`x` with dimension `axis` (rollouts) split over the data-parallel mesh axes.
+
+  Gathers and reshapes of the batch axis (minibatch shuffles, micro-batches) lose its
+  sharding; without this, every device would compute every row of a micro-batch.
+  """
+  names = [None] * x.ndim
+  names[axis] = "batch"
+  return sharding.constrain(x, tuple(names))
 
 
 def _merge_micro(tree):
@@ -287,7 +299,8 @@ def _split_minibatches(batch: TrainBatch, num: int, group_size: int, rng) -> Tra
   groups = b // group_size
   order = jax.random.permutation(rng, groups) if num > 1 else jnp.arange(groups)
   rows = (order[:, None] * group_size + jnp.arange(group_size)).reshape(-1)
-  split = {k: v[rows].reshape(num, b // num, *v.shape[1:]) for k, v in per_sequence.items()}
+  split = {k: _rows_on_batch(v[rows].reshape(num, b // num, *v.shape[1:]), axis=1)
+           for k, v in per_sequence.items()}
   return TrainBatch(**split, shuffle_rng=jnp.broadcast_to(rng, (num,) + rng.shape))
 
 

@@ -1,0 +1,123 @@
+"""launch.aot: one step compiled for 8 fake CPU devices, its byte counts and its refusals.
+
+The compiling tests run a child Python: the fake device count must be set before JAX
+starts (`aot.prepare_backend` sets it), and this process already has its one device.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import pytest
+
+from configs import hard
+from launch import aot
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# A Qwen2-shaped model (qkv bias, untied head) small enough to count by hand.
+L, D, N, K, H, F, V = 2, 64, 4, 2, 16, 128, 96
+HF = dict(model_type="qwen2", num_hidden_layers=L, hidden_size=D, num_attention_heads=N,
+          num_key_value_heads=K, head_dim=H, intermediate_size=F, vocab_size=V,
+          tie_word_embeddings=False)
+B, P, T = 16, 16, 8  # micro preset: 4 problems x 4 rollouts, 8 new tokens; --prompt_len=16
+FSDP = 8
+
+
+def _param_bytes_per_chip() -> int:
+  """float32 parameters on one of 8 fsdp shards: `embed` axes split, the rest whole."""
+  on_embed = 2 * V * D + L * (D * N * H + 2 * D * K * H + N * H * D + 3 * D * F)
+  whole = L * (N * H + 2 * K * H + 2 * D) + D  # qkv biases, two norms per layer; final norm
+  return 4 * (on_embed // FSDP + whole)
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+  with open(tmp_path / "config.json", "w") as f:
+    json.dump(HF, f)
+  return str(tmp_path)
+
+
+def _micro(model_dir: str):
+  config = hard.get_config("micro")
+  config.base_model.path = model_dir
+  config.mesh.update(data=1, fsdp=-1, tensor=1)
+  return config
+
+
+def test_cpu8_compiles_every_program_with_hand_counted_arguments(model_dir):
+  code = f"""
+    import dataclasses, json
+    from configs import hard
+    from launch import aot
+    aot.prepare_backend("cpu:8")
+    config = hard.get_config("micro")
+    config.base_model.path = {model_dir!r}
+    config.mesh.update(data=1, fsdp=-1, tensor=1)
+    results = aot.check(config, aot.topology_devices("cpu:8"), aot.model_config(config), 16)
+    print(json.dumps([dataclasses.asdict(r) for r in results]))
+  """
+  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  got = {r["name"]: r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
+  assert list(got) == ["sample", "score", "train_step"]
+  assert not any(r["error"] for r in got.values())
+  params = _param_bytes_per_chip()
+  opt = 2 * params + 2 * 4  # Adam's two moments beside the parameters; two int32 step counts
+  # score: parameters and the [B, P + T] int32 tokens and bool mask, split over 8 chips.
+  assert got["score"]["argument"] == params + B * (P + T) * (4 + 1) // FSDP
+  # train_step: parameters and Adam state sharded like them (replicated they would be
+  # 8x larger), plus at most the batch rows of this chip (jit drops unused fields).
+  batch = B // FSDP * ((P + T) * 5 + T * (1 + 3 * 4) + 4 + 2) + 8
+  assert 0 <= got["train_step"]["argument"] - params - opt <= batch
+  # The micro preset logs KL to the base model: a reference copy stays resident.
+  assert got["train_step"]["resident"] == params
+  assert got["sample"]["resident"] == got["score"]["resident"] == opt + params
+
+
+def test_too_small_hbm_fails_naming_programs_and_fields(model_dir):
+  proc = subprocess.run(
+      [sys.executable, "-m", "launch.aot", "--config=configs/hard.py:micro", "--topology=cpu:8",
+       f"--config.base_model.path={model_dir}", "--config.mesh.data=1", "--config.mesh.fsdp=-1",
+       "--prompt_len=16", "--hbm_gib=0.0001"],
+      cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert proc.returncode != 0
+  assert "does not fit" in proc.stderr, proc.stderr[-3000:]
+  for name in ("sample:", "score:", "train_step:"):
+    assert name in proc.stderr
+  assert "rl.micro_batch_size" in proc.stderr and "model.remat" in proc.stderr
+  assert "train_step" in proc.stdout and "HBM 0.10" in proc.stdout  # the table, in MiB
+
+
+def test_bad_inputs_fail_before_compiling(model_dir):
+  with pytest.raises(ValueError, match=r"--topology='v9-1024'.*v5p-64"):
+    aot.topology_devices("v9-1024")
+  with pytest.raises(ValueError, match="cpu:N"):
+    aot.topology_devices("cpu:many")
+  with pytest.raises(ValueError, match="xla_force_host_platform_device_count=4096"):
+    aot.topology_devices("cpu:4096")
+  with pytest.raises(ValueError, match=r"--model='llama-9b'.*qwen2.5-7b"):
+    aot.model_config(_micro(model_dir), "llama-9b")
+  config = _micro(model_dir)
+  config.base_model.path = model_dir + "/missing"
+  with pytest.raises(ValueError, match="no config.json; pass --model"):
+    aot.model_config(config)
+  config = _micro(model_dir)
+  config.mesh.update(data=3, fsdp=1, tensor=1)
+  with pytest.raises(ValueError, match="uses 3 devices"):
+    aot.check(config, aot.topology_devices("cpu:1"), aot.model_config(config), 16)
+
+
+def test_known_models_have_their_published_sizes():
+  import math  # pylint: disable=g-import-not-at-top
+  from isojax.models import hf_checkpoint  # pylint: disable=g-import-not-at-top
+  cfg = aot.model_config(hard.get_config("paper"), "qwen2.5-7b")
+  assert (cfg.num_layers, cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+          cfg.mlp_dim, cfg.vocab_size) == (28, 3584, 28, 4, 128, 18944, 152064)
+  assert cfg.qkv_bias and not cfg.tie_embeddings and cfg.rope_theta == 1e6
+  sizes = [math.prod(x.shape) for x in jax.tree.leaves(hf_checkpoint.abstract_model(cfg))]
+  assert sum(sizes) == 7_615_616_512  # Qwen2.5-7B's model card: 7.61B
+  assert aot.model_config(hard.get_config("paper"), "qwen2.5-1.5b").tie_embeddings
