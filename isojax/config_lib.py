@@ -100,6 +100,7 @@ def base_config() -> ml_collections.ConfigDict:
       dtype="float32",       # activations; parameters stay float32
       fp32_lm_head=True,     # logits in float32 (ScaleRL)
       remat="none",          # none | full | a transformer.REMAT_POLICIES name
+      attention_chunk=0,     # queries per attention block (memory [B, N, chunk, S]); 0: all
   ))
 
   c.sampling = ml_collections.ConfigDict(dict(
@@ -209,6 +210,12 @@ def apply_preset(config: ml_collections.ConfigDict, name: str | None) -> ml_coll
                         weight_decay=0.0)
     config.eval.update(every=10, num_samples=4, k=4)
     config.mesh.update(data=1, fsdp=-1, tensor=1)
+    # Memory (README "Paper scale", checked by `python -m launch.aot`): 64 rollouts per
+    # gradient micro-batch, the LM head 512 positions at a time, layers rematerialised,
+    # queries attended 1,024 at a time, 4,096 rollouts per sampler call.
+    config.rl.update(micro_batch_size=64, logprob_chunk_size=512)
+    config.model.update(remat="full", attention_chunk=1024)
+    config.sampling.update(max_rollouts_per_call=4096, weights_dtype="bfloat16")
     config.rl.log_kl_to_base = config.rl.kl_coef > 0  # no second 7B copy unless needed
     config.checkpoint_every = 10
     return config
@@ -404,6 +411,9 @@ def _check_model(c: ml_collections.ConfigDict) -> None:
   if c.model.remat not in ("none", "full") + transformer.REMAT_POLICIES:
     raise ValueError(f"model.remat={c.model.remat!r}: expected none, full or one of "
                      f"{transformer.REMAT_POLICIES}")
+  if not isinstance(c.model.attention_chunk, int) or c.model.attention_chunk < 0:
+    raise ValueError(f"model.attention_chunk={c.model.attention_chunk!r}: expected an integer "
+                     ">= 0 (0: all queries at once)")
   if c.model.dtype not in ("float32", "bfloat16"):
     raise ValueError(f"model.dtype={c.model.dtype!r}: expected float32 or bfloat16")
 

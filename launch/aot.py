@@ -64,8 +64,9 @@ HF_CONFIGS = {  # Hugging Face config.json fields that fix the parameter shapes
 # What shrinks each program's memory, named in the error when it does not fit.
 REMEDIES = {
     "sample": "sampling.max_rollouts_per_call (the decode cache grows with it), mesh.tensor",
-    "score": "rl.micro_batch_size, rl.logprob_chunk_size",
-    "train_step": "rl.micro_batch_size, rl.logprob_chunk_size, model.remat",
+    "score": "rl.micro_batch_size, rl.logprob_chunk_size, model.attention_chunk",
+    "train_step": "rl.micro_batch_size, rl.logprob_chunk_size, model.remat, "
+                  "model.attention_chunk",
 }
 
 
@@ -152,9 +153,7 @@ def model_config(config: ml_collections.ConfigDict, model: str | None = None):
       from isojax import train  # pylint: disable=g-import-not-at-top
       path = train.policy_path(config)  # builds the tiny model, as the run would
     hf, source = hf_checkpoint.read_hf_config(path), os.path.join(path, "config.json")
-  cfg = hf_checkpoint.model_config_from_hf(hf, dtype=config.model.dtype,
-                                           fp32_lm_head=config.model.fp32_lm_head, source=source)
-  return dataclasses.replace(cfg, remat=config.model.remat)  # as load_model builds it
+  return hf_checkpoint.model_config_from_hf(hf, source=source, **config.model)
 
 
 def _spec(shape, dtype, mesh) -> jax.ShapeDtypeStruct:

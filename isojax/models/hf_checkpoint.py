@@ -13,7 +13,6 @@ the scanned decoder), so the host never holds the whole model.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import os
@@ -42,7 +41,9 @@ _LEAF_NAMES = {"kernel": ("weight", True), "bias": ("bias", False), "weight": ("
 
 
 def model_config_from_hf(hf: dict[str, Any], *, dtype: str = "float32",
-                         fp32_lm_head: bool = True, source: str = "config.json") -> ModelConfig:
+                         fp32_lm_head: bool = True, remat: str = "none",
+                         attention_chunk: int = 0, source: str = "config.json") -> ModelConfig:
+  """The architecture of a config.json plus the compute options of `config.model`."""
   model_type = hf.get("model_type")
   if model_type not in SUPPORTED_MODEL_TYPES:
     raise ValueError(f"{source}: model_type={model_type!r}; supported: {SUPPORTED_MODEL_TYPES}")
@@ -69,6 +70,8 @@ def model_config_from_hf(hf: dict[str, Any], *, dtype: str = "float32",
       tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
       dtype=dtype,
       fp32_lm_head=fp32_lm_head,
+      remat=remat,
+      attention_chunk=attention_chunk,
   )
 
 
@@ -198,7 +201,7 @@ def abstract_model(cfg: ModelConfig) -> Transformer:
 
 
 def load_model(path: str, mesh=None, *, dtype: str = "float32", fp32_lm_head: bool = True,
-               remat: str = "none") -> Transformer:
+               remat: str = "none", attention_chunk: int = 0) -> Transformer:
   """Builds the model described by `path/config.json` with its weights, on `mesh`.
 
   Every device reads only its own block of each tensor straight from safetensors
@@ -206,8 +209,8 @@ def load_model(path: str, mesh=None, *, dtype: str = "float32", fp32_lm_head: bo
   parameter, let alone the model.
   """
   cfg = model_config_from_hf(read_hf_config(path), dtype=dtype, fp32_lm_head=fp32_lm_head,
+                             remat=remat, attention_chunk=attention_chunk,
                              source=os.path.join(path, "config.json"))
-  cfg = dataclasses.replace(cfg, remat=remat)
   mesh = mesh or sharding_lib.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
   graphdef, abstract_state = nnx.split(abstract_model(cfg))
   flat_abstract = dict(nnx.to_flat_state(abstract_state))

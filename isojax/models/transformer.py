@@ -50,11 +50,14 @@ class ModelConfig:
   dtype: str = "float32"               # activation dtype; parameters are float32
   fp32_lm_head: bool = True            # logits computed in float32
   remat: str = "none"                  # none | full | a REMAT_POLICIES name
+  attention_chunk: int = 0             # queries per attention block; 0: all at once
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
       raise ValueError(f"num_heads={self.num_heads} must be a multiple of "
                        f"num_kv_heads={self.num_kv_heads}")
+    if self.attention_chunk < 0:
+      raise ValueError(f"model.attention_chunk={self.attention_chunk}: expected >= 0")
     if self.remat not in ("none", "full") + REMAT_POLICIES:
       raise ValueError(f"model.remat={self.remat!r}: expected none, full or one of "
                        f"{REMAT_POLICIES}")
@@ -169,10 +172,23 @@ class Attention(nnx.Module):
     """Full attention of S queries over T keys (training forward and prefill).
 
     `jax.nn.dot_product_attention` picks a fused kernel where the platform has one
-    (cuDNN flash attention for bf16 on GPU) and otherwise XLA's einsum-softmax-einsum.
+    (cuDNN flash attention for bf16 on GPU) and otherwise XLA's einsum-softmax-einsum,
+    which holds [B, N, S, T] scores. With `attention_chunk` = C, queries go through in
+    blocks of C, each rematerialised in the backward pass, so at most [B, N, C, T]
+    scores exist at once (exact: every block sees all its keys).
     """
-    return jax.nn.dot_product_attention(q_BSNH, k_BTKH, v_BTKH, mask=mask_BST[:, None],
-                                        scale=self.cfg.head_dim ** -0.5)
+    attend = lambda q, mask: jax.nn.dot_product_attention(
+        q, k_BTKH, v_BTKH, mask=mask[:, None], scale=self.cfg.head_dim ** -0.5)
+    chunk, s = self.cfg.attention_chunk, q_BSNH.shape[1]
+    if not chunk or s <= chunk:
+      return attend(q_BSNH, mask_BST)
+    pad = -s % chunk  # padded query rows attend to nothing and are cut off below
+    padded = lambda x: jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+    blocks = lambda x: jnp.moveaxis(
+        x.reshape(x.shape[0], (s + pad) // chunk, chunk, *x.shape[2:]), 1, 0)
+    out = jax.lax.map(lambda xs: jax.checkpoint(attend)(*xs),
+                      (blocks(padded(q_BSNH)), blocks(padded(mask_BST))))  # [S/C, B, C, N, H]
+    return jnp.moveaxis(out, 0, 1).reshape(q_BSNH.shape[0], s + pad, *q_BSNH.shape[2:])[:, :s]
 
   def attend_decode(self, q_B1NH, prefix_k_GPKH, prefix_v_GPKH, prefix_mask_GP,
                     k_BTKH, v_BTKH, mask_BT):
