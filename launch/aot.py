@@ -211,7 +211,7 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
 
   sample = lambda: sampler.sample.lower(
       graphdef, params, _spec((groups, p), jnp.int32, mesh), _spec((groups, p), bool, mesh),
-      key, 0, n=n, max_new_tokens=t, temperature=float(config.sampling.temperature),
+      key, n=n, max_new_tokens=t, temperature=float(config.sampling.temperature),
       top_k=int(config.sampling.top_k), top_p=float(config.sampling.top_p),
       stop_ids=(model_cfg.vocab_size - 1,), pad_id=0,
       weights_dtype=config.sampling.weights_dtype or None)

@@ -97,8 +97,9 @@ def sample(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Seq
       batch = (prompts[take], mask[take])
       if mesh is not None:
         batch = sharding.shard_batch(batch, mesh)
-      parts.append(sampler.sample(graphdef, params, *batch, rng, call * per_call * n,
-                                  **kwargs))
+      # Call 0 uses `rng` itself: a step sampled in one call draws what it always did.
+      call_rng = jax.random.fold_in(rng, call) if call else rng
+      parts.append(sampler.sample(graphdef, params, *batch, call_rng, **kwargs))
   host = [jax.tree.map(sharding.to_host, part) for part in parts]
   rollouts = jax.tree.map(lambda *xs: np.concatenate(xs)[:len(problems) * n], *host)
   completions = [tok.decode(row) for row in rollouts.tokens]

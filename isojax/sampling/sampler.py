@@ -8,12 +8,10 @@ own [B, T] cache for generated tokens (B = G * n). Decoding runs in a
 `<|end_of_text|>`, plus any configured extra ids). A rollout that reaches
 `max_new_tokens` without one is *truncated* (`Rollouts.finished` is False).
 
-Randomness is per rollout: rollout `first_row + b` draws its token at slot t from
-`fold_in(fold_in(rng, first_row + b), t)`, so a rollout's tokens depend on its global
-index and not on how the batch is split into calls (`sampling.max_rollouts_per_call`)
-or over devices. Under a mesh (`jax.set_mesh`), prompts, caches, logits and outputs
-are split over the data-parallel axes (logical name `batch`): each device decodes only
-its own rollouts.
+Under a mesh (`jax.set_mesh`), prompts, caches, logits and outputs are split over the
+data-parallel axes (logical name `batch`): each device decodes only its own rollouts.
+Random draws use JAX's partitionable Threefry, so a sharded call samples exactly what
+one device would.
 
 The policy is the tempered distribution softmax(logits / temperature); `logprobs` are
 the log-probabilities of the chosen tokens under it (before top-k / top-p truncation,
@@ -54,6 +52,7 @@ class _LoopState:
   logprobs: jax.Array    # [B, T]
   done: jax.Array        # [B] bool, a stop token already emitted before `step`
   cache: DecodeCache
+  rng: jax.Array
 
 
 def filter_logits(logits_BV: jax.Array, *, top_k: int, top_p: float) -> jax.Array:
@@ -72,16 +71,15 @@ def filter_logits(logits_BV: jax.Array, *, top_k: int, top_p: float) -> jax.Arra
   return logits_BV
 
 
-def _choose(logits_BV, keys_B, temperature, top_k, top_p):
-  """Returns (token [B], log-prob [B]) under the tempered policy; one key per rollout."""
+def _choose(logits_BV, rng, temperature, top_k, top_p):
+  """Returns (token [B], log-prob [B]) under the tempered policy."""
   logits_BV = logits_BV.astype(jnp.float32)
   if temperature == 0:
     token = jnp.argmax(logits_BV, axis=-1)
     logp = jax.nn.log_softmax(logits_BV, axis=-1)
   else:
     scaled = logits_BV / temperature
-    token = jax.vmap(jax.random.categorical)(
-        keys_B, filter_logits(scaled, top_k=top_k, top_p=top_p))
+    token = jax.random.categorical(rng, filter_logits(scaled, top_k=top_k, top_p=top_p))
     logp = jax.nn.log_softmax(scaled, axis=-1)
   return token.astype(jnp.int32), jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
 
@@ -96,15 +94,14 @@ def _cast_floats(state, dtype: str | None):
 @functools.partial(jax.jit, static_argnames=(
     "graphdef", "n", "max_new_tokens", "temperature", "top_k", "top_p", "stop_ids", "pad_id",
     "weights_dtype"))
-def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, first_row=0, *, n: int,
+def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, *, n: int,
            max_new_tokens: int, temperature: float, top_k: int = 0, top_p: float = 1.0,
            stop_ids: tuple[int, ...], pad_id: int, weights_dtype: str | None = None
            ) -> Rollouts:
   """Samples n rollouts for each of G left-padded prompts; rollout b belongs to b // n.
 
   Any id of `stop_ids` ends a rollout (it is kept as the rollout's last token).
-  `first_row` is the global index of this call's first rollout (see the module
-  docstring); `weights_dtype` ("bfloat16") casts the weights once for the whole call.
+  `weights_dtype` ("bfloat16") casts the weights once for the whole call.
   """
   stop_ids_K = jnp.asarray(tuple(stop_ids), jnp.int32)
   model = nnx.merge(graphdef, _cast_floats(state, weights_dtype))
@@ -114,12 +111,10 @@ def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, first_row=0, *, n: 
   prompt_mask_GP = sharding.constrain(prompt_mask_GP, ("batch", None))
   first_logits_GV, prefix = model.prefill(prompts_GP, prompt_mask_GP)
   prompt_len_B = jnp.repeat(prompt_mask_GP.sum(-1), n).astype(jnp.int32)
-  row_keys_B = jax.vmap(jax.random.fold_in, (None, 0))(rng, first_row + jnp.arange(b))
-  row_keys_B = sharding.constrain(row_keys_B, ("batch",))
 
   def body(s: _LoopState) -> _LoopState:
-    keys_B = jax.vmap(jax.random.fold_in, (0, None))(row_keys_B, s.step)
-    token, logp = _choose(s.logits, keys_B, temperature, top_k, top_p)
+    rng, key = jax.random.split(s.rng)
+    token, logp = _choose(s.logits, key, temperature, top_k, top_p)
     token = jnp.where(s.done, pad_id, token)
     logp = jnp.where(s.done, 0.0, logp)
     tokens = s.tokens.at[:, s.step].set(token)
@@ -127,7 +122,7 @@ def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, first_row=0, *, n: 
     logits, cache = model.decode(token, prompt_len_B + s.step, s.step, prefix, s.cache)
     return _LoopState(step=s.step + 1, logits=sharding.constrain(logits, ("batch", "vocab")),
                       tokens=tokens, logprobs=logprobs,
-                      done=s.done | jnp.isin(token, stop_ids_K), cache=cache)
+                      done=s.done | jnp.isin(token, stop_ids_K), cache=cache, rng=rng)
 
   def cond(s: _LoopState):
     return (s.step < max_new_tokens) & ~jnp.all(s.done)
@@ -139,7 +134,8 @@ def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, first_row=0, *, n: 
       tokens=rows(jnp.full((b, max_new_tokens), pad_id, jnp.int32)),
       logprobs=rows(jnp.zeros((b, max_new_tokens), jnp.float32)),
       done=sharding.constrain(jnp.zeros((b,), bool), ("batch",)),
-      cache=model.init_decode_cache(b, max_new_tokens))
+      cache=model.init_decode_cache(b, max_new_tokens),
+      rng=rng)
   final = jax.lax.while_loop(cond, body, init)
   # A token is generated iff no stop token came strictly before it.
   is_stop = jnp.isin(final.tokens, stop_ids_K) & (jnp.arange(max_new_tokens) < final.step)

@@ -1,4 +1,4 @@
-"""Data-parallel sampling on 8 fake CPU devices, and calls split by max_rollouts_per_call.
+"""Data-parallel sampling on 8 fake CPU devices, and steps split into sampler calls.
 
 The multi-device test runs a child Python with XLA_FLAGS set before JAX starts.
 """
@@ -9,13 +9,16 @@ import sys
 import textwrap
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 from flax import nnx
 
+from isojax import tasks
 from isojax.models.transformer import ModelConfig, Transformer
 from isojax.rl import rollout
 from isojax.sampling import sampler
+from isojax.tasks import prompts
 
 SETTINGS = dict(max_new_tokens=6, temperature=1.0, stop_ids=(2,), pad_id=0)
 
@@ -83,21 +86,37 @@ def _model():
   return nnx.split(Transformer(cfg, rngs=nnx.Rngs(1)))
 
 
-def test_rollouts_do_not_depend_on_how_calls_are_split():
-  """Rollout r draws from fold_in(rng, r): two calls of 3 problems (the second with
-  first_row = 3 * n) give exactly the rollouts of one call of 6."""
+class _Tokenizer:
+  eos_ids, pad_id = (2,), 0
+
+  def decode(self, ids):
+    return " ".join(map(str, ids))
+
+
+def test_calls_of_max_rollouts_cover_every_problem_in_order():
+  """5 problems x 2 rollouts in calls of at most 4 rollouts: three calls of 2 problems
+  (the last padded by repetition), call c drawing with fold_in(rng, c) (call 0 with rng
+  itself, so a one-call step draws as before); the padded rollouts are dropped."""
   graphdef, params = _model()
-  prompts = np.random.default_rng(2).integers(3, 24, size=(6, 4)).astype(np.int32)
-  mask = np.ones_like(prompts, bool)
-  n = 3
-  whole = sampler.sample(graphdef, params, prompts, mask, jax.random.key(7), n=n, **SETTINGS)
-  parts = [sampler.sample(graphdef, params, prompts[i:i + 3], mask[i:i + 3], jax.random.key(7),
-                          i * n, n=n, **SETTINGS) for i in (0, 3)]
-  for name in ("tokens", "mask", "finished"):
-    np.testing.assert_array_equal(
-        np.concatenate([np.asarray(getattr(p, name)) for p in parts]),
-        np.asarray(getattr(whole, name)))
-  assert len({tuple(r) for r in np.asarray(whole.tokens)}) > 1  # rollouts do differ
+  problems = [tasks.Problem(prompt=f"q{i}", answer="0") for i in range(5)]
+  rng = np.random.default_rng(4)
+  book = prompts.PromptBook({p: tuple(rng.integers(3, 24, size=2 + i % 3)) for i, p in
+                             enumerate(problems)}, pad_id=0, max_len=16)
+  sampling = ml_collections.ConfigDict(dict(
+      max_new_tokens=6, temperature=1.0, top_k=0, top_p=1.0, max_rollouts_per_call=4,
+      weights_dtype=""))
+  key = jax.random.key(9)
+  got = rollout.sample(graphdef, params, _Tokenizer(), book, problems,
+                       tasks.PerItemVerifier(lambda text, p: 0.0), n=2, rng=key,
+                       sampling=sampling).result()
+  tokens_GP, mask_GP = book.batch(problems)
+  expected = []
+  for call, rows in enumerate(([0, 1], [2, 3], [4, 4])):
+    out = sampler.sample(graphdef, params, tokens_GP[rows], mask_GP[rows],
+                         jax.random.fold_in(key, call) if call else key, n=2, **SETTINGS)
+    expected.append(np.asarray(out.tokens))
+  np.testing.assert_array_equal(got.rollouts.tokens, np.concatenate(expected)[:10])
+  assert got.rewards_GN.shape == (5, 2)
 
 
 def test_bfloat16_sampling_weights_round_the_weights():
