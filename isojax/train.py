@@ -219,7 +219,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         config, result,
         learning_rate=schedule(step * config.rl.num_minibatches * config.rl.num_epochs),
         active_problems=len(train_problems) if pool is None else int(pool.active_ids().size),
-        has_reference=ref_params is not None)
+        has_reference=learner.ref_params is not None)
     evaluate_now = counters.step % config.eval.every == 0 or counters.step == num_steps
     if evaluate_now:
       last_eval = run_eval()
