@@ -15,8 +15,10 @@ Allocation fields (the playbook's symbols):
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
+import sys
 from typing import Any
 
 import ml_collections
@@ -233,7 +235,7 @@ def config_from_json(path: str) -> ml_collections.ConfigDict:
     raise ValueError(f"config file {path}: not valid JSON ({e})") from e
   extra = unknown_fields(fields, base_config().to_dict())
   if extra:
-    raise ValueError(f"config file {path}: unknown field(s) {', '.join(extra)}")
+    raise ValueError(f"config file {path}: unknown field(s) {describe_unknown(extra)}")
   config = base_config()
   _merge(config, fields)
   return config
@@ -281,6 +283,62 @@ def unknown_fields(config: dict[str, Any], schema: dict[str, Any], prefix: str =
   return unknown
 
 
+def _known_fields(schema: dict[str, Any], prefix: str = "") -> list[str]:
+  names = []
+  for key, value in schema.items():
+    names.append(f"{prefix}{key}")
+    if isinstance(value, dict):
+      names += _known_fields(value, f"{prefix}{key}.")
+  return names
+
+
+def describe_unknown(names: list[str]) -> str:
+  """'rl.klcoef (did you mean rl.kl_coef?), foo' for unknown dotted field names."""
+  known = _known_fields(base_config().to_dict())
+  described = []
+  for name in names:
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    described.append(f"{name} (did you mean {close[0]}?)" if close else name)
+  return ", ".join(described)
+
+
+def check_overrides(argv: list[str], flag: str = "config") -> None:
+  """Rejects `--config.<field>=...` overrides of fields the schema lacks, naming the
+  field and the closest known one (ml_collections alone raises a bare KeyError)."""
+  schema = base_config().to_dict()
+  for arg in argv[1:]:
+    if not arg.startswith(f"--{flag}."):
+      continue
+    name = arg[len(flag) + 3:].split("=", 1)[0]
+    if any(name.startswith(f"{free}.") for free in FREE_FORM_FIELDS):
+      continue
+    if unknown_fields(_nested(name), schema):
+      raise ValueError(f"--{flag}.{name}: unknown config field {describe_unknown([name])}")
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing after `check_overrides`: `app.run(main, flags_parser=...)` of
+  every binary with a --config flag, so a mistyped field fails with a suggestion."""
+  from absl import app  # pylint: disable=g-import-not-at-top
+  try:
+    check_overrides(argv)
+  except ValueError as e:
+    sys.stderr.write(f"FATAL Flags parsing error: {e}\n")
+    sys.exit(1)
+  return app.parse_flags_with_usage(argv)
+
+
+def _nested(dotted: str) -> dict[str, Any]:
+  """'a.b.c' -> {'a': {'b': {'c': None}}}."""
+  out: dict[str, Any] = {}
+  node = out
+  *parents, leaf = dotted.split(".")
+  for part in parents:
+    node = node.setdefault(part, {})
+  node[leaf] = None
+  return out
+
+
 def _check_registered_names(rl: ml_collections.ConfigDict) -> None:
   """Names picked from the RL registries exist (checked before any compilation)."""
   # Imported here so the planner can use this module without loading JAX.
@@ -314,7 +372,7 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   as_dict = config.to_dict()
   extra = unknown_fields(as_dict, base_config().to_dict())
   if extra:
-    raise ValueError(f"unknown config field(s): {', '.join(extra)}")
+    raise ValueError(f"unknown config field(s): {describe_unknown(extra)}")
   c = ml_collections.ConfigDict(as_dict)
 
   n = _positive_int(c, "rollouts_per_problem")

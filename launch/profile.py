@@ -24,6 +24,7 @@ from __future__ import annotations
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from isojax import config_lib
 from launch import profiling
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -51,4 +52,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=config_lib.parse_flags)

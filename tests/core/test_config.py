@@ -1,6 +1,7 @@
 """Config validation errors name the field, before anything is compiled."""
 
 import json
+import os
 
 import pytest
 
@@ -96,3 +97,34 @@ def test_bad_model_fields_name_field(field, value, message):
   c.model[field] = value
   with pytest.raises(ValueError, match=message):
     config_lib.resolve(c)
+
+
+def test_unknown_field_names_itself_and_the_closest_known_field():
+  c = _config()
+  c.rl.unlock()
+  c.rl.klcoef = 0.1
+  with pytest.raises(ValueError, match=r"unknown config field\(s\): rl\.klcoef \(did you "
+                                       r"mean rl\.kl_coef\?\)"):
+    config_lib.resolve(c)
+  with pytest.raises(ValueError, match=r"--config\.sampling\.temprature: unknown config "
+                                       r"field sampling\.temprature \(did you mean "
+                                       r"sampling\.temperature\?\)"):
+    config_lib.check_overrides(["main", "--workdir=/x", "--config.sampling.temprature=1"])
+  with pytest.raises(ValueError, match=r"--config\.zzz: unknown config field zzz$"):
+    config_lib.check_overrides(["main", "--config.zzz=1"])
+  # known fields, free-form dicts and other flags pass
+  config_lib.check_overrides(["main", "--config.rl.kl_coef=0.1", "--config=configs/hard.py",
+                              "--config.task.dataset_kwargs.min_terms=2", "--workdir=/x"])
+
+
+def test_main_rejects_an_unknown_override_before_running(tmp_path):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  proc = subprocess.run(
+      [sys.executable, "-m", "isojax.main", "--config=configs/hard.py:micro",
+       f"--workdir={tmp_path}/run", "--config.problems_per_bach=4"],
+      capture_output=True, text=True, timeout=120,
+      cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+  assert proc.returncode != 0
+  assert "did you mean problems_per_batch?" in proc.stderr
+  assert not (tmp_path / "run").exists()

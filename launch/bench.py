@@ -1,0 +1,370 @@
+r"""Throughput benchmark: isojax's sampler and update against Hugging Face, same weights.
+
+    python -m launch.bench --out=/tmp/bench.json
+    python -m launch.bench --hidden=512 --layers=8 --workloads=32x8x64x64 --repeats=5
+
+One random-weight Qwen2-shaped model is built with `transformers`, saved, and loaded
+back with `hf_checkpoint.load_model`, so both sides run the same weights (checked:
+greedy continuations agree). In one process it measures
+  1. sampling: `sampler.sample` (jitted) against `generate` (torch, do_sample, no EOS,
+     so every rollout has exactly T tokens) on each --workloads entry G x n x P x T
+     (G prompts, n rollouts each, P prompt tokens, T new tokens); Tunix if importable;
+  2. the shared prompt cache: isojax at several n for the same G * n rollouts;
+  3. a length-skewed batch: greedy prompts chosen so ~90% of rows emit a stop id after
+     T / 8 tokens and the rest run to T; the static while_loop executes every row until
+     the longest finishes, and the waste is 1 - useful / executed decode slots;
+  4. the update (`update.train_step`): tokens/s, model FLOP/s and its fraction of the
+     measured peak of a jitted float32 matmul.
+Tokens/s = generated (or trained) tokens / wall seconds of one call, median of
+--repeats calls after a warm-up call; compile = warm-up minus that median.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import torch
+import transformers
+from absl import app, flags
+from flax import nnx
+
+from isojax.models import hf_checkpoint
+from isojax.rl import update
+from isojax.sampling import sampler
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  hidden: int = 256
+  layers: int = 4
+  heads: int = 4
+  kv_heads: int = 2
+  intermediate: int = 1024
+  vocab: int = 8192
+  workloads: tuple[str, ...] = ("32x8x64x64", "16x16x256x64")   # G x n x P x T
+  share_n: tuple[int, ...] = (1, 4, 16)
+  share_rollouts: int = 64
+  share_prompt_len: int = 256
+  share_new_tokens: int = 64
+  skew_rows: int = 256
+  skew_prompt_len: int = 64
+  skew_new_tokens: int = 64
+  skew_long_fraction: float = 0.1
+  skew_candidates: int = 64
+  update_batch: int = 256
+  update_seq_len: int = 128
+  update_prompt_len: int = 64
+  matmul_size: int = 2048
+  repeats: int = 3
+  seed: int = 0
+
+
+def parse_workload(spec: str) -> tuple[int, int, int, int]:
+  """'32x8x64x64' -> (G, n, P, T)."""
+  parts = spec.split("x")
+  if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+    raise ValueError(f"--workloads entry {spec!r}: expected GxNxPxT of positive integers "
+                     "(prompts x rollouts per prompt x prompt tokens x new tokens)")
+  return tuple(int(p) for p in parts)
+
+
+def timed(fn, repeats: int):
+  """(seconds of the first call, median seconds of `repeats` more calls, last result)."""
+  start = time.perf_counter()
+  out = fn()
+  first = time.perf_counter() - start
+  times = []
+  for _ in range(max(repeats, 1)):
+    start = time.perf_counter()
+    out = fn()
+    times.append(time.perf_counter() - start)
+  return first, float(np.median(times)), out
+
+
+def build_checkpoint(path: str, o: Options) -> transformers.PreTrainedModel:
+  """A random-weight Qwen2ForCausalLM saved to `path`; returns it in eval mode."""
+  torch.manual_seed(o.seed)
+  cfg = transformers.Qwen2Config(
+      vocab_size=o.vocab, hidden_size=o.hidden, intermediate_size=o.intermediate,
+      num_hidden_layers=o.layers, num_attention_heads=o.heads, num_key_value_heads=o.kv_heads,
+      max_position_embeddings=4096, tie_word_embeddings=False)
+  model = transformers.Qwen2ForCausalLM(cfg).eval()
+  model.save_pretrained(path, safe_serialization=True)
+  return model
+
+
+def param_counts(hf_model) -> dict[str, int]:
+  """Parameters of the decoder body (layers, final norm), the LM head, the embedding."""
+  counts = dict(body=0, head=0, embed=0)
+  for name, p in hf_model.named_parameters():
+    part = "head" if name.startswith("lm_head") else "embed" if "embed_tokens" in name else "body"
+    counts[part] += p.numel()
+  return counts
+
+
+def random_prompts(rng: np.random.Generator, g: int, p: int, vocab: int) -> np.ndarray:
+  return rng.integers(1, vocab, size=(g, p)).astype(np.int32)   # [G, P], no padding
+
+
+def isojax_sample(model, prompts_GP, *, n, new_tokens, temperature=1.0, stop_ids=()):
+  """Rollouts of `sampler.sample` (B = G * n rows), computed before returning."""
+  graphdef, state = model
+  return jax.block_until_ready(sampler.sample(
+      graphdef, state, jnp.asarray(prompts_GP), jnp.ones(prompts_GP.shape, bool),
+      jax.random.key(0), n=n, max_new_tokens=new_tokens, temperature=temperature, top_k=0,
+      top_p=1.0, stop_ids=tuple(stop_ids), pad_id=0))
+
+
+def hf_sample(hf_model, prompts_GP, *, n, new_tokens, do_sample=True) -> np.ndarray:
+  """New tokens [G * n, T] of `generate`; no EOS id, so every row has T of them."""
+  torch.manual_seed(0)
+  ids = torch.as_tensor(prompts_GP, dtype=torch.long)
+  extra = dict(do_sample=True, top_k=0, top_p=1.0, temperature=1.0) if do_sample else {}
+  with torch.inference_mode():
+    out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                            num_return_sequences=n, eos_token_id=None, pad_token_id=0,
+                            **({"do_sample": False} if not do_sample else extra))
+  new = out[:, ids.shape[1]:].numpy()
+  if new.shape != (len(prompts_GP) * n, new_tokens):
+    raise RuntimeError(f"generate returned new tokens {new.shape}, "
+                       f"expected {(len(prompts_GP) * n, new_tokens)}")
+  return new
+
+
+def rate(tokens: int, first_s: float, median_s: float) -> dict:
+  return dict(tokens=tokens, median_s=median_s, tokens_per_s=tokens / median_s,
+              compile_s=max(first_s - median_s, 0.0))
+
+
+def bench_sampling(model, hf_model, spec: str, o: Options, rng) -> dict:
+  """isojax vs HF (vs Tunix) tokens/s on one G x n x P x T workload."""
+  g, n, p, t = parse_workload(spec)
+  prompts = random_prompts(rng, g, p, o.vocab)
+  first, med, out = timed(lambda: isojax_sample(model, prompts, n=n, new_tokens=t), o.repeats)
+  ours = rate(int(out.mask.sum()), first, med)
+  first, med, new = timed(lambda: hf_sample(hf_model, prompts, n=n, new_tokens=t), o.repeats)
+  hf = rate(int(new.size), first, med)
+  found = importlib.util.find_spec("tunix") is not None
+  print(f"tunix: {'installed, but no Tunix adapter in this benchmark' if found else 'not installed'}"
+        ", skipped")
+  return dict(workload=spec, groups=g, n=n, prompt_len=p, new_tokens=t, isojax=ours, hf=hf,
+              tunix=None, ratio=ours["tokens_per_s"] / hf["tokens_per_s"])
+
+
+def bench_sharing(model, o: Options, rng) -> list[dict]:
+  """isojax tokens/s for the same G * n rollouts at each n of `o.share_n`."""
+  rows = []
+  for n in o.share_n:
+    if o.share_rollouts % n:
+      raise ValueError(f"--share_rollouts={o.share_rollouts} is not a multiple of n={n}")
+    prompts = random_prompts(rng, o.share_rollouts // n, o.share_prompt_len, o.vocab)
+    first, med, out = timed(lambda: isojax_sample(model, prompts, n=n,
+                                                  new_tokens=o.share_new_tokens), o.repeats)
+    rows.append(dict(n=n, groups=o.share_rollouts // n, **rate(int(out.mask.sum()), first, med)))
+  return rows
+
+
+def slot_waste(mask_BT: np.ndarray) -> dict:
+  """Decode slots the static loop executes (every row until the longest stops) vs used."""
+  lengths = np.asarray(mask_BT).sum(-1)
+  executed = int(mask_BT.shape[0] * lengths.max())
+  useful = int(lengths.sum())
+  return dict(useful_slots=useful, executed_slots=executed,
+              waste_fraction=1.0 - useful / executed)
+
+
+def find_skew_prompts(tokens_CT: np.ndarray, short_len: int):
+  """(short index, long index, stop id) among greedy continuations [C, T] of C prompts.
+
+  The short prompt's token at slot short_len - 1 is the stop id and absent before it;
+  the long prompt's continuation never contains it.
+  """
+  for i, row in enumerate(tokens_CT):
+    stop = int(row[short_len - 1])
+    if stop in row[:short_len - 1]:
+      continue
+    for j, other in enumerate(tokens_CT):
+      if j != i and stop not in other:
+        return i, j, stop
+  raise ValueError(f"no pair of the {len(tokens_CT)} candidate prompts gives a short and a "
+                   "long greedy rollout; raise --skew_candidates")
+
+
+def bench_skew(model, o: Options, rng) -> dict:
+  """Greedy batch: ~90% of rows stop after T / 8 tokens, the rest run to T."""
+  t, short_len = o.skew_new_tokens, max(o.skew_new_tokens // 8, 1)
+  candidates = random_prompts(rng, o.skew_candidates, o.skew_prompt_len, o.vocab)
+  greedy = np.asarray(isojax_sample(model, candidates, n=1, new_tokens=t, temperature=0).tokens)
+  i, j, stop = find_skew_prompts(greedy, short_len)
+  num_long = max(round(o.skew_long_fraction * o.skew_rows), 1)
+  prompts = np.stack([candidates[i]] * (o.skew_rows - num_long) + [candidates[j]] * num_long)
+  run = lambda stops: isojax_sample(model, prompts, n=1, new_tokens=t, temperature=0,
+                                    stop_ids=stops)
+  first, med, out = timed(lambda: run((stop,)), o.repeats)
+  _, full_med, _ = timed(lambda: run(()), o.repeats)   # every row to T: the dense rate
+  waste = slot_waste(np.asarray(out.mask))
+  full_rate = o.skew_rows * t / full_med
+  lengths = np.asarray(out.mask).sum(-1)
+  return dict(rows=o.skew_rows, prompt_len=o.skew_prompt_len, new_tokens=t, stop_id=stop,
+              long_fraction=float(np.mean(lengths == t)), short_len=short_len, **waste,
+              **rate(waste["useful_slots"], first, med), full_batch_tokens_per_s=full_rate,
+              ideal_s=waste["useful_slots"] / full_rate)
+
+
+def matmul_peak(size: int, repeats: int) -> float:
+  """FLOP/s of a jitted float32 [size, size] x [size, size] matmul, median of calls."""
+  x = jax.random.normal(jax.random.key(0), (size, size), jnp.float32)
+  f = jax.jit(jnp.matmul)
+  _, med, _ = timed(lambda: f(x, x).block_until_ready(), max(repeats, 5))
+  return 2 * size**3 / med
+
+
+def bench_update(model, counts: dict, o: Options, rng) -> dict:
+  """`train_step` on B sequences of S tokens (one minibatch, one epoch, PPO clip)."""
+  graphdef, state = model
+  b, s, p = o.update_batch, o.update_seq_len, o.update_prompt_len
+  tokens = jnp.asarray(rng.integers(1, o.vocab, (b, s)), jnp.int32)
+  mask = jnp.ones((b, s), bool)
+  logp = update.score(graphdef, state, tokens, mask, prompt_len=p, temperature=1.0)
+  batch = update.TrainBatch(
+      tokens=tokens, mask=mask, response_mask=jnp.ones((b, s - p), bool), sampler_logp=logp,
+      old_logp=logp, ref_logp=logp, advantages=jnp.asarray(rng.normal(size=b), jnp.float32),
+      keep_pg=jnp.ones(b, bool), keep_reg=jnp.ones(b, bool), shuffle_rng=jax.random.key(1))
+  settings = update.UpdateSettings(
+      group_size=1, prompt_len=p, temperature=1.0, policy_loss="ppo_clip", clip_eps=0.2,
+      clip_eps_high=0.2, cispo_eps_max=4.0, aggregation="token_mean",
+      constant_normalizer=float(s - p), kl_coef=0.0, kl_form="k3", entropy_coef=0.0,
+      tis_threshold=2.0, num_minibatches=1, num_epochs=1, log_entropy=False, log_kl=False)
+  tx = optax.adam(1e-5)
+  params = jax.tree.map(jnp.copy, state)   # train_step donates its parameters
+  carry = [params, tx.init(params)]
+
+  def step():
+    carry[0], carry[1], stats = update.train_step(graphdef, carry[0], carry[1], batch, tx=tx,
+                                                  settings=settings)
+    return jax.block_until_ready(stats)
+
+  first, med, _ = timed(step, o.repeats)
+  # Forward + backward = 6 FLOPs per parameter per token; the LM head sees only the
+  # response positions; attention scores are not counted.
+  flops = 6 * (counts["body"] * b * s + counts["head"] * b * (s - p))
+  peak = matmul_peak(o.matmul_size, o.repeats)
+  return dict(batch=b, seq_len=s, prompt_len=p, **rate(b * s, first, med), flops=flops,
+              flops_per_s=flops / med, matmul_peak_flops_per_s=peak,
+              fraction_of_peak=flops / med / peak)
+
+
+def same_weights(model, hf_model, o: Options, rng, new_tokens: int = 16) -> bool:
+  """Greedy continuations of one prompt agree between isojax and Hugging Face."""
+  prompt = random_prompts(rng, 1, 8, o.vocab)
+  ours = np.asarray(isojax_sample(model, prompt, n=1, new_tokens=new_tokens, temperature=0).tokens)
+  return bool(np.array_equal(ours, hf_sample(hf_model, prompt, n=1, new_tokens=new_tokens,
+                                             do_sample=False)))
+
+
+def run(o: Options) -> dict:
+  """Every measurement; the JSON-ready figures."""
+  rng = np.random.default_rng(o.seed)
+  with tempfile.TemporaryDirectory(prefix="isojax_bench_") as path:
+    hf_model = build_checkpoint(path, o)
+    model = nnx.split(hf_checkpoint.load_model(path))
+  counts = param_counts(hf_model)
+  info = dict(options=dataclasses.asdict(o), params=counts, jax=jax.__version__,
+              backend=jax.default_backend(), torch=torch.__version__,
+              torch_threads=torch.get_num_threads(), cpu_count=os.cpu_count(),
+              same_weights=same_weights(model, hf_model, o, rng))
+  return dict(info, sampling=[bench_sampling(model, hf_model, w, o, rng) for w in o.workloads],
+              sharing=bench_sharing(model, o, rng), skew=bench_skew(model, o, rng),
+              update=bench_update(model, counts, o, rng))
+
+
+def format_table(r: dict) -> str:
+  """The figures of `run` as a compact text table."""
+  o, c = r["options"], r["params"]
+  lines = [f"model: Qwen2-shaped, random weights, {sum(c.values()) / 1e6:.1f}M params "
+           f"(hidden {o['hidden']}, {o['layers']} layers, {o['heads']} heads, {o['kv_heads']} kv "
+           f"heads, mlp {o['intermediate']}, vocab {o['vocab']}), float32; same weights: "
+           f"{r['same_weights']}; jax {r['jax']} ({r['backend']}), torch {r['torch']} "
+           f"({r['torch_threads']} threads), {r['cpu_count']} CPUs",
+           "", f"sampling: tokens/s, median of {o['repeats']}, compile excluded",
+           f"{'G x n x P x T':<18}{'isojax':>10}{'HF':>10}{'isojax/HF':>11}{'tunix':>8}"
+           f"{'compile s':>11}"]
+  for s in r["sampling"]:
+    lines.append(f"{s['workload']:<18}{s['isojax']['tokens_per_s']:>10.0f}"
+                 f"{s['hf']['tokens_per_s']:>10.0f}{s['ratio']:>10.2f}x{'n/a':>8}"
+                 f"{s['isojax']['compile_s']:>11.1f}")
+  sh = r["sharing"]
+  lines += ["", f"shared prompt cache: isojax, {o['share_rollouts']} rollouts, "
+            f"P={o['share_prompt_len']}, T={o['share_new_tokens']}",
+            f"{'n':>4}{'G':>5}{'tokens/s':>10}{'vs n=' + str(sh[0]['n']):>9}"]
+  lines += [f"{x['n']:>4}{x['groups']:>5}{x['tokens_per_s']:>10.0f}"
+            f"{x['tokens_per_s'] / sh[0]['tokens_per_s']:>8.2f}x" for x in sh]
+  k = r["skew"]
+  lines += ["", f"length skew: isojax greedy, {k['rows']} rows, P={k['prompt_len']}, "
+            f"T={k['new_tokens']}; {100 * (1 - k['long_fraction']):.0f}% stop after "
+            f"{k['short_len']} tokens, {100 * k['long_fraction']:.0f}% run to {k['new_tokens']}",
+            "  continuous batching does not exist yet (issue 10 item 2): the static "
+            "while_loop decodes every row until the longest finishes",
+            f"  decode slots useful / executed: {k['useful_slots']} / {k['executed_slots']}"
+            f" -> waste {100 * k['waste_fraction']:.1f}%",
+            f"  wall {k['median_s']:.2f} s ({k['tokens_per_s']:.0f} useful tokens/s); at the "
+            f"dense rate ({k['full_batch_tokens_per_s']:.0f} tokens/s) the useful tokens "
+            f"would take {k['ideal_s']:.2f} s"]
+  u = r["update"]
+  lines += ["", f"update: train_step, {u['batch']} x {u['seq_len']} tokens "
+            f"(P={u['prompt_len']}), FLOPs = 6 * (body params * B * S + head params * B * T)",
+            f"  {u['tokens_per_s']:.0f} tokens/s, {u['flops_per_s'] / 1e9:.1f} GFLOP/s; "
+            f"float32 {o['matmul_size']}^2 matmul peak {u['matmul_peak_flops_per_s'] / 1e9:.1f}"
+            f" GFLOP/s -> {100 * u['fraction_of_peak']:.1f}% of peak"]
+  return "\n".join(lines)
+
+
+def options_from_flags() -> Options:
+  kw = {}
+  for f in dataclasses.fields(Options):
+    value = flags.FLAGS[f.name].value
+    kw[f.name] = (tuple(int(x) for x in value) if f.name == "share_n"
+                  else tuple(value) if f.name == "workloads" else value)
+  return Options(**kw)
+
+
+def _define_flags() -> None:
+  for f in dataclasses.fields(Options):
+    default = f.default
+    if isinstance(default, tuple):
+      flags.DEFINE_list(f.name, [str(x) for x in default], f"Default {','.join(map(str, default))}.")
+    elif isinstance(default, float):
+      flags.DEFINE_float(f.name, default, f"Default {default}.")
+    else:
+      flags.DEFINE_integer(f.name, default, f"Default {default}.")
+
+
+_define_flags()
+_OUT = flags.DEFINE_string("out", None, "Where to write the figures as JSON.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  options = options_from_flags()
+  for spec in options.workloads:
+    parse_workload(spec)   # fail before building anything
+  results = run(options)
+  print(format_table(results))
+  if _OUT.value:
+    with open(_OUT.value, "w") as f:
+      json.dump(results, f, indent=1)
+    print(f"wrote {_OUT.value}")
+
+
+if __name__ == "__main__":
+  app.run(main)
