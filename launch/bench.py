@@ -128,11 +128,12 @@ def hf_sample(hf_model, prompts_GP, *, n, new_tokens, do_sample=True) -> np.ndar
   """New tokens [G * n, T] of `generate`; no EOS id, so every row has T of them."""
   torch.manual_seed(0)
   ids = torch.as_tensor(prompts_GP, dtype=torch.long)
-  extra = dict(do_sample=True, top_k=0, top_p=1.0, temperature=1.0) if do_sample else {}
+  # top_k=0 and top_p=1 switch off generate's default truncation, as isojax is called.
+  policy = (dict(do_sample=True, top_k=0, top_p=1.0, temperature=1.0) if do_sample
+            else dict(do_sample=False))
   with torch.inference_mode():
     out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                            num_return_sequences=n, eos_token_id=None, pad_token_id=0,
-                            **({"do_sample": False} if not do_sample else extra))
+                            num_return_sequences=n, eos_token_id=None, pad_token_id=0, **policy)
   new = out[:, ids.shape[1]:].numpy()
   if new.shape != (len(prompts_GP) * n, new_tokens):
     raise RuntimeError(f"generate returned new tokens {new.shape}, "
@@ -153,9 +154,6 @@ def bench_sampling(model, hf_model, spec: str, o: Options, rng) -> dict:
   ours = rate(int(out.mask.sum()), first, med)
   first, med, new = timed(lambda: hf_sample(hf_model, prompts, n=n, new_tokens=t), o.repeats)
   hf = rate(int(new.size), first, med)
-  found = importlib.util.find_spec("tunix") is not None
-  print(f"tunix: {'installed, but no Tunix adapter in this benchmark' if found else 'not installed'}"
-        ", skipped")
   return dict(workload=spec, groups=g, n=n, prompt_len=p, new_tokens=t, isojax=ours, hf=hf,
               tunix=None, ratio=ours["tokens_per_s"] / hf["tokens_per_s"])
 
@@ -246,7 +244,11 @@ def bench_update(model, counts: dict, o: Options, rng) -> dict:
       tis_threshold=2.0, num_minibatches=1, num_epochs=1, log_entropy=False, log_kl=False)
   tx = optax.adam(1e-5)
   params = jax.tree.map(jnp.copy, state)   # train_step donates its parameters
-  carry = [params, tx.init(params)]
+  mesh = jax.tree.leaves(params)[0].sharding.mesh
+  # Moments beside their parameters, as `train.run` places them: the step's outputs
+  # then match its inputs and the second call does not compile again.
+  init = jax.jit(tx.init, out_shardings=update.opt_state_shardings(tx, params, mesh))
+  carry = [params, init(params)]
 
   def step():
     carry[0], carry[1], stats = update.train_step(graphdef, carry[0], carry[1], batch, tx=tx,
@@ -271,8 +273,16 @@ def same_weights(model, hf_model, o: Options, rng, new_tokens: int = 16) -> bool
                                              do_sample=False)))
 
 
+def tunix_status() -> str:
+  """Why Tunix's sampler is not measured (the figures are then null)."""
+  if importlib.util.find_spec("tunix") is None:
+    return "tunix: not installed, skipped"
+  return "tunix: installed, but this benchmark has no Tunix adapter yet, skipped"
+
+
 def run(o: Options) -> dict:
   """Every measurement; the JSON-ready figures."""
+  print(tunix_status())
   rng = np.random.default_rng(o.seed)
   with tempfile.TemporaryDirectory(prefix="isojax_bench_") as path:
     hf_model = build_checkpoint(path, o)
@@ -329,23 +339,32 @@ def format_table(r: dict) -> str:
 
 
 def options_from_flags() -> Options:
-  kw = {}
-  for f in dataclasses.fields(Options):
-    value = flags.FLAGS[f.name].value
-    kw[f.name] = (tuple(int(x) for x in value) if f.name == "share_n"
-                  else tuple(value) if f.name == "workloads" else value)
-  return Options(**kw)
+  kw = {f.name: flags.FLAGS[f.name].value for f in dataclasses.fields(Options)}
+  if not all(x.isdigit() and int(x) > 0 for x in kw["share_n"]):
+    raise app.UsageError(f"--share_n={','.join(kw['share_n'])}: expected positive integers")
+  return Options(**dict(kw, share_n=tuple(map(int, kw["share_n"])),
+                        workloads=tuple(kw["workloads"])))
+
+
+_HELP = {"": "Model size (the Qwen2Config field of that meaning).",
+         "workloads": "Sampling workloads GxNxPxT: prompts x rollouts per prompt x prompt "
+                      "tokens x new tokens.",
+         "share": "Shared prompt cache: values of n, total rollouts, P and T.",
+         "skew": "Length skew: rows, P, T, fraction of rows run to T, candidate prompts.",
+         "update": "Update step: sequences, tokens per sequence, prompt tokens of them.",
+         "matmul": "Side of the float32 matmul that measures the FLOP/s peak.",
+         "repeats": "Timed calls per figure (the median is reported).", "seed": "Seed."}
 
 
 def _define_flags() -> None:
   for f in dataclasses.fields(Options):
-    default = f.default
-    if isinstance(default, tuple):
-      flags.DEFINE_list(f.name, [str(x) for x in default], f"Default {','.join(map(str, default))}.")
-    elif isinstance(default, float):
-      flags.DEFINE_float(f.name, default, f"Default {default}.")
+    help_ = next((h for k, h in _HELP.items() if k and f.name.startswith(k)), _HELP[""])
+    if isinstance(f.default, tuple):
+      flags.DEFINE_list(f.name, [str(x) for x in f.default], help_)
+    elif isinstance(f.default, float):
+      flags.DEFINE_float(f.name, f.default, help_)
     else:
-      flags.DEFINE_integer(f.name, default, f"Default {default}.")
+      flags.DEFINE_integer(f.name, f.default, help_)
 
 
 _define_flags()
@@ -356,8 +375,11 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   options = options_from_flags()
-  for spec in options.workloads:
-    parse_workload(spec)   # fail before building anything
+  try:
+    for spec in options.workloads:
+      parse_workload(spec)   # fail before building anything
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
   results = run(options)
   print(format_table(results))
   if _OUT.value:

@@ -1,0 +1,135 @@
+"""launch.bench on a tiny model: what each side counts, same weights, the waste formula.
+
+No timing is asserted: only the counts, the equality of the two implementations'
+greedy continuations, and the shape of the JSON the command writes.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from flax import nnx  # pylint: disable=g-import-not-at-top
+
+from isojax.models import hf_checkpoint
+from launch import bench
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = dict(hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64, vocab=64)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+  """(options, isojax (graphdef, state), the Hugging Face model) on the same weights."""
+  options = bench.Options(**TINY, repeats=1)
+  path = str(tmp_path_factory.mktemp("ckpt"))
+  hf_model = bench.build_checkpoint(path, options)
+  return options, nnx.split(hf_checkpoint.load_model(path)), hf_model
+
+
+def test_both_sides_generate_every_token(models):
+  options, model, hf_model = models
+  g, n, p, t = 2, 3, 5, 4
+  result = bench.bench_sampling(model, hf_model, f"{g}x{n}x{p}x{t}", options,
+                                np.random.default_rng(0))
+  assert result["isojax"]["tokens"] == g * n * t
+  assert result["hf"]["tokens"] == g * n * t
+  assert result["tunix"] is None
+  prompts = bench.random_prompts(np.random.default_rng(1), g, p, options.vocab)
+  rollouts = bench.isojax_sample(model, prompts, n=n, new_tokens=t)
+  assert rollouts.tokens.shape == (g * n, t) and bool(rollouts.mask.all())
+  assert bench.hf_sample(hf_model, prompts, n=n, new_tokens=t).shape == (g * n, t)
+
+
+def test_greedy_continuations_agree(models):
+  """Temperature 0 against do_sample=False: the weights are the same."""
+  options, model, hf_model = models
+  prompt = np.array([[5, 17, 3, 42, 9, 11]], np.int32)
+  ours = np.asarray(bench.isojax_sample(model, prompt, n=1, new_tokens=12, temperature=0).tokens)
+  theirs = bench.hf_sample(hf_model, prompt, n=1, new_tokens=12, do_sample=False)
+  np.testing.assert_array_equal(ours, theirs)
+  assert bench.same_weights(model, hf_model, options, np.random.default_rng(0))
+
+
+def test_slot_waste_by_hand():
+  mask = np.zeros((4, 8), bool)
+  mask[0, :2] = mask[1, :3] = mask[2, :6] = True   # row 3 empty; the longest row has 6
+  waste = bench.slot_waste(mask)
+  assert waste["useful_slots"] == 11 and waste["executed_slots"] == 4 * 6
+  assert waste["waste_fraction"] == pytest.approx(1 - 11 / 24)
+
+
+def test_find_skew_prompts():
+  tokens = np.array([[1, 1, 1, 1],     # stop id 1 already at slot 0: not short
+                     [2, 3, 4, 5],     # short: stop id 3 at slot 1
+                     [3, 6, 7, 8],     # contains 3: not long for row 1
+                     [9, 9, 9, 9]])
+  assert bench.find_skew_prompts(tokens, short_len=2) == (1, 0, 3)
+  with pytest.raises(ValueError, match="skew_candidates"):
+    bench.find_skew_prompts(np.array([[1, 1], [1, 1]]), short_len=2)
+
+
+def test_skew_batch_has_short_and_long_rows(models):
+  options, model, _ = models
+  options = bench.Options(**TINY, repeats=1, skew_rows=10, skew_prompt_len=6,
+                          skew_new_tokens=16, skew_candidates=32)
+  result = bench.bench_skew(model, options, np.random.default_rng(0))
+  assert result["short_len"] == 2 and result["long_fraction"] == pytest.approx(0.1)
+  assert result["useful_slots"] == 9 * 2 + 1 * 16
+  assert result["executed_slots"] == 10 * 16
+  assert result["waste_fraction"] == pytest.approx(
+      1 - result["useful_slots"] / result["executed_slots"])
+
+
+def test_parse_workload_names_the_flag():
+  assert bench.parse_workload("32x8x64x64") == (32, 8, 64, 64)
+  with pytest.raises(ValueError, match="--workloads entry '32x8x64'"):
+    bench.parse_workload("32x8x64")
+
+
+def _numbers(tree, path=""):
+  if isinstance(tree, dict):
+    for k, v in tree.items():
+      yield from _numbers(v, f"{path}.{k}")
+  elif isinstance(tree, list):
+    for i, v in enumerate(tree):
+      yield from _numbers(v, f"{path}[{i}]")
+  elif isinstance(tree, (int, float)) and not isinstance(tree, bool):
+    yield path, tree
+
+
+def test_command_writes_the_figures(tmp_path):
+  out = tmp_path / "bench.json"
+  args = [sys.executable, "-m", "launch.bench", *(f"--{k}={v}" for k, v in TINY.items()),
+          "--workloads=2x2x8x4", "--share_n=1,2", "--share_rollouts=4", "--share_prompt_len=8",
+          "--share_new_tokens=4", "--skew_rows=10", "--skew_prompt_len=8",
+          "--skew_new_tokens=16", "--skew_candidates=32", "--update_batch=4",
+          "--update_seq_len=12", "--update_prompt_len=8", "--matmul_size=64", "--repeats=1",
+          f"--out={out}"]
+  proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  assert "isojax/HF" in proc.stdout and "tunix: " in proc.stdout
+  assert "continuous batching does not exist yet" in proc.stdout
+  result = json.loads(out.read_text())
+  assert {"options", "params", "same_weights", "sampling", "sharing", "skew",
+          "update"} <= set(result)
+  assert result["same_weights"] is True
+  (sampling,) = result["sampling"]
+  assert sampling["isojax"]["tokens"] == sampling["hf"]["tokens"] == 2 * 2 * 4
+  assert [row["n"] for row in result["sharing"]] == [1, 2]
+  assert {"tokens_per_s", "flops_per_s", "matmul_peak_flops_per_s",
+          "fraction_of_peak"} <= set(result["update"])
+  for path, value in _numbers(result):
+    assert math.isfinite(value), path
+    if path.endswith(("tokens_per_s", "median_s", "flops_per_s", "tokens", "slots")):
+      assert value > 0, path
+  assert result["update"]["flops"] == 6 * (result["params"]["body"] * 4 * 12
+                                           + result["params"]["head"] * 4 * 4)
