@@ -357,6 +357,8 @@ _HELP = {"": "Model size (the Qwen2Config field of that meaning).",
 
 
 def _define_flags() -> None:
+  """The binary's flags, defined only when it runs (tests import the functions beside
+  other launch modules that define --out too)."""
   for f in dataclasses.fields(Options):
     help_ = next((h for k, h in _HELP.items() if k and f.name.startswith(k)), _HELP[""])
     if isinstance(f.default, tuple):
@@ -365,10 +367,7 @@ def _define_flags() -> None:
       flags.DEFINE_float(f.name, f.default, help_)
     else:
       flags.DEFINE_integer(f.name, f.default, help_)
-
-
-_define_flags()
-_OUT = flags.DEFINE_string("out", None, "Where to write the figures as JSON.")
+  flags.DEFINE_string("out", None, "Where to write the figures as JSON.")
 
 
 def main(argv):
@@ -382,11 +381,13 @@ def main(argv):
     raise app.UsageError(str(e)) from None
   results = run(options)
   print(format_table(results))
-  if _OUT.value:
-    with open(_OUT.value, "w") as f:
+  out = flags.FLAGS.out
+  if out:
+    with open(out, "w") as f:
       json.dump(results, f, indent=1)
-    print(f"wrote {_OUT.value}")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)
