@@ -38,6 +38,13 @@ def _hf_model(kind, tie):
   return model.eval()
 
 
+def _assert_same_logits(ours, hf, tokens):
+  with torch.no_grad():
+    expected = hf(torch.tensor(tokens)).logits.numpy()
+  np.testing.assert_allclose(np.asarray(ours(tokens, np.ones_like(tokens, bool))), expected,
+                             atol=2e-4, rtol=2e-4)
+
+
 @pytest.mark.parametrize("kind,tie", [("llama", False), ("qwen2", True), ("qwen3", False)])
 def test_logits_match_transformers(tmp_path, kind, tie):
   hf = _hf_model(kind, tie)
@@ -74,11 +81,7 @@ def test_save_then_load_round_trip_matches_transformers(tmp_path):
   hf_checkpoint.save_model(ours, str(tmp_path / "dst"), eos_token_id=1, bos_token_id=2,
                            pad_token_id=0)
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "dst").eval()
-  tokens = np.arange(1, 9)[None]
-  with torch.no_grad():
-    expected = reloaded(torch.tensor(tokens)).logits.numpy()
-  np.testing.assert_allclose(np.asarray(ours(tokens, np.ones_like(tokens, bool))), expected,
-                             atol=2e-4, rtol=2e-4)
+  _assert_same_logits(ours, reloaded, np.arange(1, 9)[None])
 
 
 def test_unsupported_model_type_names_the_file(tmp_path):
@@ -93,11 +96,7 @@ def test_bfloat16_checkpoint_loads_its_exact_values(tmp_path):
   hf.save_pretrained(tmp_path, safe_serialization=True)
   ours = hf_checkpoint.load_model(str(tmp_path))
   hf32 = hf.float()  # the same bfloat16 values, computed in float32 like ours
-  tokens = np.arange(1, 12)[None]
-  with torch.no_grad():
-    expected = hf32(torch.tensor(tokens)).logits.numpy()
-  np.testing.assert_allclose(np.asarray(ours(tokens, np.ones_like(tokens, bool))), expected,
-                             atol=2e-4, rtol=2e-4)
+  _assert_same_logits(ours, hf32, np.arange(1, 12)[None])
   q_layer1 = hf32.model.layers[1].self_attn.q_proj.weight.detach().numpy().T
   np.testing.assert_array_equal(np.asarray(ours.layers.attn.q_proj.kernel[...][1]), q_layer1)
 
@@ -107,11 +106,7 @@ def test_sharded_checkpoint_with_index_loads(tmp_path):
   hf.save_pretrained(tmp_path, safe_serialization=True, max_shard_size="20KB")
   assert (tmp_path / hf_checkpoint.WEIGHTS_INDEX).exists()
   ours = hf_checkpoint.load_model(str(tmp_path))
-  tokens = np.arange(1, 9)[None]
-  with torch.no_grad():
-    expected = hf(torch.tensor(tokens)).logits.numpy()
-  np.testing.assert_allclose(np.asarray(ours(tokens, np.ones_like(tokens, bool))), expected,
-                             atol=2e-4, rtol=2e-4)
+  _assert_same_logits(ours, hf, np.arange(1, 9)[None])
 
 
 def test_wrong_tensor_shape_names_tensor(tmp_path):
