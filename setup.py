@@ -26,6 +26,9 @@ setup(
         "jinja2>=3.1,<4",
         "math-verify[antlr4_13_2]>=0.7,<1",
         "pebble>=5.0,<6",
+        # TensorBoard event files beside metrics.jsonl (isojax.metric_writers): pure
+        # Python, no TensorFlow.
+        "tensorboardX>=2.6,<3",
     ],
     extras_require={
         # Real tasks: local dataset files (HF datasets), prepared TFDS datasets without
@@ -35,11 +38,16 @@ setup(
         # launch.aot compiles for TPU topologies on a CPU-only machine: libtpu only,
         # within the same jax range (pip keeps the installed jax, adds its libtpu).
         "aot": ["jax[tpu]>=0.7,<0.11"],
+        # Weights & Biases as a metric writer (--config.metric_writers.wandb=True).
+        "wandb": ["wandb>=0.17,<1"],
         # The Hugging Face parity tests build random models with transformers + torch.
         # Install torch first (`pip install torch==2.13.0` gives the CPU build here).
         "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100",
                  "transformers>=4.51,<6", "torch>=2.4",
                  "datasets>=3.0,<6", "tensorflow-datasets>=4.9.7,<5", "array_record>=0.7",
-                 "reasoning-gym>=0.1.23,<0.2"],
+                 "reasoning-gym>=0.1.23,<0.2",
+                 # TensorBoard's reader checks the event files; nbclient runs the colabs.
+                 "tensorboard>=2.16,<3", "nbclient>=0.10,<1", "nbformat>=5.9,<6",
+                 "ipykernel>=6.29,<8"],
     },
 )

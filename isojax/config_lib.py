@@ -16,13 +16,17 @@ Allocation fields (the playbook's symbols):
 from __future__ import annotations
 
 import difflib
-import json
+import importlib.util
 import math
 import sys
 from typing import Any
 
 import ml_collections
 from ml_collections import config_dict
+
+from isojax import storage
+# The registries' names only: no JAX, so the planner can use this module anywhere.
+from isojax.rl import names as rl_names
 
 # The paper's regularisation table (PLAYBOOK section 2). Entropy is never used
 # without the KL anchor. Coefficients are the tiny-model values; the paper-scale
@@ -112,6 +116,7 @@ def base_config() -> ml_collections.ConfigDict:
       max_new_tokens=8,
       max_rollouts_per_call=0,  # 0: a step's rollouts in one sampler call
       weights_dtype="",      # "" (as trained) or "bfloat16": weights cast for sampling
+      decode_slots=0,        # > 0: continuous batching in this many decode rows per call
       stop_token_ids=(),     # ids that end a rollout besides the checkpoint's EOS ids
   ))
 
@@ -172,7 +177,27 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
 
   c.checkpoint_every = 20
+  # Newest checkpoints kept: with 2 or more, a run whose latest checkpoint is damaged
+  # resumes from the one before it (isojax.checkpointing).
+  c.checkpoint_keep = 2
   c.log_every = 1
+  # Divergence guard (isojax.rl.guard): a non-finite loss, gradient or parameter always
+  # stops the run before it is checkpointed. Zero reward and zero gradient norm for
+  # collapse_steps steps in a row log a `collapse` event (0 disables), and stop the run
+  # when stop_on_collapse is set.
+  c.guard = ml_collections.ConfigDict(dict(
+      collapse_steps=5,
+      stop_on_collapse=False,
+  ))
+  # Where metrics are watched besides metrics.jsonl (the record analysis reads):
+  # TensorBoard event files in the workdir; W&B when enabled (needs `pip install wandb`).
+  c.metric_writers = ml_collections.ConfigDict(dict(
+      tensorboard=True,
+      wandb=False,
+      wandb_project="isojax",
+      wandb_entity="",       # "" = your default W&B entity
+      wandb_name="",         # "" = the workdir's name
+  ))
   return c
 
 
@@ -224,19 +249,25 @@ def apply_preset(config: ml_collections.ConfigDict, name: str | None) -> ml_coll
   raise ValueError(f"preset {name!r}: expected one of default, micro, paper")
 
 
-def config_from_json(path: str) -> ml_collections.ConfigDict:
-  """A config from a JSON file of (a subset of) its fields over `base_config()`."""
+def config_from_json(path: storage.PathLike) -> ml_collections.ConfigDict:
+  """A config from a JSON file (local or gs://) of (a subset of) its fields over
+  `base_config()`."""
   try:
-    with open(path) as f:
-      fields = json.load(f)
+    fields = storage.read_json(path)
   except FileNotFoundError as e:
-    raise FileNotFoundError(f"config file {path}: does not exist") from e
-  except json.JSONDecodeError as e:
-    raise ValueError(f"config file {path}: not valid JSON ({e})") from e
+    raise FileNotFoundError(f"config file {e}") from e
+  except ValueError as e:
+    raise ValueError(f"config file {e}") from e
+  return override(base_config(), fields, f"config file {path}")
+
+
+def override(config: ml_collections.ConfigDict, fields: dict[str, Any],
+             source: str) -> ml_collections.ConfigDict:
+  """`config` with the nested `fields` set in place; a field the schema lacks is an
+  error naming `source` and the closest known field."""
   extra = unknown_fields(fields, base_config().to_dict())
   if extra:
-    raise ValueError(f"config file {path}: unknown field(s) {describe_unknown(extra)}")
-  config = base_config()
+    raise ValueError(f"{source}: unknown field(s) {describe_unknown(extra)}")
   _merge(config, fields)
   return config
 
@@ -341,19 +372,7 @@ def _nested(dotted: str) -> dict[str, Any]:
 
 def _check_registered_names(rl: ml_collections.ConfigDict) -> None:
   """Names picked from the RL registries exist (checked before any compilation)."""
-  # Imported here so the planner can use this module without loading JAX.
-  from isojax.rl import advantages, downsampling, losses  # pylint: disable=g-import-not-at-top
-  from isojax.rl import update  # pylint: disable=g-import-not-at-top
-  choices = {
-      "advantage": advantages.ADVANTAGE_ESTIMATORS,
-      "policy_loss": losses.POLICY_LOSSES,
-      "aggregation": losses.AGGREGATIONS,
-      "kl_form": losses.KL_ESTIMATORS,
-      "downsample": ("none", *downsampling.DOWNSAMPLERS),
-      "zero_variance_filter": update.ZERO_VARIANCE_MODES,
-      "advantages_on": ("selected", "generated"),
-  }
-  for field, names in choices.items():
+  for field, names in rl_names.CHOICES.items():
     if rl[field] not in names:
       raise ValueError(f"rl.{field}={rl[field]!r}: expected one of {sorted(names)}")
 
@@ -419,6 +438,8 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if c.eval.num_samples < c.eval.k:
     raise ValueError(f"eval.num_samples={c.eval.num_samples} must be >= eval.k={c.eval.k}")
   _check_task(c)
+  _check_metric_writers(c.metric_writers)
+  _check_robustness(c)
   _check_overlong(c)
   _check_memory_fields(c, b_p * m)
   _check_model(c)
@@ -464,6 +485,31 @@ def _check_task(c: ml_collections.ConfigDict) -> None:
   tasks.validate(t)  # the family's own fields (task.name is checked there)
 
 
+def _check_metric_writers(w: ml_collections.ConfigDict) -> None:
+  for field in ("tensorboard", "wandb"):
+    if not isinstance(w[field], bool):
+      raise ValueError(f"metric_writers.{field}={w[field]!r}: expected True or False")
+  if w.wandb and importlib.util.find_spec("wandb") is None:
+    raise ValueError("metric_writers.wandb=True but the wandb package is not installed: "
+                     "`pip install wandb`, or set --config.metric_writers.wandb=False")
+  if w.wandb and not w.wandb_project:
+    raise ValueError("metric_writers.wandb=True needs metric_writers.wandb_project")
+
+
+def _check_robustness(c: ml_collections.ConfigDict) -> None:
+  """Checkpoint retention and the divergence guard (isojax.checkpointing, rl/guard.py)."""
+  _positive_int(c, "checkpoint_keep")
+  steps = c.guard.collapse_steps
+  if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+    raise ValueError(f"guard.collapse_steps={steps!r}: expected an integer >= 0 (0 disables "
+                     "the collapse detector)")
+  if not isinstance(c.guard.stop_on_collapse, bool):
+    raise ValueError(f"guard.stop_on_collapse={c.guard.stop_on_collapse!r}: expected True "
+                     "or False")
+  if c.guard.stop_on_collapse and not steps:
+    raise ValueError("guard.stop_on_collapse=True needs guard.collapse_steps > 0")
+
+
 def _check_model(c: ml_collections.ConfigDict) -> None:
   from isojax.models import transformer  # pylint: disable=g-import-not-at-top
   if c.model.remat not in ("none", "full") + transformer.REMAT_POLICIES:
@@ -485,6 +531,10 @@ def _check_sampling_memory(c: ml_collections.ConfigDict, n: int) -> None:
     if 0 < s.max_rollouts_per_call < group:
       raise ValueError(f"sampling.max_rollouts_per_call={s.max_rollouts_per_call} is smaller "
                        f"than {what}={group}: a sampler call holds whole groups")
+  if not isinstance(s.decode_slots, int) or isinstance(s.decode_slots, bool) or (
+      s.decode_slots < 0):
+    raise ValueError(f"sampling.decode_slots={s.decode_slots!r}: expected an integer >= 0 "
+                     "(0: all rollouts of a call decode in lockstep)")
   if s.weights_dtype not in ("", "float32", "bfloat16"):
     raise ValueError(f"sampling.weights_dtype={s.weights_dtype!r}: expected '', float32 or "
                      "bfloat16")

@@ -40,28 +40,28 @@ def correct_counts(graphdef, params, tok: TextTokenizer, book: PromptBook,
   return np.concatenate(counts), float(np.concatenate(truncated).mean())
 
 
-def _counts(graphdef, params, tok, book, problems, verifier, config, rng):
-  return correct_counts(graphdef, params, tok, book, problems, verifier,
-                        num_samples=config.eval.num_samples,
-                        chunk=min(config.eval.chunk_problems, len(problems)), rng=rng,
-                        sampling=config.sampling)
-
-
 def evaluate(graphdef, params, tok: TextTokenizer, book: PromptBook,
              problems: Sequence[Problem], verifier: Verifier,
-             config: ml_collections.ConfigDict, *, rng: jax.Array) -> dict[str, float]:
-  counts, truncated = _counts(graphdef, params, tok, book, problems, verifier, config, rng)
-  return dict(metrics.summarize_correct(counts, config.eval.num_samples, config.eval.k),
-              **{metrics.VAL_TRUNCATED: truncated})
+             config: ml_collections.ConfigDict, *, rng: jax.Array,
+             histogram_problems: Sequence[Problem] = ()) -> dict[str, float | list[int]]:
+  """avg@k, best@k, worst@k (with standard errors) and the truncated fraction on
+  `problems`, plus the pass@1 histogram of `histogram_problems` if there are any.
 
-
-def pass_rate_histogram(graphdef, params, tok: TextTokenizer, book: PromptBook,
-                        problems: Sequence[Problem], verifier: Verifier,
-                        config: ml_collections.ConfigDict, *, rng: jax.Array) -> list[int]:
-  """Training problems with 0..N of N samples correct: the interference diagnostic.
-
-  With small n a few problems get solved (pass@1 -> 1) while others fall to 0; the
-  histogram's mass moving to both ends shows it (PLAYBOOK section 1, point 5).
+  The histogram (training problems with 0..N of N samples correct) is the interference
+  diagnostic: with small n a few problems get solved (pass@1 -> 1) while others fall
+  to 0, and its mass moving to both ends shows it (PLAYBOOK section 1, point 5).
   """
-  counts, _ = _counts(graphdef, params, tok, book, problems, verifier, config, rng)
-  return metrics.pass_count_histogram(counts, config.eval.num_samples)
+  num_samples = config.eval.num_samples
+
+  def count(part: Sequence[Problem]) -> tuple[np.ndarray, float]:
+    return correct_counts(graphdef, params, tok, book, part, verifier, num_samples=num_samples,
+                          chunk=min(config.eval.chunk_problems, len(part)), rng=rng,
+                          sampling=config.sampling)
+
+  counts_P, truncated = count(problems)
+  result = dict(metrics.summarize_correct(counts_P, num_samples, config.eval.k),
+                **{metrics.VAL_TRUNCATED: truncated})
+  if histogram_problems:
+    counts_P, _ = count(histogram_problems)
+    result[metrics.TRAIN_PASS1_HISTOGRAM] = metrics.pass_count_histogram(counts_P, num_samples)
+  return result

@@ -26,12 +26,20 @@ TRAIN_LR = "train/learning_rate"
 TRAIN_ZERO_VARIANCE = "train/zero_variance_fraction"
 TRAIN_RESPONSE_LENGTH = "train/response_length"
 TRAIN_PASS1_HISTOGRAM = "train/pass@1_histogram"  # problems with 0..N of N correct
+# Lists of counts per bucket, which metric viewers show as histograms.
+HISTOGRAMS = (TRAIN_PASS1_HISTOGRAM,)
 TRAIN_ACTIVE_PROBLEMS = "train/active_problems"    # after No-Positive-Resampling
 TRAIN_TRUNCATED = "train/truncated_fraction"       # rollouts that hit max_new_tokens
 TRAIN_VERIFIER_TIMEOUTS = "train/verifier_timeouts"  # completions cut off (scored 0)
 TRAIN_VERIFIER_ERRORS = "train/verifier_errors"      # completions whose grading failed
 TRAIN_SHAPED_REWARD = "train/shaped_reward"        # what the update optimises (rl.overlong)
 TASK_SKIPPED_PREFIX = "task/skipped/"              # rows dropped at load time, by reason
+
+# Events: metrics.jsonl rows with an `event` key (run_dir.EVENT) and a `message`,
+# which run_dir.read_metrics leaves out and run_dir.read_events returns.
+EVENT_NON_FINITE = "non_finite"            # loss, gradients or parameters; the run stops
+EVENT_COLLAPSE = "collapse"                # zero reward and gradient for guard.collapse_steps
+EVENT_CHECKPOINT_CORRUPT = "checkpoint_corrupt"  # moved aside; an older one restored
 
 VAL_PREFIX = "val/"
 VAL_TRUNCATED = "val/truncated_fraction"

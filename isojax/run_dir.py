@@ -3,13 +3,21 @@
     <workdir>/config.json      the resolved config of the run (JSON object)
     <workdir>/metrics.jsonl    one JSON object per line, one line per logged step
     <workdir>/checkpoints/     orbax checkpoints (only the main loop reads them)
+    <workdir>/checkpoints/corrupt/<step>  checkpoints that failed to restore, moved aside
+    <workdir>/events.out.tfevents.*  TensorBoard's copy of metrics.jsonl, and
+    <workdir>/wandb_run_id, wandb/   W&B's run id and files (`isojax.metric_writers`)
 
 Every metrics line carries `step`, `rollouts` (cumulative sampled rollouts, the
 compute C), `tokens` (cumulative generated tokens) and `wall_s`, plus namespaced
-metrics such as `train/reward` or `val/avg@4` (names in `isojax.metrics`).
+metrics such as `train/reward` or `val/avg@4` (names in `isojax.metrics`). Lines with an
+`event` key record what happened rather than what was measured (a corrupt checkpoint
+skipped, a divergence that stopped the run): `read_metrics` leaves them out and
+`read_events` returns them.
 
 Readers (`launch.analyze`, notebooks) use `load_run` / `find_runs`; they raise
 `RunFormatError` naming the file so callers can report and skip a broken run.
+<workdir> is a local path or a URI such as gs://bucket/run: every file goes through
+`isojax.storage` (etils.epath), and every write is atomic.
 """
 
 from __future__ import annotations
@@ -20,12 +28,19 @@ import math
 import os
 from typing import Any, Iterable
 
+from etils import epath
+
+from isojax import storage
+
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_DIR = "checkpoints"
+CORRUPT_DIR = "corrupt"  # under CHECKPOINT_DIR, where orbax does not look
+WANDB_RUN_ID_FILE = "wandb_run_id"  # one W&B run per workdir, kept across resumes
 # Keys that every metrics line has, in this order.
 STEP, ROLLOUTS, TOKENS, WALL_S = "step", "rollouts", "tokens", "wall_s"
 REQUIRED_KEYS = (STEP, ROLLOUTS, TOKENS, WALL_S)
+EVENT = "event"  # the key of event lines (names in isojax.metrics: EVENT_*)
 
 
 class RunFormatError(ValueError):
@@ -49,67 +64,63 @@ class Run:
     return xs, ys
 
 
-def config_path(workdir: str) -> str:
-  return os.path.join(workdir, CONFIG_FILE)
+def config_path(workdir: storage.PathLike) -> epath.Path:
+  return storage.path(workdir) / CONFIG_FILE
 
 
-def metrics_path(workdir: str) -> str:
-  return os.path.join(workdir, METRICS_FILE)
+def metrics_path(workdir: storage.PathLike) -> epath.Path:
+  return storage.path(workdir) / METRICS_FILE
 
 
-def checkpoint_dir(workdir: str) -> str:
-  return os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
+def checkpoint_dir(workdir: storage.PathLike) -> epath.Path:
+  """Absolute, as orbax requires (a gs:// workdir already is)."""
+  return storage.path(storage.absolute(workdir)) / CHECKPOINT_DIR
 
 
-def _json_default(x):
-  if hasattr(x, "item"):  # NumPy / JAX scalars
-    return x.item()
-  if hasattr(x, "tolist"):
-    return x.tolist()
-  raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+def corrupt_checkpoint_dir(workdir: storage.PathLike) -> epath.Path:
+  return checkpoint_dir(workdir) / CORRUPT_DIR
 
 
-def write_config(workdir: str, config: dict[str, Any]) -> None:
-  os.makedirs(workdir, exist_ok=True)
-  tmp = config_path(workdir) + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(config, f, indent=2, sort_keys=True, default=_json_default)
-  os.replace(tmp, config_path(workdir))  # never leave a half-written config
+def write_config(workdir: storage.PathLike, config: dict[str, Any]) -> None:
+  storage.write_json(config_path(workdir), config, indent=2, sort_keys=True)
 
 
-def read_config(workdir: str) -> dict[str, Any]:
+def read_config(workdir: storage.PathLike) -> dict[str, Any]:
   path = config_path(workdir)
-  if not os.path.isfile(path):
-    raise RunFormatError(f"{path}: missing (every run directory has a {CONFIG_FILE})")
   try:
-    with open(path) as f:
-      config = json.load(f)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise RunFormatError(f"{path}: not valid JSON ({e})") from e
+    config = storage.read_json(path)
+  except FileNotFoundError as e:
+    raise RunFormatError(f"{e} (every run directory has a {CONFIG_FILE})") from e
+  except ValueError as e:
+    raise RunFormatError(str(e)) from e
   if not isinstance(config, dict):
     raise RunFormatError(f"{path}: expected a JSON object, got {type(config).__name__}")
   return config
 
 
-class MetricsWriter:
-  """Appends metrics lines; on resume drops the lines after the restored step.
+def _line(record: dict[str, Any]) -> str:
+  return json.dumps(record, default=storage.json_default) + "\n"
 
+
+class MetricsWriter:
+  """Writes metrics lines; on resume drops the lines after the restored step.
+
+  The file is rewritten whole (atomically) at each line, as object stores cannot
+  append; a run logs at most a few thousand lines, so this costs little.
   With `enabled=False` (every process but the first of a multi-host job) it writes
   nothing, so one file has one line per step whatever the number of hosts.
   """
 
-  def __init__(self, workdir: str, resume_step: int | None = None, enabled: bool = True):
+  def __init__(self, workdir: storage.PathLike, resume_step: int | None = None,
+               enabled: bool = True):
     self.enabled = enabled
     self.path = metrics_path(workdir)
+    self._lines: list[str] = []
     if not enabled:
       return
-    os.makedirs(workdir, exist_ok=True)
-    if resume_step is None:
-      open(self.path, "w").close()
-    elif os.path.exists(self.path):
-      kept = [r for r in read_metrics(workdir) if r[STEP] <= resume_step]
-      with open(self.path, "w") as f:
-        f.writelines(json.dumps(r, default=_json_default) + "\n" for r in kept)
+    if resume_step is not None and self.path.exists():
+      self._lines = [_line(r) for r in _read_lines(workdir) if r[STEP] <= resume_step]
+    storage.write_text(self.path, "".join(self._lines))
 
   def write(self, record: dict[str, Any]) -> None:
     missing = [k for k in REQUIRED_KEYS if k not in record]
@@ -117,45 +128,56 @@ class MetricsWriter:
       raise ValueError(f"metrics record lacks required keys {missing}: {record}")
     if not self.enabled:
       return
-    with open(self.path, "a") as f:
-      f.write(json.dumps(record, default=_json_default) + "\n")
+    self._lines.append(_line(record))
+    storage.write_text(self.path, "".join(self._lines))
 
 
-def read_metrics(workdir: str) -> list[dict[str, Any]]:
+def _parse_line(path: epath.Path, lineno: int, line: str) -> dict[str, Any]:
+  try:
+    record = json.loads(line)
+  except json.JSONDecodeError as e:
+    raise RunFormatError(f"{path}:{lineno}: not valid JSON ({e})") from e
+  if not isinstance(record, dict):
+    raise RunFormatError(f"{path}:{lineno}: expected a JSON object")
+  missing = [k for k in REQUIRED_KEYS if k not in record]
+  if missing:
+    raise RunFormatError(f"{path}:{lineno}: missing required keys {missing}")
+  return record
+
+
+def _read_lines(workdir: storage.PathLike) -> list[dict[str, Any]]:
   path = metrics_path(workdir)
-  if not os.path.isfile(path):
+  if not path.is_file():
     raise RunFormatError(f"{path}: missing (every run directory has a {METRICS_FILE})")
-  records = []
-  with open(path) as f:
-    for lineno, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise RunFormatError(f"{path}:{lineno}: not valid JSON ({e})") from e
-      if not isinstance(record, dict):
-        raise RunFormatError(f"{path}:{lineno}: expected a JSON object")
-      missing = [k for k in REQUIRED_KEYS if k not in record]
-      if missing:
-        raise RunFormatError(f"{path}:{lineno}: missing required keys {missing}")
-      records.append(record)
-  return records
+  return [_parse_line(path, lineno, line)
+          for lineno, line in enumerate(path.read_text().splitlines(), start=1)
+          if line.strip()]
 
 
-def load_run(workdir: str) -> Run:
-  return Run(path=workdir, config=read_config(workdir), metrics=read_metrics(workdir))
+def read_metrics(workdir: storage.PathLike) -> list[dict[str, Any]]:
+  """The measurement lines of metrics.jsonl, event lines left out."""
+  return [r for r in _read_lines(workdir) if EVENT not in r]
 
 
-def find_runs(root: str) -> list[str]:
+def read_events(workdir: storage.PathLike) -> list[dict[str, Any]]:
+  """The event lines of metrics.jsonl ({'step': ..., 'event': ..., 'message': ...})."""
+  return [r for r in _read_lines(workdir) if EVENT in r]
+
+
+def load_run(workdir: storage.PathLike) -> Run:
+  return Run(path=os.fspath(workdir), config=read_config(workdir), metrics=read_metrics(workdir))
+
+
+def find_runs(root: storage.PathLike) -> list[str]:
   """Every directory under `root` (itself included) holding a config or metrics file."""
-  if not os.path.isdir(root):
-    raise FileNotFoundError(f"runs directory {root!r} does not exist")
+  top = storage.path(root)
+  if not top.is_dir():
+    raise FileNotFoundError(f"runs directory {os.fspath(root)!r} does not exist")
   found = []
-  for dirpath, dirnames, filenames in os.walk(root):
+  for dirpath, dirnames, filenames in top.walk():
     dirnames[:] = sorted(d for d in dirnames if d != CHECKPOINT_DIR)
     if CONFIG_FILE in filenames or METRICS_FILE in filenames:
-      found.append(dirpath)
+      found.append(os.fspath(dirpath))
   return sorted(found)
 
 

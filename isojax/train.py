@@ -16,15 +16,14 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import orbax.checkpoint as ocp
 import tqdm
 from absl import logging
 from flax import nnx
 
-from isojax import config_lib, evaluation, metrics, run_dir, tasks
+from isojax import checkpointing, config_lib, evaluation, metric_writers, metrics, run_dir, tasks
 from isojax.models import hf_checkpoint, sharding
 from isojax.models import tokenizer as tokenizer_lib
-from isojax.rl import problem_pool, rollout, update
+from isojax.rl import guard, problem_pool, rollout, update
 from isojax.rl import step as rl_step
 from isojax.tasks import prompts, tiny_base_model
 
@@ -34,11 +33,12 @@ _RESUME_INVARIANTS = ("rollouts_per_problem", "problems_per_batch", "num_steps",
 
 @dataclasses.dataclass
 class Counters:
-  """Cumulative compute, restored with the checkpoint."""
+  """Cumulative compute and the guard's state, restored with the checkpoint."""
   step: int = 0
   rollouts: int = 0
   tokens: int = 0
   wall_s: float = 0.0
+  collapse_streak: int = 0  # steps in a row with zero reward and gradient (rl/guard.py)
 
 
 def problems_for_step(seed: int, step: int, num_problems: int, batch: int) -> np.ndarray:
@@ -121,15 +121,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   verifier = tasks.make_verifier(config.task)
 
   # ==================== Run directory and checkpoints ====================
-  ckpt = ocp.CheckpointManager(run_dir.checkpoint_dir(workdir), options=ocp.CheckpointManagerOptions(
-      max_to_keep=2, enable_async_checkpointing=False))
-  resume_step = ckpt.latest_step()
-  if resume_step is not None:
+  ckpt = checkpointing.manager(run_dir.checkpoint_dir(workdir), keep=config.checkpoint_keep)
+  if ckpt.latest_step() is not None:
     _check_resume(workdir, config)
   primary = jax.process_index() == 0  # one writer per job, however many hosts
   if primary:
     run_dir.write_config(workdir, config.to_dict())
-  writer = run_dir.MetricsWriter(workdir, resume_step=resume_step, enabled=primary)
 
   # ==================== Model ====================
   policy = hf_checkpoint.load_model(path, mesh, **config.model)
@@ -144,17 +141,23 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   opt_state = jax.jit(tx.init, out_shardings=update.opt_state_shardings(tx, params, mesh))(
       params)
   counters = Counters()
-  if resume_step is not None:
-    restored = ckpt.restore(resume_step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(params), opt_state=ocp.args.StandardRestore(opt_state),
-        counters=ocp.args.JsonRestore()))
+  # The newest checkpoint that restores; newer ones that do not are moved aside.
+  restored = checkpointing.restore_newest(
+      ckpt, params=params, opt_state=opt_state,
+      corrupt_dir=run_dir.corrupt_checkpoint_dir(workdir), primary=primary)
+  resume_step = restored.step if restored else None
+  if restored is not None:
     params, opt_state = restored.params, restored.opt_state
-    counters = Counters(**restored.counters.pop("counters"))
+    counters = Counters(**restored.counters["counters"])
     if pool is not None:
       pool = problem_pool.ProblemPool.from_dict(
           {k: np.asarray(v) for k, v in restored.counters["pool"].items()})
     logging.info("resumed %s at step %d (%d rollouts)", workdir, counters.step,
                  counters.rollouts)
+  # Lines after the restored step are dropped: the run ends as if never interrupted.
+  writer = run_dir.MetricsWriter(workdir, resume_step=resume_step, enabled=primary)
+  viewers = metric_writers.create(config.metric_writers, workdir, resume_step=resume_step,
+                                  enabled=primary, run_config=config.to_dict())
   learner = rl_step.Learner(config, mesh, graphdef, params, opt_state, ref_params, tx)
   del params, opt_state  # the learner owns (and donates) them from here on
 
@@ -162,33 +165,44 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   sample_key, eval_key, shuffle_key, select_key = jax.random.split(rng, 4)
 
   def record(values: dict) -> None:
-    writer.write({run_dir.STEP: counters.step, run_dir.ROLLOUTS: counters.rollouts,
-                  run_dir.TOKENS: counters.tokens, run_dir.WALL_S: round(counters.wall_s, 3),
-                  **values})
+    line = {run_dir.STEP: counters.step, run_dir.ROLLOUTS: counters.rollouts,
+            run_dir.TOKENS: counters.tokens, run_dir.WALL_S: round(counters.wall_s, 3),
+            **values}
+    writer.write(line)
+    if run_dir.EVENT not in line:  # events stay in metrics.jsonl
+      viewers.write(line)  # TensorBoard / W&B: what metrics.jsonl holds
 
   def run_eval() -> dict[str, float]:
     start = time.time()
-    result = evaluation.evaluate(graphdef, learner.params, tok, book, val_problems, verifier,
-                                 config, rng=eval_key)
-    if config.eval.train_problems:
-      result[metrics.TRAIN_PASS1_HISTOGRAM] = evaluation.pass_rate_histogram(
-          graphdef, learner.params, tok, book, train_problems[:config.eval.train_problems],
-          verifier, config, rng=eval_key)
+    result = evaluation.evaluate(
+        graphdef, learner.params, tok, book, val_problems, verifier, config, rng=eval_key,
+        histogram_problems=train_problems[:config.eval.train_problems])
     counters.wall_s += time.time() - start
     logging.info("step %d eval: %s", counters.step, " ".join(
         f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()))
     return result
 
   def save() -> None:
-    ckpt.save(counters.step, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(learner.params),
-        opt_state=ocp.args.StandardSave(learner.opt_state),
-        counters=ocp.args.JsonSave(dict(
-            counters=dataclasses.asdict(counters),
-            pool={k: v.tolist() for k, v in pool.to_dict().items()} if pool else None))),
-              force=True)
+    checkpointing.save(ckpt, counters.step, params=learner.params, opt_state=learner.opt_state,
+                       counters=dict(counters=dataclasses.asdict(counters), pool={
+                           k: v.tolist() for k, v in pool.to_dict().items()} if pool else None))
+
+  def stop(event: dict) -> None:
+    """Logs the guard's `event` and ends the run, leaving the last checkpoint to resume."""
+    record(event)
+    bar.close()
+    viewers.close()
+    last = ckpt.latest_step()
+    ckpt.close()
+    raise guard.RunStopped(
+        f"{event['message']}. " + (f"The last checkpoint, step {last} in "
+                                   f"{run_dir.checkpoint_dir(workdir)}, is where a rerun "
+                                   "resumes" if last is not None else
+                                   "No checkpoint was saved yet: a rerun starts afresh"))
 
   # ==================== Loop ====================
+  for failure in restored.corrupt if restored else ():
+    record(failure.event())
   last_eval = run_eval() if counters.step == 0 else {}
   if counters.step == 0:
     record(dict(last_eval, **{metrics.TASK_SKIPPED_PREFIX + k: v for k, v in skipped.items()}))
@@ -220,12 +234,24 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         learning_rate=schedule(step * config.rl.num_minibatches * config.rl.num_epochs),
         active_problems=len(train_problems) if pool is None else int(pool.active_ids().size),
         has_reference=learner.ref_params is not None)
+    diverged = guard.non_finite(values, step=counters.step,
+                                params_finite=bool(guard.all_finite(learner.params)))
+    if diverged:
+      stop(diverged)  # before anything of this step is evaluated, logged or saved
+    counters.collapse_streak, collapsed = guard.collapse(
+        values, streak=counters.collapse_streak, collapse_steps=config.guard.collapse_steps,
+        stop=config.guard.stop_on_collapse, step=counters.step)
     evaluate_now = counters.step % config.eval.every == 0 or counters.step == num_steps
     if evaluate_now:
       last_eval = run_eval()
       values.update(last_eval)
     if evaluate_now or counters.step % config.log_every == 0:
       record(values)
+    if collapsed and config.guard.stop_on_collapse:
+      stop(collapsed)
+    elif collapsed:
+      logging.warning(collapsed["message"])
+      record(collapsed)
     if counters.step % config.checkpoint_every == 0 or counters.step == num_steps:
       save()
     bar.update(1)
@@ -234,5 +260,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   bar.close()
   ckpt.wait_until_finished()
   ckpt.close()
+  viewers.close()
   return last_eval or {k: v for k, v in run_dir.read_metrics(workdir)[-1].items()
                        if k.startswith(metrics.VAL_PREFIX)}

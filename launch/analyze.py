@@ -58,7 +58,6 @@ def main(argv):
   except analysis.AnalysisError as e:
     raise SystemExit(f"launch.analyze: error: {e}") from None
   out_dir = _OUT_DIR.value or _RUNS.value
-  os.makedirs(out_dir, exist_ok=True)
   json_path = os.path.join(out_dir, analysis.ANALYSIS_FILE)
   written = analysis.write_analysis(result, json_path)
   outputs = [json_path]

@@ -13,7 +13,9 @@ so a resubmitted job resumes every run from its checkpoint. Multi-host runs get 
   TPU    ISOJAX_DISTRIBUTED=auto: jax.distributed.initialize() detects the pod slice;
          `gcloud ... tpu-vm ssh --worker=all` starts the run on every host.
 
-The sweep directory must be on storage that every node sees at the same path.
+The SLURM sweep directory must be on storage that every node sees at the same path;
+the TPU one may also be a gs:// URI (plans, run directories and checkpoints all go
+through `isojax.storage`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import dataclasses
 import os
 import shlex
 from typing import Sequence
+
+from isojax import storage
 
 SLURM_SCRIPT = "sweep.slurm"
 RUNS_LIST = "runs.txt"
@@ -43,7 +47,7 @@ class SlurmOptions:
 
 def runs_list(plans: Sequence[str]) -> str:
   """runs.txt: line i + 1 is the plan.json of array task i."""
-  return "".join(os.path.abspath(p) + "\n" for p in plans)
+  return "".join(storage.absolute(p) + "\n" for p in plans)
 
 
 def slurm_script(name: str, out_dir: str, num_runs: int, repo_dir: str, python: str,
@@ -52,6 +56,9 @@ def slurm_script(name: str, out_dir: str, num_runs: int, repo_dir: str, python: 
     raise ValueError("a SLURM array needs at least one run")
   if options.nodes < 1:
     raise ValueError(f"nodes={options.nodes}: expected >= 1")
+  if storage.is_uri(out_dir):
+    raise ValueError(f"out_dir={out_dir}: SLURM writes the task logs there (--output), "
+                     "which needs a path every node mounts, not an object-store URI")
   out_dir = os.path.abspath(out_dir)
   q = shlex.quote
   if q(python) != python:  # it goes inside a single-quoted `bash -c` program
@@ -121,7 +128,7 @@ set -euo pipefail
 REPO_DIR="${{REPO_DIR:-{repo_dir}}}"
 """]
   for i, plan in enumerate(plans):
-    plan = os.path.abspath(plan)
+    plan = storage.absolute(plan)
     inner = (f"cd $REPO_DIR && ISOJAX_DISTRIBUTED=auto {python} -m isojax.main "
              f"--config=configs/from_json.py:{plan} --workdir={os.path.dirname(plan)}")
     lines.append(f"# {i + 1}/{len(plans)}: {os.path.basename(os.path.dirname(plan))}\n"
@@ -131,22 +138,19 @@ REPO_DIR="${{REPO_DIR:-{repo_dir}}}"
 
 
 def _write(path: str, text: str, executable: bool = False) -> str:
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    f.write(text)
-  if executable:
-    os.chmod(tmp, 0o755)
-  os.replace(tmp, path)
+  storage.write_text(path, text)
+  if executable and not storage.is_uri(path):
+    os.chmod(path, 0o755)
   return path
 
 
 def write_slurm(name: str, out_dir: str, plans: Sequence[str], repo_dir: str, python: str,
                 options: SlurmOptions) -> list[str]:
   """Writes DIR/runs.txt and DIR/sweep.slurm; returns their paths."""
+  script = slurm_script(name, out_dir, len(plans), repo_dir, python, options)
   os.makedirs(os.path.join(out_dir, "slurm"), exist_ok=True)
   return [_write(os.path.join(out_dir, RUNS_LIST), runs_list(plans)),
-          _write(os.path.join(out_dir, SLURM_SCRIPT),
-                 slurm_script(name, out_dir, len(plans), repo_dir, python, options), True)]
+          _write(os.path.join(out_dir, SLURM_SCRIPT), script, True)]
 
 
 def write_tpu(name: str, out_dir: str, plans: Sequence[str], repo_dir: str,

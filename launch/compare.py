@@ -13,14 +13,13 @@ Prints a Markdown table and writes `<out>/comparison.json`.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 
 from absl import app, flags
 
-from isojax import metrics, run_dir
+from isojax import metrics, run_dir, storage
 
 _BASELINE = flags.DEFINE_string("baseline", None, "Baseline config (file.py[:preset]).",
                                 required=True)
@@ -72,9 +71,9 @@ def main(argv):
     base = _run(_BASELINE.value, os.path.join(_OUT.value, f"baseline_s{seed}"), seed, extra)
     cand = _run(_CANDIDATE.value, os.path.join(_OUT.value, f"candidate_s{seed}"), seed, extra)
     rows.append(dict(seed=seed, **compare(base, cand, _METRIC.value)))
-  with open(os.path.join(_OUT.value, "comparison.json"), "w") as f:
-    json.dump(dict(baseline=_BASELINE.value, candidate=_CANDIDATE.value, extra_flags=extra,
-                   metric=_METRIC.value, seeds=rows), f, indent=2)
+  storage.write_json(os.path.join(_OUT.value, "comparison.json"),
+                     dict(baseline=_BASELINE.value, candidate=_CANDIDATE.value,
+                          extra_flags=extra, metric=_METRIC.value, seeds=rows), indent=2)
   print(f"| seed | baseline peak {_METRIC.value} | baseline reaches it | "
         f"candidate reaches it | candidate best |")
   print("|---|---|---|---|---|")

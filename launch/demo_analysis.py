@@ -28,24 +28,20 @@ _RUNS = flags.DEFINE_string("runs", "/tmp/isojax_planner_demo", "Where the synth
 _IMAGE = flags.DEFINE_string("image", "docs/img/planner_metric_vs_compute.png",
                              "Where the README figure is written.")
 
-_BUDGET = 1 << 21
-
 
 def main(argv):
   del argv
   if os.path.isdir(_RUNS.value):
     shutil.rmtree(_RUNS.value)
-  curves = synthetic.paper_like_curves([16, 64], [2, 4, 8, 16, 32, 64, 128], n_saturation=32,
-                                       c_mid_base=_BUDGET / 4000)
-  synthetic.write_sweep(_RUNS.value, curves, budget_rollouts=_BUDGET, num_evals=40,
-                        noise=0.01, seed=0, log_spaced=True)
+  synthetic.write_demo_sweep(_RUNS.value)
   result = analysis.analyze_directory(_RUNS.value)
   analysis.write_analysis(result, os.path.join(_RUNS.value, analysis.ANALYSIS_FILE))
   paths = plots.write_plots(result, _RUNS.value)
   os.makedirs(os.path.dirname(_IMAGE.value) or ".", exist_ok=True)
   shutil.copyfile(paths[0], _IMAGE.value)
   law = result.primary.law
-  print(f"n*(C) saturates at n = {2 ** law.log2_n_high:.3g} (true: 32); "
+  print(f"n*(C) saturates at n = {2 ** law.log2_n_high:.3g} "
+        f"(true: {synthetic.DEMO_N_SATURATION}); "
         f"analysis in {_RUNS.value}; figure at {_IMAGE.value}")
 
 

@@ -31,6 +31,7 @@ from absl import logging
 from ml_collections import config_flags
 
 from isojax import config_lib
+from isojax import storage
 from isojax.planner import grids
 from isojax.planner import prescribe
 
@@ -80,13 +81,6 @@ def _cost(rollouts: int) -> dict[str, float]:
   return out
 
 
-def _write_json(path: str, data) -> None:
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  with open(path, "w") as f:
-    json.dump(data, f, indent=2, sort_keys=True)
-    f.write("\n")
-
-
 def _law(base):
   if _ANALYSIS.value:
     return prescribe.load_law(_ANALYSIS.value)
@@ -117,17 +111,19 @@ def _plan(base, out_dir):
       a = allocation
       path = os.path.join(
           grid_dir, f"bp{a.problems_per_batch}_n{a.rollouts_per_problem}_m{a.num_steps}.json")
-      _write_json(path, config.to_dict())
+      storage.write_json(path, config.to_dict(), indent=2, sort_keys=True)
       entries.append({**allocation.to_dict(), "config_path": path,
                       "effective_learning_rate": prescribe.effective_learning_rate(
                           allocation, base), **_cost(allocation.rollouts)})
     manifest = {"budget_rollouts": budget, "max_batch_rollouts": _MAX_BATCH.value,
                 "allocations": entries}
-    _write_json(os.path.join(grid_dir, "manifest.json"), manifest)
+    storage.write_json(os.path.join(grid_dir, "manifest.json"), manifest, indent=2,
+                       sort_keys=True)
     return manifest
   result = prescribe.prescribe(budget, _law(base), base, **ranges)
   path = os.path.join(out_dir, f"plan_C{budget}.json")
-  _write_json(path, prescribe.to_config(result.allocation, base).to_dict())
+  storage.write_json(path, prescribe.to_config(result.allocation, base).to_dict(), indent=2,
+                     sort_keys=True)
   return {**result.to_dict(), "config_path": path, **_cost(result.allocation.rollouts)}
 
 
@@ -136,7 +132,7 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if _BUDGET.value <= 0:
     raise app.UsageError(f"--budget_rollouts={_BUDGET.value}: expected a positive integer")
-  out_dir = _OUT_DIR.value or (os.path.dirname(os.path.abspath(_ANALYSIS.value))
+  out_dir = _OUT_DIR.value or (os.path.dirname(storage.absolute(_ANALYSIS.value))
                                if _ANALYSIS.value else ".")
   try:
     output = _plan(_base_config(), out_dir)

@@ -11,7 +11,7 @@ Samples --num_samples rollouts (avg@16) for each of --pool_size candidate traini
 at the config's sampling settings; problems with avg@16 = 0 get --hard_samples more
 (pass@128) for the extremely hard split. It writes one file per split
 (`<out>/<split>.json`: easy, hard, extremely_hard, very_easy, mix_hard_easy,
-mix_hard_easy_veryeasy; bands in `launch.profiling`) and the per-problem pass rates
+mix_hard_easy_veryeasy; bands in `isojax.tasks.difficulty`) and the per-problem pass rates
 (`<out>/profile.json`), then prints the split sizes and mean pass rates.
 
 Rerunning with the same model and settings reuses the files (--force redoes them). A
@@ -21,27 +21,63 @@ a warning; an empty split is an error naming it.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from typing import Callable
+
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from isojax import config_lib
 from launch import profiling
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", "configs/hard.py", "Run config whose base model and sampling settings are "
-    "profiled (file.py[:preset]).", lock_config=True)
-_OUT = flags.DEFINE_string("out", None, "Directory of the split files (default: the "
-                           "config's task.splits_dir).")
-options_from_flags = profiling.define_option_flags()
-flags.adopt_module_key_flags(profiling)  # list them in --help
+# Help of each profiling knob; the defaults are those of `profiling.Options`.
+_HELP = dict(
+    num_samples="k of avg@k, the difficulty measure.",
+    hard_samples="Further samples for problems with avg@k = 0; those with none correct "
+                 "form the extremely hard split.",
+    pool_size="Candidate training problems.",
+    val_pool_size="Candidate validation problems.",
+    min_digits="Fewest operand digits in the pool.",
+    max_digits="Most operand digits in the pool.",
+    num_train="Training problems per split.",
+    num_val="Held-out validation problems per split.",
+    seed="Seed of the pool and sampling.",
+    chunk_rollouts="Rollouts per sampler call.",
+    splits="Splits to write.",
+    force="Recompute even if the split files are up to date.",
+)
 
 
-def main(argv):
+def define_option_flags() -> Callable[[str], profiling.Options]:
+  """Defines the profiling flags and returns `options_from_flags(out_dir)`.
+
+  Called once by this binary and once by `launch.study`, so both expose the same knobs
+  with the same defaults.
+  """
+  defaults = profiling.Options(out_dir="")
+  define = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, tuple: flags.DEFINE_list}
+  defined = {}
+  for field in dataclasses.fields(profiling.Options):
+    if field.name in _HELP:
+      default = getattr(defaults, field.name)
+      defined[field.name] = define[type(default)](
+          field.name, list(default) if isinstance(default, tuple) else default,
+          f"Profiling: {_HELP[field.name]}")
+
+  def options_from_flags(out_dir: str) -> profiling.Options:
+    values = {k: v.value for k, v in defined.items()}
+    return profiling.Options(out_dir=out_dir, **dict(values, splits=tuple(values["splits"])))
+
+  return options_from_flags
+
+
+def main(argv, *, options_from_flags: Callable[[str], profiling.Options]):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.INFO)
-  config = _CONFIG.value
-  options = options_from_flags(_OUT.value or config.task.splits_dir)
+  config = flags.FLAGS.config
+  options = options_from_flags(flags.FLAGS.out or config.task.splits_dir)
   try:
     summaries = profiling.profile(config, options)
   except profiling.ProfileError as e:
@@ -52,4 +88,12 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=config_lib.parse_flags)
+  # Flags are defined only when this runs as the binary: `launch.study` imports
+  # `define_option_flags` beside its own --out.
+  config_flags.DEFINE_config_file(
+      "config", "configs/hard.py", "Run config whose base model and sampling settings are "
+      "profiled (file.py[:preset]).", lock_config=True)
+  flags.DEFINE_string("out", None, "Directory of the split files, local or gs:// "
+                      "(default: the config's task.splits_dir).")
+  app.run(functools.partial(main, options_from_flags=define_option_flags()),
+          flags_parser=config_lib.parse_flags)

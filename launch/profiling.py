@@ -1,23 +1,17 @@
 """Difficulty profiling: the base model's per-problem pass rates and the paper's splits.
 
-The playbook (section 3) defines difficulty by the *base* model: avg@16, the mean 0/1
-reward over 16 samples. This module samples a pool of candidate problems with the
-base model (loaded exactly as the RL loop loads it), then fills the paper's splits
-from the pass-rate bands, each with a held-out in-domain validation set:
+Samples a pool of candidate problems with the base model (loaded exactly as the RL
+loop loads it), measures each one's avg@k (and pass@hard_samples of those at 0), and
+writes the splits `isojax.tasks.difficulty` selects from the pass-rate bands, each with
+a held-out in-domain validation set.
 
-  easy                    avg@16 in [0.3, 0.6]
-  hard                    avg@16 in [0, 0.0625]
-  extremely_hard          avg@16 = 0 and 0 correct of 128 further samples (pass@128 = 0)
-  very_easy               avg@16 in [0.6, 0.9]
-  mix_hard_easy           50% hard, 50% easy
-  mix_hard_easy_veryeasy  50% hard, 25% easy, 25% very easy
-
-Validation problems come from the arithmetic task's validation partition (a hash of
-the prompt), which the tiny base model never saw and which no training problem is in,
-so train and validation are disjoint by construction. Results are cached: a split
-whose file already holds the same `settings` (model path, sampling, pool, sizes,
-bands) is not recomputed. `launch.profile` is the command line; `launch.study` calls
-`profile` directly.
+Arithmetic pools come from `arithmetic.draw_problems`: validation problems from the
+task's validation partition (a hash of the prompt), which the tiny base model never
+saw and which no training problem is in, so train and validation are disjoint by
+construction. Results are cached: a split whose file already holds the same
+`settings` (model path, sampling, pool, sizes, bands) is not recomputed. Split files
+may live on gs:// (`isojax.storage`). `launch.profile` is the command line;
+`launch.study` calls `profile` directly.
 """
 
 from __future__ import annotations
@@ -26,7 +20,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
 import ml_collections
@@ -34,43 +28,15 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from isojax import config_lib, evaluation, tasks, train
+from isojax import config_lib, evaluation, storage, tasks, train
 from isojax.models import hf_checkpoint, sharding
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.tasks import arithmetic, prompts, splits, tiny_base_model
+from isojax.tasks.difficulty import BANDS, EXTREMELY_HARD, SPLITS, ProblemRates, SplitPlan
+from isojax.tasks.difficulty import plan_splits
 
 PROFILE_FILE = "profile.json"   # per-problem pass rates of the pool, beside the splits
-_VERSION = 1                    # bump when the selection rules below change
-_TOL = 1e-9                     # band edges are inclusive
-
-
-@dataclasses.dataclass(frozen=True)
-class Band:
-  """A closed interval of avg@k pass rates."""
-  low: float
-  high: float
-
-  def contains(self, rate: float) -> bool:
-    return self.low - _TOL <= rate <= self.high + _TOL
-
-
-# Difficulty classes (PLAYBOOK section 3). `extremely_hard` is avg@k = 0 *and* no
-# correct sample of `hard_samples` more, so it is not a band.
-BANDS: dict[str, Band] = {
-    "hard": Band(0.0, 0.0625),
-    "easy": Band(0.3, 0.6),
-    "very_easy": Band(0.6, 0.9),
-}
-EXTREMELY_HARD = "extremely_hard"
-# Each split: the fraction of its problems drawn from each difficulty class.
-SPLITS: dict[str, dict[str, float]] = {
-    "easy": {"easy": 1.0},
-    "hard": {"hard": 1.0},
-    EXTREMELY_HARD: {EXTREMELY_HARD: 1.0},
-    "very_easy": {"very_easy": 1.0},
-    "mix_hard_easy": {"hard": 0.5, "easy": 0.5},
-    "mix_hard_easy_veryeasy": {"hard": 0.5, "easy": 0.25, "very_easy": 0.25},
-}
+_VERSION = 1                    # bump when the selection rules (isojax.tasks.difficulty) change
 
 
 class ProfileError(ValueError):
@@ -95,27 +61,6 @@ class Options:
   chunk_rollouts: int = 4096        # rollouts per sampler call
   splits: tuple[str, ...] = tuple(SPLITS)
   force: bool = False
-
-
-@dataclasses.dataclass
-class ProblemRates:
-  """Measured pass rates of a pool of problems."""
-  problems: list[arithmetic.Problem]
-  correct_P: np.ndarray             # [P] int, correct of num_samples
-  hard_correct_P: np.ndarray        # [P] int, correct of hard_samples; -1 = not sampled
-  num_samples: int
-
-  @property
-  def rate_P(self) -> np.ndarray:   # [P] float, avg@num_samples
-    return self.correct_P / self.num_samples
-
-  def members(self, name: str) -> list[int]:
-    """Indices (in pool order) of the problems of one difficulty class."""
-    if name == EXTREMELY_HARD:
-      return [i for i in range(len(self.problems))
-              if self.correct_P[i] == 0 and self.hard_correct_P[i] == 0]
-    band = BANDS[name]
-    return [i for i, r in enumerate(self.rate_P) if band.contains(float(r))]
 
 
 def model_path(config: ml_collections.ConfigDict) -> str:
@@ -157,13 +102,12 @@ def cached(config: ml_collections.ConfigDict, options: Options) -> bool:
   """True when every requested split file exists with these settings."""
   want = settings(config, options)
   for name in options.splits:
-    path = splits.split_path(options.out_dir, name)
-    if not os.path.isfile(path):
+    if not splits.split_path(options.out_dir, name).is_file():
       return False
     try:
       if splits.read_split_meta(options.out_dir, name).get("settings") != want:
         return False
-    except (json.JSONDecodeError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):  # unreadable: make it again
       return False
   return True
 
@@ -219,70 +163,6 @@ def _measure(sampler: _Sampler, problems, options: Options, rng, need_extremely_
   return ProblemRates(list(problems), correct, hard, options.num_samples)
 
 
-# --- Split selection (pure) --------------------------------------------------------
-
-
-def select(rates: ProblemRates, composition: dict[str, float], size: int
-           ) -> tuple[list[int], dict[str, int]]:
-  """Indices for a split of `size` problems in the composition's proportions.
-
-  Draws each class's share in pool order (the pool is already random). When a class
-  has too few problems the whole split shrinks so the proportions hold. Returns the
-  indices and the available count per class.
-  """
-  available = {c: rates.members(c) for c in composition}
-  total = size
-  for c, fraction in composition.items():
-    total = min(total, int(len(available[c]) / fraction + _TOL))
-  counts = _shares(composition, total)
-  chosen, seen = [], set()
-  for c, count in counts.items():
-    taken = 0
-    for i in available[c]:
-      if taken == count:
-        break
-      if rates.problems[i].prompt not in seen:  # classes may share an edge value
-        seen.add(rates.problems[i].prompt)
-        chosen.append(i)
-        taken += 1
-  return chosen, {c: len(v) for c, v in available.items()}
-
-
-def _shares(composition: dict[str, float], total: int) -> dict[str, int]:
-  """Integer counts summing to `total`, in the composition's proportions."""
-  counts = {c: int(total * f) for c, f in composition.items()}
-  first = next(iter(composition))
-  counts[first] += total - sum(counts.values())  # rounding goes to the first class
-  return counts
-
-
-@dataclasses.dataclass
-class SplitPlan:
-  """The problems (pool indices) chosen for one split."""
-  name: str
-  train: list[int]
-  val: list[int]
-  available_train: dict[str, int]   # problems per difficulty class in the pool
-  available_val: dict[str, int]
-
-
-def plan_splits(train_rates: ProblemRates, val_rates: ProblemRates, options: Options
-                ) -> tuple[list[SplitPlan], list[str]]:
-  """The non-empty splits of `options.splits`, and a description of each empty one."""
-  plans, empty = [], []
-  for name in options.splits:
-    composition = SPLITS[name]
-    train_idx, train_avail = select(train_rates, composition, options.num_train)
-    val_idx, val_avail = select(val_rates, composition, options.num_val)
-    if not train_idx or not val_idx:
-      empty.append(f"{name} (train: {len(train_idx)} of {options.num_train}, val: "
-                   f"{len(val_idx)} of {options.num_val}; available per class: train "
-                   f"{train_avail}, val {val_avail})")
-    else:
-      plans.append(SplitPlan(name, train_idx, val_idx, train_avail, val_avail))
-  return plans, empty
-
-
 # --- The whole job ---------------------------------------------------------------------
 
 
@@ -315,34 +195,16 @@ def _task_pool(config: ml_collections.ConfigDict, options: Options
   return train_pool, val_pool
 
 
-def _pool(options: Options) -> tuple[list[arithmetic.Problem], list[arithmetic.Problem]]:
-  """Distinct candidate problems: training ones, and validation ones from the task's
-  validation partition (which the base model never trained on), deterministic in seed.
-
-  The draws are capped, so a digit range with too few distinct problems is an error
-  rather than an endless loop (one-digit additions have only 8 validation problems).
-  """
-  rng = np.random.default_rng(options.seed)
-  seen, train, val = set(), [], []
-  max_draws = 64 * (options.pool_size + options.val_pool_size) + 100_000
-  for _ in range(max_draws):
-    if len(train) == options.pool_size and len(val) == options.val_pool_size:
-      return train, val
-    p = arithmetic.sample_problem(rng, options.min_digits, options.max_digits)
-    if p.prompt in seen:
-      continue
-    seen.add(p.prompt)
-    held_out = arithmetic._is_validation(p.prompt)  # pylint: disable=protected-access
-    part, size = (val, options.val_pool_size) if held_out else (train, options.pool_size)
-    if len(part) < size:
-      part.append(p)
-  if len(train) == options.pool_size and len(val) == options.val_pool_size:
-    return train, val
-  raise ProfileError(
-      f"digits in [{options.min_digits}, {options.max_digits}] gave only {len(train)} of "
-      f"pool_size={options.pool_size} training and {len(val)} of val_pool_size="
-      f"{options.val_pool_size} validation problems in {max_draws} draws: too few distinct "
-      "problems; widen the digit range or lower the pool sizes")
+def _pool(options: Options) -> tuple[list[tasks.Problem], list[tasks.Problem]]:
+  """Distinct arithmetic candidates, deterministic in seed: training ones, and validation
+  ones from the task's validation partition (which the base model never trained on)."""
+  try:
+    return arithmetic.draw_problems(options.seed, options.pool_size, options.val_pool_size,
+                                    options.min_digits, options.max_digits)
+  except ValueError as e:
+    raise ProfileError(f"pool_size={options.pool_size}, val_pool_size="
+                       f"{options.val_pool_size}: {e}; widen the digit range or lower the "
+                       "pool sizes") from e
 
 
 def profile(config: ml_collections.ConfigDict, options: Options) -> list[SplitSummary]:
@@ -369,7 +231,8 @@ def profile(config: ml_collections.ConfigDict, options: Options) -> list[SplitSu
                time.time() - start)
   _write_profile(options.out_dir, want, train_rates, val_rates)
 
-  plans, empty = plan_splits(train_rates, val_rates, options)
+  plans, empty = plan_splits(train_rates, val_rates, options.splits, options.num_train,
+                             options.num_val)
   summaries = []
   for plan in plans:
     if (len(plan.train) < options.num_train or len(plan.val) < options.num_val):
@@ -417,37 +280,32 @@ def _write_split(options: Options, want: dict[str, Any], plan: SplitPlan,
                            [val_rates.problems[i] for i in val_idx], rates, meta)
   return SplitSummary(name, len(train_idx), len(val_idx),
                       float(np.mean([train_rates.rate_P[i] for i in train_idx])),
-                      float(np.mean([val_rates.rate_P[i] for i in val_idx])), path,
+                      float(np.mean([val_rates.rate_P[i] for i in val_idx])), os.fspath(path),
                       _digit_mix([train_rates.problems[i].difficulty for i in train_idx]))
 
 
 def _write_profile(out_dir: str, want: dict, train_rates: ProblemRates,
-                   val_rates: ProblemRates) -> str:
+                   val_rates: ProblemRates) -> None:
   """Every measured problem's pass rates, for inspection (not read back)."""
   def rows(r: ProblemRates):
     return [dict(prompt=p.prompt, answer=p.answer, difficulty=p.difficulty,
                  correct=int(c), hard_correct=None if h < 0 else int(h))
             for p, c, h in zip(r.problems, r.correct_P, r.hard_correct_P)]
-  os.makedirs(os.path.expanduser(out_dir), exist_ok=True)
-  path = os.path.join(os.path.expanduser(out_dir), PROFILE_FILE)
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(dict(settings=want, train=rows(train_rates), val=rows(val_rates)), f, indent=0)
-  os.replace(tmp, path)
-  return path
+  storage.write_json(storage.path(out_dir) / PROFILE_FILE,
+                     dict(settings=want, train=rows(train_rates), val=rows(val_rates)), indent=0)
 
 
 def _summary_from_file(out_dir: str, name: str) -> SplitSummary:
   path = splits.split_path(out_dir, name)
-  with open(path) as f:
-    payload = json.load(f)
+  payload = storage.read_json(path)
   if name == EXTREMELY_HARD:  # its stored rate is pass@128's; avg@k is 0 by definition
     train_rate = val_rate = 0.0
   else:
     train_rate = float(np.mean([r["pass_rate"] for r in payload["train"]]))
     val_rate = float(np.mean([r["pass_rate"] for r in payload["val"]]))
   return SplitSummary(name, len(payload["train"]), len(payload["val"]), train_rate,
-                      val_rate, path, _digit_mix([r["difficulty"] for r in payload["train"]]))
+                      val_rate, os.fspath(path),
+                      _digit_mix([r["difficulty"] for r in payload["train"]]))
 
 
 def format_table(summaries: Sequence[SplitSummary], num_samples: int) -> str:
@@ -464,11 +322,10 @@ def format_table(summaries: Sequence[SplitSummary], num_samples: int) -> str:
 
 def pool_table(out_dir: str) -> str:
   """Per digit count: problems, mean avg@k and the fraction in each class (profile.json)."""
-  path = os.path.join(os.path.expanduser(out_dir), PROFILE_FILE)
-  if not os.path.isfile(path):
+  path = storage.path(out_dir) / PROFILE_FILE
+  if not path.is_file():
     return f"{path}: missing (rerun with --force to measure the pool again)"
-  with open(path) as f:
-    data = json.load(f)
+  data = storage.read_json(path)
   k = data["settings"]["num_samples"]
   rows = data["train"] + data["val"]
   lines = [f"{'digits':<8}{'problems':>9}{'avg@' + str(k):>9}" +
@@ -479,45 +336,3 @@ def pool_table(out_dir: str) -> str:
                         for b in BANDS.values())
     lines.append(f"{d:<8}{len(rates):>9}{rates.mean():>9.3f}{fractions}")
   return "\n".join(lines)
-
-
-def define_option_flags() -> Callable[[str], Options]:
-  """Defines the profiling flags (once per tool) and returns `options_from_flags(out_dir)`.
-
-  Shared by `launch.profile` and `launch.study`, so both expose the same knobs with the
-  same defaults (those of `Options`).
-  """
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  d = Options(out_dir="")
-  defined = dict(
-      num_samples=flags.DEFINE_integer("num_samples", d.num_samples,
-                                       "Profiling: k of avg@k, the difficulty measure."),
-      hard_samples=flags.DEFINE_integer(
-          "hard_samples", d.hard_samples, "Profiling: further samples for problems with "
-          "avg@k = 0; those with none correct form the extremely hard split."),
-      pool_size=flags.DEFINE_integer("pool_size", d.pool_size,
-                                     "Profiling: candidate training problems."),
-      val_pool_size=flags.DEFINE_integer("val_pool_size", d.val_pool_size,
-                                         "Profiling: candidate validation problems."),
-      min_digits=flags.DEFINE_integer("min_digits", d.min_digits,
-                                      "Profiling: fewest operand digits in the pool."),
-      max_digits=flags.DEFINE_integer("max_digits", d.max_digits,
-                                      "Profiling: most operand digits in the pool."),
-      num_train=flags.DEFINE_integer("num_train", d.num_train,
-                                     "Profiling: training problems per split."),
-      num_val=flags.DEFINE_integer("num_val", d.num_val,
-                                   "Profiling: held-out validation problems per split."),
-      seed=flags.DEFINE_integer("seed", d.seed, "Profiling: seed of the pool and sampling."),
-      chunk_rollouts=flags.DEFINE_integer("chunk_rollouts", d.chunk_rollouts,
-                                          "Profiling: rollouts per sampler call."),
-      splits=flags.DEFINE_list("splits", list(d.splits), "Profiling: splits to write."),
-      force=flags.DEFINE_bool("force", d.force, "Profiling: recompute even if the split "
-                              "files are up to date."),
-  )
-
-  def options_from_flags(out_dir: str) -> Options:
-    values = {k: v.value for k, v in defined.items()}
-    values["splits"] = tuple(values["splits"])
-    return Options(out_dir=out_dir, **values)
-
-  return options_from_flags

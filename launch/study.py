@@ -20,15 +20,15 @@ laws. The exit status is non-zero if a run or an analysis failed.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 
 from absl import app, flags, logging
 
+from isojax import storage
 from isojax.planner import analysis
-from launch import profiling, sweep_plan, sweep_runner
+from launch import profile, profiling, sweep_plan, sweep_runner
 
 _OUT = flags.DEFINE_string("out", None, "The study directory.", required=True)
 _PROFILE_CONFIG = flags.DEFINE_string(
@@ -40,8 +40,8 @@ _WORKERS = flags.DEFINE_integer("workers", 0, "Parallel runs (0: one per CPU cor
                                 "a GPU/TPU).")
 _BUDGET = flags.DEFINE_integer("budget_rollouts", 0, "The budget C of every sweep (0: each "
                                "sweep config's own). A new budget needs a new --out.")
-_PROFILE_OPTIONS = profiling.define_option_flags()
-flags.adopt_module_key_flags(profiling)  # list them in --help
+_PROFILE_OPTIONS = profile.define_option_flags()
+flags.adopt_module_key_flags(profile)  # list them in --help
 
 SPLITS_DIR = "splits"
 STUDY_FILE = "study.json"
@@ -89,8 +89,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.INFO)
-  out_dir = os.path.abspath(os.path.expanduser(_OUT.value))
-  os.makedirs(out_dir, exist_ok=True)
+  out_dir = storage.absolute(_OUT.value)
   start = time.time()
   workers = _WORKERS.value or sweep_runner.default_workers()
   try:
@@ -105,8 +104,7 @@ def main(argv):
     raise SystemExit("launch.study: interrupted; rerun the same command to resume") from None
   study = dict(out_dir=out_dir, model=model, wall_s=round(time.time() - start, 1),
                splits=[s.__dict__ for s in summaries], sweeps=sweeps)
-  with open(os.path.join(out_dir, STUDY_FILE), "w") as f:
-    json.dump(study, f, indent=1)
+  storage.write_json(os.path.join(out_dir, STUDY_FILE), study)
   problems = [f"{name}: runs failed {e['failed']}" for name, e in sweeps.items() if e["failed"]]
   problems += [f"{name}: analysis failed ({e['analysis_error']})" for name, e in sweeps.items()
                if "analysis_error" in e]

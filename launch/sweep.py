@@ -21,6 +21,9 @@ budget and the (B_p, n) ranges; the planner enumerates the allocations and each 
                    DIR/runs.txt; --backend=tpu writes DIR/tpu_commands.sh. Neither is
                    submitted. Afterwards `--backend=local --norun` refreshes the manifest
                    from the run directories and writes the analysis.
+
+DIR may be a gs:// URI with --backend=tpu (or --norun): every plan, manifest, run
+directory and analysis file goes through `isojax.storage` (etils.epath).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from isojax import storage
 from isojax.planner import analysis
 from launch import cluster_scripts, sweep_plan, sweep_runner
 
@@ -88,7 +92,7 @@ def main(argv):
   if _CONFIG.value is None:
     raise app.UsageError("--config is required, e.g. --config=configs/sweep_hard.py")
   logging.set_verbosity(logging.INFO)
-  out_dir = os.path.abspath(os.path.expanduser(_OUT.value))
+  out_dir = storage.absolute(_OUT.value)
   try:
     manifest = sweep_plan.prepare(_CONFIG.value, out_dir, _BACKEND.value)
   except sweep_plan.SweepError as e:

@@ -25,7 +25,6 @@ A run is finished when its metrics.jsonl ends at step = num_steps.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import math
 import os
@@ -34,8 +33,9 @@ from typing import Any, Sequence
 
 import ml_collections
 from absl import logging
+from ml_collections.config_flags import config_flags
 
-from isojax import config_lib, run_dir
+from isojax import config_lib, run_dir, storage
 from isojax.planner import analysis, grids, plots, prescribe
 from isojax.tasks import splits
 
@@ -59,7 +59,7 @@ class SweepError(ValueError):
 
 
 def load_config_file(spec: str) -> ml_collections.ConfigDict:
-  """`get_config(arg)` of a config file given as `path.py[:arg]` (as config_flags does).
+  """`get_config(arg)` of a config file given as `path.py[:arg]`, loaded by config_flags.
 
   A relative path is looked up in the current directory, then in the repository.
   """
@@ -69,11 +69,8 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
   if found is None:
     raise SweepError(f"config file {path!r} does not exist (looked in "
                      f"{', '.join(os.path.abspath(p) for p in candidates)})")
-  module_spec = importlib.util.spec_from_file_location(
-      "isojax_config_" + os.path.basename(found)[:-3], found)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module.get_config(arg) if arg else module.get_config()
+  parser = config_flags.ConfigFileFlagParser(name="config", lock_config=False)
+  return parser.parse(f"{found}:{arg}" if arg else found)
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -98,22 +95,14 @@ def check_sweep_config(sweep: ml_collections.ConfigDict) -> None:
 
 def base_run_config(sweep: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """The base run config with the sweep's overrides; unknown fields are errors."""
-  base = load_config_file(sweep.base_config)
-  overrides = _flatten(sweep.overrides.to_dict())
-  schema = _flatten(config_lib.base_config().to_dict())
-  unknown = [k for k in overrides if k not in schema]
-  if unknown:
-    raise SweepError(f"sweep config overrides: unknown run-config field(s) "
-                     f"{', '.join(unknown)}")
-  for key, value in overrides.items():
-    node = base
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
+  try:
+    base = config_lib.override(load_config_file(sweep.base_config), sweep.overrides.to_dict(),
+                               "sweep config overrides")
+  except ValueError as e:
+    raise SweepError(str(e)) from e
   # Workers run from the repository root: make paths independent of the current one.
   if base.task.split:
-    base.task.splits_dir = os.path.abspath(os.path.expanduser(base.task.splits_dir))
+    base.task.splits_dir = storage.absolute(base.task.splits_dir)
   return base
 
 
@@ -178,7 +167,7 @@ def _check_split(base: ml_collections.ConfigDict, runs: Sequence[PlannedRun]) ->
   if not base.task.split:
     return
   path = splits.split_path(base.task.splits_dir, base.task.split)
-  if not os.path.isfile(path):
+  if not path.is_file():
     raise SweepError(f"task.split={base.task.split!r}: {path} does not exist; create it "
                      "with `python -m launch.profile` (or run `python -m launch.study`)")
   num_train = splits.read_split_meta(base.task.splits_dir, base.task.split)["num_train"]
@@ -192,7 +181,7 @@ def _check_split(base: ml_collections.ConfigDict, runs: Sequence[PlannedRun]) ->
 
 
 def run_dir_of(out_dir: str, name: str) -> str:
-  return os.path.join(os.path.abspath(out_dir), RUNS_DIR, name)
+  return os.path.join(storage.absolute(out_dir), RUNS_DIR, name)
 
 
 def plan_path(out_dir: str, name: str) -> str:
@@ -212,51 +201,39 @@ def final_metrics(workdir: str, num_steps: int) -> dict[str, float] | None:
 
 
 def read_manifest(out_dir: str) -> dict[str, Any] | None:
-  path = os.path.join(out_dir, MANIFEST_FILE)
-  if not os.path.isfile(path):
+  path = storage.path(out_dir) / MANIFEST_FILE
+  if not path.is_file():
     return None
   try:
-    with open(path) as f:
-      return json.load(f)
-  except json.JSONDecodeError as e:
-    raise SweepError(f"{path}: not valid JSON ({e}); delete it to rebuild it from the "
-                     "run directories") from e
+    return storage.read_json(path)
+  except ValueError as e:
+    raise SweepError(f"{e}; delete it to rebuild it from the run directories") from e
 
 
 def write_manifest(out_dir: str, manifest: dict[str, Any]) -> None:
   manifest["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-  path = os.path.join(out_dir, MANIFEST_FILE)
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(manifest, f, indent=1)
-  os.replace(tmp, path)  # never a half-written manifest
+  storage.write_json(storage.path(out_dir) / MANIFEST_FILE, manifest)
 
 
 def _write_plan(path: str, config: dict[str, Any]) -> None:
   """Writes plan.json, or checks that the one there is the same plan."""
   config = json.loads(json.dumps(config))  # as JSON holds it (tuples become lists)
-  if os.path.isfile(path):
-    with open(path) as f:
-      existing = json.load(f)
-    if existing != config:
-      old, new = _flatten(existing), _flatten(config)
-      changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-      raise SweepError(
-          f"{path}: the run there was planned differently (changed: {', '.join(changed)}); "
-          "use a new --out, or delete that run directory to redo it")
+  if not storage.path(path).is_file():
+    storage.write_json(path, config, indent=2, sort_keys=True)
     return
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(config, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
+  existing = storage.read_json(path)
+  if existing != config:
+    old, new = _flatten(existing), _flatten(config)
+    changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    raise SweepError(
+        f"{path}: the run there was planned differently (changed: {', '.join(changed)}); "
+        "use a new --out, or delete that run directory to redo it")
 
 
 def prepare(sweep: ml_collections.ConfigDict, out_dir: str, backend: str
             ) -> dict[str, Any]:
   """Writes every plan.json and the manifest, with each run's state from its files."""
   runs = plan_runs(sweep)
-  os.makedirs(out_dir, exist_ok=True)
   for r in runs:
     _write_plan(plan_path(out_dir, r.name), r.config)
   old = {e["name"]: e for e in (read_manifest(out_dir) or {}).get("runs", [])}
@@ -267,7 +244,7 @@ def prepare(sweep: ml_collections.ConfigDict, out_dir: str, backend: str
   entries = []
   for r in runs:
     entry = dict(old.get(r.name, {}), name=r.name, **r.allocation.to_dict(),
-                 plan=os.path.relpath(plan_path(out_dir, r.name), out_dir))
+                 plan=os.path.join(RUNS_DIR, r.name, PLAN_FILE))
     entry.setdefault("attempts", 0)
     final = final_metrics(run_dir_of(out_dir, r.name), r.allocation.num_steps)
     if final is not None:
@@ -276,7 +253,7 @@ def prepare(sweep: ml_collections.ConfigDict, out_dir: str, backend: str
       # Never started, interrupted, or marked done by files that disagree: (re)run it.
       entry.update(state=PENDING, final=None)
     entries.append(entry)
-  manifest = dict(version=_MANIFEST_VERSION, name=sweep.name, out_dir=os.path.abspath(out_dir),
+  manifest = dict(version=_MANIFEST_VERSION, name=sweep.name, out_dir=storage.absolute(out_dir),
                   backend=backend, sweep_config=sweep.to_dict(), runs=entries)
   write_manifest(out_dir, manifest)
   return manifest
@@ -316,7 +293,6 @@ def analyze(out_dir: str, sweep: ml_collections.ConfigDict) -> dict[str, dict[st
         companions=metric == primary)  # the primary's views already hold the companions
     result = analysis.analyze_directory(os.path.join(out_dir, RUNS_DIR), options)
     target = metric_dir(out_dir, metric, primary)
-    os.makedirs(target, exist_ok=True)
     written = analysis.write_analysis(result, os.path.join(target, analysis.ANALYSIS_FILE))
     plots.write_plots(result, target)
     end = written["frontier"][-1] if written["frontier"] else None

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import fcntl
-import json
 import os
 import signal
 import subprocess
@@ -26,6 +25,7 @@ import ml_collections
 import tqdm
 from absl import logging
 
+from isojax import storage
 from launch import sweep_plan
 from launch.sweep_plan import DONE, FAILED, PENDING, REPO_ROOT, RUNNING
 
@@ -92,8 +92,7 @@ def _ensure_base_models(out_dir: str, entries: Sequence[dict[str, Any]]) -> None
   from isojax.tasks import tiny_base_model  # pylint: disable=g-import-not-at-top
   todo = {}
   for e in entries:
-    with open(os.path.join(out_dir, e["plan"])) as f:
-      plan = json.load(f)
+    plan = storage.read_json(os.path.join(out_dir, e["plan"]))
     if plan["base_model"]["path"]:
       continue
     base = ml_collections.ConfigDict(plan["base_model"])
@@ -149,6 +148,11 @@ def run_local(out_dir: str, manifest: dict[str, Any], *, workers: int,
   Returns the names of the runs that failed. SIGTERM / Ctrl-C stop the running
   subprocesses, mark them pending and leave the manifest consistent.
   """
+  if storage.is_uri(out_dir):
+    raise sweep_plan.SweepError(
+        f"--out={out_dir}: the local backend locks and logs each run in its directory, "
+        "which needs a local (or mounted) path; run gs:// sweeps with --backend=tpu, or "
+        "use --norun to refresh the manifest and analysis there")
   entries = manifest["runs"]
   todo = [e for e in entries if e["state"] != DONE]
   done_before = len(entries) - len(todo)

@@ -130,9 +130,9 @@ def _divisible(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> Parti
   return PartitionSpec(*out)
 
 
-def batch_shards(mesh: Mesh | None) -> int:
+def batch_shards(mesh: Mesh | jax.sharding.AbstractMesh | None) -> int:
   """How many ways the `batch` logical axis is split on `mesh` (1 without a mesh)."""
-  if mesh is None:
+  if mesh is None or mesh.empty:
     return 1
   axes = dict(LOGICAL_RULES)["batch"]
   return math.prod(mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes))

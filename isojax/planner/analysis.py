@@ -15,9 +15,7 @@ differs between them (sharpening vs coverage).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
 import re
 from typing import Any, Sequence
 
@@ -26,6 +24,7 @@ import numpy as np
 
 from isojax import metrics
 from isojax import run_dir
+from isojax import storage
 from isojax.planner import frontier
 from isojax.planner import records
 from isojax.planner import sigmoid_fit
@@ -261,7 +260,7 @@ def _frontier_extrapolation(analysis, fraction, lower, upper):
 
 def load_sweep(root: str) -> tuple[list[run_dir.Run], list[dict[str, str]]]:
   """Every run under `root`, and {'path', 'reason'} for each one that is broken."""
-  if not os.path.isdir(root):
+  if not storage.path(root).is_dir():
     raise AnalysisError(f"runs directory {root!r} does not exist")
   paths = run_dir.find_runs(root)
   if not paths:
@@ -345,7 +344,7 @@ def analyze_directory(root: str, options: Options = Options()) -> SweepAnalysis:
       if name != options.metric and name in available:
         views[name] = analyze_metric(run_curves(runs, name, []), name, options, groups=False)
   return SweepAnalysis(
-      runs_dir=os.path.abspath(root), options=options, primary=primary, views=views,
+      runs_dir=storage.absolute(root), options=options, primary=primary, views=views,
       skipped=skipped, run_records=[rc.records(options.bin_width) for rc in curves],
       extrapolation=extrapolation(primary, options.extrapolation_fraction),
       num_runs=num_runs)
@@ -364,11 +363,8 @@ def _json_safe(x):
   return x
 
 
-def write_analysis(analysis: SweepAnalysis, path: str) -> dict[str, Any]:
-  """Writes analysis.json (atomically) and returns the dict written."""
+def write_analysis(analysis: SweepAnalysis, path: storage.PathLike) -> dict[str, Any]:
+  """Writes analysis.json (atomically, local or gs://) and returns the dict written."""
   out = _json_safe(analysis.to_dict())
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(out, f, indent=1, sort_keys=True, allow_nan=False)
-  os.replace(tmp, path)
+  storage.write_json(path, out, indent=1, sort_keys=True, allow_nan=False)
   return out

@@ -24,6 +24,7 @@ from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 import numpy as np
 
+from isojax import storage
 from isojax.planner import analysis as analysis_lib
 from isojax.planner import frontier as frontier_lib
 
@@ -68,6 +69,13 @@ def _frontier_segments(ax, points: Sequence[frontier_lib.FrontierPoint], colour_
   ax.plot([], [], color="0.5", lw=width, label=label)  # legend proxy
 
 
+def _save(fig: Figure, path: storage.PathLike) -> None:
+  """The figure as an image at `path`, local or gs:// (format from the suffix)."""
+  target = storage.path(path)
+  with target.open("wb") as f:
+    fig.savefig(f, format=target.suffix.lstrip(".") or "png", dpi=_DPI)
+
+
 def plot_metric_vs_compute(result: analysis_lib.MetricAnalysis, path: str,
                            max_points_per_curve: int = 200) -> None:
   """Evaluations (dots), fitted sigmoids (lines) and the frontier (thick, by n*)."""
@@ -103,7 +111,7 @@ def plot_metric_vs_compute(result: analysis_lib.MetricAnalysis, path: str,
   ax.legend(loc="upper left", fontsize=8, framealpha=0.8)
   _colourbar(fig, ax, mappable, n_values)
   fig.tight_layout()
-  fig.savefig(path, dpi=_DPI)
+  _save(fig, path)
 
 
 def _draw_n_star(ax, result: analysis_lib.MetricAnalysis, colour="k", label_prefix=""):
@@ -144,7 +152,7 @@ def plot_n_star(result: analysis_lib.MetricAnalysis, path: str) -> None:
   ax.grid(True, alpha=0.3)
   ax.legend(loc="upper left", fontsize=8)
   fig.tight_layout()
-  fig.savefig(path, dpi=_DPI)
+  _save(fig, path)
 
 
 def plot_views(sweep: analysis_lib.SweepAnalysis, path: str) -> None:
@@ -175,7 +183,7 @@ def plot_views(sweep: analysis_lib.SweepAnalysis, path: str) -> None:
   ax_n.set_title("n*(C) per metric")
   ax_n.legend(fontsize=7)
   fig.tight_layout()
-  fig.savefig(path, dpi=_DPI)
+  _save(fig, path)
 
 
 def write_plots(sweep: analysis_lib.SweepAnalysis, out_dir: str) -> list[str]:

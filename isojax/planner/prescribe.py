@@ -13,13 +13,13 @@ next to it. Everything here is deterministic.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from typing import Any, Sequence
 
 import ml_collections
 
 from isojax import config_lib
+from isojax import storage
 from isojax.planner import frontier
 from isojax.planner import grids
 
@@ -65,12 +65,9 @@ def difficulty_of(config: ml_collections.ConfigDict) -> str:
 def load_law(analysis_path: str) -> frontier.NStarLaw:
   """The n*(C) law of an analysis.json written by `launch.analyze`."""
   try:
-    with open(analysis_path) as f:
-      data = json.load(f)
+    data = storage.read_json(analysis_path)
   except FileNotFoundError as e:
     raise ValueError(f"analysis file {analysis_path!r} does not exist") from e
-  except json.JSONDecodeError as e:
-    raise ValueError(f"{analysis_path}: not valid JSON ({e})") from e
   law = data.get("n_star_fit") if isinstance(data, dict) else None
   if not law:
     raise ValueError(f"{analysis_path}: no `n_star_fit` (the sweep's frontier had too few "

@@ -122,3 +122,21 @@ def write_sweep(root: str, curves: Sequence[TrueCurve], *, budget_rollouts: int,
         })
       paths.append(path)
   return paths
+
+
+# The demo sweep of the README figure and colabs/planner.ipynb: n* saturates at 32.
+DEMO_PROBLEMS = (16, 64)
+DEMO_ROLLOUTS = (2, 4, 8, 16, 32, 64, 128)
+DEMO_N_SATURATION = 32
+DEMO_BUDGET = 1 << 21
+
+
+def write_demo_sweep(root: str, *, problems: Sequence[int] = DEMO_PROBLEMS,
+                     rollouts: Sequence[int] = DEMO_ROLLOUTS,
+                     budget_rollouts: int = DEMO_BUDGET, num_evals: int = 40) -> list[str]:
+  """A sweep of paper-like curves (n* saturating at n = 32), every run spending
+  `budget_rollouts` in `num_evals` log-spaced evaluations with noise sd 0.01."""
+  curves = paper_like_curves(problems, rollouts, n_saturation=DEMO_N_SATURATION,
+                             c_mid_base=budget_rollouts / 4000)
+  return write_sweep(root, curves, budget_rollouts=budget_rollouts, num_evals=num_evals,
+                     noise=0.01, seed=0, log_spaced=True)

@@ -81,13 +81,14 @@ def sample(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Seq
   """
   prompts, mask = book.batch(problems)
   mesh = params_mesh(params)
-  per_call, num_calls = call_plan(len(problems), n, sampling.max_rollouts_per_call,
-                                  sharding.batch_shards(mesh))
+  shards = sharding.batch_shards(mesh)
+  per_call, num_calls = call_plan(len(problems), n, sampling.max_rollouts_per_call, shards)
   rows = np.resize(np.arange(len(problems)), per_call * num_calls)  # pad by repetition
   kwargs = dict(n=n, max_new_tokens=sampling.max_new_tokens,
                 temperature=float(sampling.temperature if temperature is None else temperature),
                 top_k=int(sampling.top_k), top_p=float(sampling.top_p), stop_ids=tok.eos_ids,
-                pad_id=tok.pad_id, weights_dtype=sampling.weights_dtype or None)
+                pad_id=tok.pad_id, weights_dtype=sampling.weights_dtype or None,
+                num_slots=slots_per_call(sampling.decode_slots, per_call * n, shards))
   parts = []
   with contextlib.ExitStack() as stack:
     if mesh is not None:
@@ -129,6 +130,16 @@ def call_plan(num_problems: int, n: int, max_rollouts_per_call: int, shards: int
                        f"{shards} problem(s) (one per data-parallel device) of {n} rollouts")
     per_call = min(per_call, fits)
   return per_call, -(-num_problems // per_call)
+
+
+def slots_per_call(decode_slots: int, rollouts_per_call: int, shards: int) -> int:
+  """Continuous-batching slots of one call (0: lockstep decoding), a multiple of `shards`.
+
+  More slots than the call's rollouts would only decode empty rows.
+  """
+  if not decode_slots:
+    return 0
+  return -(-min(decode_slots, rollouts_per_call) // shards) * shards
 
 
 def generate(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Sequence[Problem],

@@ -35,9 +35,9 @@ from flax import nnx
 
 from isojax import config_lib
 from isojax.models import sharding
-from isojax.rl import logprobs, losses
+from isojax.rl import logprobs, losses, names
 
-ZERO_VARIANCE_MODES = ("off", "all", "regularizers")
+ZERO_VARIANCE_MODES = names.ZERO_VARIANCE_MODES
 
 
 @flax.struct.dataclass

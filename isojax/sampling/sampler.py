@@ -71,7 +71,7 @@ def filter_logits(logits_BV: jax.Array, *, top_k: int, top_p: float) -> jax.Arra
   return logits_BV
 
 
-def _choose(logits_BV, rng, temperature, top_k, top_p):
+def _choose(logits_BV, rng, *, temperature, top_k, top_p):
   """Returns (token [B], log-prob [B]) under the tempered policy."""
   logits_BV = logits_BV.astype(jnp.float32)
   if temperature == 0:
@@ -93,15 +93,17 @@ def _cast_floats(state, dtype: str | None):
 
 @functools.partial(jax.jit, static_argnames=(
     "graphdef", "n", "max_new_tokens", "temperature", "top_k", "top_p", "stop_ids", "pad_id",
-    "weights_dtype"))
+    "weights_dtype", "num_slots"))
 def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, *, n: int,
            max_new_tokens: int, temperature: float, top_k: int = 0, top_p: float = 1.0,
-           stop_ids: tuple[int, ...], pad_id: int, weights_dtype: str | None = None
-           ) -> Rollouts:
+           stop_ids: tuple[int, ...], pad_id: int, weights_dtype: str | None = None,
+           num_slots: int = 0) -> Rollouts:
   """Samples n rollouts for each of G left-padded prompts; rollout b belongs to b // n.
 
   Any id of `stop_ids` ends a rollout (it is kept as the rollout's last token).
   `weights_dtype` ("bfloat16") casts the weights once for the whole call.
+  `num_slots` > 0 decodes with continuous batching in that many slots (see
+  `_decode_continuous`); 0 decodes all G * n rollouts in lockstep.
   """
   stop_ids_K = jnp.asarray(tuple(stop_ids), jnp.int32)
   model = nnx.merge(graphdef, _cast_floats(state, weights_dtype))
@@ -111,10 +113,16 @@ def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, *, n: int,
   prompt_mask_GP = sharding.constrain(prompt_mask_GP, ("batch", None))
   first_logits_GV, prefix = model.prefill(prompts_GP, prompt_mask_GP)
   prompt_len_B = jnp.repeat(prompt_mask_GP.sum(-1), n).astype(jnp.int32)
+  if num_slots:
+    return _decode_continuous(
+        model, prefix, first_logits_GV, prompt_len_B, rng, n=n, num_slots=num_slots,
+        max_new_tokens=max_new_tokens, choose=functools.partial(
+            _choose, temperature=temperature, top_k=top_k, top_p=top_p),
+        stop_ids_K=stop_ids_K, pad_id=pad_id)
 
   def body(s: _LoopState) -> _LoopState:
     rng, key = jax.random.split(s.rng)
-    token, logp = _choose(s.logits, key, temperature, top_k, top_p)
+    token, logp = _choose(s.logits, key, temperature=temperature, top_k=top_k, top_p=top_p)
     token = jnp.where(s.done, pad_id, token)
     logp = jnp.where(s.done, 0.0, logp)
     tokens = s.tokens.at[:, s.step].set(token)
@@ -137,13 +145,123 @@ def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, *, n: int,
       cache=model.init_decode_cache(b, max_new_tokens),
       rng=rng)
   final = jax.lax.while_loop(cond, body, init)
+  return _rollouts(final.tokens, final.logprobs, final.step, stop_ids_K, pad_id)
+
+
+def _rollouts(tokens_BT, logprobs_BT, written, stop_ids_K, pad_id) -> Rollouts:
+  """Masks each row after its first stop token and from position `written` ([] or [B]) on."""
+  t = tokens_BT.shape[1]
+  was_written = jnp.arange(t) < jnp.asarray(written)[..., None]
   # A token is generated iff no stop token came strictly before it.
-  is_stop = jnp.isin(final.tokens, stop_ids_K) & (jnp.arange(max_new_tokens) < final.step)
+  is_stop = jnp.isin(tokens_BT, stop_ids_K) & was_written
   stops_before = jnp.cumsum(is_stop, axis=-1) - is_stop
-  mask = (stops_before == 0) & (jnp.arange(max_new_tokens) < final.step)
-  return Rollouts(tokens=jnp.where(mask, final.tokens, pad_id),
-                  logprobs=jnp.where(mask, final.logprobs, 0.0), mask=mask,
+  mask = (stops_before == 0) & was_written
+  return Rollouts(tokens=jnp.where(mask, tokens_BT, pad_id),
+                  logprobs=jnp.where(mask, logprobs_BT, 0.0), mask=mask,
                   finished=jnp.any(is_stop, axis=-1))
+
+
+@flax.struct.dataclass
+class _Slots:
+  """Continuous batching state, per data-parallel shard d of D: S slots, R rollouts."""
+  rollout: jax.Array    # [D, S] int32 rollout (shard-local id) in the slot; R: empty
+  position: jax.Array   # [D, S] int32 index of `token` among the rollout's tokens
+  token: jax.Array      # [D, S] int32 the token the slot feeds this iteration
+  queue: jax.Array      # [D, R] int32 rollouts that need decoding, in order
+  queued: jax.Array     # [D] int32 how many entries of `queue` are real
+  taken: jax.Array      # [D] int32 how many queue entries have been handed a slot
+  tokens: jax.Array     # [D, R, T] int32
+  logprobs: jax.Array   # [D, R, T] float32
+  lengths: jax.Array    # [D, R] int32 tokens written per rollout
+  cache: DecodeCache    # [L, D * S, T, K, H]
+  rng: jax.Array
+
+
+def _refill(rollout_S, position_S, token_S, finished_S, queue_R, queued, taken, first_R):
+  """One shard: finished slots take the next queued rollouts (empty when none is left)."""
+  r = queue_R.shape[0]
+  rank_S = jnp.cumsum(finished_S) - 1
+  index_S = taken + rank_S
+  new_S = jnp.where(index_S < queued, queue_R[jnp.minimum(index_S, r - 1)], r)
+  rollout_S = jnp.where(finished_S, new_S, rollout_S)
+  position_S = jnp.where(finished_S | (rollout_S == r), 0, position_S + 1)
+  token_S = jnp.where(finished_S, first_R[jnp.minimum(new_S, r - 1)], token_S)
+  return rollout_S, position_S, token_S, taken + finished_S.sum()
+
+
+def _decode_continuous(model, prefix, first_logits_GV, prompt_len_B, rng, *, n, num_slots,
+                       max_new_tokens, choose, stop_ids_K, pad_id) -> Rollouts:
+  """Continuous batching: `num_slots` decode rows refilled as rollouts finish.
+
+  The first token of every rollout is drawn from its prompt's prefill logits up front.
+  Rollouts that do not stop there are queued; each data-parallel shard (D of them,
+  the `batch` split of the mesh) owns its G / D groups and num_slots / D slots and
+  runs its own queue. An iteration feeds every busy slot's token, draws the next, and
+  hands the slots whose rollout just ended (stop id, or `max_new_tokens` reached) to
+  the next queued rollouts of the shard, whose prompt keys/values are read from the
+  shared prompt cache (no prefill is repeated). The loop ends when every slot is empty,
+  so the iterations track the total number of tokens, not B times the longest rollout.
+  Each rollout sees the same conditionals as in lockstep decoding; only the random
+  keys differ, so greedy decoding is identical and sampling equal in distribution.
+  """
+  g = first_logits_GV.shape[0]
+  b, t = g * n, max_new_tokens
+  d = sharding.batch_shards(jax.sharding.get_abstract_mesh())
+  if g % d or num_slots % d:
+    raise ValueError(f"continuous batching on {d} data-parallel shards needs groups ({g}) "
+                     f"and sampling.decode_slots ({num_slots}) divisible by {d}")
+  r, s = b // d, num_slots // d
+  shard = lambda x: sharding.constrain(x.reshape(d, -1, *x.shape[1:]),
+                                       ("batch",) + (None,) * x.ndim)
+  rng, first_key = jax.random.split(rng)
+  # n draws from each prompt's logits (not one draw from logits repeated n times: XLA:CPU
+  # fuses that repeat into the argmax reduction, which LLVM takes minutes to compile).
+  first_NG, first_logp_NG = jax.vmap(choose, in_axes=(None, 0))(
+      first_logits_GV, jax.random.split(first_key, n))
+  first_B, first_logp_B = first_NG.T.reshape(b), first_logp_NG.T.reshape(b)
+  tokens = shard(jnp.full((b, t), pad_id, jnp.int32).at[:, 0].set(first_B))
+  logprobs = shard(jnp.zeros((b, t), jnp.float32).at[:, 0].set(first_logp_B))
+  first_DR = shard(first_B)
+  needs_decode_DR = ~jnp.isin(first_DR, stop_ids_K) & (t > 1)
+  queue = jnp.argsort(~needs_decode_DR, axis=-1, stable=True).astype(jnp.int32)
+  queued = needs_decode_DR.sum(-1).astype(jnp.int32)
+  start = jnp.arange(s)
+  rollout = jnp.where(start < queued[:, None], queue[:, jnp.minimum(start, r - 1)], r)
+  prompt_len_DR = shard(prompt_len_B)
+  by_shard = jax.vmap(lambda x, i: x[jnp.minimum(i, r - 1)])
+
+  def body(st: _Slots) -> _Slots:
+    rng, key = jax.random.split(st.rng)
+    flat = lambda x: x.reshape(-1)
+    logits, cache = model.decode(
+        flat(st.token), flat(by_shard(prompt_len_DR, st.rollout) + st.position),
+        flat(st.position), prefix, st.cache,
+        groups_DS=jnp.minimum(st.rollout, r - 1) // n)
+    token, logp = choose(sharding.constrain(logits, ("batch", "vocab")), key)
+    token, logp = token.reshape(d, s), logp.reshape(d, s)
+    # Empty slots (rollout r) decode a dummy row and write nowhere.
+    put = jax.vmap(lambda a, i, j, v: a.at[i, j].set(v, mode="drop"))
+    finished = (st.rollout < r) & (jnp.isin(token, stop_ids_K) | (st.position + 2 >= t))
+    lengths = jax.vmap(lambda a, i, v: a.at[i].set(v, mode="drop"))(
+        st.lengths, jnp.where(finished, st.rollout, r), st.position + 2)
+    rollout, position, token_next, taken = jax.vmap(_refill)(
+        st.rollout, st.position, token, finished, st.queue, st.queued,
+        st.taken, first_DR)
+    return _Slots(rollout=rollout, position=position, token=token_next, queue=st.queue,
+                  queued=st.queued, taken=taken,
+                  tokens=put(st.tokens, st.rollout, st.position + 1, token),
+                  logprobs=put(st.logprobs, st.rollout, st.position + 1, logp), lengths=lengths,
+                  cache=cache, rng=rng)
+
+  init = _Slots(rollout=rollout, position=jnp.zeros((d, s), jnp.int32),
+                token=by_shard(first_DR, rollout), queue=queue, queued=queued,
+                taken=jnp.minimum(queued, s), tokens=tokens, logprobs=logprobs,
+                lengths=jnp.ones((d, r), jnp.int32),
+                cache=model.init_decode_cache(num_slots, t), rng=rng)
+  final = jax.lax.while_loop(lambda st: jnp.any(st.rollout < r), body, init)
+  unshard = lambda x: x.reshape(b, *x.shape[2:])
+  return _rollouts(unshard(final.tokens), unshard(final.logprobs), unshard(final.lengths),
+                   stop_ids_K, pad_id)
 
 
 def prefix_cache_for_rollouts(prefix: PrefixCache, n: int) -> PrefixCache:

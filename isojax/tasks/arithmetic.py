@@ -36,9 +36,38 @@ def sample_problem(rng: np.random.Generator, min_digits: int, max_digits: int) -
   return Problem(prompt=f"{a}+{b}=", answer=str(a + b), difficulty=digits)
 
 
-def _is_validation(prompt: str) -> bool:
+def is_validation(prompt: str) -> bool:
   """A fixed 1-in-8 hash partition, so train and validation never share a problem."""
   return hashlib.sha256(prompt.encode()).digest()[0] % 8 == 0
+
+
+def draw_problems(seed: int, num_train: int, num_val: int, min_digits: int,
+                  max_digits: int) -> tuple[list[Problem], list[Problem]]:
+  """`num_train` training and `num_val` validation problems (the `is_validation`
+  partition), distinct and deterministic in `seed`: the task's problems
+  (`make_splits`) and difficulty profiling's candidate pools.
+
+  The draws are capped: the validation partition holds about 1/8 of the space, so a
+  digit range with too few distinct problems is a ValueError rather than an endless loop.
+  """
+  rng = np.random.default_rng(seed)
+  seen, train, val = set(), [], []
+  max_draws, draws = 64 * (num_train + num_val) + 100_000, 0
+  while (len(train) < num_train or len(val) < num_val) and draws < max_draws:
+    draws += 1
+    p = sample_problem(rng, min_digits, max_digits)
+    if p.prompt in seen:
+      continue
+    seen.add(p.prompt)
+    split = val if is_validation(p.prompt) else train
+    if len(split) < (num_val if split is val else num_train):
+      split.append(p)
+  if len(train) == num_train and len(val) == num_val:
+    return train, val
+  raise ValueError(
+      f"could draw only {len(train)} of {num_train} training and {len(val)} of {num_val} "
+      f"validation problems with digits in [{min_digits}, {max_digits}] in {max_draws} "
+      "draws: too few distinct problems")
 
 
 def make_splits(seed: int, num_train: int, num_val: int, min_digits: int,
@@ -48,25 +77,11 @@ def make_splits(seed: int, num_train: int, num_val: int, min_digits: int,
   if num_train + num_val > space // 2:
     raise ValueError(f"task.num_train + task.num_val = {num_train + num_val} is too many "
                      f"distinct problems for digits in [{min_digits}, {max_digits}]")
-  rng = np.random.default_rng(seed)
-  seen, train, val = set(), [], []
-  # The validation partition holds about 1/8 of the space; give up (rather than loop
-  # forever) once far more draws than that would need have failed to fill it.
-  max_draws = 64 * (num_train + num_val) + 100_000
-  for _ in range(max_draws):
-    if len(train) >= num_train and len(val) >= num_val:
-      return train, val
-    p = sample_problem(rng, min_digits, max_digits)
-    if p.prompt in seen:
-      continue
-    seen.add(p.prompt)
-    split = val if _is_validation(p.prompt) else train
-    if len(split) < (num_val if split is val else num_train):
-      split.append(p)
-  raise ValueError(
-      f"could draw only {len(train)} of task.num_train={num_train} and {len(val)} of "
-      f"task.num_val={num_val} distinct problems with digits in [{min_digits}, "
-      f"{max_digits}]; lower them or widen the digit range")
+  try:
+    return draw_problems(seed, num_train, num_val, min_digits, max_digits)
+  except ValueError as e:
+    raise ValueError(f"task.num_train={num_train}, task.num_val={num_val}: {e}; lower "
+                     "them or widen the digit range") from e
 
 
 def _count(digits: int) -> int:

@@ -14,57 +14,55 @@ empty `task.split` the task generates problems from its difficulty knob instead.
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any, Sequence
 
+from etils import epath
+
+from isojax import storage
 from isojax.tasks.problem import Problem
 
 SPLIT_KEYS = ("train", "val")
 
 
-def split_path(splits_dir: str, name: str) -> str:
-  return os.path.join(os.path.expanduser(splits_dir), f"{name}.json")
+def split_path(splits_dir: storage.PathLike, name: str) -> epath.Path:
+  return storage.path(splits_dir) / f"{name}.json"
 
 
-def save_split(splits_dir: str, name: str, train: Sequence[Problem],
+def save_split(splits_dir: storage.PathLike, name: str, train: Sequence[Problem],
                val: Sequence[Problem], pass_rates: dict[str, float],
-               meta: dict[str, Any]) -> str:
+               meta: dict[str, Any]) -> epath.Path:
   """Writes a split atomically; `pass_rates` maps prompt -> measured base pass rate."""
-  path = split_path(splits_dir, name)
-  os.makedirs(os.path.dirname(path), exist_ok=True)
   row = lambda p: dict(prompt=p.prompt, answer=p.answer, difficulty=p.difficulty,
                        meta=p.meta, pass_rate=pass_rates.get(p.prompt))
   payload = dict(name=name, meta=meta, train=[row(p) for p in train],
                  val=[row(p) for p in val])
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(payload, f, indent=1)
-  os.replace(tmp, path)
-  return path
+  return storage.write_json(split_path(splits_dir, name), payload)
 
 
-def load_split(splits_dir: str, name: str
-               ) -> tuple[list[Problem], list[Problem]]:
+def read_split(splits_dir: storage.PathLike, name: str) -> dict[str, Any]:
+  """The split file's JSON; a missing file says how to make it."""
   path = split_path(splits_dir, name)
-  if not os.path.isfile(path):
+  if not path.is_file():
     raise FileNotFoundError(
         f"task.split={name!r}: {path} does not exist; create it with "
         "`python -m launch.profile` or set task.split='' to generate problems")
+  return storage.read_json(path)
+
+
+def load_split(splits_dir: storage.PathLike, name: str
+               ) -> tuple[list[Problem], list[Problem]]:
+  payload = read_split(splits_dir, name)
   try:
-    with open(path) as f:
-      payload = json.load(f)
     return tuple([Problem(prompt=r["prompt"], answer=r["answer"],
                           difficulty=int(r["difficulty"]), meta=r.get("meta", ""))
                   for r in payload[key]]
                  for key in SPLIT_KEYS)
-  except (json.JSONDecodeError, KeyError, TypeError) as e:
-    raise ValueError(f"{path}: malformed split file ({e!r}); expected keys "
-                     f"{SPLIT_KEYS} of problem lists") from e
+  except (KeyError, TypeError) as e:
+    raise ValueError(f"{split_path(splits_dir, name)}: malformed split file ({e!r}); "
+                     f"expected keys {SPLIT_KEYS} of problem lists") from e
 
 
-def read_split_meta(splits_dir: str, name: str) -> dict[str, Any]:
-  with open(split_path(splits_dir, name)) as f:
-    payload = json.load(f)
+def read_split_meta(splits_dir: storage.PathLike, name: str) -> dict[str, Any]:
+  payload = read_split(splits_dir, name)
   return dict(payload.get("meta", {}), num_train=len(payload["train"]),
               num_val=len(payload["val"]))

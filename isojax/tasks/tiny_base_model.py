@@ -76,7 +76,7 @@ def _sft_batch(rng, tok, batch_size: int, max_digits: int, length: int):
   filled = 0
   while filled < batch_size:
     problem = arithmetic.sample_problem(rng, 1, max_digits)
-    if arithmetic._is_validation(problem.prompt):  # pylint: disable=protected-access
+    if arithmetic.is_validation(problem.prompt):
       continue  # the base model never sees a validation problem
     prompt, answer = arithmetic.sft_text(problem)
     p_ids = tok.encode(prompt)

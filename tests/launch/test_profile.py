@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from isojax.tasks import arithmetic, splits
+from isojax.tasks import arithmetic, difficulty, splits
 from launch import profiling
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -69,9 +69,8 @@ def test_profile_writes_thresholded_disjoint_splits_and_reuses_them(tmp_path, mo
     train, val = splits.load_split(str(out), name)
     train_prompts, val_prompts = {p.prompt for p in train}, {p.prompt for p in val}
     assert len(train_prompts) == len(train) and not train_prompts & val_prompts
-    held_out = arithmetic._is_validation  # pylint: disable=protected-access
-    assert all(held_out(p) for p in val_prompts)
-    assert not any(held_out(p) for p in train_prompts)
+    assert all(arithmetic.is_validation(p) for p in val_prompts)
+    assert not any(arithmetic.is_validation(p) for p in train_prompts)
 
   # The same call again reuses the files: nothing rewritten, nothing sampled.
   before = _mtimes(out)
@@ -102,7 +101,7 @@ def _rates(correct, hard_correct=None, k=16):
   problems = [arithmetic.Problem(prompt=f"{i}+0=", answer=str(i), difficulty=1)
               for i in range(len(correct))]
   hard = np.full(len(correct), -1) if hard_correct is None else np.asarray(hard_correct)
-  return profiling.ProblemRates(problems, np.asarray(correct), hard, k)
+  return difficulty.ProblemRates(problems, np.asarray(correct), hard, k)
 
 
 def test_bands_are_the_papers_with_inclusive_edges():
@@ -117,28 +116,27 @@ def test_bands_are_the_papers_with_inclusive_edges():
 
 def test_extremely_hard_needs_zero_of_the_extra_samples():
   rates = _rates([0, 0, 0, 3], hard_correct=[0, 2, -1, -1])
-  assert rates.members(profiling.EXTREMELY_HARD) == [0]
+  assert rates.members(difficulty.EXTREMELY_HARD) == [0]
 
 
 def test_mixes_keep_their_proportions_and_shrink_when_a_class_runs_short():
   correct = [0] * 40 + [7] * 40 + [12] * 40  # hard, easy, very easy
   rates = _rates(correct)
-  chosen, available = profiling.select(rates, profiling.SPLITS["mix_hard_easy_veryeasy"], 16)
+  chosen, available = difficulty.select(rates, difficulty.SPLITS["mix_hard_easy_veryeasy"], 16)
   assert available == {"hard": 40, "easy": 40, "very_easy": 40}
   classes = [correct[i] for i in chosen]
   assert (classes.count(0), classes.count(7), classes.count(12)) == (8, 4, 4)
   # Only 3 easy problems: a 50/50 mix of 16 becomes 3 + 3.
   short = _rates([0] * 40 + [7] * 3)
-  chosen, _ = profiling.select(short, profiling.SPLITS["mix_hard_easy"], 16)
+  chosen, _ = difficulty.select(short, difficulty.SPLITS["mix_hard_easy"], 16)
   assert sorted(correct_ for correct_ in (short.correct_P[i] for i in chosen)) == [0] * 3 + [7] * 3
 
 
 def test_empty_split_is_reported_by_name_and_short_ones_are_kept():
-  options = profiling.Options(out_dir="", num_train=4, num_val=2,
-                              splits=("hard", "easy", "very_easy"))
   train = _rates([0, 0, 0, 0, 0, 7, 7])     # no very easy problem at all
   val = _rates([0, 0, 7, 12])
-  plans, empty = profiling.plan_splits(train, val, options)
+  plans, empty = difficulty.plan_splits(train, val, ("hard", "easy", "very_easy"),
+                                        num_train=4, num_val=2)
   assert [p.name for p in plans] == ["hard", "easy"]
   assert [len(p.train) for p in plans] == [4, 2]   # easy: only 2 of 4, still written
   assert len(empty) == 1 and empty[0].startswith("very_easy")

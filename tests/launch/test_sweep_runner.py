@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 
+import ml_collections
 import pytest
 
 from isojax import run_dir
@@ -124,3 +125,21 @@ def test_a_changed_plan_is_refused_and_worker_env(tmp_path):
   assert env["XLA_FLAGS"] == "--xla_foo=1 --xla_cpu_multi_thread_eigen=false"
   assert env["JAX_COMPILATION_CACHE_DIR"] == "/tmp/cache"
   assert "XLA_FLAGS" not in sweep_runner.worker_env(1, None, base={})
+
+
+def test_sweep_overrides_go_through_the_config_layer():
+  sweep = _sweep()
+  sweep.overrides.rl = ml_collections.ConfigDict(dict(klcoef=0.1))
+  with pytest.raises(sweep_plan.SweepError, match=r"^sweep config overrides: unknown "
+                     r"field\(s\) rl\.klcoef \(did you mean rl\.kl_coef\?\)$"):
+    sweep_plan.base_run_config(sweep)
+  sweep.overrides.rl = ml_collections.ConfigDict(dict(kl_coef=0.25))
+  sweep.overrides.base_model.cache_dir = "/tmp/models"
+  base = sweep_plan.base_run_config(sweep)
+  # configs/hard.py:micro (micro preset: 4 rollouts, 1 layer) with the two overrides.
+  assert (base.rl.kl_coef, base.base_model.cache_dir, base.task.split) == (
+      0.25, "/tmp/models", "")
+  assert (base.rollouts_per_problem, base.base_model.num_layers) == (4, 1)
+  with pytest.raises(sweep_plan.SweepError, match=r"config file 'configs/nope\.py' does "
+                     "not exist"):
+    sweep_plan.load_config_file("configs/nope.py:micro")

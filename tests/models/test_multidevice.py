@@ -84,3 +84,18 @@ def test_main_runs_on_a_three_axis_mesh(tmp_path):
     print("ok", [l["rollouts"] for l in lines])
   """, tmp_path)
   assert out.strip() == "ok [0, 16, 32]"
+
+
+def test_checkpoint_fingerprint_does_not_depend_on_sharding(tmp_path):
+  out = _run("""
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    from isojax import checkpointing
+    mesh = jax.make_mesh((4, 2), ("a", "b"))
+    tree = {"w": jnp.asarray(np.random.default_rng(0).normal(size=(16, 8)), jnp.float32),
+            "v": jnp.arange(8, dtype=jnp.bfloat16)}
+    sharded = {"w": jax.device_put(tree["w"], NamedSharding(mesh, P("a", "b"))),
+               "v": jax.device_put(tree["v"], NamedSharding(mesh, P("a")))}
+    print("ok", checkpointing.fingerprint(tree) == checkpointing.fingerprint(sharded))
+  """, tmp_path)
+  assert out.strip() == "ok True"

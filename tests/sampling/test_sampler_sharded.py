@@ -93,10 +93,12 @@ class _Tokenizer:
     return " ".join(map(str, ids))
 
 
-def test_calls_of_max_rollouts_cover_every_problem_in_order():
+@pytest.mark.parametrize("decode_slots", [0, 3])
+def test_calls_of_max_rollouts_cover_every_problem_in_order(decode_slots):
   """5 problems x 2 rollouts in calls of at most 4 rollouts: three calls of 2 problems
   (the last padded by repetition), call c drawing with fold_in(rng, c) (call 0 with rng
-  itself, so a one-call step draws as before); the padded rollouts are dropped."""
+  itself, so a one-call step draws as before); the padded rollouts are dropped. With
+  sampling.decode_slots, each call decodes in that many continuous-batching slots."""
   graphdef, params = _model()
   problems = [tasks.Problem(prompt=f"q{i}", answer="0") for i in range(5)]
   rng = np.random.default_rng(4)
@@ -104,7 +106,7 @@ def test_calls_of_max_rollouts_cover_every_problem_in_order():
                              enumerate(problems)}, pad_id=0, max_len=16)
   sampling = ml_collections.ConfigDict(dict(
       max_new_tokens=6, temperature=1.0, top_k=0, top_p=1.0, max_rollouts_per_call=4,
-      weights_dtype=""))
+      weights_dtype="", decode_slots=decode_slots))
   key = jax.random.key(9)
   got = rollout.sample(graphdef, params, _Tokenizer(), book, problems,
                        tasks.PerItemVerifier(lambda text, p: 0.0), n=2, rng=key,
@@ -113,7 +115,8 @@ def test_calls_of_max_rollouts_cover_every_problem_in_order():
   expected = []
   for call, rows in enumerate(([0, 1], [2, 3], [4, 4])):
     out = sampler.sample(graphdef, params, tokens_GP[rows], mask_GP[rows],
-                         jax.random.fold_in(key, call) if call else key, n=2, **SETTINGS)
+                         jax.random.fold_in(key, call) if call else key, n=2,
+                         num_slots=decode_slots, **SETTINGS)
     expected.append(np.asarray(out.tokens))
   np.testing.assert_array_equal(got.rollouts.tokens, np.concatenate(expected)[:10])
   assert got.rewards_GN.shape == (5, 2)
@@ -150,3 +153,45 @@ def test_call_plan_covers_problems_within_the_limit(problems, n, limit, shards):
 def test_call_plan_rejects_a_limit_below_one_problem_per_device():
   with pytest.raises(ValueError, match="max_rollouts_per_call=16 cannot hold 8 problem"):
     rollout.call_plan(64, 4, 16, 8)
+
+
+def test_continuous_batching_on_a_mesh_equals_lockstep_greedy(tmp_path):
+  """Each data-parallel shard runs its own slots and queue over its own groups."""
+  code = """
+    import jax, numpy as np
+    from flax import nnx
+    from isojax.models import sharding
+    from isojax.models.transformer import ModelConfig, Transformer
+    from isojax.sampling import sampler
+    cfg = ModelConfig(vocab_size=24, num_layers=2, embed_dim=32, num_heads=4, num_kv_heads=2,
+                      head_dim=8, mlp_dim=48, qkv_bias=True)
+    graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+    params = jax.tree.map(lambda x: x * 8 if x.ndim == 3 else x, params)  # peaked logits
+    rng = np.random.default_rng(1)
+    prompts = rng.integers(3, 24, size=(16, 5)).astype(np.int32)
+    mask = np.ones_like(prompts, bool); mask[::3, :2] = False
+    settings = dict(n=2, max_new_tokens=10, temperature=0.0, stop_ids=(5, 9, 17), pad_id=0)
+    single = sampler.sample(graphdef, params, prompts, mask, jax.random.key(4), **settings)
+    lengths = np.asarray(single.mask).sum(-1)
+    assert len(set(lengths.tolist())) > 2, lengths
+    for axes in ({"data": 8, "fsdp": 1, "tensor": 1}, {"data": 2, "fsdp": 2, "tensor": 2}):
+      mesh = sharding.make_mesh(axes)
+      placed = jax.device_put(params, sharding.state_shardings(params, mesh))
+      with jax.set_mesh(mesh):
+        out = sampler.sample(graphdef, placed, *sharding.shard_batch((prompts, mask), mesh),
+                             jax.random.key(4), num_slots=8, **settings)
+      for name in ("tokens", "mask", "finished"):
+        np.testing.assert_array_equal(np.asarray(getattr(out, name)),
+                                      np.asarray(getattr(single, name)), err_msg=name)
+      np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(single.logprobs),
+                                 atol=2e-5)
+      rows = {s.data.shape[0] for s in out.tokens.addressable_shards}
+      assert rows == {32 // sharding.batch_shards(mesh)}, (axes, rows)
+    print("ok")
+  """
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=tmp_path, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  assert "ok" in proc.stdout

@@ -1,0 +1,142 @@
+"""Run, split, sweep and analysis I/O through `isojax.storage`, on a local directory and
+on a gs:// bucket (an in-memory fsspec filesystem standing in for gcsfs, which, like
+GCS, cannot append): the same code, the same files."""
+
+import importlib.util
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+from etils.epath import backend as epath_backend
+from fsspec.implementations import memory
+
+from isojax import config_lib, run_dir, storage
+from isojax.planner import analysis, plots, synthetic
+from isojax.tasks import splits
+from isojax.tasks.problem import Problem
+from launch import sweep_plan
+
+
+class _FakeGCS(memory.MemoryFileSystem):
+  """gs:// in memory; appending raises, since GCS objects cannot be appended to."""
+  protocol = ("gs", "gcs")
+  store, pseudo_dirs = {}, [""]
+
+  def __init__(self, *args, finalize_on_close=None, **kwargs):
+    del finalize_on_close  # a gcsfs option epath passes
+    super().__init__(*args, **kwargs)
+
+  def _open(self, path, mode="rb", **kwargs):
+    if "a" in mode:
+      raise NotImplementedError("object stores cannot append")
+    return super()._open(path, mode, **kwargs)
+
+
+@pytest.fixture
+def fake_gcs(monkeypatch):
+  if importlib.util.find_spec("tensorflow") is not None:
+    pytest.skip("epath sends gs:// to tf.io.gfile when TensorFlow is installed")
+  registry = sys.modules["fsspec.registry"]._registry  # pylint: disable=protected-access
+  for name in _FakeGCS.protocol:
+    monkeypatch.setitem(registry, name, _FakeGCS)  # restored after the test
+  # pylint: disable-next=protected-access
+  epath_backend.fsspec_backend._get_filesystem.cache_clear()
+  _FakeGCS.store.clear()
+  _FakeGCS.pseudo_dirs[:] = [""]
+  yield _FakeGCS.store
+  epath_backend.fsspec_backend._get_filesystem.cache_clear()  # pylint: disable=protected-access
+
+
+@pytest.fixture(params=["local", "gs"])
+def root(request, tmp_path):
+  if request.param == "local":
+    return str(tmp_path)
+  request.getfixturevalue("fake_gcs")
+  return "gs://bucket/isojax"
+
+
+def _line(step, value):
+  return {"step": step, "rollouts": 16 * step, "tokens": 80 * step, "wall_s": 0.5 * step,
+          "val/avg@4": value}
+
+
+def test_paths_keep_uris_and_expand_local_ones():
+  assert storage.absolute("gs://bucket/a/../b") == "gs://bucket/a/../b"
+  assert storage.absolute("~/runs") == os.path.join(os.path.expanduser("~"), "runs")
+  assert storage.absolute("runs/x") == os.path.join(os.getcwd(), "runs", "x")
+  assert storage.is_uri("gs://b/x") and not storage.is_uri("/tmp/gs:x")
+  assert os.fspath(storage.path("~/s") / "hard.json") == os.path.expanduser("~/s/hard.json")
+
+
+def test_write_json_is_atomic_and_leaves_no_temporary_file(root):
+  target = storage.path(root) / "sub" / "x.json"
+  storage.write_json(target, {"a": np.float32(0.5), "b": np.arange(3), "c": [1, 2]})
+  assert json.loads(target.read_text()) == {"a": 0.5, "b": [0, 1, 2], "c": [1, 2]}
+  before = target.read_text()
+  with pytest.raises(TypeError, match="not JSON serialisable: object"):
+    storage.write_json(target, {"a": object()})
+  assert target.read_text() == before  # the failed write changed nothing
+  assert [p.name for p in target.parent.iterdir()] == ["x.json"]
+  with pytest.raises(FileNotFoundError, match="missing.json: does not exist"):
+    storage.read_json(storage.path(root) / "missing.json")
+  (storage.path(root) / "bad.json").write_text("{nope")
+  with pytest.raises(ValueError, match=r"bad\.json: not valid JSON"):
+    storage.read_json(storage.path(root) / "bad.json")
+
+
+def test_run_directory_round_trip(root):
+  workdir = f"{root}/sweep/runs/bp4_n4"
+  run_dir.write_config(workdir, {"problems_per_batch": 4, "rollouts_per_problem": 4})
+  writer = run_dir.MetricsWriter(workdir)
+  for step, value in enumerate([0.1, 0.2, 0.3, 0.4]):
+    writer.write(_line(step, value))
+  run = run_dir.load_run(workdir)
+  assert run.config == {"problems_per_batch": 4, "rollouts_per_problem": 4}
+  assert run.series("val/avg@4") == ([0.0, 16.0, 32.0, 48.0], [0.1, 0.2, 0.3, 0.4])
+  # A resume at step 1 keeps lines 0 and 1, then appends (by rewriting) step 2 again.
+  resumed = run_dir.MetricsWriter(workdir, resume_step=1)
+  resumed.write(_line(2, 0.9))
+  assert [(r["step"], r["val/avg@4"]) for r in run_dir.read_metrics(workdir)] == [
+      (0, 0.1), (1, 0.2), (2, 0.9)]
+  # find_runs skips checkpoint directories.
+  storage.write_json(f"{root}/sweep/runs/bp4_n4/checkpoints/1/config.json", {})
+  run_dir.write_config(f"{root}/sweep/runs/bp8_n2", {})
+  assert run_dir.find_runs(f"{root}/sweep") == [f"{root}/sweep/runs/bp4_n4",
+                                                f"{root}/sweep/runs/bp8_n2"]
+  assert os.fspath(run_dir.checkpoint_dir(workdir)) == f"{workdir}/checkpoints"
+
+
+def test_splits_configs_and_manifests(root):
+  train = [Problem("1+2=", "3", 1), Problem("10+20=", "30", 2)]
+  val = [Problem("3+4=", "7", 1)]
+  splits.save_split(f"{root}/splits", "hard", train, val, {"1+2=": 0.0}, {"k": 16})
+  assert splits.load_split(f"{root}/splits", "hard") == (train, val)
+  assert splits.read_split_meta(f"{root}/splits", "hard") == dict(k=16, num_train=2,
+                                                                  num_val=1)
+  storage.write_json(f"{root}/plan.json", {"rollouts_per_problem": 2, "rl": {"kl_coef": 0.5}})
+  config = config_lib.config_from_json(f"{root}/plan.json")
+  assert (config.rollouts_per_problem, config.rl.kl_coef, config.problems_per_batch) == (
+      2, 0.5, config_lib.base_config().problems_per_batch)
+  assert sweep_plan.read_manifest(f"{root}/sweep") is None
+  sweep_plan.write_manifest(f"{root}/sweep", {"name": "s", "runs": [{"name": "a"}]})
+  manifest = sweep_plan.read_manifest(f"{root}/sweep")
+  assert manifest["runs"] == [{"name": "a"}] and manifest["name"] == "s"
+
+
+def test_sweep_analysis_is_the_same_on_gs_as_on_local(tmp_path, fake_gcs):
+  curves = synthetic.paper_like_curves([16], [2, 4, 8], n_saturation=4, c_mid_base=1e3)
+  results = {}
+  for where in (str(tmp_path / "local"), "gs://bucket/sweep"):
+    synthetic.write_sweep(where, curves, budget_rollouts=1 << 16, num_evals=12, seed=3)
+    written = analysis.write_analysis(analysis.analyze_directory(where),
+                                      f"{where}/{analysis.ANALYSIS_FILE}")
+    assert storage.read_json(f"{where}/{analysis.ANALYSIS_FILE}") == written
+    for path in plots.write_plots(analysis.analyze_directory(where), where):
+      assert storage.path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    results[where] = json.loads(json.dumps(written).replace(where, "ROOT"))
+  local, gs = results.values()
+  assert local == gs and len(local["fits"]) == 3
+  assert "gs://bucket/sweep/analysis.json" in fake_gcs
+  assert not [k for k in fake_gcs if k.endswith(".tmp")]

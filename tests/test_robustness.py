@@ -1,0 +1,270 @@
+"""Robust runs: checkpoint fingerprints and the fallback past damaged checkpoints (on small
+trees, then end to end on the micro preset, where the run ends as if never interrupted);
+a non-finite update stopping the run before it is checkpointed; event lines in
+metrics.jsonl; the config fields of both. The guard's own rules: tests/rl/test_guard.py."""
+
+import dataclasses
+import importlib.util
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from isojax import checkpointing, config_lib, run_dir, train
+from isojax.rl import batch as rl_batch
+from isojax.rl import guard
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _param_file(step_dir, name=None):
+  """A parameter data file of a checkpoint: `name`, or the largest one."""
+  data_dir = os.path.join(step_dir, "params", "ocdbt.process_0", "d")
+  name = name or max(os.listdir(data_dir),
+                     key=lambda f: os.path.getsize(os.path.join(data_dir, f)))
+  return os.path.join(data_dir, name)
+
+
+def _flip_zstd_header(step_dir):
+  """Damages the compressed frame of the checkpoint's largest parameter file, as a bad
+  disk would; returns (file name, damaged bytes)."""
+  path = _param_file(step_dir)
+  data = bytearray(open(path, "rb").read())
+  start = data.find(b"\x28\xb5\x2f\xfd")  # zstd's magic number
+  assert start >= 0, f"{path}: expected a zstd frame"
+  for i in range(start + 4, start + 12):
+    data[i] ^= 0xFF
+  open(path, "wb").write(bytes(data))
+  return os.path.basename(path), bytes(data)
+
+
+def _reference_fingerprint(leaves):
+  """NumPy: the words of each leaf summed modulo 2**32, leaf i weighted by 2i + 1."""
+  total = 0
+  for i, x in enumerate(leaves):
+    x = np.asarray(x)
+    words = x.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[x.dtype.itemsize])
+    total += int(words.astype(np.uint64).sum()) * (2 * i + 1)
+  return total % 2**32
+
+
+def _tree(seed):
+  rng = np.random.default_rng(seed)
+  return {"w": jnp.asarray(rng.normal(size=(64, 64)), jnp.float32),
+          "b": jnp.asarray(rng.normal(size=(64,)), jnp.bfloat16),
+          "count": jnp.asarray(seed, jnp.int32)}
+
+
+def test_fingerprint_matches_numpy_and_sees_one_flipped_bit():
+  tree = _tree(0)
+  leaves = [tree["b"], tree["count"], tree["w"]]  # jax.tree.leaves order: sorted keys
+  assert checkpointing.fingerprint(tree) == _reference_fingerprint(leaves)
+  bits = np.asarray(tree["w"]).view(np.uint32).copy()
+  bits[17, 3] ^= 1 << 9
+  flipped = dict(tree, w=jnp.asarray(bits.view(np.float32)))
+  assert checkpointing.fingerprint(flipped) != checkpointing.fingerprint(tree)
+  # Two leaves' contents swapped: the same words, in other leaves.
+  a, b = jnp.arange(4, dtype=jnp.float32), jnp.arange(4, 8, dtype=jnp.float32)
+  assert checkpointing.fingerprint([a, b]) != checkpointing.fingerprint([b, a])
+
+
+def _save_steps(directory, steps):
+  ckpt = checkpointing.manager(directory, keep=len(steps))
+  for step in steps:
+    checkpointing.save(ckpt, step, params=_tree(step), opt_state={"mu": _tree(step)["w"]},
+                       counters={"counters": {"step": step}})
+  ckpt.wait_until_finished()
+  return ckpt
+
+
+def test_restore_newest_skips_a_damaged_checkpoint_and_moves_it_aside(tmp_path):
+  ckpt = _save_steps(tmp_path / "checkpoints", [2, 4])
+  name, damaged = _flip_zstd_header(str(tmp_path / "checkpoints" / "4"))
+  restored = checkpointing.restore_newest(
+      ckpt, params=_tree(0), opt_state={"mu": _tree(0)["w"]},
+      corrupt_dir=tmp_path / "checkpoints" / "corrupt")
+  assert restored.step == 2 and restored.counters == {"counters": {"step": 2}}
+  np.testing.assert_array_equal(np.asarray(restored.params["w"]), np.asarray(_tree(2)["w"]))
+  (failure,) = restored.corrupt
+  assert failure.step == 4 and "ZSTD" in failure.error
+  assert failure.moved_to == str(tmp_path / "checkpoints" / "corrupt" / "4")
+  # Moved, not deleted: the damaged bytes are where the report says.
+  assert open(_param_file(failure.moved_to, name), "rb").read() == damaged
+  assert ckpt.all_steps() == [2]
+  assert checkpointing.manager(tmp_path / "checkpoints", keep=2).all_steps() == [2]
+  event = failure.event()
+  assert event["event"] == "checkpoint_corrupt" and event["corrupt_step"] == 4
+
+
+def test_wrong_values_that_restore_without_error_fail_their_fingerprint(tmp_path):
+  ckpt = _save_steps(tmp_path / "checkpoints", [2, 4, 6])
+  # Step 6's parameter files replaced by step 4's: valid orbax data, not what 6 saved.
+  params6 = tmp_path / "checkpoints" / "6" / "params"
+  shutil.rmtree(params6)
+  shutil.copytree(tmp_path / "checkpoints" / "4" / "params", params6)
+  restored = checkpointing.restore_newest(
+      ckpt, params=_tree(0), opt_state={"mu": _tree(0)["w"]},
+      corrupt_dir=tmp_path / "checkpoints" / "corrupt")
+  assert restored.step == 4
+  (failure,) = restored.corrupt
+  assert failure.step == 6 and "params: fingerprint" in failure.error
+  assert str(checkpointing.fingerprint(_tree(4))) in failure.error  # what was found
+  assert str(checkpointing.fingerprint(_tree(6))) in failure.error  # what was saved
+
+
+def test_nothing_is_moved_when_no_checkpoint_restores(tmp_path):
+  ckpt = _save_steps(tmp_path / "checkpoints", [2, 4])
+  for step in (2, 4):
+    _flip_zstd_header(str(tmp_path / "checkpoints" / str(step)))
+  with pytest.raises(checkpointing.NoRestorableCheckpoint, match=r"step 4: .*step 2: "):
+    checkpointing.restore_newest(ckpt, params=_tree(0), opt_state={"mu": _tree(0)["w"]},
+                                 corrupt_dir=tmp_path / "checkpoints" / "corrupt")
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "4"]
+  assert checkpointing.restore_newest(
+      checkpointing.manager(tmp_path / "empty", 2), params=None, opt_state=None,
+      corrupt_dir=tmp_path / "empty" / "corrupt") is None
+
+
+def _line(step, **kw):
+  return dict(step=step, rollouts=step * 8, tokens=step * 40, wall_s=step * 1.5, **kw)
+
+
+def test_event_lines_are_kept_apart_from_metrics_and_truncated_on_resume(tmp_path):
+  w = run_dir.MetricsWriter(str(tmp_path))
+  for s in range(5):
+    w.write(_line(s, **{"train/reward": s / 10}))
+    if s in (1, 3):
+      w.write(_line(s, event="collapse", message=f"at {s}"))
+  assert [r["step"] for r in run_dir.read_metrics(str(tmp_path))] == [0, 1, 2, 3, 4]
+  assert [(r["step"], r["event"]) for r in run_dir.read_events(str(tmp_path))] == [
+      (1, "collapse"), (3, "collapse")]
+  run_dir.MetricsWriter(str(tmp_path), resume_step=2)  # drops what followed step 2
+  assert [r["step"] for r in run_dir.read_metrics(str(tmp_path))] == [0, 1, 2]
+  assert [r["message"] for r in run_dir.read_events(str(tmp_path))] == ["at 1"]
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("checkpoint_keep", 0, "checkpoint_keep=0"),
+    ("guard.collapse_steps", -1, "guard.collapse_steps=-1"),
+    ("guard.stop_on_collapse", "yes", "guard.stop_on_collapse='yes'"),
+])
+def test_bad_robustness_fields_are_named(field, value, message):
+  fields = config_lib.base_config().to_dict()
+  fields["num_steps"] = 10
+  parent, _, leaf = field.rpartition(".")
+  (fields[parent] if parent else fields)[leaf] = value
+  # From a plain dict (as a JSON config is), where ml_collections checks no types.
+  with pytest.raises(ValueError, match=message):
+    config_lib.resolve(ml_collections.ConfigDict(fields))
+
+
+def test_stop_on_collapse_needs_a_collapse_window():
+  c = config_lib.base_config()
+  c.num_steps = 10
+  c.guard.update(collapse_steps=0, stop_on_collapse=True)
+  with pytest.raises(ValueError, match="guard.collapse_steps > 0"):
+    config_lib.resolve(c)
+
+
+def _micro(cache_dir):
+  # The easy recipe's KL and entropy terms move the parameters at every step, so a
+  # checkpoint of one step differs from the next even while the reward is still 0.
+  spec = importlib.util.spec_from_file_location("easy", os.path.join(ROOT, "configs/easy.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config("micro")
+  config.base_model.cache_dir = str(cache_dir)
+  config.update(dict(num_steps=4, checkpoint_every=2))
+  config.eval.train_problems = 0  # no pass@1 histogram: faster, and not under test
+  return config
+
+
+def _metrics(workdir):
+  return [{k: v for k, v in r.items() if k != run_dir.WALL_S}
+          for r in run_dir.read_metrics(str(workdir))]
+
+
+def _saved(workdir, step):
+  """(params leaves, saved JSON) of one checkpoint, read with orbax directly."""
+  ckpt = ocp.CheckpointManager(run_dir.checkpoint_dir(str(workdir)))
+  restored = ckpt.restore(step, args=ocp.args.Composite(
+      params=ocp.args.StandardRestore(), counters=ocp.args.JsonRestore()))
+  ckpt.close()
+  return [np.asarray(x) for x in jax.tree.leaves(restored.params)], restored.counters
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+  """An uninterrupted 4-step run (checkpoints at steps 2 and 4) and its config."""
+  root = tmp_path_factory.mktemp("robust")
+  config = _micro(root / "cache")
+  train.run(config, str(root / "full"))
+  assert sorted(os.listdir(run_dir.checkpoint_dir(str(root / "full")))) == ["2", "4"]
+  return root / "full", config
+
+
+def test_damaged_latest_checkpoint_resumes_from_the_previous_one(full_run, tmp_path):
+  full, config = full_run
+  workdir = tmp_path / "damaged"
+  shutil.copytree(full, workdir)
+  ckpt_dir = run_dir.checkpoint_dir(str(workdir))
+  name, damaged = _flip_zstd_header(os.path.join(ckpt_dir, "4"))
+  train.run(config, str(workdir))
+
+  assert _metrics(workdir) == _metrics(full)
+  (event,) = run_dir.read_events(str(workdir))
+  assert event["event"] == "checkpoint_corrupt" and event["step"] == 2
+  assert event["corrupt_step"] == 4 and "ZSTD" in event["error"]
+  assert event["moved_to"] == os.path.join(ckpt_dir, "corrupt", "4")
+  # Moved aside with its damaged bytes, not deleted; step 4 saved again, as before.
+  assert open(_param_file(event["moved_to"], name), "rb").read() == damaged
+  assert sorted(os.listdir(ckpt_dir)) == ["2", "4", "corrupt"]
+  (params, counters), (want_params, want_counters) = _saved(workdir, 4), _saved(full, 4)
+  assert counters["fingerprints"] == want_counters["fingerprints"]
+  for got, want in zip(params, want_params, strict=True):
+    np.testing.assert_array_equal(got, want)
+
+
+def test_non_finite_update_stops_before_its_checkpoint(full_run, tmp_path, monkeypatch):
+  full, config = full_run
+  build = rl_batch.build_train_batch
+  calls = []
+
+  # The update of step 4, which would be evaluated and checkpointed, gets NaN advantages.
+  def nan_at_step_4(*args, **kwargs):
+    batch, zero_var_G = build(*args, **kwargs)
+    calls.append(1)
+    if len(calls) == 4:
+      batch = dataclasses.replace(batch, advantages=np.full_like(batch.advantages, np.nan))
+    return batch, zero_var_G
+
+  monkeypatch.setattr(rl_batch, "build_train_batch", nan_at_step_4)
+  workdir = tmp_path / "diverged"
+  with pytest.raises(guard.RunStopped) as stopped:
+    train.run(config, str(workdir))
+  message = str(stopped.value)
+  assert message.startswith("step 4: non-finite train/loss=nan, train/grad_norm=nan, params")
+  assert "The last checkpoint, step 2 in" in message
+
+  # Nothing of step 4 was evaluated, logged or saved; the event names what was not finite.
+  assert _metrics(workdir) == _metrics(full)[:4]
+  (event,) = run_dir.read_events(str(workdir))
+  assert event["step"] == 4 and event["event"] == "non_finite"
+  assert event["quantities"] == ["train/loss", "train/grad_norm", "params"]
+  assert os.listdir(run_dir.checkpoint_dir(str(workdir))) == ["2"]
+  params, _ = _saved(workdir, 2)
+  want, _ = _saved(full, 2)
+  for got, expected in zip(params, want, strict=True):
+    assert np.isfinite(got).all()
+    np.testing.assert_array_equal(got, expected)
+
+  # The last good checkpoint resumes the run, which then ends as if never stopped.
+  monkeypatch.setattr(rl_batch, "build_train_batch", build)
+  train.run(config, str(workdir))
+  assert _metrics(workdir) == _metrics(full)
+  assert run_dir.read_events(str(workdir)) == []  # left with the lines after step 2
