@@ -118,3 +118,25 @@ def pass_count_histogram(num_correct_P, num_samples: int) -> list[int]:
   """
   c = _check(num_correct_P, num_samples, 1)
   return np.bincount(c, minlength=num_samples + 1).tolist()
+
+
+# Wall seconds of one RL step's phases (`train.run` logs them with the step's metrics).
+# sample: prompts to rollouts on the host (device sampling and the transfer); decode and
+# grade: the host thread's text decoding and verification, which overlap the log-prob
+# passes; grade_wait: what of them the main thread still waited for; update: batch
+# assembly, the rest of the log-prob passes and the optimizer step; other: the rest of
+# the step (problem choice, prefetch dispatch, ...); eval: evaluation, when it ran.
+TIME_PREFIX = "time/"
+TIME_STEP = "time/step_s"
+TIME_EVAL = "time/eval_s"
+_TIMED_PHASES = ("sample_s", "decode_s", "grade_s", "grade_wait_s")
+
+
+def step_timings(rollout_timings: dict[str, float], *, update_s: float, step_s: float
+                 ) -> dict[str, float]:
+  """The `time/...` metrics of a step from its rollout phases and update."""
+  out = {TIME_PREFIX + k: float(rollout_timings[k]) for k in _TIMED_PHASES}
+  on_main_thread = out["time/sample_s"] + out["time/grade_wait_s"] + update_s
+  out.update({"time/update_s": update_s, TIME_STEP: step_s,
+              "time/other_s": max(step_s - on_main_thread, 0.0)})
+  return out

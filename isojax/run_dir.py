@@ -30,7 +30,7 @@ from typing import Any, Iterable
 
 from etils import epath
 
-from isojax import storage
+from isojax import metrics, storage
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -188,3 +188,9 @@ def iter_loaded_runs(paths: Iterable[str]):
       yield path, load_run(path)
     except RunFormatError as e:
       yield path, e
+
+
+def without_timings(record: dict) -> dict:
+  """A metrics line without its wall-clock fields (all that differs between two equal runs)."""
+  return {k: v for k, v in record.items()
+          if k != WALL_S and not k.startswith(metrics.TIME_PREFIX)}

@@ -218,13 +218,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     problems = [train_problems[i] for i in chosen]
     pending = rollout.sample(graphdef, learner.params, tok, book, problems, verifier, n=n,
                              rng=jax.random.fold_in(sample_key, step), sampling=config.sampling)
-    prefetched = learner.prefetch(pending)  # devices score while the host grades
+    prefetched = learner.prefetch(pending)  # devices score while the host decodes and grades
     scored = pending.result()
     if pool is not None:
       pool.update(np.repeat(chosen, n), scored.rewards_GN.reshape(-1))
+    update_start = time.time()
     result = learner.step(scored, select_rng=jax.random.fold_in(select_key, step),
                           shuffle_rng=jax.random.fold_in(shuffle_key, step),
                           prefetched=prefetched)
+    timings = metrics.step_timings(scored.timings, update_s=time.time() - update_start,
+                                   step_s=time.time() - step_start)
     counters.step += 1
     counters.rollouts += n * b_p
     counters.tokens += scored.num_tokens
@@ -242,9 +245,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         values, streak=counters.collapse_streak, collapse_steps=config.guard.collapse_steps,
         stop=config.guard.stop_on_collapse, step=counters.step)
     evaluate_now = counters.step % config.eval.every == 0 or counters.step == num_steps
+    values.update(timings)
     if evaluate_now:
+      eval_start = time.time()
       last_eval = run_eval()
-      values.update(last_eval)
+      values.update(last_eval, **{metrics.TIME_EVAL: time.time() - eval_start})
     if evaluate_now or counters.step % config.log_every == 0:
       record(values)
     if collapsed and config.guard.stop_on_collapse:

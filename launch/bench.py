@@ -22,8 +22,6 @@ Tokens/s = generated (or trained) tokens / wall seconds of one call, median of
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import json
 import os
 import tempfile
 import time
@@ -37,9 +35,11 @@ import transformers
 from absl import app, flags
 from flax import nnx
 
+from isojax import storage
 from isojax.models import hf_checkpoint
 from isojax.rl import update
 from isojax.sampling import sampler
+from launch import bench_tunix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +60,7 @@ class Options:
   skew_new_tokens: int = 64
   skew_long_fraction: float = 0.1
   skew_candidates: int = 64
+  skew_slots: int = 64
   update_batch: int = 256
   update_seq_len: int = 128
   update_prompt_len: int = 64
@@ -115,13 +116,14 @@ def random_prompts(rng: np.random.Generator, g: int, p: int, vocab: int) -> np.n
   return rng.integers(1, vocab, size=(g, p)).astype(np.int32)   # [G, P], no padding
 
 
-def isojax_sample(model, prompts_GP, *, n, new_tokens, temperature=1.0, stop_ids=()):
+def isojax_sample(model, prompts_GP, *, n, new_tokens, temperature=1.0, stop_ids=(),
+                  num_slots=0):
   """Rollouts of `sampler.sample` (B = G * n rows), computed before returning."""
   graphdef, state = model
   return jax.block_until_ready(sampler.sample(
       graphdef, state, jnp.asarray(prompts_GP), jnp.ones(prompts_GP.shape, bool),
       jax.random.key(0), n=n, max_new_tokens=new_tokens, temperature=temperature, top_k=0,
-      top_p=1.0, stop_ids=tuple(stop_ids), pad_id=0))
+      top_p=1.0, stop_ids=tuple(stop_ids), pad_id=0, num_slots=num_slots))
 
 
 def hf_sample(hf_model, prompts_GP, *, n, new_tokens, do_sample=True) -> np.ndarray:
@@ -146,16 +148,23 @@ def rate(tokens: int, first_s: float, median_s: float) -> dict:
               compile_s=max(first_s - median_s, 0.0))
 
 
-def bench_sampling(model, hf_model, spec: str, o: Options, rng) -> dict:
-  """isojax vs HF (vs Tunix) tokens/s on one G x n x P x T workload."""
+def bench_sampling(model, hf_model, spec: str, o: Options, rng, tunix=None) -> dict:
+  """isojax vs HF (vs Tunix, given a `bench_tunix.load` handle) tokens/s on one
+  G x n x P x T workload."""
   g, n, p, t = parse_workload(spec)
   prompts = random_prompts(rng, g, p, o.vocab)
   first, med, out = timed(lambda: isojax_sample(model, prompts, n=n, new_tokens=t), o.repeats)
   ours = rate(int(out.mask.sum()), first, med)
   first, med, new = timed(lambda: hf_sample(hf_model, prompts, n=n, new_tokens=t), o.repeats)
   hf = rate(int(new.size), first, med)
+  theirs = None
+  if tunix is not None:
+    first, med, new = timed(lambda: bench_tunix.sample(tunix, prompts, n, t), o.repeats)
+    theirs = rate(int(new.size), first, med)
   return dict(workload=spec, groups=g, n=n, prompt_len=p, new_tokens=t, isojax=ours, hf=hf,
-              tunix=None, ratio=ours["tokens_per_s"] / hf["tokens_per_s"])
+              tunix=theirs, ratio=ours["tokens_per_s"] / hf["tokens_per_s"],
+              tunix_ratio=None if theirs is None
+              else ours["tokens_per_s"] / theirs["tokens_per_s"])
 
 
 def bench_sharing(model, o: Options, rng) -> list[dict]:
@@ -198,24 +207,31 @@ def find_skew_prompts(tokens_CT: np.ndarray, short_len: int):
 
 
 def bench_skew(model, o: Options, rng) -> dict:
-  """Greedy batch: ~90% of rows stop after T / 8 tokens, the rest run to T."""
+  """Greedy batch: ~90% of rows stop after T / 8 tokens, the rest (in random places) run
+  to T. Lockstep decoding against continuous batching in `skew_slots` slots."""
   t, short_len = o.skew_new_tokens, max(o.skew_new_tokens // 8, 1)
   candidates = random_prompts(rng, o.skew_candidates, o.skew_prompt_len, o.vocab)
   greedy = np.asarray(isojax_sample(model, candidates, n=1, new_tokens=t, temperature=0).tokens)
   i, j, stop = find_skew_prompts(greedy, short_len)
   num_long = max(round(o.skew_long_fraction * o.skew_rows), 1)
-  prompts = np.stack([candidates[i]] * (o.skew_rows - num_long) + [candidates[j]] * num_long)
-  run = lambda stops: isojax_sample(model, prompts, n=1, new_tokens=t, temperature=0,
-                                    stop_ids=stops)
+  prompts = candidates[rng.permutation([i] * (o.skew_rows - num_long) + [j] * num_long)]
+  run = lambda stops, slots=0: isojax_sample(model, prompts, n=1, new_tokens=t,
+                                             temperature=0, stop_ids=stops, num_slots=slots)
   first, med, out = timed(lambda: run((stop,)), o.repeats)
+  cb_first, cb_med, cb_out = timed(lambda: run((stop,), o.skew_slots), o.repeats)
   _, full_med, _ = timed(lambda: run(()), o.repeats)   # every row to T: the dense rate
   waste = slot_waste(np.asarray(out.mask))
   full_rate = o.skew_rows * t / full_med
   lengths = np.asarray(out.mask).sum(-1)
+  same = all(np.array_equal(np.asarray(getattr(out, f)), np.asarray(getattr(cb_out, f)))
+             for f in ("tokens", "mask", "finished"))
   return dict(rows=o.skew_rows, prompt_len=o.skew_prompt_len, new_tokens=t, stop_id=stop,
               long_fraction=float(np.mean(lengths == t)), short_len=short_len, **waste,
               **rate(waste["useful_slots"], first, med), full_batch_tokens_per_s=full_rate,
-              ideal_s=waste["useful_slots"] / full_rate)
+              ideal_s=waste["useful_slots"] / full_rate,
+              continuous=dict(slots=o.skew_slots, same_outputs=same,
+                              **rate(waste["useful_slots"], cb_first, cb_med)),
+              continuous_speedup=med / cb_med)
 
 
 def matmul_peak(size: int, repeats: int) -> float:
@@ -273,11 +289,22 @@ def same_weights(model, hf_model, o: Options, rng, new_tokens: int = 16) -> bool
                                              do_sample=False)))
 
 
+def tunix_same_weights(model, tunix, o: Options, new_tokens: int = 16) -> bool | None:
+  """Greedy continuations of one prompt agree between isojax and Tunix (None: no Tunix)."""
+  if tunix is None:
+    return None
+  # Its own generator: the workloads' prompts do not depend on whether Tunix is installed.
+  prompt = random_prompts(np.random.default_rng(o.seed + 1), 1, 8, o.vocab)
+  ours = np.asarray(isojax_sample(model, prompt, n=1, new_tokens=new_tokens, temperature=0).tokens)
+  return bench_tunix.greedy_matches(tunix, prompt[0], ours[0])
+
+
 def tunix_status() -> str:
-  """Why Tunix's sampler is not measured (the figures are then null)."""
-  if importlib.util.find_spec("tunix") is None:
+  """Whether Tunix's sampler is measured (the figures are null when it is not)."""
+  if not bench_tunix.tunix_available():
     return "tunix: not installed, skipped"
-  return "tunix: installed, but this benchmark has no Tunix adapter yet, skipped"
+  return (f"tunix: google-tunix {bench_tunix.version()}, vanilla Sampler, each prompt "
+          "repeated n times (no shared prompt cache)")
 
 
 def run(o: Options) -> dict:
@@ -287,12 +314,15 @@ def run(o: Options) -> dict:
   with tempfile.TemporaryDirectory(prefix="isojax_bench_") as path:
     hf_model = build_checkpoint(path, o)
     model = nnx.split(hf_checkpoint.load_model(path))
+    tunix = bench_tunix.load(path) if bench_tunix.tunix_available() else None
   counts = param_counts(hf_model)
   info = dict(options=dataclasses.asdict(o), params=counts, jax=jax.__version__,
               backend=jax.default_backend(), torch=torch.__version__,
               torch_threads=torch.get_num_threads(), cpu_count=os.cpu_count(),
-              same_weights=same_weights(model, hf_model, o, rng))
-  return dict(info, sampling=[bench_sampling(model, hf_model, w, o, rng) for w in o.workloads],
+              same_weights=same_weights(model, hf_model, o, rng),
+              tunix_same_weights=tunix_same_weights(model, tunix, o))
+  return dict(info, sampling=[bench_sampling(model, hf_model, w, o, rng, tunix)
+                              for w in o.workloads],
               sharing=bench_sharing(model, o, rng), skew=bench_skew(model, o, rng),
               update=bench_update(model, counts, o, rng))
 
@@ -300,17 +330,21 @@ def run(o: Options) -> dict:
 def format_table(r: dict) -> str:
   """The figures of `run` as a compact text table."""
   o, c = r["options"], r["params"]
+  tunix_same = "n/a" if r.get("tunix_same_weights") is None else r["tunix_same_weights"]
   lines = [f"model: Qwen2-shaped, random weights, {sum(c.values()) / 1e6:.1f}M params "
            f"(hidden {o['hidden']}, {o['layers']} layers, {o['heads']} heads, {o['kv_heads']} kv "
            f"heads, mlp {o['intermediate']}, vocab {o['vocab']}), float32; same weights: "
-           f"{r['same_weights']}; jax {r['jax']} ({r['backend']}), torch {r['torch']} "
-           f"({r['torch_threads']} threads), {r['cpu_count']} CPUs",
+           f"{r['same_weights']} (tunix: {tunix_same}); jax {r['jax']} ({r['backend']}), "
+           f"torch {r['torch']} ({r['torch_threads']} threads), {r['cpu_count']} CPUs",
            "", f"sampling: tokens/s, median of {o['repeats']}, compile excluded",
            f"{'G x n x P x T':<18}{'isojax':>10}{'HF':>10}{'isojax/HF':>11}{'tunix':>8}"
-           f"{'compile s':>11}"]
+           f"{'isojax/tunix':>14}{'compile s':>11}"]
   for s in r["sampling"]:
+    tx = s.get("tunix")
+    tunix = (f"{tx['tokens_per_s']:>8.0f}{s['tunix_ratio']:>13.2f}x" if tx
+             else f"{'n/a':>8}{'n/a':>14}")
     lines.append(f"{s['workload']:<18}{s['isojax']['tokens_per_s']:>10.0f}"
-                 f"{s['hf']['tokens_per_s']:>10.0f}{s['ratio']:>10.2f}x{'n/a':>8}"
+                 f"{s['hf']['tokens_per_s']:>10.0f}{s['ratio']:>10.2f}x{tunix}"
                  f"{s['isojax']['compile_s']:>11.1f}")
   sh = r["sharing"]
   lines += ["", f"shared prompt cache: isojax, {o['share_rollouts']} rollouts, "
@@ -322,13 +356,15 @@ def format_table(r: dict) -> str:
   lines += ["", f"length skew: isojax greedy, {k['rows']} rows, P={k['prompt_len']}, "
             f"T={k['new_tokens']}; {100 * (1 - k['long_fraction']):.0f}% stop after "
             f"{k['short_len']} tokens, {100 * k['long_fraction']:.0f}% run to {k['new_tokens']}",
-            "  continuous batching does not exist yet (issue 10 item 2): the static "
-            "while_loop decodes every row until the longest finishes",
-            f"  decode slots useful / executed: {k['useful_slots']} / {k['executed_slots']}"
-            f" -> waste {100 * k['waste_fraction']:.1f}%",
-            f"  wall {k['median_s']:.2f} s ({k['tokens_per_s']:.0f} useful tokens/s); at the "
-            f"dense rate ({k['full_batch_tokens_per_s']:.0f} tokens/s) the useful tokens "
-            f"would take {k['ideal_s']:.2f} s"]
+            f"  lockstep: decode slots useful / executed: {k['useful_slots']} / "
+            f"{k['executed_slots']} -> waste {100 * k['waste_fraction']:.1f}%",
+            f"  lockstep wall {k['median_s']:.2f} s ({k['tokens_per_s']:.0f} useful tokens/s); "
+            f"at the dense rate ({k['full_batch_tokens_per_s']:.0f} tokens/s) the useful "
+            f"tokens would take {k['ideal_s']:.2f} s",
+            f"  continuous batching, {k['continuous']['slots']} slots: wall "
+            f"{k['continuous']['median_s']:.2f} s ({k['continuous']['tokens_per_s']:.0f} useful "
+            f"tokens/s) -> {k['continuous_speedup']:.2f}x lockstep; same greedy outputs: "
+            f"{k['continuous']['same_outputs']}"]
   u = r["update"]
   lines += ["", f"update: train_step, {u['batch']} x {u['seq_len']} tokens "
             f"(P={u['prompt_len']}), FLOPs = 6 * (body params * B * S + head params * B * T)",
@@ -350,7 +386,8 @@ _HELP = {"": "Model size (the Qwen2Config field of that meaning).",
          "workloads": "Sampling workloads GxNxPxT: prompts x rollouts per prompt x prompt "
                       "tokens x new tokens.",
          "share": "Shared prompt cache: values of n, total rollouts, P and T.",
-         "skew": "Length skew: rows, P, T, fraction of rows run to T, candidate prompts.",
+         "skew": "Length skew: rows, P, T, fraction of rows run to T, candidate prompts, "
+                 "continuous-batching slots.",
          "update": "Update step: sequences, tokens per sequence, prompt tokens of them.",
          "matmul": "Side of the float32 matmul that measures the FLOP/s peak.",
          "repeats": "Timed calls per figure (the median is reported).", "seed": "Seed."}
@@ -383,8 +420,7 @@ def main(argv):
   print(format_table(results))
   out = flags.FLAGS.out
   if out:
-    with open(out, "w") as f:
-      json.dump(results, f, indent=1)
+    storage.write_json(out, results)
     print(f"wrote {out}")
 
 

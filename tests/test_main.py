@@ -47,6 +47,13 @@ def test_main_micro_writes_the_run_directory(tmp_path):
   evaluated = [r["step"] for r in lines if "val/avg@4" in r]
   assert evaluated == [0, 2, 3]
   assert all(0 <= r["train/reward"] <= 1 for r in lines[1:])
+  # Every step line carries its phase timings; the main thread's phases add up to it.
+  for r in lines[1:]:
+    phases = [r[f"time/{p}_s"] for p in ("sample", "grade_wait", "update", "other")]
+    assert min(phases + [r["time/decode_s"], r["time/grade_s"]]) >= 0
+    assert sum(phases) == pytest.approx(r["time/step_s"], abs=1e-6)
+    assert r["time/decode_s"] > 0 and r["time/sample_s"] > 0 and r["time/update_s"] > 0
+  assert [r["step"] for r in lines if "time/eval_s" in r] == [2, 3]
   assert os.path.isdir(workdir / "checkpoints" / str(m))
   # The tiny base model is cached in the Hugging Face layout.
   (cached,) = os.listdir(tmp_path / "cache")
@@ -63,7 +70,7 @@ def test_resume_after_interruption_matches_uninterrupted_run(tmp_path):
   shutil.copytree(full, interrupted)
   shutil.rmtree(interrupted / "checkpoints" / "4")
   train.run(config, str(interrupted))
-  strip = lambda lines: [{k: v for k, v in r.items() if k != "wall_s"} for r in lines]
+  strip = lambda lines: [run_dir.without_timings(r) for r in lines]
   assert strip(run_dir.read_metrics(str(interrupted))) == strip(run_dir.read_metrics(str(full)))
 
 

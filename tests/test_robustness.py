@@ -185,8 +185,7 @@ def _micro(cache_dir):
 
 
 def _metrics(workdir):
-  return [{k: v for k, v in r.items() if k != run_dir.WALL_S}
-          for r in run_dir.read_metrics(str(workdir))]
+  return [run_dir.without_timings(r) for r in run_dir.read_metrics(str(workdir))]
 
 
 def _saved(workdir, step):

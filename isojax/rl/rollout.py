@@ -2,9 +2,10 @@
 
 Shared by the training loop, evaluation and profiling, so all see exactly the same
 prompts, sampling settings, stop tokens and verifier. `sample` returns as soon as the
-completions are decoded and handed to the verifier (which may grade them in worker
-processes); the caller can dispatch device work (the log-prob passes) before it waits
-on `Pending.result()`.
+completions are on the host: decoding them to text and grading them run on a host
+thread (the verifier may fan out to worker processes), so the caller can dispatch
+device work (the log-prob passes) before it waits on `Pending.result()`, and the host
+work of the step overlaps the devices' work.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import time
 from typing import Sequence
 
 import jax
@@ -34,6 +36,7 @@ class ScoredRollouts:
   completions: list[str]       # [B] decoded text
   verifier_timeouts: int = 0
   verifier_errors: int = 0
+  timings: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds, by phase
 
   @property
   def num_tokens(self) -> int:
@@ -50,35 +53,53 @@ class ScoredRollouts:
 
 @dataclasses.dataclass
 class Pending:
-  """Sampled rollouts whose grades may still be computing."""
+  """Sampled rollouts whose text and grades may still be computing on the host thread."""
   prompts_GP: np.ndarray
   prompt_mask_GP: np.ndarray
   rollouts: sampler.Rollouts
-  completions: list[str]
-  grades: concurrent.futures.Future  # of tasks.Grades
+  graded: concurrent.futures.Future  # of (completions, Grades, timings)
   n: int
+  sample_s: float                    # dispatch until the rollouts were on the host
 
   @property
   def prompt_len(self) -> int:
     return self.prompts_GP.shape[1]
 
   def result(self) -> ScoredRollouts:
-    grades: Grades = self.grades.result()
+    start = time.perf_counter()
+    completions, grades, timings = self.graded.result()
     g = self.prompts_GP.shape[0]
+    timings = dict(timings, sample_s=self.sample_s, grade_wait_s=time.perf_counter() - start)
     return ScoredRollouts(self.prompts_GP, self.prompt_mask_GP, self.rollouts,
                           np.asarray(grades.rewards, np.float32).reshape(g, self.n),
-                          self.completions, grades.timeouts, grades.errors)
+                          completions, grades.timeouts, grades.errors, timings)
+
+
+# One host thread decodes and grades, in submission order, beside the device work.
+_HOST_WORK = concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                   thread_name_prefix="isojax-grading")
+
+
+def _decode_and_grade(tok: TextTokenizer, tokens_BT: np.ndarray, problems: Sequence[Problem],
+                      verifier: Verifier):
+  start = time.perf_counter()
+  completions = [tok.decode(row) for row in tokens_BT]
+  decoded = time.perf_counter()
+  grades = verifier.grade_async(completions, problems).result()
+  return completions, grades, dict(decode_s=decoded - start,
+                                   grade_s=time.perf_counter() - decoded)
 
 
 def sample(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Sequence[Problem],
            verifier: Verifier, *, n: int, rng: jax.Array, sampling: ml_collections.ConfigDict,
            temperature: float | None = None) -> Pending:
-  """Samples n rollouts per problem and submits them to the verifier.
+  """Samples n rollouts per problem; decoding and grading go on on the host thread.
 
   Runs on the mesh the parameters live on, each device decoding its share of the
   problems, in calls of at most `sampling.max_rollouts_per_call` rollouts (0: one
   call) so that one call's decode cache fits; see `call_plan`.
   """
+  start = time.perf_counter()
   prompts, mask = book.batch(problems)
   mesh = params_mesh(params)
   shards = sharding.batch_shards(mesh)
@@ -103,9 +124,9 @@ def sample(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Seq
       parts.append(sampler.sample(graphdef, params, *batch, call_rng, **kwargs))
   host = [jax.tree.map(sharding.to_host, part) for part in parts]
   rollouts = jax.tree.map(lambda *xs: np.concatenate(xs)[:len(problems) * n], *host)
-  completions = [tok.decode(row) for row in rollouts.tokens]
-  grades = verifier.grade_async(completions, [problems[i // n] for i in range(len(completions))])
-  return Pending(prompts, mask, rollouts, completions, grades, n)
+  graded = _HOST_WORK.submit(_decode_and_grade, tok, rollouts.tokens,
+                             [problems[i // n] for i in range(len(rollouts.tokens))], verifier)
+  return Pending(prompts, mask, rollouts, graded, n, sample_s=time.perf_counter() - start)
 
 
 def params_mesh(params) -> jax.sharding.Mesh | None:

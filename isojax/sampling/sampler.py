@@ -56,19 +56,26 @@ class _LoopState:
 
 
 def filter_logits(logits_BV: jax.Array, *, top_k: int, top_p: float) -> jax.Array:
-  """Sets logits outside the top-k and outside the top-p nucleus to -inf."""
-  if top_k and top_k < logits_BV.shape[-1]:
-    kth = jax.lax.top_k(logits_BV, top_k)[0][..., -1:]
-    logits_BV = jnp.where(logits_BV < kth, -jnp.inf, logits_BV)
-  if top_p < 1.0:
-    sorted_logits = jnp.sort(logits_BV, axis=-1)[..., ::-1]
-    probs = jax.nn.softmax(sorted_logits, axis=-1)
-    mass_before = jnp.cumsum(probs, axis=-1) - probs
-    # the smallest logit still inside the nucleus (the top token is always kept)
-    keep = mass_before < top_p
-    threshold = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
-    logits_BV = jnp.where(logits_BV < threshold, -jnp.inf, logits_BV)
-  return logits_BV
+  """Sets logits outside the top-k and outside the top-p nucleus to -inf.
+
+  Nothing is sorted when both filters are off; top-k uses `lax.top_k` (a partial
+  selection, not a sort), and with top-k on, the nucleus is found among those k
+  candidates only. Only top-p without top-k sorts the whole vocabulary.
+  """
+  v = logits_BV.shape[-1]
+  top_k = top_k if 0 < top_k < v else 0
+  if top_k:
+    candidates = jax.lax.top_k(logits_BV, top_k)[0]       # [B, k], descending
+    logits_BV = jnp.where(logits_BV < candidates[..., -1:], -jnp.inf, logits_BV)
+  if top_p >= 1.0:
+    return logits_BV
+  # Descending candidates; with top-k the mass outside them is zero after the cut above.
+  ranked = candidates if top_k else jnp.sort(logits_BV, axis=-1)[..., ::-1]
+  probs = jax.nn.softmax(ranked, axis=-1)
+  mass_before = jnp.cumsum(probs, axis=-1) - probs
+  # The smallest logit still inside the nucleus (the top token is always kept).
+  threshold = jnp.min(jnp.where(mass_before < top_p, ranked, jnp.inf), axis=-1, keepdims=True)
+  return jnp.where(logits_BV < threshold, -jnp.inf, logits_BV)
 
 
 def _choose(logits_BV, rng, *, temperature, top_k, top_p):

@@ -58,6 +58,54 @@ def test_greedy_continuations_agree(models):
   assert bench.same_weights(model, hf_model, options, np.random.default_rng(0))
 
 
+
+@pytest.fixture(scope="module")
+def tunix_models(tmp_path_factory):
+  """(options, isojax (graphdef, state), HF model, Tunix handle) on one checkpoint."""
+  pytest.importorskip("tunix")
+  from launch import bench_tunix  # pylint: disable=g-import-not-at-top
+  options = bench.Options(**TINY, repeats=1)
+  path = str(tmp_path_factory.mktemp("tunix_ckpt"))
+  hf_model = bench.build_checkpoint(path, options)
+  return (options, nnx.split(hf_checkpoint.load_model(path)), hf_model,
+          bench_tunix.load(path))
+
+
+def test_tunix_greedy_equals_isojax(tunix_models):
+  """Tunix's Sampler on the same checkpoint: greedy continuations equal isojax's."""
+  from launch import bench_tunix  # pylint: disable=g-import-not-at-top
+  options, model, _, tunix = tunix_models
+  prompts = bench.random_prompts(np.random.default_rng(3), 64, 6, options.vocab)
+  ours = np.asarray(bench.isojax_sample(model, prompts, n=1, new_tokens=24,
+                                        temperature=0).tokens)
+  # Token 0 emitted before the end: Tunix would mask it out of attention were it the pad id.
+  assert (ours[:, :-1] == 0).any()
+  np.testing.assert_array_equal(bench_tunix.sample(tunix, prompts, 1, 24, temperature=0.0),
+                                ours)
+  assert bench_tunix.greedy_matches(tunix, prompts[0], ours[0])
+  wrong = ours[0].copy()
+  wrong[-1] = (wrong[-1] + 1) % options.vocab
+  assert not bench_tunix.greedy_matches(tunix, prompts[0], wrong)
+  assert bench.tunix_same_weights(model, tunix, options) is True
+
+
+def test_tunix_repeats_each_prompt_n_times(tunix_models):
+  from launch import bench_tunix  # pylint: disable=g-import-not-at-top
+  options, model, hf_model, tunix = tunix_models
+  g, n, p, t = 2, 3, 5, 4
+  prompts = bench.random_prompts(np.random.default_rng(1), g, p, options.vocab)
+  greedy = np.asarray(bench.isojax_sample(model, prompts, n=1, new_tokens=t,
+                                          temperature=0).tokens)
+  np.testing.assert_array_equal(
+      bench_tunix.sample(tunix, prompts, n, t, temperature=0.0), np.repeat(greedy, n, axis=0))
+  sampled = bench_tunix.sample(tunix, prompts, n, t)
+  assert sampled.shape == (g * n, t) and ((0 <= sampled) & (sampled < options.vocab)).all()
+  result = bench.bench_sampling(model, hf_model, f"{g}x{n}x{p}x{t}", options,
+                                np.random.default_rng(0), tunix)
+  assert result["tunix"]["tokens"] == result["isojax"]["tokens"] == g * n * t
+  assert result["tunix_ratio"] == pytest.approx(
+      result["isojax"]["tokens_per_s"] / result["tunix"]["tokens_per_s"])
+
 def test_slot_waste_by_hand():
   mask = np.zeros((4, 8), bool)
   mask[0, :2] = mask[1, :3] = mask[2, :6] = True   # row 3 empty; the longest row has 6
@@ -79,9 +127,12 @@ def test_find_skew_prompts():
 def test_skew_batch_has_short_and_long_rows(models):
   options, model, _ = models
   options = bench.Options(**TINY, repeats=1, skew_rows=10, skew_prompt_len=6,
-                          skew_new_tokens=16, skew_candidates=32)
+                          skew_new_tokens=16, skew_candidates=32, skew_slots=3)
   result = bench.bench_skew(model, options, np.random.default_rng(0))
   assert result["short_len"] == 2 and result["long_fraction"] == pytest.approx(0.1)
+  # Continuous batching in 3 slots decoded the same greedy rollouts.
+  assert result["continuous"]["same_outputs"] is True
+  assert result["continuous"]["tokens"] == result["useful_slots"]
   assert result["useful_slots"] == 9 * 2 + 1 * 16
   assert result["executed_slots"] == 10 * 16
   assert result["waste_fraction"] == pytest.approx(
@@ -117,13 +168,17 @@ def test_command_writes_the_figures(tmp_path):
                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert proc.returncode == 0, proc.stderr[-4000:]
   assert "isojax/HF" in proc.stdout and "tunix: " in proc.stdout
-  assert "continuous batching does not exist yet" in proc.stdout
+  assert "continuous batching, 64 slots" in proc.stdout
   result = json.loads(out.read_text())
   assert {"options", "params", "same_weights", "sampling", "sharing", "skew",
           "update"} <= set(result)
   assert result["same_weights"] is True
   (sampling,) = result["sampling"]
   assert sampling["isojax"]["tokens"] == sampling["hf"]["tokens"] == 2 * 2 * 4
+  if result["tunix_same_weights"] is None:   # Tunix not installed: null figures
+    assert sampling["tunix"] is None and sampling["tunix_ratio"] is None
+  else:
+    assert result["tunix_same_weights"] is True and sampling["tunix"]["tokens"] == 2 * 2 * 4
   assert [row["n"] for row in result["sharing"]] == [1, 2]
   assert {"tokens_per_s", "flops_per_s", "matmul_peak_flops_per_s",
           "fraction_of_peak"} <= set(result["update"])
@@ -133,3 +188,23 @@ def test_command_writes_the_figures(tmp_path):
       assert value > 0, path
   assert result["update"]["flops"] == 6 * (result["params"]["body"] * 4 * 12
                                            + result["params"]["head"] * 4 * 4)
+
+
+def test_rl_step_breakdown_averages_the_phases_after_warmup():
+  from launch import bench_step  # pylint: disable=g-import-not-at-top
+  def line(step, sample, wait, update, other, **extra):
+    return {"step": step, "time/sample_s": sample, "time/grade_wait_s": wait,
+            "time/update_s": update, "time/other_s": other, "time/decode_s": 0.01,
+            "time/grade_s": 0.02, "time/step_s": sample + wait + update + other, **extra}
+  lines = [{"step": 0}, line(1, 9.0, 9.0, 9.0, 9.0), line(2, 0.2, 0.1, 0.6, 0.1),
+           line(3, 0.4, 0.0, 0.4, 0.2, **{"time/eval_s": 3.0})]
+  b = bench_step.summarize(lines, warmup=1, rollouts_per_step=64)
+  assert b["steps"] == 2 and b["step_s"] == pytest.approx(1.0)
+  assert b["seconds"]["sample"] == pytest.approx(0.3)
+  assert b["shares"] == pytest.approx({"sample": 0.3, "grade_wait": 0.05, "update": 0.5,
+                                       "other": 0.15})
+  assert b["host_share"] == pytest.approx(0.2) and b["eval_s"] == 3.0
+  text = "\n".join(bench_step.format_breakdown(b, "test"))
+  assert "1000 ms per step" in text and "host share of the step (grade_wait + other): 20.0%" in text
+  with pytest.raises(ValueError, match="warmup=3"):
+    bench_step.summarize(lines, warmup=3, rollouts_per_step=64)

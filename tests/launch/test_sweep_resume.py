@@ -33,7 +33,7 @@ def _metrics(out, name):
 
 
 def _without_wall(lines):
-  return [{k: v for k, v in line.items() if k != run_dir.WALL_S} for line in lines]
+  return [run_dir.without_timings(line) for line in lines]
 
 
 def _progress(out, runs):

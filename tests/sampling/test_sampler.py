@@ -150,7 +150,7 @@ def _np_filter(logits, top_p):
   return out
 
 
-@pytest.mark.parametrize("top_k,top_p", [(0, 0.5), (3, 1.0), (4, 0.7), (0, 1.0)])
+@pytest.mark.parametrize("top_k,top_p", [(0, 0.5), (3, 1.0), (4, 0.7), (0, 1.0), (7, 0.9), (2, 0.3)])
 def test_filter_logits_matches_numpy(top_k, top_p):
   logits = np.random.default_rng(top_k).normal(size=(4, 9)).astype(np.float32)
   got = np.asarray(sampler.filter_logits(jnp.asarray(logits), top_k=top_k, top_p=top_p))

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import jax
 import ml_collections
@@ -195,3 +196,31 @@ def test_continuous_batching_on_a_mesh_equals_lockstep_greedy(tmp_path):
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-4000:]
   assert "ok" in proc.stdout
+
+
+def test_decoding_and_grading_run_on_the_host_thread():
+  """`rollout.sample` returns while the verifier is still grading (it blocks on an event
+  here), so the caller can dispatch device work first; the result has the rewards."""
+  graphdef, params = _model()
+  problems = [tasks.Problem(prompt=f"q{i}", answer=str(i)) for i in range(3)]
+  book = prompts.PromptBook({p: (3 + i, 4) for i, p in enumerate(problems)}, pad_id=0,
+                            max_len=4)
+  release, seen = threading.Event(), []
+
+  def reward(text, problem):
+    assert release.wait(timeout=60), "grading did not wait for the caller"
+    seen.append(threading.current_thread().name)
+    return float(problem.answer)
+  sampling = ml_collections.ConfigDict(dict(
+      max_new_tokens=4, temperature=1.0, top_k=0, top_p=1.0, max_rollouts_per_call=0,
+      weights_dtype="", decode_slots=0))
+  pending = rollout.sample(graphdef, params, _Tokenizer(), book, problems,
+                           tasks.PerItemVerifier(reward), n=2, rng=jax.random.key(0),
+                           sampling=sampling)
+  assert not pending.graded.done()   # returned before grading finished
+  release.set()
+  scored = pending.result()
+  np.testing.assert_array_equal(scored.rewards_GN, [[0, 0], [1, 1], [2, 2]])
+  assert scored.completions == [_Tokenizer().decode(row) for row in scored.rollouts.tokens]
+  assert seen and threading.main_thread().name not in seen
+  assert scored.timings["grade_wait_s"] >= 0 and scored.timings["decode_s"] >= 0
