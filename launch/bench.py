@@ -39,7 +39,7 @@ from isojax import storage
 from isojax.models import hf_checkpoint
 from isojax.rl import update
 from isojax.sampling import sampler
-from launch import bench_tunix
+from launch import bench_step, bench_tunix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +65,7 @@ class Options:
   update_seq_len: int = 128
   update_prompt_len: int = 64
   matmul_size: int = 2048
+  rl_steps: int = 12
   repeats: int = 3
   seed: int = 0
 
@@ -324,7 +325,9 @@ def run(o: Options) -> dict:
   return dict(info, sampling=[bench_sampling(model, hf_model, w, o, rng, tunix)
                               for w in o.workloads],
               sharing=bench_sharing(model, o, rng), skew=bench_skew(model, o, rng),
-              update=bench_update(model, counts, o, rng))
+              update=bench_update(model, counts, o, rng),
+              rl_step=bench_step.breakdown(bench_step.default_config(o.rl_steps))
+              if o.rl_steps else None)
 
 
 def format_table(r: dict) -> str:
@@ -371,6 +374,8 @@ def format_table(r: dict) -> str:
             f"  {u['tokens_per_s']:.0f} tokens/s, {u['flops_per_s'] / 1e9:.1f} GFLOP/s; "
             f"float32 {o['matmul_size']}^2 matmul peak {u['matmul_peak_flops_per_s'] / 1e9:.1f}"
             f" GFLOP/s -> {100 * u['fraction_of_peak']:.1f}% of peak"]
+  if r["rl_step"]:
+    lines += [""] + bench_step.format_breakdown(r["rl_step"], "configs/hard.py (the default)")
   return "\n".join(lines)
 
 
@@ -390,6 +395,8 @@ _HELP = {"": "Model size (the Qwen2Config field of that meaning).",
                  "continuous-batching slots.",
          "update": "Update step: sequences, tokens per sequence, prompt tokens of them.",
          "matmul": "Side of the float32 matmul that measures the FLOP/s peak.",
+         "rl": "Steps of configs/hard.py whose phases are timed (the first is left out; "
+               "0: skip).",
          "repeats": "Timed calls per figure (the median is reported).", "seed": "Seed."}
 
 

@@ -78,6 +78,20 @@ def filter_logits(logits_BV: jax.Array, *, top_k: int, top_p: float) -> jax.Arra
   return jnp.where(logits_BV < threshold, -jnp.inf, logits_BV)
 
 
+def draw_categorical(logits_BV: jax.Array, rng: jax.Array) -> jax.Array:
+  """One token per row from softmax(logits) by inverting its CDF: token b is the first
+  index whose cumulative probability exceeds a uniform draw u_b.
+
+  Exact in distribution, like `jax.random.categorical`, but it draws one random number
+  per row instead of one Gumbel per vocabulary entry: on CPU the [B, V] Threefry draw
+  took half of a decode step. Entries at -inf (filtered) have zero mass and are never
+  drawn.
+  """
+  cdf_BV = jnp.cumsum(jax.nn.softmax(logits_BV, axis=-1), axis=-1)
+  u_B1 = jax.random.uniform(rng, (logits_BV.shape[0], 1)) * cdf_BV[:, -1:]
+  return jnp.minimum(jnp.sum(cdf_BV <= u_B1, axis=-1), logits_BV.shape[-1] - 1)
+
+
 def _choose(logits_BV, rng, *, temperature, top_k, top_p):
   """Returns (token [B], log-prob [B]) under the tempered policy."""
   logits_BV = logits_BV.astype(jnp.float32)
@@ -86,7 +100,7 @@ def _choose(logits_BV, rng, *, temperature, top_k, top_p):
     logp = jax.nn.log_softmax(logits_BV, axis=-1)
   else:
     scaled = logits_BV / temperature
-    token = jax.random.categorical(rng, filter_logits(scaled, top_k=top_k, top_p=top_p))
+    token = draw_categorical(filter_logits(scaled, top_k=top_k, top_p=top_p), rng)
     logp = jax.nn.log_softmax(scaled, axis=-1)
   return token.astype(jnp.int32), jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
 

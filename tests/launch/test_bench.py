@@ -163,6 +163,7 @@ def test_command_writes_the_figures(tmp_path):
           "--share_new_tokens=4", "--skew_rows=10", "--skew_prompt_len=8",
           "--skew_new_tokens=16", "--skew_candidates=32", "--update_batch=4",
           "--update_seq_len=12", "--update_prompt_len=8", "--matmul_size=64", "--repeats=1",
+          "--rl_steps=0",
           f"--out={out}"]
   proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600,
                         env=dict(os.environ, JAX_PLATFORMS="cpu"))

@@ -164,3 +164,20 @@ def _np_filter_combined(logits, top_k, top_p):
     kth = np.sort(out, axis=-1)[:, -top_k][:, None]
     out[out < kth] = -np.inf
   return _np_filter(out, top_p) if top_p < 1 else out
+
+
+@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (5, 1.0), (0, 0.8)])
+def test_sampled_tokens_follow_the_tempered_filtered_softmax(top_k, top_p):
+  """20,000 draws of one step against the exact probabilities: chi-square goodness of fit."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  logits_V = np.random.default_rng(1).normal(scale=1.5, size=12).astype(np.float32)
+  rows = 20_000
+  tokens, _ = sampler._choose(jnp.tile(logits_V, (rows, 1)), jax.random.key(3),
+                              temperature=0.7, top_k=top_k, top_p=top_p)
+  scaled = logits_V.astype(np.float64) / 0.7
+  kept = ~np.isinf(_np_filter_combined(scaled[None], top_k, top_p)[0])
+  probs = np.where(kept, np.exp(scaled - scaled.max()), 0.0)
+  probs /= probs.sum()
+  counts = np.bincount(np.asarray(tokens), minlength=12)
+  assert counts[~kept].sum() == 0
+  assert stats.chisquare(counts[kept], rows * probs[kept]).pvalue > 1e-3

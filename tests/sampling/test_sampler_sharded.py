@@ -24,6 +24,16 @@ from isojax.tasks import prompts
 SETTINGS = dict(max_new_tokens=6, temperature=1.0, stop_ids=(2,), pad_id=0)
 
 
+def _run_on_8_devices(code: str, cwd) -> None:
+  """Runs `code` in a child Python with 8 fake CPU devices; it must print "ok"."""
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  assert "ok" in proc.stdout
+
+
 def test_rollouts_are_split_over_devices_and_equal_single_device(tmp_path):
   code = """
     import jax, numpy as np
@@ -73,12 +83,7 @@ def test_rollouts_are_split_over_devices_and_equal_single_device(tmp_path):
     assert one > cache_bytes > 4 * eight, (one, eight, cache_bytes)
     print("ok", one, eight)
   """
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=tmp_path, env=env,
-                        capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  assert "ok" in proc.stdout
+  _run_on_8_devices(code, tmp_path)
 
 
 def _model():
@@ -190,12 +195,7 @@ def test_continuous_batching_on_a_mesh_equals_lockstep_greedy(tmp_path):
       assert rows == {32 // sharding.batch_shards(mesh)}, (axes, rows)
     print("ok")
   """
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=tmp_path, env=env,
-                        capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  assert "ok" in proc.stdout
+  _run_on_8_devices(code, tmp_path)
 
 
 def test_decoding_and_grading_run_on_the_host_thread():
