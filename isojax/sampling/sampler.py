@@ -188,8 +188,6 @@ class _Slots:
   rollout: jax.Array    # [D, S] int32 rollout (shard-local id) in the slot; R: empty
   position: jax.Array   # [D, S] int32 index of `token` among the rollout's tokens
   token: jax.Array      # [D, S] int32 the token the slot feeds this iteration
-  queue: jax.Array      # [D, R] int32 rollouts that need decoding, in order
-  queued: jax.Array     # [D] int32 how many entries of `queue` are real
   taken: jax.Array      # [D] int32 how many queue entries have been handed a slot
   tokens: jax.Array     # [D, R, T] int32
   logprobs: jax.Array   # [D, R, T] float32
@@ -266,18 +264,15 @@ def _decode_continuous(model, prefix, first_logits_GV, prompt_len_B, rng, *, n, 
     lengths = jax.vmap(lambda a, i, v: a.at[i].set(v, mode="drop"))(
         st.lengths, jnp.where(finished, st.rollout, r), st.position + 2)
     rollout, position, token_next, taken = jax.vmap(_refill)(
-        st.rollout, st.position, token, finished, st.queue, st.queued,
-        st.taken, first_DR)
-    return _Slots(rollout=rollout, position=position, token=token_next, queue=st.queue,
-                  queued=st.queued, taken=taken,
+        st.rollout, st.position, token, finished, queue, queued, st.taken, first_DR)
+    return _Slots(rollout=rollout, position=position, token=token_next, taken=taken,
                   tokens=put(st.tokens, st.rollout, st.position + 1, token),
                   logprobs=put(st.logprobs, st.rollout, st.position + 1, logp), lengths=lengths,
                   cache=cache, rng=rng)
 
   init = _Slots(rollout=rollout, position=jnp.zeros((d, s), jnp.int32),
-                token=by_shard(first_DR, rollout), queue=queue, queued=queued,
-                taken=jnp.minimum(queued, s), tokens=tokens, logprobs=logprobs,
-                lengths=jnp.ones((d, r), jnp.int32),
+                token=by_shard(first_DR, rollout), taken=jnp.minimum(queued, s),
+                tokens=tokens, logprobs=logprobs, lengths=jnp.ones((d, r), jnp.int32),
                 cache=model.init_decode_cache(num_slots, t), rng=rng)
   final = jax.lax.while_loop(lambda st: jnp.any(st.rollout < r), body, init)
   unshard = lambda x: x.reshape(b, *x.shape[2:])
