@@ -1,27 +1,27 @@
-r"""The iso-compute sweep on the hard split: n from 2 to 128, B_p in {8, 16, 32}.
+r"""The iso-compute sweep on the hard split: n from 2 to 64, B_p in {8, 16}.
 
   python -m launch.profile --config=configs/hard.py          # writes the `hard` split
   python -m launch.sweep --config=configs/sweep_hard.py --out=/tmp/isojax/sweep_hard
   python -m launch.sweep --config=configs/sweep_hard.py:micro --out=/tmp/sweep_micro
 
-Every allocation (B_p, n, M) of powers of two with B_p in [8, 32], n in [2, 128],
-B = B_p * n <= 2048 and M = C / B >= 16 spends the budget C = 32,768 rollouts: 20 runs
+Every allocation (B_p, n, M) of powers of two with B_p in [8, 16], n in [2, 64],
+B = B_p * n <= 1024 and M = C / B >= 16 spends the budget C = 16,384 rollouts: 12 runs
 of the hard recipe (configs/hard.py) on the profiled `hard` split (avg@16 <= 0.0625).
-Each run evaluates and checkpoints every M // 16 steps, so each allocation has 16
-points on its curve; the analysis fits val/avg@4, val/best@4 and val/worst@4.
+Each run evaluates at step 0 and 12 log-spaced steps (eval_schedule='log': more
+decades of compute per evaluation) and checkpoints every M // 12 steps; the analysis
+fits val/avg@4, val/best@4 and val/worst@4, and the experiment (kind iso_compute)
+bootstraps n*'s rise, the best@4 / worst@4 slopes in log2 n and the interference
+statistic over the validation (and histogram training) problems.
 
-Cost on the 2-core CPU development machine (tiny default model), measured per run with
-`python -m isojax.main` on the plans this config writes (wall time, whole process):
-  bp16_n16 (B = 256, M = 128)   52.7 s      bp16_n128 (B = 2048, M = 16)   58.9 s
-  bp8_n2   (B = 16,  M = 2048)  66.3 s      easy recipe, bp16_n16          50.5 s
-A run is ~6 s of start-up (imports, model load; the persistent compilation cache in
-DIR/jax_cache serves the shapes runs share), ~45-55 s of sampling and training for
-C = 32,768 rollouts (about 1.5 ms per rollout plus 0.01 s per step) and 17 evaluations
-of ~0.3 s. One worker keeps ~1.65 cores busy; two single-threaded workers did the work
-of two runs 1.27x faster than one after the other. So one sweep is 20 runs * ~60 s
-~ 20 min with one worker, ~16 min with two; the study (profiling ~30 s, both sweeps,
-the analyses ~1 min) ~35-45 min. Doubling the budget doubles the middle term
-(~1.7x the total). The manifest (sweep.json) records each run's wall time.
+Cost on the 2-core CPU development machine (tiny default model): a run is ~6 s of
+start-up (imports, model load; the persistent compilation cache in DIR/jax_cache
+serves the shapes runs share), about 1.5 ms per rollout of sampling and training
+(~25 s at C = 16,384) and 13 evaluations of ~0.3 s; two workers do two runs about
+1.3x faster than one after the other. The manifest (sweep.json) records each run's
+wall time; the README gives the measured totals of the whole study.
+
+This module also holds the fields every sweep config shares (`sweep_config`); the
+other experiments (configs/sweep_*.py) start from it.
 
 Presets: default (above), micro (3 runs of the micro model on generated problems; a
 smoke test of the launcher in about a minute).
@@ -30,7 +30,8 @@ smoke test of the launcher in about a minute).
 import ml_collections
 
 
-def sweep_config(name: str, base_config: str, split: str) -> ml_collections.ConfigDict:
+def sweep_config(name: str, base_config: str, split: str,
+                 difficulty: str = "") -> ml_collections.ConfigDict:
   """The sweep fields shared by the easy and the hard sweep."""
   c = ml_collections.ConfigDict()
   c.name = name
@@ -40,12 +41,20 @@ def sweep_config(name: str, base_config: str, split: str) -> ml_collections.Conf
       task=ml_collections.ConfigDict(dict(split=split, splits_dir="~/.cache/isojax/splits")),
       base_model=ml_collections.ConfigDict(dict(cache_dir="~/.cache/isojax")),
   ))
-  c.budget_rollouts = 32768               # C; a list runs several budgets
-  c.problems_range = (8, 32)              # B_p: powers of two in the range
-  c.rollouts_range = (2, 128)             # n: powers of two in the range
-  c.max_batch_rollouts = 2048             # B_max
+  c.budget_rollouts = 16384               # C; a list runs several budgets
+  c.problems_range = (8, 16)              # B_p: powers of two in the range
+  c.rollouts_range = (2, 64)              # n: powers of two in the range
+  c.max_batch_rollouts = 1024             # B_max
   c.min_steps = 16                        # fewest updates M (above the 10 LR warm-up steps)
-  c.evals_per_run = 16                    # eval.every = checkpoint_every = M // this
+  c.evals_per_run = 12                    # evaluations per run; checkpoint_every = M // this
+  c.eval_schedule = "log"                 # log-spaced evaluation steps (linear: every M // 12)
+  c.kind = "iso_compute"                  # the experiment (isojax.planner.experiments)
+  c.difficulty = difficulty               # which claims it tests: easy | hard
+  c.variants = ml_collections.ConfigDict()  # name -> sweep fields; runs/<name>/
+  c.seeds = ()                            # () = the base config's seed
+  c.batch_rollouts = 0                    # > 0: fixed batch B = B_p * n
+  c.train_fraction = 0.0                  # > 0: PODS with m = max(2, n * this)
+  c.bootstrap_resamples = 200             # replicates behind each interval
   c.analysis = ml_collections.ConfigDict(dict(
       metrics=("val/avg@4", "val/best@4", "val/worst@4"),  # the first is the primary
       fit_min_rollouts=0.0,
@@ -64,11 +73,13 @@ def apply_micro(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   c.max_batch_rollouts = 32
   c.min_steps = 2
   c.evals_per_run = 4
+  c.eval_schedule = "linear"
+  c.bootstrap_resamples = 20
   return c
 
 
 def get_config(arg=None):
-  c = sweep_config("hard", "configs/hard.py", split="hard")
+  c = sweep_config("hard", "configs/hard.py", split="hard", difficulty="hard")
   if arg == "micro":
     return apply_micro(c)
   if arg not in (None, "", "default"):

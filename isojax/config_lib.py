@@ -22,6 +22,7 @@ import sys
 from typing import Any
 
 import ml_collections
+import numpy as np
 from ml_collections import config_dict
 
 from isojax import storage
@@ -57,6 +58,9 @@ def base_config() -> ml_collections.ConfigDict:
       max_digits=3,
       num_train=2048,        # distinct training problems
       num_val=256,           # held-out validation problems
+      # > 0: train on this many of the training problems (the first of a fixed shuffle
+      # by task.seed), whatever the source: the problem-set-size experiment's knob.
+      max_train_problems=0,
       seed=1234,
       split="",              # a profiled split's name (launch.profile); "" generates
       splits_dir="~/.cache/isojax/splits",
@@ -166,7 +170,11 @@ def base_config() -> ml_collections.ConfigDict:
   ))
 
   c.eval = ml_collections.ConfigDict(dict(
-      every=10,
+      # When to evaluate (`eval_steps`): "linear" every `every` steps, "log" at `count`
+      # log-spaced steps (dense early, where the metric moves fastest).
+      schedule="linear",     # linear | log
+      every=10,              # linear: steps between evaluations
+      count=16,              # log: evaluations after step 0 (at most)
       k=4,
       num_samples=8,         # N >= k samples per validation problem
       chunk_problems=256,    # problems per sampler call
@@ -431,12 +439,13 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         "advantages need at least 2 rollouts per problem")
   if not 0 <= c.rl.retire_pass_rate <= 1:
     raise ValueError(f"rl.retire_pass_rate={c.rl.retire_pass_rate}: expected in [0, 1]")
-  for field in ("eval.k", "eval.num_samples", "eval.every", "checkpoint_every",
+  for field in ("eval.k", "eval.num_samples", "checkpoint_every",
                 "sampling.max_new_tokens", "rl.num_minibatches", "rl.num_epochs",
                 "task.max_prompt_tokens"):
     _positive_int(c, field)
   if c.eval.num_samples < c.eval.k:
     raise ValueError(f"eval.num_samples={c.eval.num_samples} must be >= eval.k={c.eval.k}")
+  _check_eval_schedule(c.eval)  # eval.schedule, eval.every, eval.count
   _check_task(c)
   _check_metric_writers(c.metric_writers)
   _check_robustness(c)
@@ -450,6 +459,12 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if (not c.task.split and c.task.name != "math" and isinstance(c.task.num_train, int)
       and c.problems_per_batch > c.task.num_train):
     raise ValueError(f"problems_per_batch={b_p} exceeds task.num_train={c.task.num_train}")
+  if not isinstance(c.task.max_train_problems, int) or c.task.max_train_problems < 0:
+    raise ValueError(f"task.max_train_problems={c.task.max_train_problems!r}: expected an "
+                     "integer >= 0 (0: every training problem)")
+  if 0 < c.task.max_train_problems < b_p:
+    raise ValueError(f"problems_per_batch={b_p} exceeds task.max_train_problems="
+                     f"{c.task.max_train_problems}")
   if not c.sampling.temperature >= 0:
     raise ValueError(f"sampling.temperature={c.sampling.temperature}: expected >= 0")
   _check_sampling_memory(c, n)
@@ -462,6 +477,39 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
                      "without the KL anchor (PLAYBOOK section 2)")
   c.lock()
   return c
+
+
+# When `train.run` evaluates (`eval_steps`).
+EVAL_SCHEDULES = ("linear", "log")
+
+
+def _check_eval_schedule(e: ml_collections.ConfigDict) -> None:
+  if e.schedule not in EVAL_SCHEDULES:
+    raise ValueError(f"eval.schedule={e.schedule!r}: expected one of {list(EVAL_SCHEDULES)}")
+  for field in ("every", "count"):  # both checked whichever schedule is used
+    value = e[field]
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+      raise ValueError(f"config field eval.{field}={value!r}: expected a positive integer")
+
+
+def eval_steps(eval_config: ml_collections.ConfigDict, num_steps: int) -> frozenset[int]:
+  """The steps (0..num_steps) after which `train.run` evaluates: a pure function of the
+  config, so a resumed run evaluates where the uninterrupted one would.
+
+  Always step 0 (the base model) and num_steps (the final policy), and between them
+    linear: every multiple of `eval_config.every`;
+    log:    the distinct values of round(geomspace(1, num_steps, eval_config.count)),
+            so a run with fewer than `count` steps, or a large `count`, gets fewer.
+  With count=1 the log schedule evaluates at steps 0 and num_steps only.
+  """
+  _check_eval_schedule(eval_config)
+  if eval_config.schedule == "linear":
+    between = range(0, num_steps + 1, eval_config.every)
+  else:
+    count = eval_config.count
+    between = (np.rint(np.geomspace(1, num_steps, count)).astype(int).tolist()
+               if count > 1 else [])
+  return frozenset({0, num_steps, *between})
 
 
 def _check_task(c: ml_collections.ConfigDict) -> None:

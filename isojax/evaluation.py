@@ -47,6 +47,10 @@ def evaluate(graphdef, params, tok: TextTokenizer, book: PromptBook,
   """avg@k, best@k, worst@k (with standard errors) and the truncated fraction on
   `problems`, plus the pass@1 histogram of `histogram_problems` if there are any.
 
+  The per-problem correct counts behind them (`metrics.VAL_CORRECT_COUNTS`, and
+  `metrics.TRAIN_PASS1_COUNTS` with the histogram) come along as lists of ints in the
+  problems' order, so an analysis can bootstrap confidence intervals over problems.
+
   The histogram (training problems with 0..N of N samples correct) is the interference
   diagnostic: with small n a few problems get solved (pass@1 -> 1) while others fall
   to 0, and its mass moving to both ends shows it (PLAYBOOK section 1, point 5).
@@ -60,8 +64,10 @@ def evaluate(graphdef, params, tok: TextTokenizer, book: PromptBook,
 
   counts_P, truncated = count(problems)
   result = dict(metrics.summarize_correct(counts_P, num_samples, config.eval.k),
-                **{metrics.VAL_TRUNCATED: truncated})
+                **{metrics.VAL_TRUNCATED: truncated,
+                   metrics.VAL_CORRECT_COUNTS: counts_P.tolist()})
   if histogram_problems:
     counts_P, _ = count(histogram_problems)
     result[metrics.TRAIN_PASS1_HISTOGRAM] = metrics.pass_count_histogram(counts_P, num_samples)
+    result[metrics.TRAIN_PASS1_COUNTS] = counts_P.tolist()
   return result

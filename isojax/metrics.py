@@ -28,6 +28,12 @@ TRAIN_RESPONSE_LENGTH = "train/response_length"
 TRAIN_PASS1_HISTOGRAM = "train/pass@1_histogram"  # problems with 0..N of N correct
 # Lists of counts per bucket, which metric viewers show as histograms.
 HISTOGRAMS = (TRAIN_PASS1_HISTOGRAM,)
+# Per-problem correct counts (of eval.num_samples), in the problems' order: what a
+# bootstrap over problems resamples. Kept in metrics.jsonl only: not scalars, not
+# histograms, and too long for a log line.
+VAL_CORRECT_COUNTS = "val/correct_counts"          # one per validation problem
+TRAIN_PASS1_COUNTS = "train/pass@1_counts"         # behind TRAIN_PASS1_HISTOGRAM
+PER_PROBLEM_COUNTS = (VAL_CORRECT_COUNTS, TRAIN_PASS1_COUNTS)
 TRAIN_ACTIVE_PROBLEMS = "train/active_problems"    # after No-Positive-Resampling
 TRAIN_TRUNCATED = "train/truncated_fraction"       # rollouts that hit max_new_tokens
 TRAIN_VERIFIER_TIMEOUTS = "train/verifier_timeouts"  # completions cut off (scored 0)

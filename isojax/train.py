@@ -107,12 +107,13 @@ class _DropLibraryInfo(std_logging.Filter):
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Trains; returns the last evaluation's metrics."""
+  """Trains; returns the last evaluation's metrics (without the per-problem counts)."""
   config = config_lib.resolve(config)
   handler = logging.get_absl_handler()
   if not any(isinstance(f, _DropLibraryInfo) for f in handler.filters):
     handler.addFilter(_DropLibraryInfo())
   n, b_p, num_steps = config.rollouts_per_problem, config.problems_per_batch, config.num_steps
+  eval_at = config_lib.eval_steps(config.eval, num_steps)  # a function of config: resumes agree
   # ==================== Mesh, tokenizer and task (fail fast, before any write) ====
   mesh = sharding.make_mesh(config.mesh)
   path = policy_path(config)
@@ -172,14 +173,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     if run_dir.EVENT not in line:  # events stay in metrics.jsonl
       viewers.write(line)  # TensorBoard / W&B: what metrics.jsonl holds
 
-  def run_eval() -> dict[str, float]:
+  def run_eval() -> dict[str, float | list[int]]:
     start = time.time()
     result = evaluation.evaluate(
         graphdef, learner.params, tok, book, val_problems, verifier, config, rng=eval_key,
         histogram_problems=train_problems[:config.eval.train_problems])
     counters.wall_s += time.time() - start
-    logging.info("step %d eval: %s", counters.step, " ".join(
-        f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()))
+    logging.info("step %d eval: %s", counters.step, " ".join(  # per-problem lists: jsonl only
+        f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()
+        if k not in metrics.PER_PROBLEM_COUNTS))
     return result
 
   def save() -> None:
@@ -244,7 +246,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     counters.collapse_streak, collapsed = guard.collapse(
         values, streak=counters.collapse_streak, collapse_steps=config.guard.collapse_steps,
         stop=config.guard.stop_on_collapse, step=counters.step)
-    evaluate_now = counters.step % config.eval.every == 0 or counters.step == num_steps
+    evaluate_now = counters.step in eval_at
     values.update(timings)
     if evaluate_now:
       eval_start = time.time()
@@ -266,5 +268,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   ckpt.wait_until_finished()
   ckpt.close()
   viewers.close()
-  return last_eval or {k: v for k, v in run_dir.read_metrics(workdir)[-1].items()
-                       if k.startswith(metrics.VAL_PREFIX)}
+  final = last_eval or {k: v for k, v in run_dir.read_metrics(workdir)[-1].items()
+                        if k.startswith(metrics.VAL_PREFIX)}
+  # The summary metrics; the per-problem counts are in metrics.jsonl.
+  return {k: v for k, v in final.items() if k not in metrics.PER_PROBLEM_COUNTS}

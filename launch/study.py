@@ -12,10 +12,15 @@ the same command resumes the study:
      the splits of step 1, into DIR/<sweep name>/ (finished runs are skipped,
      interrupted ones resume from their checkpoints).
   3. The analysis of each sweep: DIR/<name>/analysis.json and plots (val/avg@4),
-     DIR/<name>/best@4/ and DIR/<name>/worst@4/.
+     DIR/<name>/best@4/ and DIR/<name>/worst@4/ (per variant: DIR/<name>/<variant>/),
+     and its experiment: DIR/<name>/experiment.json (effects with bootstrap
+     intervals) and experiment.png.
+  4. The findings table (`isojax.planner.findings`): DIR/findings.md, one row per
+     claim of the paper with the measured effect, its interval and the verdict.
 
-DIR/study.json summarises the splits, each sweep's manifest and the fitted n*(C)
-laws. The exit status is non-zero if a run or an analysis failed.
+The default --sweeps are every experiment of the paper (EXPERIMENTS below). DIR/study.json
+summarises the splits, each sweep's manifest, analyses and the findings. The exit
+status is non-zero if a run or an analysis failed.
 """
 
 from __future__ import annotations
@@ -27,14 +32,19 @@ import time
 from absl import app, flags, logging
 
 from isojax import storage
-from isojax.planner import analysis
+from isojax.planner import analysis, findings
 from launch import profile, profiling, sweep_plan, sweep_runner
 
 _OUT = flags.DEFINE_string("out", None, "The study directory.", required=True)
 _PROFILE_CONFIG = flags.DEFINE_string(
     "profile_config", "configs/hard.py", "Run config (file.py[:preset]) whose base model "
     "and sampling settings are profiled; the sweeps must use the same base model.")
-_SWEEPS = flags.DEFINE_list("sweeps", ["configs/sweep_easy.py", "configs/sweep_hard.py"],
+# Every experiment of the paper (PLAYBOOK section 1), sized for the tiny default.
+EXPERIMENTS = ["configs/sweep_easy.py", "configs/sweep_hard.py",
+               "configs/sweep_fixed_batch.py", "configs/sweep_problems_per_batch.py",
+               "configs/sweep_problem_set_size.py", "configs/sweep_decoupled.py",
+               "configs/sweep_algorithms.py"]
+_SWEEPS = flags.DEFINE_list("sweeps", EXPERIMENTS,
                             "Sweep configs (file.py[:preset]) run in this order.")
 _WORKERS = flags.DEFINE_integer("workers", 0, "Parallel runs (0: one per CPU core, 1 with "
                                 "a GPU/TPU).")
@@ -104,6 +114,12 @@ def main(argv):
     raise SystemExit("launch.study: interrupted; rerun the same command to resume") from None
   study = dict(out_dir=out_dir, model=model, wall_s=round(time.time() - start, 1),
                splits=[s.__dict__ for s in summaries], sweeps=sweeps)
+  try:
+    rows, text = findings.write_study_findings(out_dir)
+    study["findings"] = [r.to_dict() for r in rows]
+    print("\n" + text, flush=True)
+  except FileNotFoundError as e:
+    logging.error("no findings table: %s", e)
   storage.write_json(os.path.join(out_dir, STUDY_FILE), study)
   problems = [f"{name}: runs failed {e['failed']}" for name, e in sweeps.items() if e["failed"]]
   problems += [f"{name}: analysis failed ({e['analysis_error']})" for name, e in sweeps.items()

@@ -36,7 +36,7 @@ from absl import logging
 from ml_collections.config_flags import config_flags
 
 from isojax import config_lib, run_dir, storage
-from isojax.planner import analysis, grids, plots, prescribe
+from isojax.planner import analysis, experiments, grids, plots, prescribe
 from isojax.tasks import splits
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,6 +49,18 @@ _MANIFEST_VERSION = 1
 _REQUIRED = ("name", "base_config", "overrides", "budget_rollouts", "problems_range",
              "rollouts_range", "max_batch_rollouts", "min_steps", "evals_per_run",
              "analysis")
+# Fields a sweep config may leave out, with what leaving them out means.
+OPTIONAL = dict(
+    kind="iso_compute",    # the experiment (isojax.planner.experiments.KINDS)
+    difficulty="",         # "easy" | "hard" | "": which of the paper's claims it tests
+    variants={},           # name -> sweep fields to change; runs under runs/<name>/
+    seeds=(),              # run seeds; () = the base config's seed only
+    batch_rollouts=0,      # > 0: only allocations with B_p * n = this (fixed batch)
+    train_fraction=0.0,    # > 0: PODS, train on m = max(2, n * this) of n rollouts
+    eval_schedule="linear",  # linear: every M // evals_per_run; log: evals_per_run log-spaced
+    bootstrap_resamples=200,  # replicates behind each effect's interval
+)
+EVAL_SCHEDULES = ("linear", "log")
 
 
 class SweepError(ValueError):
@@ -83,14 +95,78 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
   return out
 
 
+def with_defaults(sweep: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A copy of `sweep` with every optional field present."""
+  full = ml_collections.ConfigDict(sweep.to_dict())
+  for field, default in OPTIONAL.items():
+    if field not in full:
+      full[field] = ml_collections.ConfigDict() if isinstance(default, dict) else default
+  return full
+
+
 def check_sweep_config(sweep: ml_collections.ConfigDict) -> None:
   missing = [f for f in _REQUIRED if f not in sweep]
   if missing:
     raise SweepError(f"sweep config lacks field(s) {', '.join(missing)}")
+  unknown = sorted(set(sweep.keys()) - set(_REQUIRED) - set(OPTIONAL))
+  if unknown:
+    raise SweepError(f"sweep config has unknown field(s) {', '.join(unknown)}; known: "
+                     f"{', '.join(_REQUIRED + tuple(OPTIONAL))}")
+  sweep = with_defaults(sweep)
   if sweep.evals_per_run < 1:
     raise SweepError(f"evals_per_run={sweep.evals_per_run}: expected >= 1")
   if not sweep.analysis.metrics:
     raise SweepError("analysis.metrics: expected at least one metric")
+  if sweep.kind not in experiments.KINDS:
+    raise SweepError(f"kind={sweep.kind!r}: expected one of {', '.join(experiments.KINDS)}")
+  if sweep.eval_schedule not in EVAL_SCHEDULES:
+    raise SweepError(f"eval_schedule={sweep.eval_schedule!r}: expected one of "
+                     f"{', '.join(EVAL_SCHEDULES)}")
+  if not 0.0 <= sweep.train_fraction < 1.0:
+    raise SweepError(f"train_fraction={sweep.train_fraction}: expected 0 (off) or in (0, 1)")
+  if sweep.batch_rollouts < 0:
+    raise SweepError(f"batch_rollouts={sweep.batch_rollouts}: expected 0 (any) or > 0")
+  if sweep.bootstrap_resamples < 10:
+    raise SweepError(f"bootstrap_resamples={sweep.bootstrap_resamples}: expected >= 10")
+  for name, changes in sweep.variants.items():
+    if not name or "/" in name or name == CACHE_DIR:
+      raise SweepError(f"variants: name {name!r} must be a non-empty directory name")
+    bad = sorted(set(changes.keys()) - set(_REQUIRED) - set(OPTIONAL) | (
+        set(changes.keys()) & {"name", "variants", "kind", "base_config"}))
+    if bad:
+      raise SweepError(f"variants.{name}: cannot set field(s) {', '.join(bad)}")
+  if sweep.kind == "decoupled_baseline" and set(sweep.variants) != set(
+      experiments.DECOUPLED_VARIANTS):
+    raise SweepError(f"kind=decoupled_baseline: expected the variants "
+                     f"{', '.join(experiments.DECOUPLED_VARIANTS)}, got "
+                     f"{', '.join(sweep.variants) or 'none'}")
+  if sweep.kind in ("problem_set_size", "algorithms") and len(sweep.variants) < 2:
+    raise SweepError(f"kind={sweep.kind}: expected at least two variants")
+
+
+def _deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+  out = dict(base)
+  for key, value in changes.items():
+    if isinstance(value, dict) and isinstance(out.get(key), dict):
+      out[key] = _deep_merge(out[key], value)
+    else:
+      out[key] = value
+  return out
+
+
+def variant_sweeps(sweep: ml_collections.ConfigDict
+                   ) -> list[tuple[str, ml_collections.ConfigDict]]:
+  """(variant name, the sweep with its changes) per variant; ("", sweep) with none."""
+  sweep = with_defaults(sweep)
+  if not sweep.variants:
+    return [("", sweep)]
+  base = sweep.to_dict()
+  out = []
+  for name, changes in sweep.variants.items():
+    merged = _deep_merge(base, changes.to_dict())
+    merged["variants"] = {}
+    out.append((name, ml_collections.ConfigDict(merged)))
+  return out
 
 
 def base_run_config(sweep: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -130,35 +206,67 @@ def run_name(allocation: grids.Allocation, with_steps: bool) -> str:
   return f"{name}_m{a.num_steps}" if with_steps else name
 
 
-def plan_runs(sweep: ml_collections.ConfigDict) -> list[PlannedRun]:
-  """One resolved run config per allocation of the sweep's budget(s), in grid order.
+def _allocations(sweep: ml_collections.ConfigDict, base: ml_collections.ConfigDict,
+                 budget: int) -> list[grids.Allocation]:
+  """The grid of one budget: every iso-compute allocation, or those of one batch."""
+  try:
+    if sweep.batch_rollouts:
+      return grids.fixed_batch_grid(sweep.batch_rollouts, [budget // sweep.batch_rollouts],
+                                    tuple(sweep.problems_range), tuple(sweep.rollouts_range))
+    return prescribe.sweep(
+        budget, base, max_batch_rollouts=sweep.max_batch_rollouts,
+        problems_range=tuple(sweep.problems_range),
+        rollouts_range=tuple(sweep.rollouts_range), min_steps=sweep.min_steps, exact=True)
+  except (grids.BudgetTooSmallError, ValueError) as e:
+    raise SweepError(f"budget_rollouts={budget}: {e}") from e
 
-  Each run evaluates (and checkpoints) every max(1, M // evals_per_run) steps, so
-  every allocation gets about the same number of points on its compute curve.
+
+def _run_config(sweep: ml_collections.ConfigDict, base: ml_collections.ConfigDict,
+                allocation: grids.Allocation, seed: int | None) -> dict[str, Any]:
+  """The resolved run config of one allocation (and seed) of a (variant) sweep."""
+  config = ml_collections.ConfigDict(base.to_dict())
+  every = max(1, allocation.num_steps // sweep.evals_per_run)
+  config.eval.every = every
+  config.eval.schedule = sweep.eval_schedule
+  config.eval.count = sweep.evals_per_run
+  config.checkpoint_every = every
+  if seed is not None:
+    config.seed = seed
+  if sweep.train_fraction:
+    n = allocation.rollouts_per_problem
+    m = max(2, int(n * sweep.train_fraction))
+    config.rl.train_rollouts_per_problem = m if m < n else 0  # m = n: nothing to drop
+  try:
+    return prescribe.to_config(allocation, config).to_dict()
+  except ValueError as e:
+    raise SweepError(f"allocation {allocation.to_dict()}: {e}") from e
+
+
+def plan_runs(sweep: ml_collections.ConfigDict) -> list[PlannedRun]:
+  """One resolved run config per allocation (x seed x variant), in grid order.
+
+  Each run evaluates `evals_per_run` times (every max(1, M // evals_per_run) steps,
+  or log-spaced with eval_schedule='log'), so every allocation gets about the same
+  number of points on its compute curve; it checkpoints every M // evals_per_run.
+  Runs of a variant are named <variant>/<allocation>.
   """
   check_sweep_config(sweep)
-  base = base_run_config(sweep)
-  many = len(budgets(sweep)) > 1
   runs = []
-  for budget in budgets(sweep):
-    try:
-      allocations = prescribe.sweep(
-          budget, base, max_batch_rollouts=sweep.max_batch_rollouts,
-          problems_range=tuple(sweep.problems_range),
-          rollouts_range=tuple(sweep.rollouts_range), min_steps=sweep.min_steps, exact=True)
-    except grids.BudgetTooSmallError as e:
-      raise SweepError(f"budget_rollouts={budget}: {e}") from e
-    for allocation in allocations:
-      config = ml_collections.ConfigDict(base.to_dict())
-      every = max(1, allocation.num_steps // sweep.evals_per_run)
-      config.eval.every = every
-      config.checkpoint_every = every
-      try:
-        resolved = prescribe.to_config(allocation, config)
-      except ValueError as e:
-        raise SweepError(f"allocation {allocation.to_dict()}: {e}") from e
-      runs.append(PlannedRun(run_name(allocation, many), allocation, resolved.to_dict()))
-  _check_split(base, runs)
+  for variant, v_sweep in variant_sweeps(sweep):
+    base = base_run_config(v_sweep)
+    many = len(budgets(v_sweep)) > 1
+    seeds = list(v_sweep.seeds) or [None]
+    for budget in budgets(v_sweep):
+      for allocation in _allocations(v_sweep, base, budget):
+        for seed in seeds:
+          name = run_name(allocation, many)
+          if len(seeds) > 1:
+            name += f"_s{seed}"
+          if variant:
+            name = f"{variant}/{name}"
+          runs.append(PlannedRun(name, allocation, _run_config(v_sweep, base, allocation,
+                                                               seed)))
+    _check_split(base, [r for r in runs if r.name.startswith(f"{variant}/" if variant else "")])
   return runs
 
 
@@ -171,6 +279,8 @@ def _check_split(base: ml_collections.ConfigDict, runs: Sequence[PlannedRun]) ->
     raise SweepError(f"task.split={base.task.split!r}: {path} does not exist; create it "
                      "with `python -m launch.profile` (or run `python -m launch.study`)")
   num_train = splits.read_split_meta(base.task.splits_dir, base.task.split)["num_train"]
+  if base.task.max_train_problems:
+    num_train = min(num_train, base.task.max_train_problems)
   too_big = [r.name for r in runs if r.allocation.problems_per_batch > num_train]
   if too_big:
     raise SweepError(f"task.split={base.task.split!r} has {num_train} training problems, "
@@ -277,12 +387,8 @@ def metric_dir(out_dir: str, metric: str, primary: str) -> str:
   return os.path.join(out_dir, metric.split("/", 1)[-1])
 
 
-def analyze(out_dir: str, sweep: ml_collections.ConfigDict) -> dict[str, dict[str, Any]]:
-  """analysis.json and plots for each metric of `sweep.analysis.metrics`.
-
-  Returns {metric: {"dir", "n_star_fit", "frontier_end"}}; raises
-  analysis.AnalysisError when the runs cannot be analysed.
-  """
+def _analyze_metrics(runs_dir: str, target_dir: str, sweep: ml_collections.ConfigDict,
+                     label: str = "") -> dict[str, dict[str, Any]]:
   metrics_list = list(sweep.analysis.metrics)
   primary = metrics_list[0]
   summary = {}
@@ -291,19 +397,55 @@ def analyze(out_dir: str, sweep: ml_collections.ConfigDict) -> dict[str, dict[st
         metric=metric, use_records=bool(sweep.analysis.records),
         fit_min_rollouts=float(sweep.analysis.fit_min_rollouts),
         companions=metric == primary)  # the primary's views already hold the companions
-    result = analysis.analyze_directory(os.path.join(out_dir, RUNS_DIR), options)
-    target = metric_dir(out_dir, metric, primary)
+    result = analysis.analyze_directory(runs_dir, options)
+    target = metric_dir(target_dir, metric, primary)
     written = analysis.write_analysis(result, os.path.join(target, analysis.ANALYSIS_FILE))
     plots.write_plots(result, target)
     end = written["frontier"][-1] if written["frontier"] else None
-    summary[metric] = dict(dir=target, n_star_fit=written["n_star_fit"], frontier_end=end)
+    summary[f"{label}/{metric}" if label else metric] = dict(
+        dir=target, n_star_fit=written["n_star_fit"], frontier_end=end)
   return summary
 
 
-def format_analysis(summary: dict[str, dict[str, Any]]) -> str:
-  """One line per metric: where its analysis is, the frontier's end, the n*(C) law."""
+def analyze(out_dir: str, sweep: ml_collections.ConfigDict) -> dict[str, Any]:
+  """analysis.json and plots for each metric of `sweep.analysis.metrics` (per variant:
+  DIR/<variant>/), then the experiment of the sweep's kind: DIR/experiment.json with
+  each effect's bootstrap interval, and DIR/experiment.png.
+
+  Returns {"metrics": {metric or variant/metric: {"dir", "n_star_fit",
+  "frontier_end"}}, "experiment": {"path", "effects"} or {"error"}}; raises
+  analysis.AnalysisError when the runs cannot be analysed.
+  """
+  sweep = with_defaults(sweep)
+  runs_dir = os.path.join(out_dir, RUNS_DIR)
+  variants = list(sweep.variants)
+  summary: dict[str, Any] = {"metrics": {}}
+  for variant, runs in experiments.variant_dirs(runs_dir, variants).items():
+    summary["metrics"].update(_analyze_metrics(
+        runs, os.path.join(out_dir, variant) if variant else out_dir, sweep, variant))
+  try:
+    result = experiments.analyze_experiment(
+        runs_dir, sweep.kind, variants, metric=list(sweep.analysis.metrics)[0],
+        num_resamples=sweep.bootstrap_resamples)
+  except (analysis.AnalysisError, run_dir.RunFormatError) as e:
+    logging.error("experiment analysis of %s failed: %s", out_dir, e)
+    summary["experiment"] = {"error": str(e)}
+    return summary
+  result["difficulty"] = sweep.difficulty
+  path = os.path.join(out_dir, experiments.EXPERIMENT_FILE)
+  storage.write_json(path, analysis.json_safe(result), indent=1, sort_keys=True,
+                     allow_nan=False)
+  plots.plot_experiment(result, os.path.join(out_dir, plots.EXPERIMENT))
+  summary["experiment"] = {"path": path, "effects": {
+      k: {f: e[f] for f in ("value", "lo", "hi")} for k, e in result["effects"].items()}}
+  return summary
+
+
+def format_analysis(summary: dict[str, Any]) -> str:
+  """One line per metric: where its analysis is, the frontier's end, the n*(C) law;
+  then the experiment's effects with their intervals."""
   lines = []
-  for metric, s in summary.items():
+  for metric, s in summary["metrics"].items():
     line = f"{metric}: {os.path.join(s['dir'], analysis.ANALYSIS_FILE)}"
     end = s["frontier_end"]
     if end:
@@ -315,4 +457,11 @@ def format_analysis(summary: dict[str, dict[str, Any]]) -> str:
       if law.get("censored"):
         line += " (the frontier ends at the largest n swept)"
     lines.append(line)
+  exp = summary.get("experiment", {})
+  if "error" in exp:
+    lines.append(f"experiment: failed ({exp['error']})")
+  elif exp:
+    lines.append(f"experiment: {exp['path']}")
+    lines += [f"  {name} = {e['value']:+.4f} [{e['lo']:+.4f}, {e['hi']:+.4f}]"
+              for name, e in exp["effects"].items()]
   return "\n".join(lines)

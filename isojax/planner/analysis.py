@@ -350,12 +350,12 @@ def analyze_directory(root: str, options: Options = Options()) -> SweepAnalysis:
       num_runs=num_runs)
 
 
-def _json_safe(x):
+def json_safe(x):
   """Non-finite floats become null (strict JSON); NumPy scalars become Python."""
   if isinstance(x, dict):
-    return {str(k): _json_safe(v) for k, v in x.items()}
+    return {str(k): json_safe(v) for k, v in x.items()}
   if isinstance(x, (list, tuple)):
-    return [_json_safe(v) for v in x]
+    return [json_safe(v) for v in x]
   if isinstance(x, np.generic):
     x = x.item()
   if isinstance(x, float) and not math.isfinite(x):
@@ -365,6 +365,6 @@ def _json_safe(x):
 
 def write_analysis(analysis: SweepAnalysis, path: storage.PathLike) -> dict[str, Any]:
   """Writes analysis.json (atomically, local or gs://) and returns the dict written."""
-  out = _json_safe(analysis.to_dict())
+  out = json_safe(analysis.to_dict())
   storage.write_json(path, out, indent=1, sort_keys=True, allow_nan=False)
   return out

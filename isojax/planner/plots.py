@@ -6,6 +6,8 @@
                           the saturation n and compute marked
   views.png               the frontier and n*(C) for avg@k, best@k and worst@k
                           (sharpening vs coverage)
+  experiment.png          an experiment's final values per run against what it
+                          varies, and its effects with their bootstrap intervals
 
 Colour always encodes n (log scale), so figures read together. Figures are built
 on `matplotlib.figure.Figure` directly, not pyplot, so importing this module never
@@ -14,6 +16,7 @@ switches the backend of a notebook that uses it.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Sequence
 
@@ -31,6 +34,9 @@ from isojax.planner import frontier as frontier_lib
 METRIC_VS_COMPUTE = "metric_vs_compute.png"
 N_STAR = "n_star.png"
 VIEWS = "views.png"
+EXPERIMENT = "experiment.png"
+# What an experiment kind varies: the x axis of its final-value panel.
+_EXPERIMENT_X = {"problems_per_batch": ("problems_per_batch", "B_p (log2)")}
 _DPI = 110
 _LINESTYLES = ("-", "--", ":", "-.")
 
@@ -193,3 +199,38 @@ def write_plots(sweep: analysis_lib.SweepAnalysis, out_dir: str) -> list[str]:
   plot_n_star(sweep.primary, paths[1])
   plot_views(sweep, paths[2])
   return paths
+
+
+def plot_experiment(experiment: dict, path: str) -> None:
+  """Final primary metric per run against log2 n (log2 B_p for the B_p experiment),
+  one colour per variant; and each effect with its bootstrap interval."""
+  metric = experiment["metric"]
+  finals = [f for f in experiment["details"]["finals"] if f["metric"] == metric]
+  field, xlabel = _EXPERIMENT_X.get(experiment["kind"], ("rollouts_per_problem",
+                                                        "n (log2)"))
+  fig = Figure(figsize=(11, 4.5))
+  ax_final, ax_effects = fig.subplots(1, 2)
+  palette = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+  for i, variant in enumerate(sorted({f["variant"] for f in finals})):
+    mine = [f for f in finals if f["variant"] == variant]
+    ax_final.scatter([math.log2(f[field]) for f in mine], [f["final"] for f in mine],
+                     color=palette[i % len(palette)], label=variant or "runs", s=18)
+  ax_final.set_xlabel(xlabel)
+  ax_final.set_ylabel(f"final {metric}")
+  ax_final.set_title(f"{experiment['kind']}: final value per run")
+  ax_final.grid(True, alpha=0.3)
+  ax_final.legend(fontsize=8)
+  names = [k for k, e in experiment["effects"].items()
+           if all(isinstance(e.get(f), float) and math.isfinite(e[f])
+                  for f in ("value", "lo", "hi"))]
+  for y, name in enumerate(names):
+    e = experiment["effects"][name]
+    ax_effects.errorbar([e["value"]], [y], xerr=[[e["value"] - e["lo"]], [e["hi"] - e["value"]]],
+                        fmt="o", color="k", capsize=3)
+  ax_effects.axvline(0.0, color="grey", lw=0.8)
+  ax_effects.set_yticks(range(len(names)))
+  ax_effects.set_yticklabels(names, fontsize=7)
+  ax_effects.set_title("effects, 90% bootstrap intervals")
+  ax_effects.grid(True, axis="x", alpha=0.3)
+  fig.tight_layout()
+  _save(fig, path)

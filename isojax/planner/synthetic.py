@@ -80,11 +80,13 @@ def _beta_moment(mean: float, k: int) -> float:
   return float(np.prod([(alpha + i) / (_BETA_CONCENTRATION + i) for i in range(k)]))
 
 
-def write_sweep(root: str, curves: Sequence[TrueCurve], *, budget_rollouts: int,
+def write_sweep(root: str, curves: Sequence[TrueCurve], *, budget_rollouts: int | None = None,
                 num_evals: int = 50, noise: float = 0.01, seed: int = 0,
                 k: int = 4, tokens_per_rollout: int = 8, seeds_per_curve: int = 1,
-                log_spaced: bool = False) -> list[str]:
-  """Writes one run per curve (and seed), all spending `budget_rollouts`.
+                log_spaced: bool = False, num_problems: int = 0, num_samples: int = 8,
+                num_steps: int | None = None) -> list[str]:
+  """Writes one run per curve (and seed), all spending `budget_rollouts` (or all
+  running `num_steps` updates).
 
   Each run evaluates `num_evals` times from step 0 (C = 0) to its last step
   M = C / (B_p * n), evenly in steps (or, with log_spaced, geometrically from
@@ -92,34 +94,48 @@ def write_sweep(root: str, curves: Sequence[TrueCurve], *, budget_rollouts: int,
   plus N(0, noise^2). best@k and worst@k are those of a problem set whose pass
   rates are Beta-distributed with mean avg and concentration alpha + beta = 2
   (a heterogeneous mix): worst@k = E[p^k], best@k = 1 - E[(1 - p)^k].
-  Returns the run paths.
+
+  With num_problems > 0 each evaluation instead draws, for each of that many
+  validation problems, Binomial(num_samples, true curve) correct samples, logs them
+  as `val/correct_counts` and the metrics they give (as isojax.evaluation does):
+  the noise is then the sampling noise of a finite problem set, and avg@k's
+  expectation is exactly the true curve. Returns the run paths.
   """
+  if (budget_rollouts is None) == (num_steps is None):
+    raise ValueError("give exactly one of budget_rollouts and num_steps")
   rng = np.random.default_rng(seed)
   paths = []
   for curve in curves:
     batch = curve.problems_per_batch * curve.rollouts_per_problem
-    num_steps = max(budget_rollouts // batch, 1)
+    run_steps = num_steps if num_steps is not None else max(budget_rollouts // batch, 1)
     if log_spaced:
-      spaced = np.concatenate([[0], np.geomspace(1, num_steps, num_evals - 1)])
+      spaced = np.concatenate([[0], np.geomspace(1, run_steps, num_evals - 1)])
     else:
-      spaced = np.linspace(0, num_steps, num_evals)
+      spaced = np.linspace(0, run_steps, num_evals)
     steps_T = np.unique(np.round(spaced).astype(int))
-    eval_every = max(num_steps // max(num_evals - 1, 1), 1)
+    eval_every = max(run_steps // max(num_evals - 1, 1), 1)
     for s in range(seeds_per_curve):
       path = os.path.join(root, f"bp{curve.problems_per_batch}_n{curve.rollouts_per_problem}"
                                 f"_s{s}")
-      run_dir.write_config(path, _run_config(curve, num_steps, eval_every))
+      config = _run_config(curve, run_steps, eval_every)
+      config["seed"] = s
+      config["eval"]["num_samples"] = num_samples
+      run_dir.write_config(path, config)
       writer = run_dir.MetricsWriter(path)
       c_T = steps_T * batch
       avg_T = np.clip(curve(c_T) + rng.normal(0.0, noise, c_T.shape), 0.0, 1.0)
       for step, c, avg in zip(steps_T, c_T, avg_T):
-        writer.write({
-            run_dir.STEP: int(step), run_dir.ROLLOUTS: int(c),
-            run_dir.TOKENS: int(c) * tokens_per_rollout, run_dir.WALL_S: 0.01 * int(step),
-            metrics.val_avg(k): float(avg),
-            metrics.val_best(k): 1.0 - _beta_moment(1.0 - avg, k),
-            metrics.val_worst(k): _beta_moment(avg, k),
-        })
+        line = {run_dir.STEP: int(step), run_dir.ROLLOUTS: int(c),
+                run_dir.TOKENS: int(c) * tokens_per_rollout, run_dir.WALL_S: 0.01 * int(step)}
+        if num_problems:
+          counts_P = rng.binomial(num_samples, float(curve(np.array([c]))[0]), num_problems)
+          line.update(metrics.summarize_correct(counts_P, num_samples, k))
+          line[metrics.VAL_CORRECT_COUNTS] = counts_P.tolist()
+        else:
+          line.update({metrics.val_avg(k): float(avg),
+                       metrics.val_best(k): 1.0 - _beta_moment(1.0 - avg, k),
+                       metrics.val_worst(k): _beta_moment(avg, k)})
+        writer.write(line)
       paths.append(path)
   return paths
 

@@ -21,6 +21,7 @@ import importlib
 from typing import Any
 
 import ml_collections
+import numpy as np
 
 from isojax.tasks.problem import Grades, PerItemVerifier, Problem, Verifier
 
@@ -54,7 +55,12 @@ def validate(task: ml_collections.ConfigDict) -> None:
 
 
 def load(task: ml_collections.ConfigDict) -> TaskData:
-  """Train and validation problems: a named profiled split, or the family's own."""
+  """Train and validation problems: a named profiled split, or the family's own;
+  at most `task.max_train_problems` training problems when that is set."""
+  return limit_train(_load(task), task.max_train_problems, task.seed)
+
+
+def _load(task: ml_collections.ConfigDict) -> TaskData:
   if task.split:
     from isojax.tasks import splits  # pylint: disable=g-import-not-at-top
     train, val = splits.load_split(task.splits_dir, task.split)
@@ -65,6 +71,16 @@ def load(task: ml_collections.ConfigDict) -> TaskData:
     return TaskData(train, val, dict(report.skipped))
   train, val = module.load(task)
   return TaskData(train, val, {})
+
+
+def limit_train(data: TaskData, max_train: int, seed: int) -> TaskData:
+  """The first `max_train` training problems of a shuffle fixed by `seed` (all of
+  them when max_train is 0 or not smaller); nested: a smaller limit keeps a subset
+  of a larger one's problems. Validation is untouched."""
+  if max_train <= 0 or max_train >= len(data.train):
+    return data
+  order = np.random.default_rng([seed, 0x5E7]).permutation(len(data.train))
+  return dataclasses.replace(data, train=[data.train[i] for i in order[:max_train]])
 
 
 def make_verifier(task: ml_collections.ConfigDict) -> Verifier:

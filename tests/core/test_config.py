@@ -1,6 +1,7 @@
 """Config validation errors name the field, before anything is compiled."""
 
 import json
+import math
 import os
 
 import pytest
@@ -128,3 +129,67 @@ def test_main_rejects_an_unknown_override_before_running(tmp_path):
   assert proc.returncode != 0
   assert "did you mean problems_per_batch?" in proc.stderr
   assert not (tmp_path / "run").exists()
+
+
+def _with_eval(**fields):
+  """The default `eval` fields with `fields` changed."""
+  e = config_lib.base_config().eval
+  e.update(fields)
+  return e
+
+
+@pytest.mark.parametrize("num_steps,every,expected", [
+    (10, 4, {0, 4, 8, 10}), (8, 4, {0, 4, 8}), (10, 20, {0, 10}), (3, 1, {0, 1, 2, 3})])
+def test_linear_eval_steps_are_multiples_of_every_and_the_last(num_steps, every, expected):
+  steps = config_lib.eval_steps(_with_eval(schedule="linear", every=every), num_steps)
+  assert steps == expected
+  # The rule train.run used before schedules existed, by brute force.
+  assert steps == {s for s in range(num_steps + 1) if s % every == 0 or s == num_steps}
+
+
+@pytest.mark.parametrize("num_steps,count,expected", [
+    # 100^(i/4) = 1, 3.16, 10, 31.6, 100
+    (100, 5, {0, 1, 3, 10, 32, 100}),
+    # 10^(i/15) = 1, 1.17, 1.36, 1.58, 1.85, 2.15, 2.51, 2.93, 3.41, 3.98, 4.64, 5.41,
+    # 6.31, 7.36, 8.58, 10: 9 distinct steps of 16, step 8 skipped
+    (10, 16, {0, 1, 2, 3, 4, 5, 6, 7, 9, 10}),
+    (1, 16, {0, 1}),
+    (50, 1, {0, 50}),   # one evaluation: the final policy
+    (50, 2, {0, 1, 50}),
+])
+def test_log_eval_steps_are_rounded_geometric_and_keep_the_last(num_steps, count, expected):
+  # `every` must not matter to the log schedule.
+  for every in (1, 7):
+    steps = config_lib.eval_steps(_with_eval(schedule="log", every=every, count=count),
+                                  num_steps)
+    assert steps == expected
+
+
+def test_log_eval_steps_match_a_closed_form():
+  num_steps, count = 200, 16
+  ratio = num_steps ** (1 / (count - 1))
+  expected = {0} | {int(math.floor(ratio**i + 0.5)) for i in range(count)}
+  assert config_lib.eval_steps(_with_eval(schedule="log", count=count), num_steps) == expected
+
+
+@pytest.mark.parametrize("fields,message", [
+    (dict(schedule="cosine"), r"eval\.schedule='cosine': expected one of \['linear', 'log'\]"),
+    (dict(schedule="log", count=0), r"eval\.count=0: expected a positive integer"),
+    (dict(schedule="log", count=-3), r"eval\.count=-3: expected a positive integer"),
+    (dict(schedule="linear", every=0), r"eval\.every=0: expected a positive integer"),
+])
+def test_bad_eval_schedule_names_the_field(fields, message):
+  c = _config()
+  c.eval.update(fields)
+  with pytest.raises(ValueError, match=message):
+    config_lib.resolve(c)
+  with pytest.raises(ValueError, match=message):
+    config_lib.eval_steps(c.eval, 10)
+
+
+def test_eval_schedule_defaults_resolve():
+  c = config_lib.resolve(_config())
+  assert (c.eval.schedule, c.eval.count) == ("linear", 16)
+  c = _config()
+  c.eval.update(schedule="log", count=4)
+  assert config_lib.eval_steps(config_lib.resolve(c).eval, 10) == {0, 1, 2, 5, 10}

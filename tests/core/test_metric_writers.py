@@ -77,7 +77,8 @@ def _assert_same_as_jsonl(workdir):
 def test_split_record_keeps_numbers_and_histograms():
   step, scalars, histograms = metric_writers.split_record(
       {**_line(3, 0.25), HIST: [4, 0, 2], "event": "collapse", "flag": True,
-       "n": np.int64(7), "x": np.float32(0.5)})
+       "n": np.int64(7), "x": np.float32(0.5),
+       metrics.VAL_CORRECT_COUNTS: [2, 0, 1], metrics.TRAIN_PASS1_COUNTS: [0, 0, 2, 1]})
   assert step == 3
   assert scalars == {"rollouts": 96.0, "tokens": 750.0, "wall_s": 1.5, "train/reward": 0.25,
                      "n": 7.0, "x": 0.5}
@@ -141,6 +142,10 @@ def test_training_run_and_its_resume_in_tensorboard(tmp_path):
   lines = _assert_same_as_jsonl(full)
   assert [line["step"] for line in lines] == [0, 1, 2, 3, 4]
   assert any(HIST in line for line in lines)
+  # The per-problem counts are in metrics.jsonl only: TensorBoard's one histogram is
+  # the pass@1 histogram, and its scalars are the numbers (checked above).
+  assert all(any(name in line for line in lines) for name in metrics.PER_PROBLEM_COUNTS)
+  assert set(_read_tensorboard(full)[1]) == {HIST}
   # A crash after step 2's checkpoint: the rerun rewrites steps 3 and 4 (new wall_s).
   interrupted = tmp_path / "interrupted"
   shutil.copytree(full, interrupted)

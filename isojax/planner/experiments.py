@@ -1,0 +1,280 @@
+"""The paper's findings as statistics of a sweep, each with a bootstrap interval.
+
+A sweep has a `kind` (the experiment it is) and optionally named variants (sets of
+runs under DIR/runs/<variant>/). `analyze_experiment` loads the runs with their
+per-problem evaluation counts, computes the kind's statistics on the runs as
+measured and on bootstrap replicates (`isojax.planner.bootstrap`: problems, and
+seeds where an allocation has several), and returns them as effects
+{value, lo, hi, samples}. `isojax.planner.findings` turns effects into verdicts.
+
+  iso_compute         (B_p, n) at fixed C: how far n* rises over the frontier
+                      (doublings), n* at the end, and how the final avg/best/worst@k
+                      change with log2 n (sharpening vs coverage); interference
+  fixed_batch         B = B_p * n fixed, M varied: the rise of n*(M)
+  problems_per_batch  n fixed, B_p varied at fixed C: the spread of final metrics
+                      across B_p and their late-run volatility
+  problem_set_size    the same allocations on training sets of several sizes: the
+                      late-run fall of validation (overfitting) and n* per size
+  decoupled_baseline  plain n_train, plain n_estimate, and the decoupled baseline
+                      (estimate from n_estimate rollouts, train on n_train)
+  algorithms          the iso-compute statistics per variant (CISPO, PODS, ...)
+
+"Final" values average the last `TAIL` evaluations of a run (one evaluation is as
+noisy as the validation set is small).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from isojax import metrics
+from isojax import run_dir
+from isojax.planner import analysis
+from isojax.planner import bootstrap
+from isojax.planner import findings
+from isojax.planner import records
+from isojax.planner import sigmoid_fit
+
+KINDS = ("iso_compute", "fixed_batch", "problems_per_batch", "problem_set_size",
+         "decoupled_baseline", "algorithms")
+DECOUPLED_VARIANTS = ("plain_train", "plain_estimate", "decoupled")
+EXPERIMENT_FILE = findings.EXPERIMENT_FILE
+TAIL = 2
+EXTREME = "pass@1_extreme"   # per problem: pass@1 is 0 or 1 (the interference diagnostic)
+_SEP = "|"
+
+
+def _key(variant: str, metric: str) -> str:
+  return f"{variant}{_SEP}{metric}"
+
+
+def final_value(curve: records.RunCurve, tail: int = TAIL) -> float:
+  return float(curve.values_T[-tail:].mean())
+
+
+def slope(x, y) -> float:
+  """Least-squares slope of y on x; NaN with fewer than two distinct x."""
+  x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+  if np.unique(x).size < 2:
+    return float("nan")
+  return float(np.polyfit(x, y, 1)[0])
+
+
+def frontier_stats(curves: Sequence[records.RunCurve], metric: str) -> dict[str, float]:
+  """n* at the start and end of the fitted frontier (log2), its rise in doublings and
+  the saturation n of the fitted law (NaN when there is no law)."""
+  nan = float("nan")
+  try:
+    result = analysis.analyze_metric(curves, metric, analysis.Options(metric=metric),
+                                     groups=False)
+  except ValueError:
+    return dict(log2_n_star_start=nan, log2_n_star_end=nan, n_star_rise=nan,
+                log2_n_saturation=nan)
+  if not result.frontier:
+    return dict(log2_n_star_start=nan, log2_n_star_end=nan, n_star_rise=nan,
+                log2_n_saturation=nan)
+  start = math.log2(result.frontier[0].rollouts_per_problem)
+  end = math.log2(result.frontier[-1].rollouts_per_problem)
+  return dict(log2_n_star_start=start, log2_n_star_end=end, n_star_rise=end - start,
+              log2_n_saturation=result.law.log2_n_high if result.law else nan)
+
+
+def _finals_vs(curves: Sequence[records.RunCurve], x_of) -> tuple[np.ndarray, np.ndarray]:
+  return (np.array([x_of(c) for c in curves], np.float64),
+          np.array([final_value(c) for c in curves]))
+
+
+def _log2_n(c: records.RunCurve) -> float:
+  return math.log2(c.rollouts_per_problem)
+
+
+def _change(c: records.RunCurve) -> float:
+  """Final minus first value (the first evaluation is the base model's)."""
+  return final_value(c) - float(c.values_T[0])
+
+
+# --- Statistics per kind: {group: [RunCurve]} -> named floats ---------------------
+
+
+def iso_compute_stats(groups, *, metric: str, variant: str = "") -> dict[str, float]:
+  out = frontier_stats(groups[_key(variant, metric)], metric)
+  for name in analysis.companion_metrics(metric):
+    curves = groups.get(_key(variant, name))
+    if curves:
+      label = name.split("/", 1)[1].split("@")[0]  # avg, best, worst
+      out[f"{label}_slope_log2_n"] = slope(*_finals_vs(curves, _log2_n))
+  extreme = groups.get(_key(variant, EXTREME))
+  if extreme:
+    x, _ = _finals_vs(extreme, _log2_n)
+    out["extreme_change_slope_log2_n"] = slope(x, [_change(c) for c in extreme])
+  return out
+
+
+def problems_per_batch_stats(groups, *, metric: str) -> dict[str, float]:
+  curves = groups[_key("", metric)]
+  by_b_p: dict[int, list[float]] = {}
+  volatility: dict[int, list[float]] = {}
+  for c in curves:
+    by_b_p.setdefault(c.problems_per_batch, []).append(final_value(c))
+    late = c.values_T[c.values_T.size // 2:]
+    volatility.setdefault(c.problems_per_batch, []).append(
+        float(np.abs(np.diff(late)).mean()) if late.size > 1 else float("nan"))
+  finals = {b: float(np.mean(v)) for b, v in by_b_p.items()}
+  smallest, largest = min(finals), max(finals)
+  return {"spread": max(finals.values()) - min(finals.values()),
+          "slope_log2_bp": slope(np.log2(list(finals)), list(finals.values())),
+          "volatility_smallest_bp": float(np.mean(volatility[smallest])),
+          "volatility_largest_bp": float(np.mean(volatility[largest]))}
+
+
+def _overfit_drop(c: records.RunCurve) -> float:
+  """How far the run ends below its best evaluation (>= 0)."""
+  return float(c.values_T.max()) - final_value(c)
+
+
+def problem_set_size_stats(groups, *, metric: str, sizes: Mapping[str, float]
+                           ) -> dict[str, float]:
+  """Per size: the mean overfitting drop and log2 n* at the end; the smallest set's
+  drop minus the largest set's."""
+  out = {}
+  for variant in sizes:
+    curves = groups[_key(variant, metric)]
+    out[f"drop_{variant}"] = float(np.mean([_overfit_drop(c) for c in curves]))
+    out[f"log2_n_star_end_{variant}"] = frontier_stats(curves, metric)["log2_n_star_end"]
+  smallest, largest = min(sizes, key=sizes.get), max(sizes, key=sizes.get)
+  out["overfit_gap"] = out[f"drop_{smallest}"] - out[f"drop_{largest}"]
+  return out
+
+
+def decoupled_stats(groups, *, metric: str) -> dict[str, float]:
+  final = {v: float(np.mean([final_value(c) for c in groups[_key(v, metric)]]))
+           for v in DECOUPLED_VARIANTS}
+  return {**{f"final_{v}": x for v, x in final.items()},
+          "decoupled_minus_plain_train": final["decoupled"] - final["plain_train"],
+          "plain_estimate_minus_decoupled": final["plain_estimate"] - final["decoupled"]}
+
+
+def algorithms_stats(groups, *, metric: str, variants: Sequence[str]) -> dict[str, float]:
+  out = {}
+  for v in variants:
+    for name, x in iso_compute_stats(groups, metric=metric, variant=v).items():
+      out[f"{name}_{v}"] = x
+  return out
+
+
+# --- Loading and the experiment of a sweep directory ----------------------------
+
+
+def variant_dirs(runs_dir: str, variants: Sequence[str]) -> dict[str, str]:
+  return ({v: os.path.join(runs_dir, v) for v in variants} if variants else {"": runs_dir})
+
+
+def _load_groups(runs_dirs: Mapping[str, str], metric: str, *, interference: bool):
+  """{variant|metric: [ProblemCurve]}, and {variant: [Run]}."""
+  groups, loaded = {}, {}
+  for variant, path in runs_dirs.items():
+    runs, skipped = analysis.load_sweep(path)
+    if skipped:
+      raise analysis.AnalysisError(
+          f"{path}: broken runs: " + "; ".join(f"{s['path']}: {s['reason']}" for s in skipped))
+    loaded[variant] = runs
+    for name in analysis.companion_metrics(metric):
+      groups[_key(variant, name)] = [bootstrap.problem_curve(r, name) for r in runs]
+    if interference:
+      try:
+        groups[_key(variant, EXTREME)] = [
+            bootstrap.problem_curve(r, EXTREME, counts_key=metrics.TRAIN_PASS1_COUNTS)
+            for r in runs]
+      except run_dir.RunFormatError:
+        pass  # eval.train_problems = 0: no interference statistic
+  return groups, loaded
+
+
+def _extrapolation(runs_by_variant: Mapping[str, Sequence[run_dir.Run]], metric: str,
+                   fraction: float = 0.5) -> list[dict[str, Any]]:
+  """Per run: fit a sigmoid on compute <= fraction * C_end, predict the end."""
+  lower, upper = analysis.value_bounds(metric)
+  out = []
+  for variant, runs in runs_by_variant.items():
+    for run in runs:
+      c = records.run_curve(run, metric)
+      entry = {"variant": variant, "path": run.path,
+               "problems_per_batch": c.problems_per_batch,
+               "rollouts_per_problem": c.rollouts_per_problem}
+      try:
+        check = sigmoid_fit.extrapolation_check(c.rollouts_T, c.values_T, fraction=fraction,
+                                                r0=float(c.values_T[0]), lower=lower,
+                                                upper=upper, tail=TAIL)
+        entry.update({k: check[k] for k in ("predicted", "observed", "error")})
+      except ValueError as e:
+        entry["skipped"] = str(e)
+      out.append(entry)
+  return out
+
+
+def _train_reward_change(run: run_dir.Run) -> float:
+  """Mean train reward over the last quarter of steps minus the first quarter."""
+  _, r = run.series(metrics.TRAIN_REWARD)
+  if len(r) < 4:
+    return float("nan")
+  q = len(r) // 4
+  return float(np.mean(r[-q:]) - np.mean(r[:q]))
+
+
+def _set_size(runs: Sequence[run_dir.Run]) -> float:
+  sizes = {int(r.config["task"].get("max_train_problems", 0)) for r in runs}
+  if len(sizes) != 1:
+    raise analysis.AnalysisError(f"runs of one variant use training-set sizes {sorted(sizes)}")
+  (size,) = sizes
+  return float(size) if size > 0 else math.inf  # 0: all of them
+
+
+def analyze_experiment(runs_dir: str, kind: str, variants: Sequence[str] = (), *,
+                       metric: str = metrics.val_avg(4),
+                       num_resamples: int = bootstrap.DEFAULT_RESAMPLES,
+                       seed: int = 0) -> dict[str, Any]:
+  """The kind's effects (with bootstrap intervals) of the runs under `runs_dir`."""
+  if kind not in KINDS:
+    raise analysis.AnalysisError(f"kind={kind!r}: expected one of {', '.join(KINDS)}")
+  if kind == "decoupled_baseline" and set(variants) != set(DECOUPLED_VARIANTS):
+    raise analysis.AnalysisError(f"kind=decoupled_baseline needs the variants "
+                                 f"{', '.join(DECOUPLED_VARIANTS)}; got {list(variants)}")
+  dirs = variant_dirs(runs_dir, variants)
+  groups, runs = _load_groups(dirs, metric,
+                              interference=kind in ("iso_compute", "algorithms"))
+  details: dict[str, Any] = {}
+  if kind in ("iso_compute", "fixed_batch"):
+    def statistic(g):
+      return iso_compute_stats(g, metric=metric)
+  elif kind == "problems_per_batch":
+    def statistic(g):
+      return problems_per_batch_stats(g, metric=metric)
+  elif kind == "problem_set_size":
+    sizes = {v: _set_size(runs[v]) for v in variants}
+    details["sizes"] = {v: (None if math.isinf(s) else int(s)) for v, s in sizes.items()}
+    details["train_reward_change"] = {
+        v: float(np.nanmean([_train_reward_change(r) for r in runs[v]])) for v in variants}
+
+    def statistic(g):
+      return problem_set_size_stats(g, metric=metric, sizes=sizes)
+  elif kind == "decoupled_baseline":
+    def statistic(g):
+      return decoupled_stats(g, metric=metric)
+  else:
+    def statistic(g):
+      return algorithms_stats(g, metric=metric, variants=list(variants))
+  point, samples = bootstrap.bootstrap(groups, statistic, num_resamples=num_resamples,
+                                       seed=seed)
+  details["finals"] = [
+      {"variant": key.split(_SEP)[0], "metric": key.split(_SEP)[1], "path": c.path,
+       "problems_per_batch": c.problems_per_batch, "rollouts_per_problem": c.rollouts_per_problem,
+       "seed": c.seed, "final": final_value(c.curve()), "first": float(c.curve().values_T[0])}
+      for key, curves in groups.items() for c in curves]
+  return {"kind": kind, "metric": metric, "variants": list(variants),
+          "num_runs": sum(len(r) for r in runs.values()),
+          "effects": {name: bootstrap.effect(point[name], samples[name]) for name in point},
+          "extrapolation": _extrapolation(runs, metric), "details": details}

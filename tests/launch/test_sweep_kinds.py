@@ -1,0 +1,118 @@
+"""Sweep kinds and variants: the runs each experiment config plans, and bad configs."""
+
+import ml_collections
+import pytest
+
+from isojax import tasks
+from isojax.tasks import Problem
+from launch import sweep_plan
+
+
+def _plan(spec):
+  sweep = sweep_plan.load_config_file(spec)
+  sweep.overrides.task.split = ""  # generated problems: no profiled split needed
+  return {r.name: r for r in sweep_plan.plan_runs(sweep)}
+
+
+def _alloc(r):
+  a = r.allocation
+  return (a.problems_per_batch, a.rollouts_per_problem, a.num_steps)
+
+
+def test_iso_compute_runs_spend_the_budget_with_log_spaced_evaluations():
+  runs = _plan("configs/sweep_hard.py")
+  assert len(runs) == 12
+  for r in runs.values():
+    b_p, n, m = _alloc(r)
+    assert b_p * n * m == 16384 and b_p in (8, 16) and 2 <= n <= 64 and m >= 16
+    assert r.config["eval"]["schedule"] == "log" and r.config["eval"]["count"] == 12
+
+
+def test_fixed_batch_keeps_b_constant():
+  runs = _plan("configs/sweep_fixed_batch.py")
+  assert sorted(_alloc(r) for r in runs.values()) == sorted(
+      (256 // n, n, 64) for n in (2, 4, 8, 16, 32, 64))
+
+
+def test_problems_per_batch_fixes_n():
+  runs = _plan("configs/sweep_problems_per_batch.py")
+  assert sorted(_alloc(r) for r in runs.values()) == [
+      (b, 8, 16384 // (8 * b)) for b in (4, 8, 16, 32, 64, 128)]
+
+
+def test_problem_set_size_variants_limit_the_training_set():
+  runs = _plan("configs/sweep_problem_set_size.py")
+  sizes = {name.split("/")[0]: r.config["task"]["max_train_problems"]
+           for name, r in runs.items()}
+  assert sizes == {"p16": 16, "p64": 64, "p256": 256, "all": 0}
+  assert len(runs) == 12 and all(_alloc(r)[0] == 16 for r in runs.values())
+
+
+def test_decoupled_variants():
+  runs = _plan("configs/sweep_decoupled.py")
+  assert len(runs) == 6
+  got = {name: (_alloc(r), r.config["seed"], r.config["rl"]["downsample"],
+                r.config["rl"]["train_rollouts_per_problem"], r.config["rl"]["advantages_on"])
+         for name, r in runs.items()}
+  assert got["plain_train/bp16_n4_s1"] == ((16, 4, 128), 1, "none", 0, "selected")
+  assert got["plain_estimate/bp16_n16_s0"] == ((16, 16, 128), 0, "none", 0, "selected")
+  assert got["decoupled/bp16_n16_s0"] == ((16, 16, 128), 0, "random", 4, "generated")
+
+
+def test_algorithm_variants():
+  runs = _plan("configs/sweep_algorithms.py")
+  assert {n.split("/")[0] for n in runs} == {"cispo", "pods"}
+  for name, r in runs.items():
+    n = _alloc(r)[1]
+    if name.startswith("cispo/"):
+      assert r.config["rl"]["policy_loss"] == "cispo" and r.config["rl"]["downsample"] == "none"
+    else:
+      m = r.config["rl"]["train_rollouts_per_problem"]
+      assert r.config["rl"]["downsample"] == "max_variance"
+      assert m == (max(2, n // 4) if max(2, n // 4) < n else 0)
+
+
+def _micro():
+  return sweep_plan.load_config_file("configs/sweep_hard.py:micro")
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("kind", "isocompute", "kind='isocompute'"),
+    ("eval_schedule", "cosine", "eval_schedule"),
+    ("train_fraction", 1.5, "train_fraction"),
+    ("bootstrap_resamples", 3, "bootstrap_resamples"),
+    ("variantz", 1, "unknown field"),
+])
+def test_bad_sweep_fields_are_named(field, value, match):
+  sweep = _micro()
+  sweep[field] = value
+  with pytest.raises(sweep_plan.SweepError, match=match):
+    sweep_plan.plan_runs(sweep)
+
+
+def test_bad_variants_are_named():
+  sweep = _micro()
+  sweep.variants = ml_collections.ConfigDict({"a": {"kind": "fixed_batch"}})
+  with pytest.raises(sweep_plan.SweepError, match="variants.a: cannot set field"):
+    sweep_plan.plan_runs(sweep)
+  sweep = _micro()
+  sweep.kind = "decoupled_baseline"
+  with pytest.raises(sweep_plan.SweepError, match="plain_train"):
+    sweep_plan.plan_runs(sweep)
+  sweep = _micro()
+  sweep.variants = ml_collections.ConfigDict({"a": {"overrides": {"rl": {"polcy_loss": "x"}}}})
+  with pytest.raises(sweep_plan.SweepError, match="polcy_loss"):
+    sweep_plan.plan_runs(sweep)
+
+
+def test_limit_train_keeps_nested_subsets_and_the_validation_set():
+  train = [Problem(prompt=f"{i}+0=", answer=str(i)) for i in range(100)]
+  val = [Problem(prompt="1+1=", answer="2")]
+  data = tasks.TaskData(train, val, {})
+  small = tasks.limit_train(data, 10, seed=7)
+  large = tasks.limit_train(data, 40, seed=7)
+  assert len(small.train) == 10 and len(large.train) == 40 and small.val == val
+  assert set(p.prompt for p in small.train) <= set(p.prompt for p in large.train)
+  assert len({p.prompt for p in small.train}) == 10
+  assert tasks.limit_train(data, 0, seed=7).train == train
+  assert tasks.limit_train(data, 10, seed=8).train != small.train

@@ -1,0 +1,125 @@
+"""Bootstrap intervals over problems: per-problem values, coverage, pairing, verdicts."""
+
+import math
+
+import numpy as np
+import pytest
+
+from isojax import metrics
+from isojax import run_dir
+from isojax.planner import bootstrap
+
+
+def _comb_mean(counts, n, k, kind):
+  out = []
+  for c in counts:
+    if kind == "best":
+      out.append(1 - math.comb(n - c, k) / math.comb(n, k))
+    else:
+      out.append(math.comb(c, k) / math.comb(n, k))
+  return np.array(out)
+
+
+@pytest.mark.parametrize("kind", ["best", "worst"])
+def test_per_problem_values_match_the_unbiased_estimators(kind):
+  counts = np.arange(9)
+  got = bootstrap.per_problem_values(f"val/{kind}@4", counts, 8)
+  np.testing.assert_allclose(got, _comb_mean(counts, 8, 4, kind), atol=1e-12)
+  np.testing.assert_allclose(bootstrap.per_problem_values("val/avg@4", counts, 8), counts / 8)
+  np.testing.assert_array_equal(bootstrap.per_problem_values("pass@1_extreme", counts, 8),
+                                [1, 0, 0, 0, 0, 0, 0, 0, 1])
+
+
+def test_unknown_metric_is_an_error():
+  with pytest.raises(ValueError, match="val/avg@k"):
+    bootstrap.per_problem_values("train/reward", [1], 8)
+
+
+def _curve(values_TP, n=4, b_p=8, seed=0, path="r"):
+  t = values_TP.shape[0]
+  return bootstrap.ProblemCurve(path=path, problems_per_batch=b_p, rollouts_per_problem=n,
+                                seed=seed, rollouts_T=np.arange(t, dtype=float) * 100,
+                                values_TP=values_TP)
+
+
+def _final(groups):
+  return {"final": float(groups["a"][0].values_T[-1])}
+
+
+def test_interval_covers_a_known_mean_at_its_nominal_rate():
+  """Problems with Beta(2, 3) pass rates (population mean 0.4), 8 samples each: the
+  90% interval of the mean avg@k must cover 0.4 in about 90% of independent sets."""
+  rng = np.random.default_rng(0)
+  trials, covered = 150, 0
+  for trial in range(trials):
+    p_P = rng.beta(2, 3, 200)
+    counts_P = rng.binomial(8, p_P)
+    values_TP = bootstrap.per_problem_values("val/avg@4", counts_P, 8)[None, :]
+    point, samples = bootstrap.bootstrap({"a": [_curve(values_TP)]}, _final,
+                                         num_resamples=200, seed=trial)
+    lo, hi = bootstrap.interval(samples["final"])
+    covered += lo <= 0.4 <= hi
+    assert lo <= point["final"] <= hi
+  assert 0.82 <= covered / trials <= 0.97, covered / trials
+
+
+def test_problem_draw_is_shared_by_every_run():
+  """Two runs with the same per-problem values give identical replicates, so their
+  difference has a zero-width interval (paired), while each alone varies."""
+  rng = np.random.default_rng(1)
+  values_TP = rng.random((3, 50))
+  groups = {"a": [_curve(values_TP, path="x")], "b": [_curve(values_TP, n=8, path="y")]}
+
+  def stat(g):
+    return {"diff": g["a"][0].values_T[-1] - g["b"][0].values_T[-1],
+            "a": g["a"][0].values_T[-1]}
+
+  _, samples = bootstrap.bootstrap(groups, stat, num_resamples=50)
+  np.testing.assert_allclose(samples["diff"], 0.0, atol=1e-12)
+  assert samples["a"].std() > 0.01
+
+
+def test_seeds_of_one_allocation_are_resampled():
+  """An allocation run with seeds whose values differ by a constant: replicates mix
+  the seeds, so the seed mean varies even when every problem is identical."""
+  runs = [_curve(np.full((2, 10), v), seed=s, path=f"s{s}") for s, v in enumerate([0.0, 1.0])]
+
+  def stat(g):
+    return {"mean": float(np.mean([c.values_T[-1] for c in g["a"]]))}
+
+  point, samples = bootstrap.bootstrap({"a": runs}, stat, num_resamples=400)
+  assert point["mean"] == 0.5
+  assert set(np.round(samples["mean"], 6)) == {0.0, 0.5, 1.0}
+  assert 0.35 < np.mean(samples["mean"] == 0.5) < 0.65  # Binomial(2, 1/2): P(mixed) = 1/2
+
+
+def test_problem_curve_reads_counts_and_rejects_runs_without_them(tmp_path):
+  path = str(tmp_path / "run")
+  run_dir.write_config(path, {"problems_per_batch": 4, "rollouts_per_problem": 2,
+                              "seed": 3, "eval": {"num_samples": 8}})
+  writer = run_dir.MetricsWriter(path)
+  for step, extra in enumerate([{metrics.VAL_CORRECT_COUNTS: [0, 8, 4]}, {"train/reward": 0.5},
+                                {metrics.VAL_CORRECT_COUNTS: [8, 8, 0]}]):
+    writer.write({run_dir.STEP: step, run_dir.ROLLOUTS: 8 * step, run_dir.TOKENS: 0,
+                  run_dir.WALL_S: 0.0, **extra})
+  (run,) = [r for _, r in run_dir.iter_loaded_runs([path])]
+  c = bootstrap.problem_curve(run, "val/avg@4")
+  np.testing.assert_array_equal(c.rollouts_T, [0, 16])
+  np.testing.assert_allclose(c.values_TP, [[0, 1, 0.5], [1, 1, 0]])
+  assert c.seed == 3 and c.key == (4, 2)
+  with pytest.raises(run_dir.RunFormatError, match="per-problem counts"):
+    bootstrap.problem_curve(run, "val/avg@4", counts_key=metrics.TRAIN_PASS1_COUNTS)
+
+
+@pytest.mark.parametrize("lo,hi,expected,verdict", [
+    (0.1, 0.3, 1, "yes"), (-0.3, -0.1, 1, "no"), (0.0, 0.0, 1, "no"),
+    (-0.1, 0.2, 1, "inconclusive"), (-0.3, -0.1, -1, "yes"), (0.1, 0.2, -1, "no"),
+    (float("nan"), 0.2, 1, "inconclusive")])
+def test_sign_verdict(lo, hi, expected, verdict):
+  assert bootstrap.sign_verdict({"lo": lo, "hi": hi}, expected=expected) == verdict
+
+
+@pytest.mark.parametrize("lo,hi,verdict", [
+    (0.0, 0.04, "yes"), (0.06, 0.1, "no"), (0.02, 0.08, "inconclusive")])
+def test_margin_verdict(lo, hi, verdict):
+  assert bootstrap.margin_verdict({"lo": lo, "hi": hi}, 0.05) == verdict

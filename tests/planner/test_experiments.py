@@ -1,0 +1,177 @@
+"""Experiment analyses on synthetic runs with known ground truth."""
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+from isojax import config_lib
+from isojax import metrics
+from isojax import run_dir
+from isojax.planner import analysis
+from isojax.planner import bootstrap
+from isojax.planner import experiments
+from isojax.planner import synthetic
+
+NUM_SAMPLES = 8
+
+
+def _write_run(path, *, b_p, n, steps_T, p_T, rng, seed=0, num_problems=512,
+               max_train=0, train_reward_T=None):
+  """A run whose pass rate at each evaluation is p_T (every problem alike)."""
+  config = config_lib.base_config()
+  config.problems_per_batch, config.rollouts_per_problem = b_p, n
+  config.num_steps, config.seed = int(steps_T[-1]), seed
+  config.eval.num_samples = NUM_SAMPLES
+  config.task.max_train_problems = max_train
+  run_dir.write_config(path, config.to_dict())
+  writer = run_dir.MetricsWriter(path)
+  for t, (step, p) in enumerate(zip(steps_T, p_T)):
+    counts = rng.binomial(NUM_SAMPLES, p, num_problems)
+    line = {run_dir.STEP: int(step), run_dir.ROLLOUTS: int(step) * b_p * n,
+            run_dir.TOKENS: 0, run_dir.WALL_S: 0.0,
+            **metrics.summarize_correct(counts, NUM_SAMPLES, 4),
+            metrics.VAL_CORRECT_COUNTS: counts.tolist()}
+    if train_reward_T is not None:
+      line[metrics.TRAIN_REWARD] = float(train_reward_T[t])
+    writer.write(line)
+
+
+def _log_steps(m, count=12):
+  return np.unique(np.concatenate([[0], np.round(np.geomspace(1, m, count))]).astype(int))
+
+
+def test_fixed_batch_recovers_n_star_of_m(tmp_path):
+  """B = 256 fixed: small n wins early, n = 32 late. The fitted frontier's n* at the
+  first and the last evaluation equal the true curves' argmax there."""
+  batch, steps = 256, 64
+  curves = [synthetic.TrueCurve(batch // n, n, r0=0.1, a=0.4 + 0.1 * math.log2(min(n, 32)),
+                                b=1.5, c_mid=100.0 * n) for n in (2, 4, 8, 16, 32, 64)]
+  synthetic.write_sweep(str(tmp_path), curves, num_steps=steps, num_evals=14,
+                        log_spaced=True, num_problems=512, seed=3)
+  result = experiments.analyze_experiment(str(tmp_path), "fixed_batch", num_resamples=60)
+  c_first, c_last = batch * 1.0, batch * float(steps)
+  true = {c: max(curves, key=lambda tc: float(tc(np.array([c]))[0])).rollouts_per_problem
+          for c in (c_first, c_last)}
+  assert true[c_first] == 2 and true[c_last] == 32  # the ground truth rises 4 doublings
+  e = result["effects"]
+  assert e["log2_n_star_start"]["value"] == math.log2(true[c_first])
+  assert e["log2_n_star_end"]["value"] == math.log2(true[c_last])
+  assert e["n_star_rise"]["lo"] <= 4 <= e["n_star_rise"]["hi"]
+  assert e["n_star_rise"]["lo"] > 0
+
+
+def _bp_sweep(root, asymptotes, rng):
+  for b_p, a in asymptotes.items():
+    m = 16384 // (b_p * 8)
+    steps_T = _log_steps(m)
+    tc = synthetic.TrueCurve(b_p, 8, r0=0.2, a=a, b=1.5, c_mid=1500.0)
+    _write_run(os.path.join(root, f"bp{b_p}"), b_p=b_p, n=8, steps_T=steps_T,
+               p_T=tc(steps_T * b_p * 8), rng=rng)
+
+
+def _true_final(a, b_p):
+  steps_T = _log_steps(16384 // (b_p * 8))
+  tc = synthetic.TrueCurve(b_p, 8, r0=0.2, a=a, b=1.5, c_mid=1500.0)
+  return float(tc(steps_T[-2:] * b_p * 8).mean())
+
+
+def test_problems_per_batch_spread_covers_the_true_spread(tmp_path):
+  rng = np.random.default_rng(0)
+  asymptotes = {4: 0.5, 8: 0.55, 16: 0.6, 32: 0.65}
+  _bp_sweep(str(tmp_path), asymptotes, rng)
+  result = experiments.analyze_experiment(str(tmp_path), "problems_per_batch",
+                                          num_resamples=2000)  # enough for a 99.9% tail
+  finals = [_true_final(a, b) for b, a in asymptotes.items()]
+  truth = max(finals) - min(finals)
+  e = result["effects"]["spread"]
+  assert truth > 0.1
+  # 99.9%: a 3.3-sd miss is luck; a wrong final (tail, metric) misses by far more.
+  lo, hi = bootstrap.interval(e["samples"], 0.999)
+  assert lo <= truth <= hi
+  assert result["effects"]["slope_log2_bp"]["lo"] > 0
+
+
+def test_problems_per_batch_no_effect_is_within_the_margin(tmp_path):
+  rng = np.random.default_rng(1)
+  _bp_sweep(str(tmp_path), {4: 0.6, 8: 0.6, 16: 0.6, 32: 0.6}, rng)
+  e = experiments.analyze_experiment(str(tmp_path), "problems_per_batch",
+                                     num_resamples=100)["effects"]["spread"]
+  truth = max(_true_final(0.6, b) for b in (4, 8, 16, 32)) - min(
+      _true_final(0.6, b) for b in (4, 8, 16, 32))
+  assert truth < 0.01 and e["hi"] < 0.05  # margin_verdict says "barely matters"
+
+
+def test_extrapolation_error_is_small_on_sigmoids_and_large_on_a_late_jump(tmp_path):
+  rng = np.random.default_rng(2)
+  steps_T = _log_steps(256, 14)
+  tc = synthetic.TrueCurve(8, 4, r0=0.1, a=0.7, b=1.2, c_mid=2000.0)
+  for seed in range(3):
+    _write_run(str(tmp_path / f"sig{seed}"), b_p=8, n=4, steps_T=steps_T,
+               p_T=tc(steps_T * 32), rng=rng, seed=seed, num_problems=2048)
+  # Flat at 0.3 for the first half of the compute, then 0.6.
+  jump_T = np.where(steps_T * 32 <= 0.5 * steps_T[-1] * 32, 0.3, 0.6)
+  _write_run(str(tmp_path / "jump"), b_p=8, n=4, steps_T=steps_T, p_T=jump_T, rng=rng,
+             seed=9, num_problems=2048)
+  result = experiments.analyze_experiment(str(tmp_path), "iso_compute", num_resamples=10)
+  errors = {os.path.basename(e["path"]): e for e in result["extrapolation"]}
+  for seed in range(3):
+    e = errors[f"sig{seed}"]
+    true_end = float(tc(steps_T[-2:] * 32).mean())
+    assert abs(e["predicted"] - true_end) < 0.02
+    assert abs(e["error"]) < 0.02
+  assert errors["jump"]["error"] < -0.2
+
+
+def test_decoupled_effects_match_the_true_differences(tmp_path):
+  rng = np.random.default_rng(3)
+  finals = {"plain_train": 0.40, "decoupled": 0.45, "plain_estimate": 0.52}
+  steps_T = _log_steps(128)
+  for variant, final in finals.items():
+    for seed in (0, 1):
+      p_T = 0.2 + (final - 0.2) * steps_T / steps_T[-1]
+      _write_run(str(tmp_path / variant / f"s{seed}"), b_p=16, n=4, steps_T=steps_T,
+                 p_T=p_T, rng=rng, seed=seed)
+  result = experiments.analyze_experiment(str(tmp_path), "decoupled_baseline",
+                                          list(finals), num_resamples=100)
+  e = result["effects"]
+  true_last2 = {v: 0.2 + (f - 0.2) * steps_T[-2:].mean() / steps_T[-1] for v, f in finals.items()}
+  for key, truth in (("decoupled_minus_plain_train",
+                      true_last2["decoupled"] - true_last2["plain_train"]),
+                     ("plain_estimate_minus_decoupled",
+                      true_last2["plain_estimate"] - true_last2["decoupled"])):
+    lo, hi = bootstrap.interval(e[key]["samples"], 0.99)
+    assert lo <= truth <= hi, key
+    assert e[key]["lo"] > 0
+
+
+def test_decoupled_needs_its_three_variants(tmp_path):
+  with pytest.raises(analysis.AnalysisError, match="plain_train"):
+    experiments.analyze_experiment(str(tmp_path), "decoupled_baseline", ["a", "b"])
+
+
+def test_problem_set_size_sees_the_small_set_overfit(tmp_path):
+  """The 16-problem variant peaks at 0.5 mid-run and ends at 0.3 while its train
+  reward climbs; the full set rises to 0.5. The overfitting gap is 0.2."""
+  rng = np.random.default_rng(4)
+  steps_T = np.linspace(0, 256, 17).astype(int)  # linear: the fall spans many evaluations
+  x_T = steps_T / steps_T[-1]
+  # p16: rises to 0.5 at x = 0.5, then falls linearly to 0.3 at x = 1.
+  p16_T = np.where(x_T <= 0.5, 0.2 + 0.6 * x_T, 0.5 - 0.4 * (x_T - 0.5))
+  shapes = {"p16": (16, p16_T, np.linspace(0.1, 0.9, x_T.size)),
+            "all": (0, 0.2 + 0.3 * x_T, np.linspace(0.1, 0.4, x_T.size))}
+  for variant, (size, p_T, reward_T) in shapes.items():
+    for n in (4, 8):
+      _write_run(str(tmp_path / variant / f"n{n}"), b_p=16, n=n, steps_T=steps_T, p_T=p_T,
+                 rng=rng, max_train=size, train_reward_T=reward_T)
+  result = experiments.analyze_experiment(str(tmp_path), "problem_set_size", ["all", "p16"],
+                                          num_resamples=100)
+  assert result["details"]["sizes"] == {"all": None, "p16": 16}
+  true_drop = float(p16_T.max() - p16_T[-2:].mean()) - float(
+      (0.2 + 0.3 * x_T).max() - (0.2 + 0.3 * x_T[-2:]).mean())
+  e = result["effects"]["overfit_gap"]
+  assert e["lo"] > 0.1
+  assert e["lo"] - 0.02 <= true_drop <= e["hi"] + 0.02  # max over noisy points: biased up
+  change = result["details"]["train_reward_change"]
+  assert change["p16"] > change["all"] > 0

@@ -1,0 +1,77 @@
+"""The findings table: verdicts from intervals, cross-sweep effects, markdown, files."""
+
+import json
+
+import numpy as np
+
+from isojax.planner import bootstrap
+from isojax.planner import findings
+
+
+def _effect(samples, value=None):
+  samples = np.asarray(samples, float)
+  return bootstrap.effect(float(np.median(samples)) if value is None else value, samples)
+
+
+def _iso(difficulty, rise, end, best, worst, extreme, errors=()):
+  return {"kind": "iso_compute", "difficulty": difficulty, "variants": [],
+          "effects": {"n_star_rise": _effect(rise), "log2_n_star_end": _effect(end),
+                      "log2_n_saturation": _effect(end),
+                      "best_slope_log2_n": _effect(best), "worst_slope_log2_n": _effect(worst),
+                      "extreme_change_slope_log2_n": _effect(extreme)},
+          "extrapolation": [{"error": e} for e in errors], "details": {}}
+
+
+def test_verdicts_follow_the_intervals():
+  rng = np.random.default_rng(0)
+  hard = _iso("hard", rise=rng.normal(2.0, 0.3, 200), end=rng.normal(3.0, 0.1, 200),
+              best=rng.normal(0.02, 0.005, 200), worst=rng.normal(0.0, 0.01, 200),
+              extreme=rng.normal(-0.03, 0.01, 200), errors=[0.01, -0.005, 0.002, 0.004])
+  easy = _iso("easy", rise=rng.normal(0.2, 0.5, 200), end=rng.normal(5.0, 0.1, 200),
+              best=rng.normal(0.0, 0.01, 200), worst=rng.normal(-0.02, 0.005, 200),
+              extreme=rng.normal(0.01, 0.02, 200), errors=[0.003, 0.001])
+  decoupled = {"kind": "decoupled_baseline", "difficulty": "hard", "variants": [],
+               "effects": {"decoupled_minus_plain_train": _effect(rng.normal(0.03, 0.01, 200)),
+                           "plain_estimate_minus_decoupled": _effect(rng.normal(-0.02, 0.005,
+                                                                                200))},
+               "extrapolation": [], "details": {}}
+  bp = {"kind": "problems_per_batch", "difficulty": "easy", "variants": [],
+        "effects": {"spread": _effect(rng.uniform(0.01, 0.03, 200)),
+                    "volatility_smallest_bp": _effect([0.02] * 10),
+                    "volatility_largest_bp": _effect([0.01] * 10)},
+        "extrapolation": [], "details": {}}
+  rows = findings.table({"hard": hard, "easy": easy, "decoupled": decoupled, "bp": bp})
+  verdicts = {(r.finding, r.sweep): r.verdict for r in rows}
+  assert verdicts == {
+      ("1", "hard"): "yes", ("1", "easy"): "inconclusive",
+      ("2a", "hard"): "yes", ("2b", "easy"): "no", ("2c", "hard - easy"): "yes",
+      ("4", "bp"): "yes", ("5", "hard"): "yes", ("5", "easy"): "inconclusive",
+      ("7a", "decoupled"): "yes", ("7b", "decoupled"): "no", ("9", "all"): "yes"}
+  assert [r.finding for r in rows] == sorted([r.finding for r in rows],
+                                             key=list(findings.CLAIMS).index)
+  (c,) = [r for r in rows if r.finding == "2c"]
+  assert abs(c.effect["value"] - (hard["effects"]["log2_n_star_end"]["value"]
+                                   - easy["effects"]["log2_n_star_end"]["value"])) < 1e-12
+  (nine,) = [r for r in rows if r.finding == "9"]
+  assert nine.effect["value"] == np.median(np.abs([0.01, -0.005, 0.002, 0.004, 0.003, 0.001]))
+
+
+def test_extrapolation_verdict_against_the_tolerance():
+  exp = _iso("hard", [1.0] * 5, [1.0] * 5, [0.0] * 5, [0.0] * 5, [0.0] * 5,
+             errors=[0.05, -0.06, 0.07, 0.08, -0.05, 0.09])
+  (nine,) = [r for r in findings.table({"h": exp}) if r.finding == "9"]
+  assert nine.verdict == "no" and nine.effect["lo"] > findings.EXTRAPOLATION_TOLERANCE
+
+
+def test_study_directory_to_markdown(tmp_path):
+  exp = _iso("hard", [1.0, 2.0, 1.5], [2.0] * 3, [0.01] * 3, [0.0] * 3, [0.0] * 3)
+  exp["effects"]["n_star_rise"]["value"] = None  # as JSON holds a NaN
+  (tmp_path / "hard").mkdir()
+  (tmp_path / "hard" / findings.EXPERIMENT_FILE).write_text(json.dumps(exp))
+  rows, text = findings.write_study_findings(str(tmp_path))
+  assert (tmp_path / findings.FINDINGS_FILE).read_text() == text
+  table_lines = [l for l in text.splitlines() if l.startswith("| ")]
+  assert len(table_lines) == 1 + len(rows)
+  (one,) = [r for r in rows if r.finding == "1"]
+  assert np.isnan(one.effect["value"]) and one.verdict == "yes"  # interval [1.05, 1.95]
+  assert "| 1 | n*(C) grows" in text and "nan [+1.0" in text
