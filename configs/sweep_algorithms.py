@@ -27,12 +27,8 @@ def get_config(arg=None):
                               difficulty="hard")
   c.kind = "algorithms"
   c.problems_range = (16, 16)
-  if arg == "micro":
-    c = sweep_hard.apply_micro(c)
-  elif arg not in (None, "", "default"):
-    raise ValueError(f"preset {arg!r}: expected default or micro")
   c.variants = ml_collections.ConfigDict(dict(
       cispo=dict(overrides=dict(rl=dict(policy_loss="cispo"))),
       pods=dict(train_fraction=0.25, overrides=dict(rl=dict(downsample="max_variance"))),
   ))
-  return c
+  return sweep_hard.with_preset(c, arg)

@@ -45,12 +45,11 @@ def get_config(arg=None):
   c.kind = "decoupled_baseline"
   c.problems_range = (PROBLEMS, PROBLEMS)
   c.seeds = (0, 1)
-  shape = (N_TRAIN, N_ESTIMATE, STEPS, PROBLEMS)
-  if arg == "micro":
-    c = sweep_hard.apply_micro(c)
-    shape = (2, 4, 4, 4)
-    c.problems_range = (4, 4)
-  elif arg not in (None, "", "default"):
-    raise ValueError(f"preset {arg!r}: expected default or micro")
-  c.variants = ml_collections.ConfigDict(variants(*shape))
+  c.variants = ml_collections.ConfigDict(variants(N_TRAIN, N_ESTIMATE, STEPS, PROBLEMS))
+  return sweep_hard.with_preset(c, arg, micro=_micro)
+
+
+def _micro(c):
+  c.problems_range = (4, 4)
+  c.variants = ml_collections.ConfigDict(variants(2, 4, 4, 4))
   return c

@@ -16,10 +16,5 @@ from configs import sweep_hard
 
 
 def get_config(arg=None):
-  c = sweep_hard.sweep_config("easy", "configs/easy.py", split="easy",
-                               difficulty="easy")
-  if arg == "micro":
-    return sweep_hard.apply_micro(c)
-  if arg not in (None, "", "default"):
-    raise ValueError(f"preset {arg!r}: expected default or micro")
-  return c
+  return sweep_hard.with_preset(sweep_hard.sweep_config("easy", "configs/easy.py", split="easy",
+                                                        difficulty="easy"), arg)

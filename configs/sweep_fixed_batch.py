@@ -25,12 +25,11 @@ def get_config(arg=None):
   c.problems_range = (4, 128)
   c.rollouts_range = (2, 64)
   c.max_batch_rollouts = 256
-  if arg == "micro":
-    c = sweep_hard.apply_micro(c)
-    c.batch_rollouts = c.max_batch_rollouts = 16
-    c.budget_rollouts = 16 * 8
-    c.problems_range = (2, 8)
-    return c
-  if arg not in (None, "", "default"):
-    raise ValueError(f"preset {arg!r}: expected default or micro")
+  return sweep_hard.with_preset(c, arg, micro=_micro)
+
+
+def _micro(c):
+  c.batch_rollouts = c.max_batch_rollouts = 16
+  c.budget_rollouts = 16 * 8
+  c.problems_range = (2, 8)
   return c

@@ -78,10 +78,16 @@ def apply_micro(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return c
 
 
-def get_config(arg=None):
-  c = sweep_config("hard", "configs/hard.py", split="hard", difficulty="hard")
+def with_preset(c: ml_collections.ConfigDict, arg, micro=None) -> ml_collections.ConfigDict:
+  """`c` for preset `arg`: default, or micro (`apply_micro`, then `micro(c)` if given)."""
   if arg == "micro":
-    return apply_micro(c)
+    c = apply_micro(c)
+    return micro(c) if micro else c
   if arg not in (None, "", "default"):
     raise ValueError(f"preset {arg!r}: expected default or micro")
   return c
+
+
+def get_config(arg=None):
+  return with_preset(sweep_config("hard", "configs/hard.py", split="hard", difficulty="hard"),
+                     arg)

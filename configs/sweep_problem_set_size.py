@@ -30,14 +30,17 @@ def get_config(arg=None):
   c.kind = "problem_set_size"
   c.problems_range = (16, 16)
   c.rollouts_range = (4, 16)
-  sizes = SIZES
-  if arg == "micro":
-    c = sweep_hard.apply_micro(c)
-    c.rollouts_range = (2, 4)
-    sizes = {"p4": 4, "all": 0}
-  elif arg not in (None, "", "default"):
-    raise ValueError(f"preset {arg!r}: expected default or micro")
-  c.variants = ml_collections.ConfigDict({
+  c.variants = _variants(SIZES)
+  return sweep_hard.with_preset(c, arg, micro=_micro)
+
+
+def _variants(sizes: dict) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict({
       name: dict(overrides=dict(task=dict(max_train_problems=size)))
       for name, size in sizes.items()})
+
+
+def _micro(c):
+  c.rollouts_range = (2, 4)
+  c.variants = _variants({"p4": 4, "all": 0})
   return c

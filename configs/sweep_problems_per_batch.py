@@ -23,12 +23,11 @@ def get_config(arg=None):
   c.kind = "problems_per_batch"
   c.problems_range = (4, 128)
   c.rollouts_range = (8, 8)
-  if arg == "micro":
-    c = sweep_hard.apply_micro(c)
-    c.problems_range = (2, 8)
-    c.rollouts_range = (4, 4)
-    c.budget_rollouts = 128
-    return c
-  if arg not in (None, "", "default"):
-    raise ValueError(f"preset {arg!r}: expected default or micro")
+  return sweep_hard.with_preset(c, arg, micro=_micro)
+
+
+def _micro(c):
+  c.problems_range = (2, 8)
+  c.rollouts_range = (4, 4)
+  c.budget_rollouts = 128
   return c

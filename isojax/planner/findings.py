@@ -133,18 +133,13 @@ def table(experiments: Mapping[str, Mapping[str, Any]], *,
   by_difficulty = {e.get("difficulty", ""): (name, e) for name, e in iso.items()}
   for name, exp in iso.items():
     rows += _rows_iso(name, exp)
-  if "hard" in by_difficulty:
-    name, exp = by_difficulty["hard"]
-    e = exp["effects"].get("best_slope_log2_n")
+  # Finding 2: coverage (best@k) on the hard set, sharpening (worst@k) on the easy set.
+  for finding, difficulty, which in (("2a", "hard", "best"), ("2b", "easy", "worst")):
+    name, exp = by_difficulty.get(difficulty, (None, {"effects": {}}))
+    e = exp["effects"].get(f"{which}_slope_log2_n")
     if e:
-      rows.append(Row("2a", name, "change of final best@k per doubling of n (at fixed C)",
-                      e, bootstrap.sign_verdict(e)))
-  if "easy" in by_difficulty:
-    name, exp = by_difficulty["easy"]
-    e = exp["effects"].get("worst_slope_log2_n")
-    if e:
-      rows.append(Row("2b", name, "change of final worst@k per doubling of n (at fixed C)",
-                      e, bootstrap.sign_verdict(e)))
+      rows.append(Row(finding, name, f"change of final {which}@k per doubling of n (at "
+                      "fixed C)", e, bootstrap.sign_verdict(e)))
   if "hard" in by_difficulty and "easy" in by_difficulty:
     (hard_name, hard), (easy_name, easy) = by_difficulty["hard"], by_difficulty["easy"]
     e = _difference(hard["effects"]["log2_n_star_end"], easy["effects"]["log2_n_star_end"])
