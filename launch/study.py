@@ -43,7 +43,7 @@ _PROFILE_CONFIG = flags.DEFINE_string(
 EXPERIMENTS = ["configs/sweep_easy.py", "configs/sweep_hard.py",
                "configs/sweep_fixed_batch.py", "configs/sweep_problems_per_batch.py",
                "configs/sweep_problem_set_size.py", "configs/sweep_decoupled.py",
-               "configs/sweep_algorithms.py"]
+               "configs/sweep_algorithms.py", "configs/sweep_reasoning.py"]
 _SWEEPS = flags.DEFINE_list("sweeps", EXPERIMENTS,
                             "Sweep configs (file.py[:preset]) run in this order.")
 _WORKERS = flags.DEFINE_integer("workers", 0, "Parallel runs (0: one per CPU core, 1 with "

@@ -72,6 +72,13 @@ def test_algorithm_variants():
       assert m == (max(2, n // 4) if max(2, n // 4) < n else 0)
 
 
+def test_reasoning_sweep_runs_the_reasoning_gym_family():
+  runs = _plan("configs/sweep_reasoning.py")
+  assert sorted(_alloc(r) for r in runs.values()) == [
+      (16, n, 8192 // (16 * n)) for n in (2, 4, 8, 16, 32)]
+  assert all(r.config["task"]["name"] == "reasoning_gym" for r in runs.values())
+
+
 def _micro():
   return sweep_plan.load_config_file("configs/sweep_hard.py:micro")
 
