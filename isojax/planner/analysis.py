@@ -227,32 +227,40 @@ def extrapolation(analysis: MetricAnalysis, fraction: float) -> dict[str, Any]:
 
 
 def _frontier_extrapolation(analysis, fraction, lower, upper):
-  """Predict the best value and allocation at the sweep's largest compute."""
+  """Predict the best value and allocation at the sweep's largest compute.
+
+  Like `sigmoid_fit.extrapolation_check`, both sides average the last three
+  evaluations of each allocation that reaches the largest compute: `observed` is the
+  best such mean, `predicted` the best mean of the early fits at the same compute
+  points (comparing a prediction at C_max with a mean over evaluations spread out in
+  compute, as log-spaced ones are, would bias the error).
+  """
   if not analysis.curve_fits:
     return None
   target = max(cf.max_compute for cf in analysis.curve_fits)
-  keys, fits = [], []
-  for cf in analysis.curve_fits:
+  finishers = [cf for cf in analysis.curve_fits if cf.max_compute >= target * (1 - 1e-9)]
+  predicted, observed = [], []
+  for cf in finishers:
     early = cf.compute_T <= fraction * target
+    tail_T = cf.curve.rollouts_T[-3:]
+    observed.append((float(cf.curve.values_T[-3:].mean()), cf.curve.key))
     if np.count_nonzero(early) >= sigmoid_fit.MIN_POINTS:
-      keys.append(cf.curve.key)
-      fits.append(sigmoid_fit.fit_sigmoid(cf.compute_T[early], cf.values_T[early],
-                                          r0=analysis.r0, lower=lower, upper=upper))
-  if not fits:
+      fit = sigmoid_fit.fit_sigmoid(cf.compute_T[early], cf.values_T[early],
+                                    r0=analysis.r0, lower=lower, upper=upper)
+      predicted.append((float(fit.predict(tail_T).mean()), cf.curve.key))
+  if not predicted:
     return {"skipped": f"no allocation has {sigmoid_fit.MIN_POINTS} points below "
                        f"{fraction} * {target}"}
-  (pred,) = frontier.fitted_frontier(keys, fits, [target])  # extrapolates on purpose
-  # Observed: the best mean of the last three evaluations among runs reaching target.
-  finishers = [(float(cf.curve.values_T[-3:].mean()), cf.curve.key)
-               for cf in analysis.curve_fits if cf.max_compute >= target * (1 - 1e-9)]
-  observed, observed_key = max(finishers, key=lambda x: (x[0], [-k for k in x[1]]))
+
+  def best(pairs):  # the highest value; ties to the smallest (B_p, n)
+    return max(pairs, key=lambda x: (x[0], [-k for k in x[1]]))
+
+  (pred, pred_key), (obs, obs_key) = best(predicted), best(observed)
   return {"fit_max_rollouts": fraction * target, "target_rollouts": target,
-          "predicted": pred.value,
-          "predicted_problems_per_batch": pred.problems_per_batch,
-          "predicted_rollouts_per_problem": pred.rollouts_per_problem,
-          "observed": observed, "observed_problems_per_batch": observed_key[0],
-          "observed_rollouts_per_problem": observed_key[1],
-          "error": pred.value - observed}
+          "predicted": pred, "predicted_problems_per_batch": pred_key[0],
+          "predicted_rollouts_per_problem": pred_key[1],
+          "observed": obs, "observed_problems_per_batch": obs_key[0],
+          "observed_rollouts_per_problem": obs_key[1], "error": pred - obs}
 
 
 # --- Directories and files -----------------------------------------------------

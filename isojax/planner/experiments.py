@@ -216,6 +216,19 @@ def _extrapolation(runs_by_variant: Mapping[str, Sequence[run_dir.Run]], metric:
   return out
 
 
+def _frontier_extrapolation(runs_by_variant: Mapping[str, Sequence[run_dir.Run]],
+                            metric: str, fraction: float = 0.5) -> dict[str, Any]:
+  """Per variant: the frontier fitted on compute <= fraction * C_max predicts the best
+  value (and allocation) at C_max (`analysis.extrapolation`'s frontier part)."""
+  out = {}
+  for variant, runs in runs_by_variant.items():
+    curves = analysis.run_curves(runs, metric, [])
+    result = analysis.analyze_metric(curves, metric, analysis.Options(metric=metric),
+                                     groups=False)
+    out[variant] = analysis.extrapolation(result, fraction)["frontier"]
+  return out
+
+
 def _train_reward_change(run: run_dir.Run) -> float:
   """Mean train reward over the last quarter of steps minus the first quarter."""
   _, r = run.series(metrics.TRAIN_REWARD)
@@ -277,4 +290,5 @@ def analyze_experiment(runs_dir: str, kind: str, variants: Sequence[str] = (), *
   return {"kind": kind, "metric": metric, "variants": list(variants),
           "num_runs": sum(len(r) for r in runs.values()),
           "effects": {name: bootstrap.effect(point[name], samples[name]) for name in point},
-          "extrapolation": _extrapolation(runs, metric), "details": details}
+          "extrapolation": _extrapolation(runs, metric),
+          "frontier_extrapolation": _frontier_extrapolation(runs, metric), "details": details}

@@ -107,9 +107,15 @@ def _rows_extrapolation(experiments: Mapping[str, Mapping[str, Any]], *,
   else:
     verdict = bootstrap.INCONCLUSIVE
   within = float(np.mean(abs_errors <= EXTRAPOLATION_TOLERANCE))
+  frontier = [f"{name}{'/' + v if v else ''} {x['error']:+.3f}"
+              for name, exp in experiments.items()
+              for v, x in (exp.get("frontier_extrapolation") or {}).items()
+              if x and x.get("error") is not None]
+  note = f"{errors.size} runs; {within:.0%} within +-0.02; interval: bootstrap over runs"
+  if frontier:
+    note += "; frontier's best value at C_max, predicted - observed: " + ", ".join(frontier)
   return [Row("9", "all", "median abs(predicted - observed) of the final avg@k over runs",
-              e, verdict, f"{errors.size} runs; {within:.0%} within +-0.02; "
-              "interval: bootstrap over runs")]
+              e, verdict, note)]
 
 
 def _finite(x) -> float:

@@ -60,6 +60,10 @@ def test_fixed_batch_recovers_n_star_of_m(tmp_path):
   assert e["log2_n_star_end"]["value"] == math.log2(true[c_last])
   assert e["n_star_rise"]["lo"] <= 4 <= e["n_star_rise"]["hi"]
   assert e["n_star_rise"]["lo"] > 0
+  # The frontier fitted on the first half of the compute predicts the best final value.
+  frontier = result["frontier_extrapolation"][""]
+  assert frontier["predicted_rollouts_per_problem"] == true[c_last]
+  assert abs(frontier["error"]) < 0.02
 
 
 def _bp_sweep(root, asymptotes, rng):

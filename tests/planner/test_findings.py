@@ -54,6 +54,10 @@ def test_verdicts_follow_the_intervals():
                                    - easy["effects"]["log2_n_star_end"]["value"])) < 1e-12
   (nine,) = [r for r in rows if r.finding == "9"]
   assert nine.effect["value"] == np.median(np.abs([0.01, -0.005, 0.002, 0.004, 0.003, 0.001]))
+  assert "frontier" not in nine.note
+  hard["frontier_extrapolation"] = {"": {"error": -0.0123}}
+  (nine,) = [r for r in findings.table({"hard": hard}) if r.finding == "9"]
+  assert nine.note.endswith("predicted - observed: hard -0.012")
 
 
 def test_extrapolation_verdict_against_the_tolerance():
