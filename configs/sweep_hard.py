@@ -16,9 +16,9 @@ statistic over the validation (and histogram training) problems.
 Cost on the 2-core CPU development machine (tiny default model): a run is ~6 s of
 start-up (imports, model load; the persistent compilation cache in DIR/jax_cache
 serves the shapes runs share), about 1.5 ms per rollout of sampling and training
-(~25 s at C = 16,384) and 13 evaluations of ~0.3 s; two workers do two runs about
-1.3x faster than one after the other. The manifest (sweep.json) records each run's
-wall time; the README gives the measured totals of the whole study.
+(~25 s at C = 16,384) and 13 evaluations of ~0.3 s. Measured in the README's study
+with two workers: ~50 s per run while another runs beside it, 603 s of run time for
+this sweep (~5 min elapsed). The manifest (sweep.json) records each run's wall time.
 
 This module also holds the fields every sweep config shares (`sweep_config`); the
 other experiments (configs/sweep_*.py) start from it.

@@ -12,7 +12,8 @@ The experiment is the iso-compute one (n*'s rise, best/worst@4 slopes, interfere
 with no difficulty label: the findings table reports findings 1, 5 and 9 for it.
 
 A run costs ~10 ms per rollout (40-token outputs) plus ~5 s per evaluation (256
-problems x 8 samples) on the 2-core machine: ~2.5 min; the sweep ~8 min with two workers.
+problems x 8 samples) on the 2-core machine: ~2 min; measured in the README's study: 614 s of run time for the
+sweep (~6 min with two workers).
 
 Presets: default, micro (the reasoning micro model; a smoke test).
 """

@@ -124,6 +124,9 @@ def main(argv):
   problems = [f"{name}: runs failed {e['failed']}" for name, e in sweeps.items() if e["failed"]]
   problems += [f"{name}: analysis failed ({e['analysis_error']})" for name, e in sweeps.items()
                if "analysis_error" in e]
+  problems += [f"{name}: experiment failed ({e['analysis']['experiment']['error']})"
+               for name, e in sweeps.items()
+               if "error" in e.get("analysis", {}).get("experiment", {})]
   print(f"\nstudy written to {out_dir} ({STUDY_FILE}) in {study['wall_s']:.0f} s")
   if problems:
     print("\n".join(problems), file=sys.stderr)
