@@ -142,6 +142,9 @@ def check_sweep_config(sweep: ml_collections.ConfigDict) -> None:
                      f"{', '.join(sweep.variants) or 'none'}")
   if sweep.kind in ("problem_set_size", "algorithms") and len(sweep.variants) < 2:
     raise SweepError(f"kind={sweep.kind}: expected at least two variants")
+  if sweep.kind in ("iso_compute", "fixed_batch", "problems_per_batch") and sweep.variants:
+    raise SweepError(f"kind={sweep.kind} takes no variants (kind=algorithms compares "
+                     "variants of an iso-compute sweep)")
 
 
 def _deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:

@@ -103,11 +103,17 @@ def test_bad_variants_are_named():
   with pytest.raises(sweep_plan.SweepError, match="variants.a: cannot set field"):
     sweep_plan.plan_runs(sweep)
   sweep = _micro()
+  sweep.variants = ml_collections.ConfigDict({"a": {"seeds": (1,)}})
+  with pytest.raises(sweep_plan.SweepError, match="takes no variants"):
+    sweep_plan.plan_runs(sweep)
+  sweep = _micro()
   sweep.kind = "decoupled_baseline"
   with pytest.raises(sweep_plan.SweepError, match="plain_train"):
     sweep_plan.plan_runs(sweep)
   sweep = _micro()
-  sweep.variants = ml_collections.ConfigDict({"a": {"overrides": {"rl": {"polcy_loss": "x"}}}})
+  sweep.kind = "algorithms"
+  sweep.variants = ml_collections.ConfigDict({"a": {"overrides": {"rl": {"polcy_loss": "x"}}},
+                                              "b": {}})
   with pytest.raises(sweep_plan.SweepError, match="polcy_loss"):
     sweep_plan.plan_runs(sweep)
 
