@@ -259,17 +259,17 @@ def plan_runs(sweep: ml_collections.ConfigDict) -> list[PlannedRun]:
     base = base_run_config(v_sweep)
     many = len(budgets(v_sweep)) > 1
     seeds = list(v_sweep.seeds) or [None]
+    prefix = f"{variant}/" if variant else ""
+    variant_runs = []
     for budget in budgets(v_sweep):
       for allocation in _allocations(v_sweep, base, budget):
         for seed in seeds:
-          name = run_name(allocation, many)
-          if len(seeds) > 1:
-            name += f"_s{seed}"
-          if variant:
-            name = f"{variant}/{name}"
-          runs.append(PlannedRun(name, allocation, _run_config(v_sweep, base, allocation,
-                                                               seed)))
-    _check_split(base, [r for r in runs if r.name.startswith(f"{variant}/" if variant else "")])
+          suffix = f"_s{seed}" if len(seeds) > 1 else ""
+          variant_runs.append(PlannedRun(f"{prefix}{run_name(allocation, many)}{suffix}",
+                                         allocation,
+                                         _run_config(v_sweep, base, allocation, seed)))
+    _check_split(base, variant_runs)
+    runs += variant_runs
   return runs
 
 
