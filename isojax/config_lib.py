@@ -121,6 +121,8 @@ def base_config() -> ml_collections.ConfigDict:
       max_rollouts_per_call=0,  # 0: a step's rollouts in one sampler call
       weights_dtype="",      # "" (as trained) or "bfloat16": weights cast for sampling
       decode_slots=0,        # > 0: continuous batching in this many decode rows per call
+      decode_block=0,        # > 0: attend over the generated cache in blocks of this many
+                             # tokens, only the filled ones; 0: the whole cache each step
       stop_token_ids=(),     # ids that end a rollout besides the checkpoint's EOS ids
   ))
 
@@ -247,10 +249,12 @@ def apply_preset(config: ml_collections.ConfigDict, name: str | None) -> ml_coll
     config.mesh.update(data=1, fsdp=-1, tensor=1)
     # Memory (README "Paper scale", checked by `python -m launch.aot`): 64 rollouts per
     # gradient micro-batch, the LM head 512 positions at a time, layers rematerialised,
-    # queries attended 1,024 at a time, 4,096 rollouts per sampler call.
+    # queries attended 1,024 at a time, 4,096 rollouts per sampler call; decode reads
+    # the generated cache 512 slots at a time, only as far as it is filled.
     config.rl.update(micro_batch_size=64, logprob_chunk_size=512)
     config.model.update(remat="full", attention_chunk=1024)
-    config.sampling.update(max_rollouts_per_call=4096, weights_dtype="bfloat16")
+    config.sampling.update(max_rollouts_per_call=4096, weights_dtype="bfloat16",
+                           decode_block=512)
     config.rl.log_kl_to_base = config.rl.kl_coef > 0  # no second 7B copy unless needed
     config.checkpoint_every = 10
     return config
@@ -586,6 +590,11 @@ def _check_sampling_memory(c: ml_collections.ConfigDict, n: int) -> None:
   if s.weights_dtype not in ("", "float32", "bfloat16"):
     raise ValueError(f"sampling.weights_dtype={s.weights_dtype!r}: expected '', float32 or "
                      "bfloat16")
+  if not isinstance(s.decode_block, int) or isinstance(s.decode_block, bool):
+    raise ValueError(f"sampling.decode_block={s.decode_block!r}: expected an integer >= 0 "
+                     "(0: attend over the whole generated cache)")
+  from isojax.models import transformer  # pylint: disable=g-import-not-at-top
+  transformer.attended_lengths(s.max_new_tokens, s.decode_block)  # names the field
 
 
 def _check_memory_fields(c: ml_collections.ConfigDict, trained_rollouts: int) -> None:

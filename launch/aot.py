@@ -214,7 +214,8 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
       key, n=n, max_new_tokens=t, temperature=float(config.sampling.temperature),
       top_k=int(config.sampling.top_k), top_p=float(config.sampling.top_p),
       stop_ids=(model_cfg.vocab_size - 1,), pad_id=0,
-      weights_dtype=config.sampling.weights_dtype or None)
+      weights_dtype=config.sampling.weights_dtype or None,
+      decode_block=config.sampling.decode_block)
 
   b = b_p * m  # rollouts scored and trained per step; train_step splits the minibatches
   score = lambda: update.score.lower(

@@ -13,7 +13,9 @@ greedy continuations agree). In one process it measures
   3. a length-skewed batch: greedy prompts chosen so ~90% of rows emit a stop id after
      T / 8 tokens and the rest run to T; the static while_loop executes every row until
      the longest finishes, and the waste is 1 - useful / executed decode slots;
-  4. the update (`update.train_step`): tokens/s, model FLOP/s and its fraction of the
+  4. long outputs: attention over the whole preallocated generated cache at every step
+     against blocked attention over its filled part (`sampling.decode_block`);
+  5. the update (`update.train_step`): tokens/s, model FLOP/s and its fraction of the
      measured peak of a jitted float32 matmul.
 Tokens/s = generated (or trained) tokens / wall seconds of one call, median of
 --repeats calls after a warm-up call; compile = warm-up minus that median.
@@ -36,7 +38,7 @@ from absl import app, flags
 from flax import nnx
 
 from isojax import storage
-from isojax.models import hf_checkpoint
+from isojax.models import hf_checkpoint, transformer
 from isojax.rl import update
 from isojax.sampling import sampler
 from launch import bench_step, bench_tunix
@@ -61,6 +63,8 @@ class Options:
   skew_long_fraction: float = 0.1
   skew_candidates: int = 64
   skew_slots: int = 64
+  long: str = "16x4x64x1024"        # G x n x P x T with long outputs
+  long_block: int = 128
   update_batch: int = 256
   update_seq_len: int = 128
   update_prompt_len: int = 64
@@ -70,11 +74,11 @@ class Options:
   seed: int = 0
 
 
-def parse_workload(spec: str) -> tuple[int, int, int, int]:
+def parse_workload(spec: str, flag: str = "--workloads entry") -> tuple[int, int, int, int]:
   """'32x8x64x64' -> (G, n, P, T)."""
   parts = spec.split("x")
   if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
-    raise ValueError(f"--workloads entry {spec!r}: expected GxNxPxT of positive integers "
+    raise ValueError(f"{flag} {spec!r}: expected GxNxPxT of positive integers "
                      "(prompts x rollouts per prompt x prompt tokens x new tokens)")
   return tuple(int(p) for p in parts)
 
@@ -118,13 +122,14 @@ def random_prompts(rng: np.random.Generator, g: int, p: int, vocab: int) -> np.n
 
 
 def isojax_sample(model, prompts_GP, *, n, new_tokens, temperature=1.0, stop_ids=(),
-                  num_slots=0):
+                  num_slots=0, decode_block=0):
   """Rollouts of `sampler.sample` (B = G * n rows), computed before returning."""
   graphdef, state = model
   return jax.block_until_ready(sampler.sample(
       graphdef, state, jnp.asarray(prompts_GP), jnp.ones(prompts_GP.shape, bool),
       jax.random.key(0), n=n, max_new_tokens=new_tokens, temperature=temperature, top_k=0,
-      top_p=1.0, stop_ids=tuple(stop_ids), pad_id=0, num_slots=num_slots))
+      top_p=1.0, stop_ids=tuple(stop_ids), pad_id=0, num_slots=num_slots,
+      decode_block=decode_block))
 
 
 def hf_sample(hf_model, prompts_GP, *, n, new_tokens, do_sample=True) -> np.ndarray:
@@ -235,6 +240,21 @@ def bench_skew(model, o: Options, rng) -> dict:
               continuous_speedup=med / cb_med)
 
 
+def bench_long(model, o: Options, rng) -> dict:
+  """Long outputs, every rollout to T: attention over all T cache slots at every step
+  against blocked attention over the filled ones (`decode_block`), temperature 1."""
+  g, n, p, t = parse_workload(o.long)
+  prompts = random_prompts(rng, g, p, o.vocab)
+  run = lambda block, temperature=1.0: isojax_sample(
+      model, prompts, n=n, new_tokens=t, temperature=temperature, decode_block=block)
+  whole = rate(g * n * t, *timed(lambda: run(0), o.repeats)[:2])
+  blocked = rate(g * n * t, *timed(lambda: run(o.long_block), o.repeats)[:2])
+  same = np.array_equal(np.asarray(run(0, 0.0).tokens), np.asarray(run(o.long_block, 0.0).tokens))
+  return dict(workload=o.long, groups=g, n=n, prompt_len=p, new_tokens=t, block=o.long_block,
+              whole_cache=whole, blocked=blocked, same_greedy_outputs=same,
+              speedup=blocked["tokens_per_s"] / whole["tokens_per_s"])
+
+
 def matmul_peak(size: int, repeats: int) -> float:
   """FLOP/s of a jitted float32 [size, size] x [size, size] matmul, median of calls."""
   x = jax.random.normal(jax.random.key(0), (size, size), jnp.float32)
@@ -325,6 +345,7 @@ def run(o: Options) -> dict:
   return dict(info, sampling=[bench_sampling(model, hf_model, w, o, rng, tunix)
                               for w in o.workloads],
               sharing=bench_sharing(model, o, rng), skew=bench_skew(model, o, rng),
+              long=bench_long(model, o, rng),
               update=bench_update(model, counts, o, rng),
               rl_step=bench_step.breakdown(bench_step.default_config(o.rl_steps))
               if o.rl_steps else None)
@@ -368,6 +389,11 @@ def format_table(r: dict) -> str:
             f"{k['continuous']['median_s']:.2f} s ({k['continuous']['tokens_per_s']:.0f} useful "
             f"tokens/s) -> {k['continuous_speedup']:.2f}x lockstep; same greedy outputs: "
             f"{k['continuous']['same_outputs']}"]
+  lg = r["long"]
+  lines += ["", f"long outputs: isojax, {lg['workload']} (G x n x P x T), temperature 1, every "
+            "rollout to T", f"  whole cache every step {lg['whole_cache']['tokens_per_s']:.0f} "
+            f"tokens/s; blocked (decode_block={lg['block']}) {lg['blocked']['tokens_per_s']:.0f} "
+            f"tokens/s -> {lg['speedup']:.2f}x; same greedy outputs: {lg['same_greedy_outputs']}"]
   u = r["update"]
   lines += ["", f"update: train_step, {u['batch']} x {u['seq_len']} tokens "
             f"(P={u['prompt_len']}), FLOPs = 6 * (body params * B * S + head params * B * T)",
@@ -393,6 +419,7 @@ _HELP = {"": "Model size (the Qwen2Config field of that meaning).",
          "share": "Shared prompt cache: values of n, total rollouts, P and T.",
          "skew": "Length skew: rows, P, T, fraction of rows run to T, candidate prompts, "
                  "continuous-batching slots.",
+         "long": "Long outputs: workload GxNxPxT and the decode_block of the blocked run.",
          "update": "Update step: sequences, tokens per sequence, prompt tokens of them.",
          "matmul": "Side of the float32 matmul that measures the FLOP/s peak.",
          "rl": "Steps of configs/hard.py whose phases are timed (the first is left out; "
@@ -409,6 +436,8 @@ def _define_flags() -> None:
       flags.DEFINE_list(f.name, [str(x) for x in f.default], help_)
     elif isinstance(f.default, float):
       flags.DEFINE_float(f.name, f.default, help_)
+    elif isinstance(f.default, str):
+      flags.DEFINE_string(f.name, f.default, help_)
     else:
       flags.DEFINE_integer(f.name, f.default, help_)
   flags.DEFINE_string("out", None, "Where to write the figures as JSON.")
@@ -421,8 +450,13 @@ def main(argv):
   try:
     for spec in options.workloads:
       parse_workload(spec)   # fail before building anything
+    long_new_tokens = parse_workload(options.long, "--long")[3]
   except ValueError as e:
     raise app.UsageError(str(e)) from None
+  try:
+    transformer.attended_lengths(long_new_tokens, options.long_block)
+  except ValueError as e:
+    raise app.UsageError(f"--long_block={options.long_block}: {e}") from None
   results = run(options)
   print(format_table(results))
   out = flags.FLAGS.out

@@ -393,7 +393,7 @@ class Transformer(nnx.Module):
     return DecodeCache(k=zeros, v=zeros)
 
   def decode(self, token_B, position_B, step, prefix: PrefixCache, cache: DecodeCache, *,
-             groups_DS: jax.Array | None = None):
+             groups_DS: jax.Array | None = None, cache_block: int = 0):
     """Feeds one token per rollout at decode slot `step`. Returns (logits [B, V], cache).
 
     `step` is one slot for every row ([], the static sampler) or one per row ([B],
@@ -403,10 +403,19 @@ class Transformer(nnx.Module):
     the blocks are the data-parallel shards, so the gather stays on each device).
     The cache rides in the scan's carry and each layer writes its slot in place, so
     decoding never holds two copies of it.
+
+    `cache_block` > 0 attends over the generated cache in blocks of that many slots: a step
+    reads only the blocks up to the one holding the furthest row's slot (`lax.switch`
+    among `attended_lengths`, one static length per branch), not all T preallocated
+    slots, which at long outputs is most of a decode step's memory traffic. The slots
+    left out are masked anyway, so the result is the same.
     """
     b, t = token_B.shape[0], cache.k.shape[2]
     step = jnp.asarray(step, jnp.int32)
     own_mask_BT = jnp.broadcast_to(jnp.arange(t) <= step[..., None], (b, t))
+    lengths = attended_lengths(t, cache_block)
+    # One scalar for all rows (under a mesh, a max over the data-parallel shards).
+    branch = jnp.minimum(jnp.max(step) // max(cache_block, 1), len(lengths) - 1)
     prefix_mask = prefix.mask if groups_DS is None else gather_groups(prefix.mask, groups_DS)
     inv_freq = self._inv_freq
 
@@ -424,8 +433,13 @@ class Transformer(nnx.Module):
 
       def attention(q, k, v):
         k_all, v_all = write(k_cache, k, i), write(v_cache, v, i)
-        out = block.attn.attend_decode(q, prefix_k, prefix_v, prefix_mask, k_all[i],
-                                       v_all[i], own_mask_BT)
+
+        def attend_first(length):  # the layer's first `length` slots, sliced in the branch
+          return lambda: block.attn.attend_decode(
+              q, prefix_k, prefix_v, prefix_mask, k_all[i, :, :length], v_all[i, :, :length],
+              own_mask_BT[:, :length])
+        branches = [attend_first(length) for length in lengths]
+        out = branches[0]() if len(branches) == 1 else jax.lax.switch(branch, branches)
         return out, (k_all, v_all)
       x, (k_cache, v_cache) = block(x, position_B[:, None], inv_freq, attention)
       return (x, k_cache, v_cache), None
@@ -434,6 +448,25 @@ class Transformer(nnx.Module):
     (x, k, v), _ = self._scan_layers(layer, (self._embed(token_B[:, None]), cache.k, cache.v),
                                      layer_xs)
     return self.logits(x)[:, 0], DecodeCache(k=k, v=v)
+
+
+# Attention branches a decode step may compile (`decode(cache_block=...)`): T / block of them.
+MAX_DECODE_BLOCKS = 64
+
+
+def attended_lengths(cache_len: int, block: int) -> tuple[int, ...]:
+  """The generated-cache lengths a decode step may attend over: block, 2 * block, ...,
+  cache_len (the last one cut to it); one length, the whole cache, when block is 0."""
+  if block < 0:
+    raise ValueError(f"sampling.decode_block={block}: expected >= 0 (0: the whole cache)")
+  if not block or block >= cache_len:
+    return (cache_len,)
+  count = -(-cache_len // block)
+  if count > MAX_DECODE_BLOCKS:
+    raise ValueError(f"sampling.decode_block={block} cuts a cache of {cache_len} slots into "
+                     f"{count} blocks; at most {MAX_DECODE_BLOCKS} (each is compiled): "
+                     f"use a block of at least {-(-cache_len // MAX_DECODE_BLOCKS)}")
+  return tuple(min((j + 1) * block, cache_len) for j in range(count))
 
 
 def _write_rows(cache_LBTKH, new_BKH, layer, step_B):

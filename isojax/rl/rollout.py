@@ -109,7 +109,8 @@ def sample(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Seq
                 temperature=float(sampling.temperature if temperature is None else temperature),
                 top_k=int(sampling.top_k), top_p=float(sampling.top_p), stop_ids=tok.eos_ids,
                 pad_id=tok.pad_id, weights_dtype=sampling.weights_dtype or None,
-                num_slots=slots_per_call(sampling.decode_slots, per_call * n, shards))
+                num_slots=slots_per_call(sampling.decode_slots, per_call * n, shards),
+                decode_block=sampling.decode_block)
   parts = []
   with contextlib.ExitStack() as stack:
     if mesh is not None:

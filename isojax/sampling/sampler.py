@@ -114,17 +114,19 @@ def _cast_floats(state, dtype: str | None):
 
 @functools.partial(jax.jit, static_argnames=(
     "graphdef", "n", "max_new_tokens", "temperature", "top_k", "top_p", "stop_ids", "pad_id",
-    "weights_dtype", "num_slots"))
+    "weights_dtype", "num_slots", "decode_block"))
 def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, *, n: int,
            max_new_tokens: int, temperature: float, top_k: int = 0, top_p: float = 1.0,
            stop_ids: tuple[int, ...], pad_id: int, weights_dtype: str | None = None,
-           num_slots: int = 0) -> Rollouts:
+           num_slots: int = 0, decode_block: int = 0) -> Rollouts:
   """Samples n rollouts for each of G left-padded prompts; rollout b belongs to b // n.
 
   Any id of `stop_ids` ends a rollout (it is kept as the rollout's last token).
   `weights_dtype` ("bfloat16") casts the weights once for the whole call.
   `num_slots` > 0 decodes with continuous batching in that many slots (see
   `_decode_continuous`); 0 decodes all G * n rollouts in lockstep.
+  `decode_block` > 0 attends over the generated cache in blocks of that many tokens, only
+  those holding tokens yet (`Transformer.decode`'s `cache_block`); the same samples.
   """
   stop_ids_K = jnp.asarray(tuple(stop_ids), jnp.int32)
   model = nnx.merge(graphdef, _cast_floats(state, weights_dtype))
@@ -139,7 +141,7 @@ def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, *, n: int,
         model, prefix, first_logits_GV, prompt_len_B, rng, n=n, num_slots=num_slots,
         max_new_tokens=max_new_tokens, choose=functools.partial(
             _choose, temperature=temperature, top_k=top_k, top_p=top_p),
-        stop_ids_K=stop_ids_K, pad_id=pad_id)
+        stop_ids_K=stop_ids_K, pad_id=pad_id, decode_block=decode_block)
 
   def body(s: _LoopState) -> _LoopState:
     rng, key = jax.random.split(s.rng)
@@ -148,7 +150,8 @@ def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, *, n: int,
     logp = jnp.where(s.done, 0.0, logp)
     tokens = s.tokens.at[:, s.step].set(token)
     logprobs = s.logprobs.at[:, s.step].set(logp)
-    logits, cache = model.decode(token, prompt_len_B + s.step, s.step, prefix, s.cache)
+    logits, cache = model.decode(token, prompt_len_B + s.step, s.step, prefix, s.cache,
+                                 cache_block=decode_block)
     return _LoopState(step=s.step + 1, logits=sharding.constrain(logits, ("batch", "vocab")),
                       tokens=tokens, logprobs=logprobs,
                       done=s.done | jnp.isin(token, stop_ids_K), cache=cache, rng=rng)
@@ -209,7 +212,7 @@ def _refill(rollout_S, position_S, token_S, finished_S, queue_R, queued, taken, 
 
 
 def _decode_continuous(model, prefix, first_logits_GV, prompt_len_B, rng, *, n, num_slots,
-                       max_new_tokens, choose, stop_ids_K, pad_id) -> Rollouts:
+                       max_new_tokens, choose, stop_ids_K, pad_id, decode_block) -> Rollouts:
   """Continuous batching: `num_slots` decode rows refilled as rollouts finish.
 
   The first token of every rollout is drawn from its prompt's prefill logits up front.
@@ -255,7 +258,7 @@ def _decode_continuous(model, prefix, first_logits_GV, prompt_len_B, rng, *, n, 
     logits, cache = model.decode(
         flat(st.token), flat(by_shard(prompt_len_DR, st.rollout) + st.position),
         flat(st.position), prefix, st.cache,
-        groups_DS=jnp.minimum(st.rollout, r - 1) // n)
+        groups_DS=jnp.minimum(st.rollout, r - 1) // n, cache_block=decode_block)
     token, logp = choose(sharding.constrain(logits, ("batch", "vocab")), key)
     token, logp = token.reshape(d, s), logp.reshape(d, s)
     # Empty slots (rollout r) decode a dummy row and write nowhere.

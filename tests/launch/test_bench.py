@@ -143,6 +143,19 @@ def test_parse_workload_names_the_flag():
   assert bench.parse_workload("32x8x64x64") == (32, 8, 64, 64)
   with pytest.raises(ValueError, match="--workloads entry '32x8x64'"):
     bench.parse_workload("32x8x64")
+  with pytest.raises(ValueError, match="--long '4x0x2x2'"):
+    bench.parse_workload("4x0x2x2", "--long")
+
+
+def test_long_outputs_count_every_token_and_agree(models):
+  """Both long-output runs generate G * n * T tokens and decode the same greedy rollouts."""
+  options, model, _ = models
+  options = bench.Options(**TINY, repeats=1, long="2x2x4x24", long_block=5)
+  result = bench.bench_long(model, options, np.random.default_rng(0))
+  assert result["whole_cache"]["tokens"] == result["blocked"]["tokens"] == 2 * 2 * 24
+  assert result["same_greedy_outputs"] is True
+  assert result["speedup"] == pytest.approx(
+      result["blocked"]["tokens_per_s"] / result["whole_cache"]["tokens_per_s"])
 
 
 def _numbers(tree, path=""):
@@ -163,7 +176,7 @@ def test_command_writes_the_figures(tmp_path):
           "--share_new_tokens=4", "--skew_rows=10", "--skew_prompt_len=8",
           "--skew_new_tokens=16", "--skew_candidates=32", "--update_batch=4",
           "--update_seq_len=12", "--update_prompt_len=8", "--matmul_size=64", "--repeats=1",
-          "--rl_steps=0",
+          "--rl_steps=0", "--long=2x2x4x16", "--long_block=4",
           f"--out={out}"]
   proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600,
                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
@@ -171,8 +184,9 @@ def test_command_writes_the_figures(tmp_path):
   assert "isojax/HF" in proc.stdout and "tunix: " in proc.stdout
   assert "continuous batching, 64 slots" in proc.stdout
   result = json.loads(out.read_text())
-  assert {"options", "params", "same_weights", "sampling", "sharing", "skew",
+  assert {"options", "params", "same_weights", "sampling", "sharing", "skew", "long",
           "update"} <= set(result)
+  assert result["long"]["blocked"]["tokens"] == 2 * 2 * 16 and "decode_block=4" in proc.stdout
   assert result["same_weights"] is True
   (sampling,) = result["sampling"]
   assert sampling["isojax"]["tokens"] == sampling["hf"]["tokens"] == 2 * 2 * 4

@@ -67,6 +67,12 @@ def test_rollouts_are_split_over_devices_and_equal_single_device(tmp_path):
       np.testing.assert_array_equal(np.asarray(out.mask), np.asarray(single.mask))
       np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(single.logprobs),
                                  atol=1e-5)
+      # Blocked attention over the generated cache: its branch index is one scalar for
+      # all shards, and the samples stay those of one device.
+      with jax.set_mesh(mesh):
+        blocked = sampler.sample(graphdef, placed, *sharding.shard_batch((prompts, mask), mesh),
+                                 jax.random.key(4), decode_block=2, **settings)
+      np.testing.assert_array_equal(np.asarray(blocked.tokens), np.asarray(single.tokens))
     # The decode cache is split too: per device, the compiled call's temporaries (the
     # cache and loop state) shrink with the data-parallel width.
     def temp_bytes(mesh):
@@ -112,7 +118,7 @@ def test_calls_of_max_rollouts_cover_every_problem_in_order(decode_slots):
                              enumerate(problems)}, pad_id=0, max_len=16)
   sampling = ml_collections.ConfigDict(dict(
       max_new_tokens=6, temperature=1.0, top_k=0, top_p=1.0, max_rollouts_per_call=4,
-      weights_dtype="", decode_slots=decode_slots))
+      weights_dtype="", decode_slots=decode_slots, decode_block=0))
   key = jax.random.key(9)
   got = rollout.sample(graphdef, params, _Tokenizer(), book, problems,
                        tasks.PerItemVerifier(lambda text, p: 0.0), n=2, rng=key,
@@ -213,7 +219,7 @@ def test_decoding_and_grading_run_on_the_host_thread():
     return float(problem.answer)
   sampling = ml_collections.ConfigDict(dict(
       max_new_tokens=4, temperature=1.0, top_k=0, top_p=1.0, max_rollouts_per_call=0,
-      weights_dtype="", decode_slots=0))
+      weights_dtype="", decode_slots=0, decode_block=0))
   pending = rollout.sample(graphdef, params, _Tokenizer(), book, problems,
                            tasks.PerItemVerifier(reward), n=2, rng=jax.random.key(0),
                            sampling=sampling)
