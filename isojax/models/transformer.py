@@ -217,10 +217,10 @@ def token_rows(fn: Callable[[jax.Array], jax.Array], x_BSD: jax.Array) -> jax.Ar
 
   Every projection goes through here so that its matmuls are 2-D. The weight gradient
   of a 3-D [B, S, D] x [D, F] product contracts two axes, and XLA:CPU lays its operand
-  out with a 3-D transpose fused into the elementwise backward of the activation, which
-  ran 15x slower than the same 2-D transpose (the update step went 3x faster on CPU with
-  2-D matmuls; `launch.bench` measures it). Rows stay split over `batch`: B is the major
-  part of B * S.
+  out with a 3-D transpose fused into the elementwise backward of the activation, an
+  order of magnitude slower than the 2-D transpose it needs otherwise (the README's
+  `launch.bench` section has the update step's figures). Rows stay split over `batch`:
+  B is the major part of B * S.
   """
   b, s = x_BSD.shape[:2]
   y = fn(x_BSD.reshape(b * s, *x_BSD.shape[2:]))
