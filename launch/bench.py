@@ -247,8 +247,11 @@ def bench_long(model, o: Options, rng) -> dict:
   prompts = random_prompts(rng, g, p, o.vocab)
   run = lambda block, temperature=1.0: isojax_sample(
       model, prompts, n=n, new_tokens=t, temperature=temperature, decode_block=block)
-  whole = rate(g * n * t, *timed(lambda: run(0), o.repeats)[:2])
-  blocked = rate(g * n * t, *timed(lambda: run(o.long_block), o.repeats)[:2])
+
+  def measured(block):
+    first, med, out = timed(lambda: run(block), o.repeats)
+    return rate(int(out.mask.sum()), first, med)   # tokens counted from the rollouts
+  whole, blocked = measured(0), measured(o.long_block)
   same = np.array_equal(np.asarray(run(0, 0.0).tokens), np.asarray(run(o.long_block, 0.0).tokens))
   return dict(workload=o.long, groups=g, n=n, prompt_len=p, new_tokens=t, block=o.long_block,
               whole_cache=whole, blocked=blocked, same_greedy_outputs=same,

@@ -148,14 +148,13 @@ def test_parse_workload_names_the_flag():
 
 
 def test_long_outputs_count_every_token_and_agree(models):
-  """Both long-output runs generate G * n * T tokens and decode the same greedy rollouts."""
+  """Both long-output runs generate (counted from their masks) G * n * T tokens and decode
+  the same greedy rollouts."""
   options, model, _ = models
   options = bench.Options(**TINY, repeats=1, long="2x2x4x24", long_block=5)
   result = bench.bench_long(model, options, np.random.default_rng(0))
   assert result["whole_cache"]["tokens"] == result["blocked"]["tokens"] == 2 * 2 * 24
   assert result["same_greedy_outputs"] is True
-  assert result["speedup"] == pytest.approx(
-      result["blocked"]["tokens_per_s"] / result["whole_cache"]["tokens_per_s"])
 
 
 def _numbers(tree, path=""):
