@@ -13,7 +13,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from isojax import config_lib, distributed, train
+from isojax import config_lib, distributed, host_memory, train
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/hard.py", "Config file, optionally with a preset: file.py:preset.",
@@ -33,4 +33,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  host_memory.reexec_with_hugepages()
   app.run(main, flags_parser=config_lib.parse_flags)

@@ -37,7 +37,7 @@ import transformers
 from absl import app, flags
 from flax import nnx
 
-from isojax import storage
+from isojax import host_memory, storage
 from isojax.models import hf_checkpoint, transformer
 from isojax.rl import update
 from isojax.sampling import sampler
@@ -469,5 +469,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  host_memory.reexec_with_hugepages()
   _define_flags()
   app.run(main)

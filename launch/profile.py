@@ -28,7 +28,7 @@ from typing import Callable
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from isojax import config_lib
+from isojax import config_lib, host_memory
 from launch import profiling
 
 # Help of each profiling knob; the defaults are those of `profiling.Options`.
@@ -88,6 +88,7 @@ def main(argv, *, options_from_flags: Callable[[str], profiling.Options]):
 
 
 if __name__ == "__main__":
+  host_memory.reexec_with_hugepages()
   # Flags are defined only when this runs as the binary: `launch.study` imports
   # `define_option_flags` beside its own --out.
   config_flags.DEFINE_config_file(

@@ -31,7 +31,7 @@ import time
 
 from absl import app, flags, logging
 
-from isojax import storage
+from isojax import host_memory, storage
 from isojax.planner import analysis, findings
 from launch import profile, profiling, sweep_plan, sweep_runner
 
@@ -134,4 +134,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  host_memory.reexec_with_hugepages()
   app.run(main)

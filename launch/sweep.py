@@ -34,7 +34,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from isojax import storage
+from isojax import host_memory, storage
 from isojax.planner import analysis
 from launch import cluster_scripts, sweep_plan, sweep_runner
 
@@ -132,4 +132,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  host_memory.reexec_with_hugepages()
   app.run(main)

@@ -1,0 +1,76 @@
+"""Host memory: glibc's malloc asked to back large buffers with transparent huge pages.
+
+XLA:CPU allocates each execution's large buffers (activations, logits, gradients, the
+sampler's caches) afresh, and glibc's malloc serves every block above its mmap
+threshold from new pages that the kernel zeroes and maps 4 KiB at a time on first
+touch. On a small CPU machine that page-faulting can take longer than the matmul that
+writes the buffer (the README's `launch.bench` section has the figures).
+The glibc tunable `glibc.malloc.hugetlb=1` (glibc >= 2.35) makes malloc advise
+transparent huge pages for the memory it maps, so those buffers fault in 2 MiB at a
+time. Results are bit-identical: only where the bytes live changes.
+
+Tunables are read once, when a process starts, so the entry points (`isojax.main`,
+`launch.bench`, ...) call `reexec_with_hugepages()` before anything else: it replaces
+the process with itself, same arguments, `GLIBC_TUNABLES` extended, when that would
+change anything. It does nothing off glibc, when the kernel's transparent huge pages
+are `always` (already in use) or `never` (nothing to gain), or when `GLIBC_TUNABLES`
+already sets `glibc.malloc.hugetlb`: `GLIBC_TUNABLES=glibc.malloc.hugetlb=0` opts out.
+No library does this for a Python process (PyTorch's CPU launcher does the like with
+LD_PRELOAD of another allocator, which need not be installed here), hence by hand.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import Mapping
+
+TUNABLE = "glibc.malloc.hugetlb"
+THP_ENABLED_FILE = "/sys/kernel/mm/transparent_hugepage/enabled"
+MIN_GLIBC = (2, 35)  # the first glibc with glibc.malloc.hugetlb
+
+
+def glibc_version() -> tuple[int, int] | None:
+  """(major, minor) of the C library when it is glibc, else None."""
+  try:
+    name, version = os.confstr("CS_GNU_LIBC_VERSION").split()
+  except (AttributeError, ValueError, OSError):
+    return None
+  match = re.match(r"(\d+)\.(\d+)", version)
+  return (int(match[1]), int(match[2])) if name == "glibc" and match else None
+
+
+def thp_mode(path: str = THP_ENABLED_FILE) -> str | None:
+  """The kernel's transparent-huge-page mode (always | madvise | never), None if unknown."""
+  try:
+    with open(path) as f:
+      match = re.search(r"\[(\w+)\]", f.read())
+  except OSError:
+    return None
+  return match[1] if match else None
+
+
+def hugepage_env(environ: Mapping[str, str], *, glibc: tuple[int, int] | None,
+                 thp: str | None) -> dict[str, str] | None:
+  """The environment to restart with, or None when restarting would change nothing."""
+  tunables = environ.get("GLIBC_TUNABLES", "")
+  if glibc is None or glibc < MIN_GLIBC or thp != "madvise" or TUNABLE in tunables:
+    return None
+  return {**environ, "GLIBC_TUNABLES": ":".join(filter(None, [tunables, f"{TUNABLE}=1"]))}
+
+
+def reexec_with_hugepages() -> None:
+  """Replaces this process with itself under `hugepage_env`, when that changes anything.
+
+  Call it first thing in an entry point's `if __name__ == "__main__":`, before any large
+  allocation; the restarted process finds the tunable set and goes on.
+  """
+  env = hugepage_env(os.environ, glibc=glibc_version(), thp=thp_mode())
+  if env is None:
+    return
+  print(f"isojax: restarting with GLIBC_TUNABLES={env['GLIBC_TUNABLES']} (huge pages for "
+        f"host buffers; GLIBC_TUNABLES={TUNABLE}=0 turns this off)", file=sys.stderr)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)

@@ -1,0 +1,102 @@
+"""Huge pages for host buffers: when entry points restart, with what, and what it does."""
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from isojax import host_memory
+
+GLIBC = (2, 36)
+
+# Restarts through `reexec_with_hugepages`, then maps and touches 64 MiB with the C
+# library's own malloc and reports how much of the process is in transparent huge pages.
+CHILD = """
+import ctypes, json, os, sys
+from isojax import host_memory
+host_memory.reexec_with_hugepages()
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+size = 64 << 20
+ctypes.memset(libc.malloc(size), 1, size)
+with open("/proc/self/smaps_rollup") as f:
+  huge_kb = sum(int(l.split()[1]) for l in f if l.startswith("AnonHugePages:"))
+print(json.dumps(dict(tunables=os.environ.get("GLIBC_TUNABLES"), argv=sys.argv[1:],
+                      pid=os.getpid(), huge_kb=huge_kb)))
+"""
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({}, "glibc.malloc.hugetlb=1"),
+    ({"GLIBC_TUNABLES": ""}, "glibc.malloc.hugetlb=1"),
+    ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"},
+     "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"),
+])
+def test_env_adds_the_tunable_and_keeps_the_rest(environ, expected):
+  env = host_memory.hugepage_env({"PATH": "/bin", **environ}, glibc=GLIBC, thp="madvise")
+  assert env == {"PATH": "/bin", "GLIBC_TUNABLES": expected}
+
+
+@pytest.mark.parametrize("environ, glibc, thp", [
+    ({}, None, "madvise"),                                # not glibc (musl, macOS)
+    ({}, (2, 34), "madvise"),                             # glibc without the tunable
+    ({}, GLIBC, "always"),                                # huge pages already in use
+    ({}, GLIBC, "never"),                                 # nothing to gain
+    ({}, GLIBC, None),                                    # no THP file (not Linux)
+    ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, GLIBC, "madvise"),  # opted out
+    ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}, GLIBC, "madvise"),  # already restarted
+])
+def test_env_is_none_when_a_restart_changes_nothing(environ, glibc, thp):
+  assert host_memory.hugepage_env(environ, glibc=glibc, thp=thp) is None
+
+
+@pytest.mark.parametrize("text, mode", [
+    ("always [madvise] never\n", "madvise"), ("[always] madvise never\n", "always"),
+    ("always madvise [never]\n", "never"), ("garbage\n", None)])
+def test_thp_mode_reads_the_bracketed_choice(tmp_path, text, mode):
+  path = tmp_path / "enabled"
+  path.write_text(text)
+  assert host_memory.thp_mode(str(path)) == mode
+  assert host_memory.thp_mode(str(tmp_path / "missing")) is None
+
+
+def test_glibc_version_agrees_with_platform():
+  name, version = platform.libc_ver()
+  if name != "glibc":
+    assert host_memory.glibc_version() is None
+  else:
+    assert host_memory.glibc_version() == tuple(int(x) for x in version.split(".")[:2])
+
+
+def _child(tmp_path, **env):
+  script = tmp_path / "child.py"
+  script.write_text(CHILD)
+  environ = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+  proc = subprocess.run([sys.executable, str(script), "pos", "--flag=1"], env={**environ, **env},
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  return json.loads(proc.stdout), proc.stderr
+
+
+needs_madvise = pytest.mark.skipif(
+    host_memory.hugepage_env({}, glibc=host_memory.glibc_version(),
+                             thp=host_memory.thp_mode()) is None,
+    reason="needs glibc >= 2.35 and transparent huge pages in madvise mode")
+
+
+@needs_madvise
+def test_restart_keeps_arguments_and_backs_malloc_with_huge_pages(tmp_path):
+  out, err = _child(tmp_path)
+  assert out["tunables"] == "glibc.malloc.hugetlb=1"
+  assert out["argv"] == ["pos", "--flag=1"]
+  assert err.count("restarting with GLIBC_TUNABLES") == 1
+  # At least half of the 64 MiB block sits in 2 MiB pages (the kernel may leave its
+  # unaligned ends in small ones).
+  assert out["huge_kb"] >= 32 << 10
+
+  opted_out, err = _child(tmp_path, GLIBC_TUNABLES="glibc.malloc.hugetlb=0")
+  assert opted_out["tunables"] == "glibc.malloc.hugetlb=0" and "restarting" not in err
+  assert opted_out["huge_kb"] < 2 << 10
