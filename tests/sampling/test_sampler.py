@@ -181,3 +181,64 @@ def test_sampled_tokens_follow_the_tempered_filtered_softmax(top_k, top_p):
   counts = np.bincount(np.asarray(tokens), minlength=12)
   assert counts[~kept].sum() == 0
   assert stats.chisquare(counts[kept], rows * probs[kept]).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("block", [1, 7, 64, 128])
+def test_two_level_draw_follows_softmax_across_blocks(block):
+  """300 entries cut into blocks of `block` (the last one partial): 30,000 draws against
+  softmax, chi-square; filtered entries, including a whole filtered block, never drawn."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  v, rows = 300, 30_000
+  logits_V = np.random.default_rng(2).normal(scale=2.0, size=v).astype(np.float32)
+  logits_V[::3] = -np.inf
+  logits_V[140:200] = -np.inf
+  tokens = sampler.draw_categorical(jnp.tile(jnp.asarray(logits_V), (rows, 1)),
+                                    jax.random.key(5), block=block)
+  kept = np.isfinite(logits_V)
+  probs = np.exp(logits_V[kept].astype(np.float64) - logits_V[kept].max())
+  probs /= probs.sum()
+  counts = np.bincount(np.asarray(tokens), minlength=v)
+  assert counts.sum() == rows and counts[~kept].sum() == 0
+  # Pool the rarest entries so every expected count is at least 5.
+  order = np.argsort(probs)
+  expected, observed = rows * probs[order], counts[kept][order]
+  rare = np.cumsum(expected) < 5 * 10
+  stat = np.append(observed[~rare], observed[rare].sum()), np.append(expected[~rare],
+                                                                     expected[rare].sum())
+  assert stats.chisquare(*stat).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("u", [0.0, 0.5, np.nextafter(np.float32(1), np.float32(0))])
+def test_two_level_draw_lands_on_the_only_token_with_mass(monkeypatch, u):
+  """One finite logit (first, inside, last of a block, last of a partial block) is drawn
+  whatever the uniform number, the largest float32 below 1 included."""
+  monkeypatch.setattr(sampler.jax.random, "uniform",
+                      lambda rng, shape: jnp.full(shape, u, jnp.float32))
+  v = 1000
+  for position in (0, 127, 128, 555, v - 1):
+    logits_BV = jnp.full((4, v), -jnp.inf).at[:, position].set(3.0)
+    tokens = sampler.draw_categorical(logits_BV, jax.random.key(0), block=128)
+    np.testing.assert_array_equal(np.asarray(tokens), position)
+
+
+def test_two_level_draw_inverts_the_cdf_exactly():
+  """With the uniform number fixed, the token is the first whose float64 CDF exceeds it."""
+  logits_V = np.random.default_rng(4).normal(size=500).astype(np.float32)
+  probs = np.exp(logits_V.astype(np.float64) - logits_V.max())
+  cdf = np.cumsum(probs / probs.sum())
+  for u in np.linspace(0.001, 0.999, 37):
+    with pytest.MonkeyPatch.context() as patch:
+      patch.setattr(sampler.jax.random, "uniform",
+                    lambda rng, shape, u=u: jnp.full(shape, u, jnp.float32))
+      token = int(sampler.draw_categorical(jnp.asarray(logits_V)[None], jax.random.key(0),
+                                           block=64)[0])
+    expected = int(np.searchsorted(cdf, u, side="right"))
+    # float32 sums: a draw within rounding of a CDF step may land on its neighbour.
+    assert token == expected or min(abs(cdf[token - 1] - u), abs(cdf[token] - u)) < 1e-5
+
+
+def test_draw_block_is_about_the_square_root_of_the_vocabulary():
+  assert sampler.draw_block(12) == 128
+  assert sampler.draw_block(8192) == 128
+  assert sampler.draw_block(151_936) == 384   # Qwen2.5 / Qwen3: 396 blocks
+  assert sampler.draw_block(128_256) == 384   # Llama 3
