@@ -67,7 +67,7 @@ def reexec_with_hugepages() -> None:
   allocation; the restarted process finds the tunable set and goes on.
   """
   env = hugepage_env(os.environ, glibc=glibc_version(), thp=thp_mode())
-  if env is None:
+  if env is None or not sys.executable:  # embedded interpreters have no executable
     return
   print(f"isojax: restarting with GLIBC_TUNABLES={env['GLIBC_TUNABLES']} (huge pages for "
         f"host buffers; GLIBC_TUNABLES={TUNABLE}=0 turns this off)", file=sys.stderr)

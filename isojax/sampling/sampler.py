@@ -79,6 +79,10 @@ def filter_logits(logits_BV: jax.Array, *, top_k: int, top_p: float) -> jax.Arra
   return jnp.where(logits_BV < threshold, -jnp.inf, logits_BV)
 
 
+# x * _JUST_BELOW_ONE < x for every positive normal float32 x (it takes off >= 1 ulp).
+_JUST_BELOW_ONE = 1 - 2.0**-23
+
+
 def draw_categorical(logits_BV: jax.Array, rng: jax.Array, block: int = 0) -> jax.Array:
   """One token per row from softmax(logits) by inverting its CDF: token b is the first
   index whose cumulative probability exceeds a uniform draw u_b.
@@ -88,8 +92,8 @@ def draw_categorical(logits_BV: jax.Array, rng: jax.Array, block: int = 0) -> ja
   took half of a decode step. The CDF is inverted in two levels: the vocabulary is cut
   into blocks of `block` entries (0: `draw_block(V)`, about sqrt(V)), u_b picks the block
   from the cumulative block masses, then the entry within that one block; so no
-  cumulative sum runs over all V entries (a scan that was a tenth of a short decode step
-  on CPU) and no [B, V] cumulative array is held. Entries at -inf (filtered) have zero
+  cumulative sum runs over all V entries (a slow scan on CPU) and no [B, V] cumulative
+  array is held. Entries at -inf (filtered) have zero
   mass and are never drawn.
   """
   b, v = logits_BV.shape
@@ -101,13 +105,13 @@ def draw_categorical(logits_BV: jax.Array, rng: jax.Array, block: int = 0) -> ja
   below_BN = jnp.cumsum(mass_BNC.sum(-1), axis=-1)           # mass up to each block's end
   total_B1 = below_BN[:, -1:]
   # Strictly below the total (a product can round up to it), so the block found has mass.
-  u_B1 = jnp.minimum(jax.random.uniform(rng, (b, 1)) * total_B1, total_B1 * (1 - 2.0**-23))
+  u_B1 = jnp.minimum(jax.random.uniform(rng, (b, 1)) * total_B1, total_B1 * _JUST_BELOW_ONE)
   n_B = jnp.minimum(jnp.sum(below_BN <= u_B1, axis=-1), blocks - 1)
   row_BC = jnp.take_along_axis(mass_BNC, n_B[:, None, None], axis=1)[:, 0]
   within_BC = jnp.cumsum(row_BC, axis=-1)
   before_B1 = jnp.take_along_axis(below_BN, n_B[:, None], axis=-1) - within_BC[:, -1:]
   # The same draw inside the block, kept within its own recomputed mass (rounding).
-  u_B1 = jnp.clip(u_B1 - before_B1, 0, within_BC[:, -1:] * (1 - 2.0**-23))
+  u_B1 = jnp.clip(u_B1 - before_B1, 0, within_BC[:, -1:] * _JUST_BELOW_ONE)
   return n_B * block + jnp.minimum(jnp.sum(within_BC <= u_B1, axis=-1), block - 1)
 
 
