@@ -242,3 +242,13 @@ def test_draw_block_is_about_the_square_root_of_the_vocabulary():
   assert sampler.draw_block(8192) == 128
   assert sampler.draw_block(151_936) == 384   # Qwen2.5 / Qwen3: 396 blocks
   assert sampler.draw_block(128_256) == 384   # Llama 3
+
+
+def test_first_argmax_equals_numpy_argmax_with_ties():
+  """Integer-valued logits tie often: the first index of the maximum, as np.argmax."""
+  logits = np.random.default_rng(6).integers(-3, 4, size=(50, 37)).astype(np.float32)
+  logits[7] = -np.inf
+  logits[8, 5:] = np.inf
+  got = np.asarray(sampler.first_argmax(jnp.asarray(logits)))
+  np.testing.assert_array_equal(got, np.argmax(logits, axis=-1))
+  assert int(sampler.first_argmax(jnp.asarray([[0.0, np.nan, 1.0]]))[0]) == 2  # in range
