@@ -3,7 +3,7 @@
 XLA:CPU allocates each execution's large buffers (activations, logits, gradients, the
 sampler's caches) afresh, and glibc's malloc serves every block above its mmap
 threshold from new pages that the kernel zeroes and maps 4 KiB at a time on first
-touch. On a small CPU machine that page-faulting can take longer than the matmul that
+touch. On a small CPU machine that page-faulting can take as long as the matmul that
 writes the buffer (the README's `launch.bench` section has the figures).
 The glibc tunable `glibc.malloc.hugetlb=1` (glibc >= 2.35) makes malloc advise
 transparent huge pages for the memory it maps, so those buffers fault in 2 MiB at a
