@@ -121,6 +121,8 @@ def base_config() -> ml_collections.ConfigDict:
       max_rollouts_per_call=0,  # 0: a step's rollouts in one sampler call
       weights_dtype="",      # "" (as trained) or "bfloat16": weights cast for sampling
       decode_slots=0,        # > 0: continuous batching in this many decode rows per call
+      decode_slots_min=0,    # > 0: halve the slots, down to this many, once nothing is
+                             # queued and at most half are busy; 0: never
       decode_block=0,        # > 0: attend over the generated cache in blocks of this many
                              # tokens, only the filled ones; 0: the whole cache each step
       stop_token_ids=(),     # ids that end a rollout besides the checkpoint's EOS ids
@@ -587,6 +589,13 @@ def _check_sampling_memory(c: ml_collections.ConfigDict, n: int) -> None:
       s.decode_slots < 0):
     raise ValueError(f"sampling.decode_slots={s.decode_slots!r}: expected an integer >= 0 "
                      "(0: all rollouts of a call decode in lockstep)")
+  if not isinstance(s.decode_slots_min, int) or isinstance(s.decode_slots_min, bool) or (
+      s.decode_slots_min < 0):
+    raise ValueError(f"sampling.decode_slots_min={s.decode_slots_min!r}: expected an integer "
+                     ">= 0 (0: the continuous-batching slots never shrink)")
+  if s.decode_slots_min and not s.decode_slots:
+    raise ValueError(f"sampling.decode_slots_min={s.decode_slots_min} needs continuous "
+                     "batching: set sampling.decode_slots > 0 (or decode_slots_min=0)")
   if s.weights_dtype not in ("", "float32", "bfloat16"):
     raise ValueError(f"sampling.weights_dtype={s.weights_dtype!r}: expected '', float32 or "
                      "bfloat16")

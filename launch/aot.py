@@ -215,7 +215,8 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
       top_k=int(config.sampling.top_k), top_p=float(config.sampling.top_p),
       stop_ids=(model_cfg.vocab_size - 1,), pad_id=0,
       weights_dtype=config.sampling.weights_dtype or None,
-      decode_block=config.sampling.decode_block)
+      decode_block=config.sampling.decode_block,
+      **rollout.slot_settings(config.sampling, groups * n, sharding.batch_shards(mesh)))
 
   b = b_p * m  # rollouts scored and trained per step; train_step splits the minibatches
   score = lambda: update.score.lower(

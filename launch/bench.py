@@ -12,7 +12,9 @@ greedy continuations agree). In one process it measures
   2. the shared prompt cache: isojax at several n for the same G * n rollouts;
   3. a length-skewed batch: greedy prompts chosen so ~90% of rows emit a stop id after
      T / 8 tokens and the rest run to T; the static while_loop executes every row until
-     the longest finishes, and the waste is 1 - useful / executed decode slots;
+     the longest finishes, and the waste is 1 - useful / executed decode slots; against
+     it, continuous batching in --skew_slots slots, and the same halving its slots down
+     to --skew_min_slots as the queue drains (`sampling.decode_slots_min`);
   4. long outputs: attention over the whole preallocated generated cache at every step
      against blocked attention over its filled part (`sampling.decode_block`);
   5. the update (`update.train_step`): tokens/s, model FLOP/s and its fraction of the
@@ -63,6 +65,7 @@ class Options:
   skew_long_fraction: float = 0.1
   skew_candidates: int = 64
   skew_slots: int = 64
+  skew_min_slots: int = 8
   long: str = "16x4x64x1024"        # G x n x P x T with long outputs
   long_block: int = 128
   update_batch: int = 256
@@ -122,13 +125,13 @@ def random_prompts(rng: np.random.Generator, g: int, p: int, vocab: int) -> np.n
 
 
 def isojax_sample(model, prompts_GP, *, n, new_tokens, temperature=1.0, stop_ids=(),
-                  num_slots=0, decode_block=0):
+                  num_slots=0, min_slots=0, decode_block=0):
   """Rollouts of `sampler.sample` (B = G * n rows), computed before returning."""
   graphdef, state = model
   return jax.block_until_ready(sampler.sample(
       graphdef, state, jnp.asarray(prompts_GP), jnp.ones(prompts_GP.shape, bool),
       jax.random.key(0), n=n, max_new_tokens=new_tokens, temperature=temperature, top_k=0,
-      top_p=1.0, stop_ids=tuple(stop_ids), pad_id=0, num_slots=num_slots,
+      top_p=1.0, stop_ids=tuple(stop_ids), pad_id=0, num_slots=num_slots, min_slots=min_slots,
       decode_block=decode_block))
 
 
@@ -221,23 +224,27 @@ def bench_skew(model, o: Options, rng) -> dict:
   i, j, stop = find_skew_prompts(greedy, short_len)
   num_long = max(round(o.skew_long_fraction * o.skew_rows), 1)
   prompts = candidates[rng.permutation([i] * (o.skew_rows - num_long) + [j] * num_long)]
-  run = lambda stops, slots=0: isojax_sample(model, prompts, n=1, new_tokens=t,
-                                             temperature=0, stop_ids=stops, num_slots=slots)
+  run = lambda stops, slots=0, min_slots=0: isojax_sample(
+      model, prompts, n=1, new_tokens=t, temperature=0, stop_ids=stops, num_slots=slots,
+      min_slots=min_slots)
   first, med, out = timed(lambda: run((stop,)), o.repeats)
-  cb_first, cb_med, cb_out = timed(lambda: run((stop,), o.skew_slots), o.repeats)
   _, full_med, _ = timed(lambda: run(()), o.repeats)   # every row to T: the dense rate
   waste = slot_waste(np.asarray(out.mask))
   full_rate = o.skew_rows * t / full_med
   lengths = np.asarray(out.mask).sum(-1)
-  same = all(np.array_equal(np.asarray(getattr(out, f)), np.asarray(getattr(cb_out, f)))
-             for f in ("tokens", "mask", "finished"))
+
+  def continuous(min_slots: int) -> dict:
+    cb_first, cb_med, cb_out = timed(lambda: run((stop,), o.skew_slots, min_slots), o.repeats)
+    same = all(np.array_equal(np.asarray(getattr(out, f)), np.asarray(getattr(cb_out, f)))
+               for f in ("tokens", "mask", "finished"))
+    return dict(slots=o.skew_slots, min_slots=min_slots, same_outputs=same,
+                speedup=med / cb_med, **rate(waste["useful_slots"], cb_first, cb_med))
   return dict(rows=o.skew_rows, prompt_len=o.skew_prompt_len, new_tokens=t, stop_id=stop,
               long_fraction=float(np.mean(lengths == t)), short_len=short_len, **waste,
               **rate(waste["useful_slots"], first, med), full_batch_tokens_per_s=full_rate,
               ideal_s=waste["useful_slots"] / full_rate,
-              continuous=dict(slots=o.skew_slots, same_outputs=same,
-                              **rate(waste["useful_slots"], cb_first, cb_med)),
-              continuous_speedup=med / cb_med)
+              continuous=[continuous(0)] + ([continuous(o.skew_min_slots)]
+                                            if 0 < o.skew_min_slots < o.skew_slots else []))
 
 
 def bench_long(model, o: Options, rng) -> dict:
@@ -387,11 +394,12 @@ def format_table(r: dict) -> str:
             f"{k['executed_slots']} -> waste {100 * k['waste_fraction']:.1f}%",
             f"  lockstep wall {k['median_s']:.2f} s ({k['tokens_per_s']:.0f} useful tokens/s); "
             f"at the dense rate ({k['full_batch_tokens_per_s']:.0f} tokens/s) the useful "
-            f"tokens would take {k['ideal_s']:.2f} s",
-            f"  continuous batching, {k['continuous']['slots']} slots: wall "
-            f"{k['continuous']['median_s']:.2f} s ({k['continuous']['tokens_per_s']:.0f} useful "
-            f"tokens/s) -> {k['continuous_speedup']:.2f}x lockstep; same greedy outputs: "
-            f"{k['continuous']['same_outputs']}"]
+            f"tokens would take {k['ideal_s']:.2f} s"]
+  for cb in k["continuous"]:
+    halving = f" halving down to {cb['min_slots']}" if cb["min_slots"] else ""
+    lines.append(f"  continuous batching, {cb['slots']} slots{halving}: wall "
+                 f"{cb['median_s']:.2f} s ({cb['tokens_per_s']:.0f} useful tokens/s) -> "
+                 f"{cb['speedup']:.2f}x lockstep; same greedy outputs: {cb['same_outputs']}")
   lg = r["long"]
   lines += ["", f"long outputs: isojax, {lg['workload']} (G x n x P x T), temperature 1, every "
             "rollout to T", f"  whole cache every step {lg['whole_cache']['tokens_per_s']:.0f} "
@@ -421,7 +429,7 @@ _HELP = {"": "Model size (the Qwen2Config field of that meaning).",
                       "tokens x new tokens.",
          "share": "Shared prompt cache: values of n, total rollouts, P and T.",
          "skew": "Length skew: rows, P, T, fraction of rows run to T, candidate prompts, "
-                 "continuous-batching slots.",
+                 "continuous-batching slots, the fewest they halve down to (0: no halving).",
          "long": "Long outputs: workload GxNxPxT and the decode_block of the blocked run.",
          "update": "Update step: sequences, tokens per sequence, prompt tokens of them.",
          "matmul": "Side of the float32 matmul that measures the FLOP/s peak.",

@@ -109,8 +109,8 @@ def sample(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Seq
                 temperature=float(sampling.temperature if temperature is None else temperature),
                 top_k=int(sampling.top_k), top_p=float(sampling.top_p), stop_ids=tok.eos_ids,
                 pad_id=tok.pad_id, weights_dtype=sampling.weights_dtype or None,
-                num_slots=slots_per_call(sampling.decode_slots, per_call * n, shards),
-                decode_block=sampling.decode_block)
+                decode_block=sampling.decode_block,
+                **slot_settings(sampling, per_call * n, shards))
   parts = []
   with contextlib.ExitStack() as stack:
     if mesh is not None:
@@ -154,14 +154,19 @@ def call_plan(num_problems: int, n: int, max_rollouts_per_call: int, shards: int
   return per_call, -(-num_problems // per_call)
 
 
-def slots_per_call(decode_slots: int, rollouts_per_call: int, shards: int) -> int:
-  """Continuous-batching slots of one call (0: lockstep decoding), a multiple of `shards`.
+def slot_settings(sampling: ml_collections.ConfigDict, rollouts_per_call: int,
+                  shards: int) -> dict[str, int]:
+  """The sampler's `num_slots` and `min_slots` for one call of `rollouts_per_call`.
 
-  More slots than the call's rollouts would only decode empty rows.
+  `sampling.decode_slots` (0: lockstep decoding) and `sampling.decode_slots_min` (0: the
+  slots never shrink), each rounded up to a multiple of `shards`; more slots than the
+  call's rollouts would only decode empty rows.
   """
-  if not decode_slots:
-    return 0
-  return -(-min(decode_slots, rollouts_per_call) // shards) * shards
+  def per_call(slots: int, limit: int) -> int:
+    return -(-min(slots, limit) // shards) * shards if slots else 0
+  num_slots = per_call(sampling.decode_slots, rollouts_per_call)
+  return dict(num_slots=num_slots,
+              min_slots=per_call(sampling.decode_slots_min, num_slots))
 
 
 def generate(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Sequence[Problem],

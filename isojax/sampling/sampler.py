@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from isojax.models import sharding
+from isojax.models import sharding, transformer
 from isojax.models.transformer import DecodeCache, PrefixCache
 
 
@@ -152,17 +152,19 @@ def _cast_floats(state, dtype: str | None):
 
 @functools.partial(jax.jit, static_argnames=(
     "graphdef", "n", "max_new_tokens", "temperature", "top_k", "top_p", "stop_ids", "pad_id",
-    "weights_dtype", "num_slots", "decode_block"))
+    "weights_dtype", "num_slots", "min_slots", "decode_block"))
 def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, *, n: int,
            max_new_tokens: int, temperature: float, top_k: int = 0, top_p: float = 1.0,
            stop_ids: tuple[int, ...], pad_id: int, weights_dtype: str | None = None,
-           num_slots: int = 0, decode_block: int = 0) -> Rollouts:
+           num_slots: int = 0, min_slots: int = 0, decode_block: int = 0) -> Rollouts:
   """Samples n rollouts for each of G left-padded prompts; rollout b belongs to b // n.
 
   Any id of `stop_ids` ends a rollout (it is kept as the rollout's last token).
   `weights_dtype` ("bfloat16") casts the weights once for the whole call.
   `num_slots` > 0 decodes with continuous batching in that many slots (see
-  `_decode_continuous`); 0 decodes all G * n rollouts in lockstep.
+  `_decode_continuous`); 0 decodes all G * n rollouts in lockstep. `min_slots` > 0 lets
+  continuous batching halve its slots, down to that many, once nothing is queued and at
+  most half of them are busy (`slot_levels`); 0 keeps `num_slots` to the end.
   `decode_block` > 0 attends over the generated cache in blocks of that many tokens, only
   those holding tokens yet (`Transformer.decode`'s `cache_block`); the same samples.
   """
@@ -177,7 +179,7 @@ def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, *, n: int,
   if num_slots:
     return _decode_continuous(
         model, prefix, first_logits_GV, prompt_len_B, rng, n=n, num_slots=num_slots,
-        max_new_tokens=max_new_tokens, choose=functools.partial(
+        min_slots=min_slots, max_new_tokens=max_new_tokens, choose=functools.partial(
             _choose, temperature=temperature, top_k=top_k, top_p=top_p),
         stop_ids_K=stop_ids_K, pad_id=pad_id, decode_block=decode_block)
 
@@ -249,8 +251,34 @@ def _refill(rollout_S, position_S, token_S, finished_S, queue_R, queued, taken, 
   return rollout_S, position_S, token_S, taken + finished_S.sum()
 
 
+def slot_levels(slots: int, min_slots: int) -> tuple[int, ...]:
+  """The slot counts (per data-parallel shard) continuous batching decodes with, in order:
+  `slots`, then halved while at least `min_slots` (0: `slots` only). E.g. (64, 32, 16, 8)."""
+  levels = [slots]
+  while min_slots and levels[-1] // 2 >= max(min_slots, 1):
+    levels.append(levels[-1] // 2)
+  return tuple(levels)
+
+
+def _compact(st: _Slots, slots: int, empty: int) -> _Slots:
+  """Each shard's busy slots (at most `slots` of them) moved into its first `slots` rows,
+  their caches with them; the rows left are empty (rollout `empty`)."""
+  d, s = st.rollout.shape
+  # Busy slots first, in their order; a stable sort keeps the empty ones after them.
+  keep_DS = jnp.argsort(st.rollout == empty, axis=-1, stable=True)[:, :slots]
+  pick = jax.vmap(lambda x, i: x[i])
+  # The cache [L, D * S, T, K, H] is gathered on each shard's own rows.
+  pick_rows = jax.vmap(lambda c, i: c[:, i], in_axes=(1, 0), out_axes=1)
+  rows = lambda c: pick_rows(c.reshape(c.shape[0], d, s, *c.shape[2:]), keep_DS).reshape(
+      c.shape[0], d * slots, *c.shape[2:])
+  cache = jax.tree.map(lambda c: sharding.constrain(rows(c), transformer.CACHE_AXES), st.cache)
+  return st.replace(rollout=pick(st.rollout, keep_DS), position=pick(st.position, keep_DS),
+                    token=pick(st.token, keep_DS), cache=cache)
+
+
 def _decode_continuous(model, prefix, first_logits_GV, prompt_len_B, rng, *, n, num_slots,
-                       max_new_tokens, choose, stop_ids_K, pad_id, decode_block) -> Rollouts:
+                       min_slots, max_new_tokens, choose, stop_ids_K, pad_id,
+                       decode_block) -> Rollouts:
   """Continuous batching: `num_slots` decode rows refilled as rollouts finish.
 
   The first token of every rollout is drawn from its prompt's prefill logits up front.
@@ -261,6 +289,13 @@ def _decode_continuous(model, prefix, first_logits_GV, prompt_len_B, rng, *, n, 
   the next queued rollouts of the shard, whose prompt keys/values are read from the
   shared prompt cache (no prefill is repeated). The loop ends when every slot is empty,
   so the iterations track the total number of tokens, not B times the longest rollout.
+
+  With `min_slots`, the loop at S slots per shard also ends once every shard's queue is
+  empty and at most S / 2 of its slots are busy; those move, with their caches, into
+  S / 2 slots (`_compact`) and a loop at S / 2 goes on, down to `slot_levels`' last
+  count. Where a decode step costs in proportion to its rows (CPU), the long rollouts
+  of an uneven batch then no longer carry S - 1 mostly empty rows; each level is one
+  more compiled loop body.
   Each rollout sees the same conditionals as in lockstep decoding; only the random
   keys differ, so greedy decoding is identical and sampling equal in distribution.
   """
@@ -292,13 +327,14 @@ def _decode_continuous(model, prefix, first_logits_GV, prompt_len_B, rng, *, n, 
 
   def body(st: _Slots) -> _Slots:
     rng, key = jax.random.split(st.rng)
+    slots = st.rollout.shape[1]
     flat = lambda x: x.reshape(-1)
     logits, cache = model.decode(
         flat(st.token), flat(by_shard(prompt_len_DR, st.rollout) + st.position),
         flat(st.position), prefix, st.cache,
         groups_DS=jnp.minimum(st.rollout, r - 1) // n, cache_block=decode_block)
     token, logp = choose(sharding.constrain(logits, ("batch", "vocab")), key)
-    token, logp = token.reshape(d, s), logp.reshape(d, s)
+    token, logp = token.reshape(d, slots), logp.reshape(d, slots)
     # Empty slots (rollout r) decode a dummy row and write nowhere.
     put = jax.vmap(lambda a, i, j, v: a.at[i, j].set(v, mode="drop"))
     finished = (st.rollout < r) & (jnp.isin(token, stop_ids_K) | (st.position + 2 >= t))
@@ -311,11 +347,23 @@ def _decode_continuous(model, prefix, first_logits_GV, prompt_len_B, rng, *, n, 
                   logprobs=put(st.logprobs, st.rollout, st.position + 1, logp), lengths=lengths,
                   cache=cache, rng=rng)
 
-  init = _Slots(rollout=rollout, position=jnp.zeros((d, s), jnp.int32),
-                token=by_shard(first_DR, rollout), taken=jnp.minimum(queued, s),
-                tokens=tokens, logprobs=logprobs, lengths=jnp.ones((d, r), jnp.int32),
-                cache=model.init_decode_cache(num_slots, t), rng=rng)
-  final = jax.lax.while_loop(lambda st: jnp.any(st.rollout < r), body, init)
+  def running_until(fewer: int):
+    """Loop condition: a slot is busy, and (fewer > 0) the shards cannot move to fewer."""
+    def cond(st: _Slots):
+      busy_D = jnp.sum(st.rollout < r, axis=-1)
+      if not fewer:
+        return jnp.any(busy_D > 0)
+      return jnp.any(busy_D > 0) & ~jnp.all((st.taken >= queued) & (busy_D <= fewer))
+    return cond
+
+  st = _Slots(rollout=rollout, position=jnp.zeros((d, s), jnp.int32),
+              token=by_shard(first_DR, rollout), taken=jnp.minimum(queued, s),
+              tokens=tokens, logprobs=logprobs, lengths=jnp.ones((d, r), jnp.int32),
+              cache=model.init_decode_cache(num_slots, t), rng=rng)
+  levels = slot_levels(s, -(-min_slots // d))
+  for fewer in levels[1:]:
+    st = _compact(jax.lax.while_loop(running_until(fewer), body, st), fewer, r)
+  final = jax.lax.while_loop(running_until(0), body, st)
   unshard = lambda x: x.reshape(b, *x.shape[2:])
   return _rollouts(unshard(final.tokens), unshard(final.logprobs), unshard(final.lengths),
                    stop_ids_K, pad_id)

@@ -127,12 +127,16 @@ def test_find_skew_prompts():
 def test_skew_batch_has_short_and_long_rows(models):
   options, model, _ = models
   options = bench.Options(**TINY, repeats=1, skew_rows=10, skew_prompt_len=6,
-                          skew_new_tokens=16, skew_candidates=32, skew_slots=3)
+                          skew_new_tokens=16, skew_candidates=32, skew_slots=4,
+                          skew_min_slots=1)
   result = bench.bench_skew(model, options, np.random.default_rng(0))
   assert result["short_len"] == 2 and result["long_fraction"] == pytest.approx(0.1)
-  # Continuous batching in 3 slots decoded the same greedy rollouts.
-  assert result["continuous"]["same_outputs"] is True
-  assert result["continuous"]["tokens"] == result["useful_slots"]
+  # Continuous batching in 4 slots, then 4 halving to 1, decoded the same greedy rollouts.
+  assert [(c["slots"], c["min_slots"]) for c in result["continuous"]] == [(4, 0), (4, 1)]
+  for cb in result["continuous"]:
+    assert cb["same_outputs"] is True
+    assert cb["tokens"] == result["useful_slots"]
+    assert cb["speedup"] == pytest.approx(result["median_s"] / cb["median_s"])
   assert result["useful_slots"] == 9 * 2 + 1 * 16
   assert result["executed_slots"] == 10 * 16
   assert result["waste_fraction"] == pytest.approx(
@@ -181,7 +185,8 @@ def test_command_writes_the_figures(tmp_path):
                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert proc.returncode == 0, proc.stderr[-4000:]
   assert "isojax/HF" in proc.stdout and "tunix: " in proc.stdout
-  assert "continuous batching, 64 slots" in proc.stdout
+  assert "continuous batching, 64 slots:" in proc.stdout
+  assert "continuous batching, 64 slots halving down to 8:" in proc.stdout
   result = json.loads(out.read_text())
   assert {"options", "params", "same_weights", "sampling", "sharing", "skew", "long",
           "update"} <= set(result)
@@ -198,7 +203,8 @@ def test_command_writes_the_figures(tmp_path):
           "fraction_of_peak"} <= set(result["update"])
   for path, value in _numbers(result):
     assert math.isfinite(value), path
-    if path.endswith(("tokens_per_s", "median_s", "flops_per_s", "tokens", "slots")):
+    if path.endswith(("tokens_per_s", "median_s", "flops_per_s", "tokens", "slots")) and (
+        not path.endswith("min_slots")):   # min_slots: 0 means no halving
       assert value > 0, path
   assert result["update"]["flops"] == 6 * (result["params"]["body"] * 4 * 12
                                            + result["params"]["head"] * 4 * 4)

@@ -1,11 +1,13 @@
 """Continuous batching against the lockstep sampler: greedy exactly, sampling in law."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 from scipy import stats
 
+from isojax import config_lib
 from isojax.models.transformer import ModelConfig, Transformer
 from isojax.sampling import sampler
 
@@ -34,13 +36,16 @@ def _sample(graphdef, state, prompts, mask, key, **kw):
 
 
 @pytest.mark.parametrize("stop_ids", [(8,), (3, 21), (4, 6)])  # (4, 6): a first-token stop
-@pytest.mark.parametrize("num_slots", [1, 5, 24])
-def test_greedy_equals_lockstep(stop_ids, num_slots):
+@pytest.mark.parametrize("num_slots, min_slots", [(1, 0), (5, 0), (24, 0), (5, 1), (24, 3)])
+def test_greedy_equals_lockstep(stop_ids, num_slots, min_slots):
+  """With min_slots, the slots halve (24 -> 12 -> 6 -> 3, 5 -> 2 -> 1) as the queue
+  drains; each busy slot must carry its cache into its new row."""
   graphdef, state = _split_model(8.0)
   prompts, mask = _prompts(8)
   kw = dict(n=3, max_new_tokens=12, temperature=0.0, stop_ids=stop_ids, pad_id=PAD)
   lockstep = _sample(graphdef, state, prompts, mask, 0, **kw)
-  continuous = _sample(graphdef, state, prompts, mask, 0, num_slots=num_slots, **kw)
+  continuous = _sample(graphdef, state, prompts, mask, 0, num_slots=num_slots,
+                       min_slots=min_slots, **kw)
   lengths = lockstep.mask.sum(-1)
   assert len(set(lengths.tolist())) > 2  # the workload really is uneven
   for name in ("tokens", "mask", "finished"):
@@ -65,13 +70,15 @@ def test_slots_are_refilled_until_every_rollout_is_done():
   assert (out.logprobs[out.mask] < 0).all()
 
 
-def test_sampled_tokens_agree_in_distribution_with_lockstep():
+@pytest.mark.parametrize("min_slots", [0, 8])
+def test_sampled_tokens_agree_in_distribution_with_lockstep(min_slots):
   """Per-position token frequencies of 2 x 400 rollouts: chi-square homogeneity tests."""
   graphdef, state = _split_model(2.0)
   prompts, mask = _prompts(2, seed=3)
   kw = dict(n=400, max_new_tokens=6, temperature=1.0, top_k=12, stop_ids=(2, 7), pad_id=PAD)
   lockstep = _sample(graphdef, state, prompts, mask, 5, **kw)
-  continuous = _sample(graphdef, state, prompts, mask, 6, num_slots=64, **kw)
+  continuous = _sample(graphdef, state, prompts, mask, 6, num_slots=64, min_slots=min_slots,
+                       **kw)
   p_values = []
   for group in range(2):
     rows = slice(group * 400, (group + 1) * 400)
@@ -88,3 +95,45 @@ def test_sampled_tokens_agree_in_distribution_with_lockstep():
   # Length distribution (how often the stop ids end a rollout early) agrees too.
   lengths = [np.bincount(o.mask.sum(-1), minlength=7)[1:] for o in (lockstep, continuous)]
   assert stats.chi2_contingency(np.stack(lengths) + 1)[1] > 1e-3
+
+
+@pytest.mark.parametrize("slots, min_slots, expected", [
+    (64, 8, (64, 32, 16, 8)), (64, 10, (64, 32, 16)), (5, 1, (5, 2, 1)), (8, 0, (8,)),
+    (8, 8, (8,)), (8, 9, (8,)), (1, 1, (1,))])
+def test_slot_levels_halve_down_to_the_minimum(slots, min_slots, expected):
+  assert sampler.slot_levels(slots, min_slots) == expected
+
+
+def _slot_counts_of_loops(min_slots: int) -> list[int]:
+  """The slot count of each decode loop in the traced sampler (from the [D, S] slot
+  arrays of the while loops' carries)."""
+  graphdef, state = _split_model(1.0)
+  prompts, mask = _prompts(4)
+  traced = sampler.sample.trace(
+      graphdef, state, jnp.asarray(prompts), jnp.asarray(mask), jax.random.key(0), n=6,
+      max_new_tokens=5, temperature=1.0, stop_ids=(2,), pad_id=PAD, num_slots=16,
+      min_slots=min_slots)
+  loops = [e for e in traced.jaxpr.jaxpr.eqns if e.primitive.name == "while"]
+  counts = []
+  for loop in loops:
+    carry = [v.aval for v in loop.outvars]
+    counts.append(next(a.shape[1] for a in carry if a.dtype == jnp.int32 and a.ndim == 2))
+  return counts
+
+
+def test_each_slot_level_is_one_decode_loop():
+  assert _slot_counts_of_loops(0) == [16]
+  assert _slot_counts_of_loops(2) == [16, 8, 4, 2]
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("decode_slots_min", -1, "decode_slots_min=-1: expected an integer >= 0"),
+    ("decode_slots_min", True, "decode_slots_min=True: expected an integer"),
+    ("decode_slots_min", 4, "decode_slots_min=4 needs continuous batching"),
+    ("decode_slots", -2, "decode_slots=-2: expected an integer >= 0")])
+def test_config_rejects_bad_slot_fields(field, value, match):
+  config = config_lib.base_config()
+  config.num_steps = 1
+  config.sampling[field] = value
+  with pytest.raises(ValueError, match=f"sampling.{match}"):
+    config_lib.resolve(config)

@@ -105,12 +105,13 @@ class _Tokenizer:
     return " ".join(map(str, ids))
 
 
-@pytest.mark.parametrize("decode_slots", [0, 3])
-def test_calls_of_max_rollouts_cover_every_problem_in_order(decode_slots):
+@pytest.mark.parametrize("decode_slots, decode_slots_min", [(0, 0), (3, 0), (4, 2)])
+def test_calls_of_max_rollouts_cover_every_problem_in_order(decode_slots, decode_slots_min):
   """5 problems x 2 rollouts in calls of at most 4 rollouts: three calls of 2 problems
   (the last padded by repetition), call c drawing with fold_in(rng, c) (call 0 with rng
   itself, so a one-call step draws as before); the padded rollouts are dropped. With
-  sampling.decode_slots, each call decodes in that many continuous-batching slots."""
+  sampling.decode_slots, each call decodes in that many continuous-batching slots (halved
+  down to sampling.decode_slots_min)."""
   graphdef, params = _model()
   problems = [tasks.Problem(prompt=f"q{i}", answer="0") for i in range(5)]
   rng = np.random.default_rng(4)
@@ -118,7 +119,8 @@ def test_calls_of_max_rollouts_cover_every_problem_in_order(decode_slots):
                              enumerate(problems)}, pad_id=0, max_len=16)
   sampling = ml_collections.ConfigDict(dict(
       max_new_tokens=6, temperature=1.0, top_k=0, top_p=1.0, max_rollouts_per_call=4,
-      weights_dtype="", decode_slots=decode_slots, decode_block=0))
+      weights_dtype="", decode_slots=decode_slots, decode_slots_min=decode_slots_min,
+      decode_block=0))
   key = jax.random.key(9)
   got = rollout.sample(graphdef, params, _Tokenizer(), book, problems,
                        tasks.PerItemVerifier(lambda text, p: 0.0), n=2, rng=key,
@@ -128,7 +130,7 @@ def test_calls_of_max_rollouts_cover_every_problem_in_order(decode_slots):
   for call, rows in enumerate(([0, 1], [2, 3], [4, 4])):
     out = sampler.sample(graphdef, params, tokens_GP[rows], mask_GP[rows],
                          jax.random.fold_in(key, call) if call else key, n=2,
-                         num_slots=decode_slots, **SETTINGS)
+                         num_slots=decode_slots, min_slots=decode_slots_min, **SETTINGS)
     expected.append(np.asarray(out.tokens))
   np.testing.assert_array_equal(got.rollouts.tokens, np.concatenate(expected)[:10])
   assert got.rewards_GN.shape == (5, 2)
@@ -189,16 +191,29 @@ def test_continuous_batching_on_a_mesh_equals_lockstep_greedy(tmp_path):
     for axes in ({"data": 8, "fsdp": 1, "tensor": 1}, {"data": 2, "fsdp": 2, "tensor": 2}):
       mesh = sharding.make_mesh(axes)
       placed = jax.device_put(params, sharding.state_shardings(params, mesh))
-      with jax.set_mesh(mesh):
-        out = sampler.sample(graphdef, placed, *sharding.shard_batch((prompts, mask), mesh),
-                             jax.random.key(4), num_slots=8, **settings)
-      for name in ("tokens", "mask", "finished"):
-        np.testing.assert_array_equal(np.asarray(getattr(out, name)),
-                                      np.asarray(getattr(single, name)), err_msg=name)
-      np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(single.logprobs),
-                                 atol=2e-5)
+      for min_slots in (0, 2):   # 2: each shard's slots halve down to 1 (data=2: 4, 2, 1)
+        with jax.set_mesh(mesh):
+          out = sampler.sample(graphdef, placed, *sharding.shard_batch((prompts, mask), mesh),
+                               jax.random.key(4), num_slots=8, min_slots=min_slots, **settings)
+        for name in ("tokens", "mask", "finished"):
+          np.testing.assert_array_equal(np.asarray(getattr(out, name)),
+                                        np.asarray(getattr(single, name)), err_msg=name)
+        np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(single.logprobs),
+                                   atol=2e-5)
       rows = {s.data.shape[0] for s in out.tokens.addressable_shards}
       assert rows == {32 // sharding.batch_shards(mesh)}, (axes, rows)
+    # On a data-parallel mesh the slot state, queues, prompt-cache gathers and the
+    # compaction (4 devices x 2 slots halving to 1) stay on each device: nothing is gathered.
+    mesh = sharding.make_mesh({"data": 4, "fsdp": 1, "tensor": 1}, jax.devices()[:4])
+    placed = jax.device_put(params, sharding.state_shardings(params, mesh))
+    with jax.set_mesh(mesh):
+      batch = sharding.shard_batch((prompts, mask), mesh)
+      out = sampler.sample(graphdef, placed, *batch, jax.random.key(4), num_slots=8,
+                           min_slots=4, **settings)
+      hlo = sampler.sample.lower(graphdef, placed, *batch, jax.random.key(4), num_slots=8,
+                                 min_slots=4, **settings).compile().as_text()
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(single.tokens))
+    assert "all-gather" not in hlo and "all-to-all" not in hlo
     print("ok")
   """
   _run_on_8_devices(code, tmp_path)
@@ -219,7 +234,7 @@ def test_decoding_and_grading_run_on_the_host_thread():
     return float(problem.answer)
   sampling = ml_collections.ConfigDict(dict(
       max_new_tokens=4, temperature=1.0, top_k=0, top_p=1.0, max_rollouts_per_call=0,
-      weights_dtype="", decode_slots=0, decode_block=0))
+      weights_dtype="", decode_slots=0, decode_slots_min=0, decode_block=0))
   pending = rollout.sample(graphdef, params, _Tokenizer(), book, problems,
                            tasks.PerItemVerifier(reward), n=2, rng=jax.random.key(0),
                            sampling=sampling)
