@@ -61,7 +61,8 @@ def filter_logits(logits_BV: jax.Array, *, top_k: int, top_p: float) -> jax.Arra
 
   Nothing is sorted when both filters are off; top-k uses `lax.top_k` (a partial
   selection, not a sort), and with top-k on, the nucleus is found among those k
-  candidates only. Only top-p without top-k sorts the whole vocabulary.
+  candidates only. Only top-p without top-k sorts the whole vocabulary. With both off
+  it returns `logits_BV` itself.
   """
   v = logits_BV.shape[-1]
   top_k = top_k if 0 < top_k < v else 0
@@ -85,7 +86,15 @@ _JUST_BELOW_ONE = 1 - 2.0**-23
 
 def draw_categorical(logits_BV: jax.Array, rng: jax.Array, block: int = 0) -> jax.Array:
   """One token per row from softmax(logits) by inverting its CDF: token b is the first
-  index whose cumulative probability exceeds a uniform draw u_b.
+  index whose cumulative probability exceeds a uniform draw u_b (`draw_and_normalizer`).
+  """
+  return draw_and_normalizer(logits_BV, rng, block)[0]
+
+
+def draw_and_normalizer(logits_BV: jax.Array, rng: jax.Array, block: int = 0
+                        ) -> tuple[jax.Array, jax.Array]:
+  """(token [B], logsumexp of the logits [B]): `draw_categorical`'s token, and the log
+  of the total mass it inverted, which the draw computes anyway.
 
   Exact in distribution, like `jax.random.categorical`, but it draws one random number
   per row instead of one Gumbel per vocabulary entry: on CPU the [B, V] Threefry draw
@@ -112,7 +121,8 @@ def draw_categorical(logits_BV: jax.Array, rng: jax.Array, block: int = 0) -> ja
   before_B1 = jnp.take_along_axis(below_BN, n_B[:, None], axis=-1) - within_BC[:, -1:]
   # The same draw inside the block, kept within its own recomputed mass (rounding).
   u_B1 = jnp.clip(u_B1 - before_B1, 0, within_BC[:, -1:] * _JUST_BELOW_ONE)
-  return n_B * block + jnp.minimum(jnp.sum(within_BC <= u_B1, axis=-1), block - 1)
+  token_B = n_B * block + jnp.minimum(jnp.sum(within_BC <= u_B1, axis=-1), block - 1)
+  return token_B, (m_B1 + jnp.log(total_B1))[:, 0]
 
 
 def draw_block(vocab_size: int) -> int:
@@ -133,14 +143,20 @@ def first_argmax(logits_BV: jax.Array) -> jax.Array:
 def _choose(logits_BV, rng, *, temperature, top_k, top_p):
   """Returns (token [B], log-prob [B]) under the tempered policy."""
   logits_BV = logits_BV.astype(jnp.float32)
+  log_z_B = None
   if temperature == 0:
     token = first_argmax(logits_BV)
   else:
     logits_BV = logits_BV / temperature
-    token = draw_categorical(filter_logits(logits_BV, top_k=top_k, top_p=top_p), rng)
+    filtered_BV = filter_logits(logits_BV, top_k=top_k, top_p=top_p)
+    token, drawn_log_z_B = draw_and_normalizer(filtered_BV, rng)
+    if filtered_BV is logits_BV:  # no filter: the draw's mass is the policy's normaliser
+      log_z_B = drawn_log_z_B
+  if log_z_B is None:
+    log_z_B = jax.nn.logsumexp(logits_BV, axis=-1)
   # log softmax at the chosen token only: no [B, V] array of log-probs.
   chosen_B = jnp.take_along_axis(logits_BV, token[:, None], axis=-1)[:, 0]
-  return token.astype(jnp.int32), chosen_B - jax.nn.logsumexp(logits_BV, axis=-1)
+  return token.astype(jnp.int32), chosen_B - log_z_B
 
 
 def _cast_floats(state, dtype: str | None):

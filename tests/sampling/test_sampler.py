@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from scipy import special
 
 from isojax.models.transformer import ModelConfig, Transformer
 from isojax.rl import update
@@ -92,14 +93,16 @@ def test_any_of_several_stop_ids_ends_a_rollout():
     assert bool(out.finished[row]) == (first is not None)
 
 
-@pytest.mark.parametrize("n", [1, 3])
-def test_sampler_logprobs_match_trainer_scores(n):
-  """Log-probs the sampler reports equal the tempered log-softmax of a full forward."""
+@pytest.mark.parametrize("n, top_k, top_p", [(1, 0, 1.0), (3, 0, 1.0), (3, 5, 0.9)])
+def test_sampler_logprobs_match_trainer_scores(n, top_k, top_p):
+  """Log-probs the sampler reports equal the tempered log-softmax of a full forward (with
+  top-k / top-p too: they restrict where samples land, not the policy's log-probs)."""
   model = _model()
   tokens, mask = _prompts()
   graphdef, state = nnx.split(model)
   out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(1), n=n,
-                       max_new_tokens=6, temperature=0.6, stop_ids=(EOS,), pad_id=PAD)
+                       max_new_tokens=6, temperature=0.6, top_k=top_k, top_p=top_p,
+                       stop_ids=(EOS,), pad_id=PAD)
   seq = np.concatenate([np.repeat(tokens, n, 0), np.asarray(out.tokens)], axis=1)
   seq_mask = np.concatenate([np.repeat(mask, n, 0), np.asarray(out.mask)], axis=1)
   scores = update.score(graphdef, state, seq, seq_mask, prompt_len=tokens.shape[1],
@@ -235,6 +238,18 @@ def test_two_level_draw_inverts_the_cdf_exactly():
     expected = int(np.searchsorted(cdf, u, side="right"))
     # float32 sums: a draw within rounding of a CDF step may land on its neighbour.
     assert token == expected or min(abs(cdf[token - 1] - u), abs(cdf[token] - u)) < 1e-5
+
+
+@pytest.mark.parametrize("block", [1, 7, 64, 128])
+def test_draw_normalizer_is_the_logsumexp(block):
+  """The log of the mass the draw inverts is logsumexp of the row (float64 reference),
+  with filtered (-inf) entries contributing nothing."""
+  logits_BV = np.random.default_rng(block).normal(scale=4.0, size=(6, 300)).astype(np.float32)
+  logits_BV[1, ::3] = -np.inf
+  logits_BV[2, :250] = -np.inf
+  _, log_z_B = sampler.draw_and_normalizer(jnp.asarray(logits_BV), jax.random.key(0), block)
+  expected = special.logsumexp(logits_BV.astype(np.float64), axis=-1)
+  np.testing.assert_allclose(np.asarray(log_z_B), expected, rtol=1e-6, atol=1e-5)
 
 
 def test_draw_block_is_about_the_square_root_of_the_vocabulary():
