@@ -209,14 +209,16 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
   groups, _ = rollout.call_plan(b_p, n, config.sampling.max_rollouts_per_call,
                                 sharding.batch_shards(mesh))
 
+  slots = rollout.slot_settings(config.sampling, groups * n, sharding.batch_shards(mesh))
   sample = lambda: sampler.sample.lower(
       graphdef, params, _spec((groups, p), jnp.int32, mesh), _spec((groups, p), bool, mesh),
       key, n=n, max_new_tokens=t, temperature=float(config.sampling.temperature),
       top_k=int(config.sampling.top_k), top_p=float(config.sampling.top_p),
       stop_ids=(model_cfg.vocab_size - 1,), pad_id=0,
       weights_dtype=config.sampling.weights_dtype or None,
-      decode_block=config.sampling.decode_block,
-      **rollout.slot_settings(config.sampling, groups * n, sharding.batch_shards(mesh)))
+      decode_block=config.sampling.decode_block, **slots)
+  decoding = (f", {slots['num_slots']} decode slots" if slots["num_slots"] else "") + (
+      f" halving down to {slots['min_slots']}" if slots["min_slots"] else "")
 
   b = b_p * m  # rollouts scored and trained per step; train_step splits the minibatches
   score = lambda: update.score.lower(
@@ -238,7 +240,8 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
   # Lowered under the mesh, as isojax runs them: activations take their logical axes.
   with jax.set_mesh(mesh):
     return [_measure("sample", sample, opt_bytes + ref_bytes,
-                     f"{groups} prompts [{groups}, {p}] x {n} rollouts of {t} tokens"),
+                     f"{groups} prompts [{groups}, {p}] x {n} rollouts of {t} tokens"
+                     f"{decoding}"),
             _measure("score", score, opt_bytes + ref_bytes, f"[{b}, {p + t}] tokens, {split}"),
             _measure("train_step", train_step, ref_bytes,
                      f"[{b}, {p + t}] tokens, {settings.num_minibatches} minibatch(es), "

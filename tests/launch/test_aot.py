@@ -78,6 +78,39 @@ def test_cpu8_compiles_every_program_with_hand_counted_arguments(model_dir):
   assert got["sample"]["resident"] == got["score"]["resident"] == opt + params
 
 
+def test_sampler_is_compiled_with_the_configured_slots(model_dir):
+  """The sampler program is the one `rollout.sample` runs: with sampling.decode_slots its
+  decode cache holds the slots' rows, not one row per rollout."""
+  code = f"""
+    import dataclasses, json
+    from configs import hard
+    from launch import aot
+    aot.prepare_backend("cpu:8")
+    out = []
+    for slots, fewest in ((0, 0), (8, 0), (8, 1)):
+      config = hard.get_config("micro")
+      config.base_model.path = {model_dir!r}
+      config.mesh.update(data=1, fsdp=-1, tensor=1)
+      config.sampling.max_new_tokens = 512   # the decode cache dominates the temporaries
+      config.sampling.update(decode_slots=slots, decode_slots_min=fewest)
+      sample = aot.check(config, aot.topology_devices("cpu:8"), aot.model_config(config), 16)[0]
+      out.append(dataclasses.asdict(sample))
+    print(json.dumps(out))
+  """
+  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  lockstep, slots, halving = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert "decode slots" not in lockstep["inputs"]
+  assert slots["inputs"].endswith(", 8 decode slots")
+  assert halving["inputs"].endswith(", 8 decode slots halving down to 8")
+  # 16 rollouts in 8 slots: the [L, rows, 512, K, H] caches of k and v shrink by half a
+  # lockstep cache (per chip: the rows are split over the 8 devices).
+  cache = 2 * HF["num_hidden_layers"] * 512 * HF["num_key_value_heads"] * (
+      HF["hidden_size"] // HF["num_attention_heads"]) * 4 * (16 - 8) // 8
+  assert lockstep["temp"] - slots["temp"] >= 0.9 * cache, (lockstep["temp"], slots["temp"])
+
+
 def test_too_small_hbm_fails_naming_programs_and_fields(model_dir):
   proc = subprocess.run(
       [sys.executable, "-m", "launch.aot", "--config=configs/hard.py:micro", "--topology=cpu:8",
