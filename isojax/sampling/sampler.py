@@ -143,17 +143,14 @@ def first_argmax(logits_BV: jax.Array) -> jax.Array:
 def _choose(logits_BV, rng, *, temperature, top_k, top_p):
   """Returns (token [B], log-prob [B]) under the tempered policy."""
   logits_BV = logits_BV.astype(jnp.float32)
-  log_z_B = None
   if temperature == 0:
-    token = first_argmax(logits_BV)
+    token, log_z_B = first_argmax(logits_BV), jax.nn.logsumexp(logits_BV, axis=-1)
   else:
     logits_BV = logits_BV / temperature
     filtered_BV = filter_logits(logits_BV, top_k=top_k, top_p=top_p)
-    token, drawn_log_z_B = draw_and_normalizer(filtered_BV, rng)
-    if filtered_BV is logits_BV:  # no filter: the draw's mass is the policy's normaliser
-      log_z_B = drawn_log_z_B
-  if log_z_B is None:
-    log_z_B = jax.nn.logsumexp(logits_BV, axis=-1)
+    token, log_z_B = draw_and_normalizer(filtered_BV, rng)
+    if filtered_BV is not logits_BV:  # a filter cut mass: the policy's normaliser is apart
+      log_z_B = jax.nn.logsumexp(logits_BV, axis=-1)
   # log softmax at the chosen token only: no [B, V] array of log-probs.
   chosen_B = jnp.take_along_axis(logits_BV, token[:, None], axis=-1)[:, 0]
   return token.astype(jnp.int32), chosen_B - log_z_B
