@@ -29,6 +29,7 @@ import dataclasses
 import os
 import tempfile
 import time
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -86,17 +87,43 @@ def parse_workload(spec: str, flag: str = "--workloads entry") -> tuple[int, int
   return tuple(int(p) for p in parts)
 
 
-def timed(fn, repeats: int):
-  """(seconds of the first call, median seconds of `repeats` more calls, last result)."""
-  start = time.perf_counter()
-  out = fn()
-  first = time.perf_counter() - start
-  times = []
-  for _ in range(max(repeats, 1)):
+@dataclasses.dataclass
+class Timing:
+  """One measured callable: its first call (compile included) and its timed calls."""
+  first_s: float
+  times_s: list[float]
+  out: Any   # what the last call returned
+
+  @property
+  def median_s(self) -> float:
+    return float(np.median(self.times_s))
+
+
+def timed_rounds(fns: Sequence[Callable[[], Any]], repeats: int) -> list[Timing]:
+  """Each of `fns` called once (warm-up), then `repeats` rounds calling each once in turn.
+
+  Interleaved rather than one fn's calls after another's: this machine's speed drifts
+  by 10-30% over minutes, and within a round every fn meets the same drift, so
+  per-round ratios (`round_ratio`) cancel it where a ratio of separate medians would not.
+  """
+  first, outs = [], []
+  for fn in fns:
     start = time.perf_counter()
-    out = fn()
-    times.append(time.perf_counter() - start)
-  return first, float(np.median(times)), out
+    outs.append(fn())
+    first.append(time.perf_counter() - start)
+  times = [[] for _ in fns]
+  for _ in range(max(repeats, 1)):
+    for i, fn in enumerate(fns):
+      start = time.perf_counter()
+      outs[i] = fn()
+      times[i].append(time.perf_counter() - start)
+  return [Timing(f, t, o) for f, t, o in zip(first, times, outs)]
+
+
+def round_ratio(fast: Timing, slow: Timing, work_ratio: float = 1.0) -> float:
+  """Median over rounds of slow's seconds / fast's: how many times faster `fast` is
+  (rates with `work_ratio` = fast's work / slow's when they do different amounts)."""
+  return float(np.median(np.asarray(slow.times_s) / np.asarray(fast.times_s))) * work_ratio
 
 
 def build_checkpoint(path: str, o: Options) -> transformers.PreTrainedModel:
@@ -152,40 +179,45 @@ def hf_sample(hf_model, prompts_GP, *, n, new_tokens, do_sample=True) -> np.ndar
   return new
 
 
-def rate(tokens: int, first_s: float, median_s: float) -> dict:
-  return dict(tokens=tokens, median_s=median_s, tokens_per_s=tokens / median_s,
-              compile_s=max(first_s - median_s, 0.0))
+def rate(tokens: int, t: Timing) -> dict:
+  return dict(tokens=tokens, median_s=t.median_s, tokens_per_s=tokens / t.median_s,
+              compile_s=max(t.first_s - t.median_s, 0.0), times_s=t.times_s)
 
 
 def bench_sampling(model, hf_model, spec: str, o: Options, rng, tunix=None) -> dict:
   """isojax vs HF (vs Tunix, given a `bench_tunix.load` handle) tokens/s on one
-  G x n x P x T workload."""
+  G x n x P x T workload, the sides' calls interleaved (`timed_rounds`)."""
   g, n, p, t = parse_workload(spec)
   prompts = random_prompts(rng, g, p, o.vocab)
-  first, med, out = timed(lambda: isojax_sample(model, prompts, n=n, new_tokens=t), o.repeats)
-  ours = rate(int(out.mask.sum()), first, med)
-  first, med, new = timed(lambda: hf_sample(hf_model, prompts, n=n, new_tokens=t), o.repeats)
-  hf = rate(int(new.size), first, med)
-  theirs = None
+  fns = [lambda: isojax_sample(model, prompts, n=n, new_tokens=t),
+         lambda: hf_sample(hf_model, prompts, n=n, new_tokens=t)]
   if tunix is not None:
-    first, med, new = timed(lambda: bench_tunix.sample(tunix, prompts, n, t), o.repeats)
-    theirs = rate(int(new.size), first, med)
+    fns.append(lambda: bench_tunix.sample(tunix, prompts, n, t))
+  ours_t, hf_t, *tunix_t = timed_rounds(fns, o.repeats)
+  ours = rate(int(ours_t.out.mask.sum()), ours_t)
+  hf = rate(int(hf_t.out.size), hf_t)
+  theirs = rate(int(tunix_t[0].out.size), tunix_t[0]) if tunix_t else None
   return dict(workload=spec, groups=g, n=n, prompt_len=p, new_tokens=t, isojax=ours, hf=hf,
-              tunix=theirs, ratio=ours["tokens_per_s"] / hf["tokens_per_s"],
+              tunix=theirs, ratio=round_ratio(ours_t, hf_t, ours["tokens"] / hf["tokens"]),
               tunix_ratio=None if theirs is None
-              else ours["tokens_per_s"] / theirs["tokens_per_s"])
+              else round_ratio(ours_t, tunix_t[0], ours["tokens"] / theirs["tokens"]))
 
 
 def bench_sharing(model, o: Options, rng) -> list[dict]:
-  """isojax tokens/s for the same G * n rollouts at each n of `o.share_n`."""
-  rows = []
+  """isojax tokens/s for the same G * n rollouts at each n of `o.share_n`, with each
+  n's rate against the first n's (`vs_first`, per-round ratio)."""
+  fns = []
   for n in o.share_n:
     if o.share_rollouts % n:
       raise ValueError(f"--share_rollouts={o.share_rollouts} is not a multiple of n={n}")
     prompts = random_prompts(rng, o.share_rollouts // n, o.share_prompt_len, o.vocab)
-    first, med, out = timed(lambda: isojax_sample(model, prompts, n=n,
-                                                  new_tokens=o.share_new_tokens), o.repeats)
-    rows.append(dict(n=n, groups=o.share_rollouts // n, **rate(int(out.mask.sum()), first, med)))
+    fns.append(lambda prompts=prompts, n=n: isojax_sample(model, prompts, n=n,
+                                                          new_tokens=o.share_new_tokens))
+  timings = timed_rounds(fns, o.repeats)
+  rows = [dict(n=n, groups=o.share_rollouts // n, **rate(int(t.out.mask.sum()), t))
+          for n, t in zip(o.share_n, timings)]
+  for row, t in zip(rows, timings):
+    row["vs_first"] = round_ratio(t, timings[0], row["tokens"] / rows[0]["tokens"])
   return rows
 
 
@@ -227,24 +259,25 @@ def bench_skew(model, o: Options, rng) -> dict:
   run = lambda stops, slots=0, min_slots=0: isojax_sample(
       model, prompts, n=1, new_tokens=t, temperature=0, stop_ids=stops, num_slots=slots,
       min_slots=min_slots)
-  first, med, out = timed(lambda: run((stop,)), o.repeats)
-  _, full_med, _ = timed(lambda: run(()), o.repeats)   # every row to T: the dense rate
+  min_slots = [0] + ([o.skew_min_slots] if 0 < o.skew_min_slots < o.skew_slots else [])
+  lockstep, full, *cbs = timed_rounds(
+      [lambda: run((stop,)), lambda: run(())]   # run(()): every row to T, the dense rate
+      + [lambda m=m: run((stop,), o.skew_slots, m) for m in min_slots], o.repeats)
+  out = lockstep.out
   waste = slot_waste(np.asarray(out.mask))
-  full_rate = o.skew_rows * t / full_med
+  full_rate = o.skew_rows * t / full.median_s
   lengths = np.asarray(out.mask).sum(-1)
 
-  def continuous(min_slots: int) -> dict:
-    cb_first, cb_med, cb_out = timed(lambda: run((stop,), o.skew_slots, min_slots), o.repeats)
-    same = all(np.array_equal(np.asarray(getattr(out, f)), np.asarray(getattr(cb_out, f)))
+  def continuous(m: int, cb: Timing) -> dict:
+    same = all(np.array_equal(np.asarray(getattr(out, f)), np.asarray(getattr(cb.out, f)))
                for f in ("tokens", "mask", "finished"))
-    return dict(slots=o.skew_slots, min_slots=min_slots, same_outputs=same,
-                speedup=med / cb_med, **rate(waste["useful_slots"], cb_first, cb_med))
+    return dict(slots=o.skew_slots, min_slots=m, same_outputs=same,
+                speedup=round_ratio(cb, lockstep), **rate(waste["useful_slots"], cb))
   return dict(rows=o.skew_rows, prompt_len=o.skew_prompt_len, new_tokens=t, stop_id=stop,
               long_fraction=float(np.mean(lengths == t)), short_len=short_len, **waste,
-              **rate(waste["useful_slots"], first, med), full_batch_tokens_per_s=full_rate,
+              **rate(waste["useful_slots"], lockstep), full_batch_tokens_per_s=full_rate,
               ideal_s=waste["useful_slots"] / full_rate,
-              continuous=[continuous(0)] + ([continuous(o.skew_min_slots)]
-                                            if 0 < o.skew_min_slots < o.skew_slots else []))
+              continuous=[continuous(m, cb) for m, cb in zip(min_slots, cbs)])
 
 
 def bench_long(model, o: Options, rng) -> dict:
@@ -254,23 +287,29 @@ def bench_long(model, o: Options, rng) -> dict:
   prompts = random_prompts(rng, g, p, o.vocab)
   run = lambda block, temperature=1.0: isojax_sample(
       model, prompts, n=n, new_tokens=t, temperature=temperature, decode_block=block)
-
-  def measured(block):
-    first, med, out = timed(lambda: run(block), o.repeats)
-    return rate(int(out.mask.sum()), first, med)   # tokens counted from the rollouts
-  whole, blocked = measured(0), measured(o.long_block)
+  whole_t, blocked_t = timed_rounds([lambda: run(0), lambda: run(o.long_block)], o.repeats)
+  # Tokens counted from the rollouts.
+  whole, blocked = (rate(int(x.out.mask.sum()), x) for x in (whole_t, blocked_t))
   same = np.array_equal(np.asarray(run(0, 0.0).tokens), np.asarray(run(o.long_block, 0.0).tokens))
   return dict(workload=o.long, groups=g, n=n, prompt_len=p, new_tokens=t, block=o.long_block,
               whole_cache=whole, blocked=blocked, same_greedy_outputs=same,
-              speedup=blocked["tokens_per_s"] / whole["tokens_per_s"])
+              speedup=round_ratio(blocked_t, whole_t, blocked["tokens"] / whole["tokens"]))
 
 
-def matmul_peak(size: int, repeats: int) -> float:
-  """FLOP/s of a jitted float32 [size, size] x [size, size] matmul, median of calls."""
+def matmul_peak(size: int, calls: int = 5) -> Callable[[], float]:
+  """A callable returning the FLOP/s of the fastest of `calls` jitted float32
+  [size, size] x [size, size] matmuls (the first call compiles it)."""
   x = jax.random.normal(jax.random.key(0), (size, size), jnp.float32)
   f = jax.jit(jnp.matmul)
-  _, med, _ = timed(lambda: f(x, x).block_until_ready(), max(repeats, 5))
-  return 2 * size**3 / med
+
+  def best() -> float:
+    seconds = []
+    for _ in range(calls):
+      start = time.perf_counter()
+      f(x, x).block_until_ready()
+      seconds.append(time.perf_counter() - start)
+    return 2 * size**3 / min(seconds)
+  return best
 
 
 def bench_update(model, counts: dict, o: Options, rng) -> dict:
@@ -302,14 +341,20 @@ def bench_update(model, counts: dict, o: Options, rng) -> dict:
                                                   settings=settings)
     return jax.block_until_ready(stats)
 
-  first, med, _ = timed(step, o.repeats)
   # Forward + backward = 6 FLOPs per parameter per token; the LM head sees only the
   # response positions; attention scores are not counted.
   flops = 6 * (counts["body"] * b * s + counts["head"] * b * (s - p))
-  peak = matmul_peak(o.matmul_size, o.repeats)
-  return dict(batch=b, seq_len=s, prompt_len=p, **rate(b * s, first, med), flops=flops,
-              flops_per_s=flops / med, matmul_peak_flops_per_s=peak,
-              fraction_of_peak=flops / med / peak)
+  # Each round measures the peak right before its update step and takes the fraction
+  # per round: the peak moves with the machine's drift as the step does.
+  best = matmul_peak(o.matmul_size)
+  peaks = []
+  _, timing = timed_rounds([lambda: peaks.append(best()), step], o.repeats)
+  peaks = peaks[1:]   # the warm-up round's left out, as its step's time is
+  fractions = [flops / sec / peak for sec, peak in zip(timing.times_s, peaks)]
+  return dict(batch=b, seq_len=s, prompt_len=p, **rate(b * s, timing), flops=flops,
+              flops_per_s=flops / timing.median_s,
+              matmul_peak_flops_per_s=float(np.median(peaks)), matmul_peaks=peaks,
+              fraction_of_peak=float(np.median(fractions)))
 
 
 def same_weights(model, hf_model, o: Options, rng, new_tokens: int = 16) -> bool:
@@ -370,7 +415,8 @@ def format_table(r: dict) -> str:
            f"heads, mlp {o['intermediate']}, vocab {o['vocab']}), float32; same weights: "
            f"{r['same_weights']} (tunix: {tunix_same}); jax {r['jax']} ({r['backend']}), "
            f"torch {r['torch']} ({r['torch_threads']} threads), {r['cpu_count']} CPUs",
-           "", f"sampling: tokens/s, median of {o['repeats']}, compile excluded",
+           "", f"sampling: tokens/s, median of {o['repeats']} rounds (each side called once "
+           "per round, in turn), compile excluded; ratios: median of per-round ratios",
            f"{'G x n x P x T':<18}{'isojax':>10}{'HF':>10}{'isojax/HF':>11}{'tunix':>8}"
            f"{'isojax/tunix':>14}{'compile s':>11}"]
   for s in r["sampling"]:
@@ -385,7 +431,7 @@ def format_table(r: dict) -> str:
             f"P={o['share_prompt_len']}, T={o['share_new_tokens']}",
             f"{'n':>4}{'G':>5}{'tokens/s':>10}{'vs n=' + str(sh[0]['n']):>9}"]
   lines += [f"{x['n']:>4}{x['groups']:>5}{x['tokens_per_s']:>10.0f}"
-            f"{x['tokens_per_s'] / sh[0]['tokens_per_s']:>8.2f}x" for x in sh]
+            f"{x['vs_first']:>8.2f}x" for x in sh]
   k = r["skew"]
   lines += ["", f"length skew: isojax greedy, {k['rows']} rows, P={k['prompt_len']}, "
             f"T={k['new_tokens']}; {100 * (1 - k['long_fraction']):.0f}% stop after "
@@ -410,7 +456,8 @@ def format_table(r: dict) -> str:
             f"(P={u['prompt_len']}), FLOPs = 6 * (body params * B * S + head params * B * T)",
             f"  {u['tokens_per_s']:.0f} tokens/s, {u['flops_per_s'] / 1e9:.1f} GFLOP/s; "
             f"float32 {o['matmul_size']}^2 matmul peak {u['matmul_peak_flops_per_s'] / 1e9:.1f}"
-            f" GFLOP/s -> {100 * u['fraction_of_peak']:.1f}% of peak"]
+            f" GFLOP/s (best of 5 calls before each step) -> {100 * u['fraction_of_peak']:.1f}%"
+            " of peak (median of per-round fractions)"]
   if r["rl_step"]:
     lines += [""] + bench_step.format_breakdown(r["rl_step"], "configs/hard.py (the default)")
   return "\n".join(lines)
@@ -435,7 +482,8 @@ _HELP = {"": "Model size (the Qwen2Config field of that meaning).",
          "matmul": "Side of the float32 matmul that measures the FLOP/s peak.",
          "rl": "Steps of configs/hard.py whose phases are timed (the first is left out; "
                "0: skip).",
-         "repeats": "Timed calls per figure (the median is reported).", "seed": "Seed."}
+         "repeats": "Timed rounds per comparison (each side called once per round; "
+                    "medians are reported).", "seed": "Seed."}
 
 
 def _define_flags() -> None:

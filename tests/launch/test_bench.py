@@ -103,8 +103,33 @@ def test_tunix_repeats_each_prompt_n_times(tunix_models):
   result = bench.bench_sampling(model, hf_model, f"{g}x{n}x{p}x{t}", options,
                                 np.random.default_rng(0), tunix)
   assert result["tunix"]["tokens"] == result["isojax"]["tokens"] == g * n * t
-  assert result["tunix_ratio"] == pytest.approx(
-      result["isojax"]["tokens_per_s"] / result["tunix"]["tokens_per_s"])
+  assert result["tunix_ratio"] == pytest.approx(float(np.median(
+      np.divide(result["tunix"]["times_s"], result["isojax"]["times_s"]))))
+
+def test_timed_rounds_interleave_and_ratios_are_per_round(monkeypatch):
+  """Calls go a, b, a, b, ... and the ratio is the median of per-round ratios: a
+  machine slowing down 10x mid-measurement leaves it alone, unlike a ratio of medians."""
+  clock, calls = [0.0], []
+  monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+
+  def work(name, seconds):
+    def fn():
+      calls.append(name)
+      clock[0] += seconds * (10 if len(calls) > 4 else 1)   # slows 10x after 4 calls
+      return len(calls)
+    return fn
+  a, b = bench.timed_rounds([work("a", 1.0), work("b", 3.0)], repeats=3)
+  assert calls == ["a", "b"] * 4
+  assert (a.first_s, b.first_s) == (1.0, 3.0) and (a.out, b.out) == (7, 8)
+  assert a.times_s == [1.0, 10.0, 10.0] and b.times_s == [3.0, 30.0, 30.0]
+  assert a.median_s == 10.0
+  assert bench.round_ratio(a, b) == pytest.approx(3.0)
+  assert bench.round_ratio(a, b, work_ratio=0.5) == pytest.approx(1.5)
+  # Measured one side after the other (a's calls before the slowdown, b's after), the
+  # ratio of medians would have been 30 / 1.
+  rate = bench.rate(20, a)
+  assert rate["tokens_per_s"] == 2.0 and rate["compile_s"] == 0.0 and rate["times_s"] == a.times_s
+
 
 def test_slot_waste_by_hand():
   mask = np.zeros((4, 8), bool)
@@ -136,7 +161,8 @@ def test_skew_batch_has_short_and_long_rows(models):
   for cb in result["continuous"]:
     assert cb["same_outputs"] is True
     assert cb["tokens"] == result["useful_slots"]
-    assert cb["speedup"] == pytest.approx(result["median_s"] / cb["median_s"])
+    assert cb["speedup"] == pytest.approx(
+        float(np.median(np.divide(result["times_s"], cb["times_s"]))))
   assert result["useful_slots"] == 9 * 2 + 1 * 16
   assert result["executed_slots"] == 10 * 16
   assert result["waste_fraction"] == pytest.approx(
@@ -199,6 +225,12 @@ def test_command_writes_the_figures(tmp_path):
   else:
     assert result["tunix_same_weights"] is True and sampling["tunix"]["tokens"] == 2 * 2 * 4
   assert [row["n"] for row in result["sharing"]] == [1, 2]
+  first, second = result["sharing"]
+  assert first["vs_first"] == 1.0 and second["vs_first"] == pytest.approx(
+      float(np.median(np.divide(first["times_s"], second["times_s"]))))
+  u = result["update"]
+  assert u["fraction_of_peak"] == pytest.approx(float(np.median(
+      [u["flops"] / t / p for t, p in zip(u["times_s"], u["matmul_peaks"])])))
   assert {"tokens_per_s", "flops_per_s", "matmul_peak_flops_per_s",
           "fraction_of_peak"} <= set(result["update"])
   for path, value in _numbers(result):
