@@ -18,9 +18,18 @@ greedy continuations agree). In one process it measures
   4. long outputs: attention over the whole preallocated generated cache at every step
      against blocked attention over its filled part (`sampling.decode_block`);
   5. the update (`update.train_step`): tokens/s, model FLOP/s and its fraction of the
-     measured peak of a jitted float32 matmul.
+     measured peak of a jitted float32 matmul;
+  6. one RL step of the default preset, broken down into its phases (`bench_step`);
+  7. decode against the memory-bandwidth roofline (`bench_roofline`): bytes of weights
+     and KV cache read per step / step time, against a measured copy bandwidth and the
+     device's nominal one where known.
 Tokens/s = generated (or trained) tokens / wall seconds of one call, median of
---repeats calls after a warm-up call; compile = warm-up minus that median.
+--repeats rounds after a warm-up call (the sides of a comparison called in turn in each
+round); compile = warm-up minus that median. --sections picks what runs, e.g. on a GPU:
+
+    python -m launch.bench --sections=roofline --roofline_dtype=bfloat16 \
+        --hidden=1536 --layers=28 --heads=12 --kv_heads=2 --intermediate=8960 \
+        --vocab=151936 --roofline=8x1x128x512 --bandwidth_bytes=4294967296
 """
 
 from __future__ import annotations
@@ -44,7 +53,9 @@ from isojax import host_memory, storage
 from isojax.models import hf_checkpoint, transformer
 from isojax.rl import update
 from isojax.sampling import sampler
-from launch import bench_step, bench_tunix
+from launch import bench_roofline, bench_step, bench_tunix
+
+SECTIONS = ("sampling", "sharing", "skew", "long", "update", "rl_step", "roofline")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +85,10 @@ class Options:
   update_prompt_len: int = 64
   matmul_size: int = 2048
   rl_steps: int = 12
+  roofline: str = "8x1x64x256"      # G x n x P x T of the decode-roofline section
+  roofline_dtype: str = "float32"   # weights, activations and cache there
+  bandwidth_bytes: int = 256 * 2**20
+  sections: tuple[str, ...] = SECTIONS
   repeats: int = 3
   seed: int = 0
 
@@ -152,14 +167,14 @@ def random_prompts(rng: np.random.Generator, g: int, p: int, vocab: int) -> np.n
 
 
 def isojax_sample(model, prompts_GP, *, n, new_tokens, temperature=1.0, stop_ids=(),
-                  num_slots=0, min_slots=0, decode_block=0):
+                  num_slots=0, min_slots=0, decode_block=0, weights_dtype=None):
   """Rollouts of `sampler.sample` (B = G * n rows), computed before returning."""
   graphdef, state = model
   return jax.block_until_ready(sampler.sample(
       graphdef, state, jnp.asarray(prompts_GP), jnp.ones(prompts_GP.shape, bool),
       jax.random.key(0), n=n, max_new_tokens=new_tokens, temperature=temperature, top_k=0,
       top_p=1.0, stop_ids=tuple(stop_ids), pad_id=0, num_slots=num_slots, min_slots=min_slots,
-      decode_block=decode_block))
+      decode_block=decode_block, weights_dtype=weights_dtype))
 
 
 def hf_sample(hf_model, prompts_GP, *, n, new_tokens, do_sample=True) -> np.ndarray:
@@ -357,6 +372,40 @@ def bench_update(model, counts: dict, o: Options, rng) -> dict:
               fraction_of_peak=float(np.median(fractions)))
 
 
+def bench_decode_roofline(model, counts: dict, o: Options, rng, *, tied: bool) -> dict:
+  """Decode of `o.roofline` (G x n x P x T) at `o.roofline_dtype`: bytes read per step
+  over its step time, against the measured copy bandwidth (per round) and the nominal."""
+  g, n, p, t = parse_workload(o.roofline, "--roofline")
+  itemsize = jnp.dtype(o.roofline_dtype).itemsize
+  weights_dtype = None if o.roofline_dtype == "float32" else o.roofline_dtype
+  prompts = random_prompts(rng, g, p, o.vocab)
+  run = lambda new_tokens: isojax_sample(model, prompts, n=n, new_tokens=new_tokens,
+                                         weights_dtype=weights_dtype)
+  best = bench_roofline.copy_bandwidth(o.bandwidth_bytes)
+  peaks = []
+  _, short, long = timed_rounds([lambda: peaks.append(best()), lambda: run(1), lambda: run(t)],
+                                o.repeats)
+  peaks = peaks[1:]   # the warm-up round's left out
+  steps = [bench_roofline.step_seconds([lt], [st], t)
+           for lt, st in zip(long.times_s, short.times_s)]
+  read = bench_roofline.decode_bytes(
+      weight_bytes=sum(counts.values()) * itemsize, embed_bytes=counts["embed"] * itemsize,
+      tied=tied, rows=g * n, groups=g, hidden=o.hidden, layers=o.layers, kv_heads=o.kv_heads,
+      head_dim=o.hidden // o.heads, prompt_len=p, cache_len=t, cache_itemsize=itemsize,
+      weight_itemsize=itemsize)
+  device_kind = jax.devices()[0].device_kind
+  nominal = bench_roofline.nominal_bandwidth(device_kind)
+  step_s = float(np.median(steps))
+  achieved = read["total"] / step_s
+  return dict(workload=o.roofline, dtype=o.roofline_dtype, rows=g * n, bytes_per_step=read,
+              step_s=step_s, steps_s=steps, bytes_per_s=achieved,
+              copy_bytes_per_s=float(np.median(peaks)), copy_peaks=peaks,
+              fraction_of_copy=float(np.median([read["total"] / sec / peak
+                                                for sec, peak in zip(steps, peaks)])),
+              device_kind=device_kind, nominal_bytes_per_s=nominal,
+              fraction_of_nominal=None if nominal is None else achieved / nominal)
+
+
 def same_weights(model, hf_model, o: Options, rng, new_tokens: int = 16) -> bool:
   """Greedy continuations of one prompt agree between isojax and Hugging Face."""
   prompt = random_prompts(rng, 1, 8, o.vocab)
@@ -387,36 +436,39 @@ def run(o: Options) -> dict:
   """Every measurement; the JSON-ready figures."""
   print(tunix_status())
   rng = np.random.default_rng(o.seed)
+  wanted = set(o.sections)
   with tempfile.TemporaryDirectory(prefix="isojax_bench_") as path:
     hf_model = build_checkpoint(path, o)
     model = nnx.split(hf_checkpoint.load_model(path))
-    tunix = bench_tunix.load(path) if bench_tunix.tunix_available() else None
+    roofline_model = (model if o.roofline_dtype == "float32" or "roofline" not in wanted
+                      else nnx.split(hf_checkpoint.load_model(path, dtype=o.roofline_dtype)))
+    tunix = (bench_tunix.load(path) if bench_tunix.tunix_available() and "sampling" in wanted
+             else None)
   counts = param_counts(hf_model)
   info = dict(options=dataclasses.asdict(o), params=counts, jax=jax.__version__,
               backend=jax.default_backend(), torch=torch.__version__,
               torch_threads=torch.get_num_threads(), cpu_count=os.cpu_count(),
               same_weights=same_weights(model, hf_model, o, rng),
               tunix_same_weights=tunix_same_weights(model, tunix, o))
-  return dict(info, sampling=[bench_sampling(model, hf_model, w, o, rng, tunix)
-                              for w in o.workloads],
-              sharing=bench_sharing(model, o, rng), skew=bench_skew(model, o, rng),
-              long=bench_long(model, o, rng),
-              update=bench_update(model, counts, o, rng),
-              rl_step=bench_step.breakdown(bench_step.default_config(o.rl_steps))
-              if o.rl_steps else None)
+  # Every section in its fixed order (each draws its prompts from the one generator);
+  # the ones not asked for are null.
+  sections = dict(
+      sampling=lambda: [bench_sampling(model, hf_model, w, o, rng, tunix)
+                        for w in o.workloads],
+      sharing=lambda: bench_sharing(model, o, rng), skew=lambda: bench_skew(model, o, rng),
+      long=lambda: bench_long(model, o, rng),
+      update=lambda: bench_update(model, counts, o, rng),
+      rl_step=lambda: bench_step.breakdown(bench_step.default_config(o.rl_steps))
+      if o.rl_steps else None,
+      roofline=lambda: bench_decode_roofline(roofline_model, counts, o, rng,
+                                             tied=hf_model.config.tie_word_embeddings))
+  return dict(info, **{name: fn() if name in wanted else None
+                       for name, fn in sections.items()})
 
 
-def format_table(r: dict) -> str:
-  """The figures of `run` as a compact text table."""
-  o, c = r["options"], r["params"]
-  tunix_same = "n/a" if r.get("tunix_same_weights") is None else r["tunix_same_weights"]
-  lines = [f"model: Qwen2-shaped, random weights, {sum(c.values()) / 1e6:.1f}M params "
-           f"(hidden {o['hidden']}, {o['layers']} layers, {o['heads']} heads, {o['kv_heads']} kv "
-           f"heads, mlp {o['intermediate']}, vocab {o['vocab']}), float32; same weights: "
-           f"{r['same_weights']} (tunix: {tunix_same}); jax {r['jax']} ({r['backend']}), "
-           f"torch {r['torch']} ({r['torch_threads']} threads), {r['cpu_count']} CPUs",
-           "", f"sampling: tokens/s, median of {o['repeats']} rounds (each side called once "
-           "per round, in turn), compile excluded; ratios: median of per-round ratios",
+def _sampling_lines(r: dict, o: dict) -> list[str]:
+  lines = [f"sampling: tokens/s, median of {o['repeats']} rounds (each side called once per "
+           "round, in turn), compile excluded; ratios: median of per-round ratios",
            f"{'G x n x P x T':<18}{'isojax':>10}{'HF':>10}{'isojax/HF':>11}{'tunix':>8}"
            f"{'isojax/tunix':>14}{'compile s':>11}"]
   for s in r["sampling"]:
@@ -426,40 +478,91 @@ def format_table(r: dict) -> str:
     lines.append(f"{s['workload']:<18}{s['isojax']['tokens_per_s']:>10.0f}"
                  f"{s['hf']['tokens_per_s']:>10.0f}{s['ratio']:>10.2f}x{tunix}"
                  f"{s['isojax']['compile_s']:>11.1f}")
+  return lines
+
+
+def _sharing_lines(r: dict, o: dict) -> list[str]:
   sh = r["sharing"]
-  lines += ["", f"shared prompt cache: isojax, {o['share_rollouts']} rollouts, "
-            f"P={o['share_prompt_len']}, T={o['share_new_tokens']}",
-            f"{'n':>4}{'G':>5}{'tokens/s':>10}{'vs n=' + str(sh[0]['n']):>9}"]
-  lines += [f"{x['n']:>4}{x['groups']:>5}{x['tokens_per_s']:>10.0f}"
-            f"{x['vs_first']:>8.2f}x" for x in sh]
+  return ([f"shared prompt cache: isojax, {o['share_rollouts']} rollouts, "
+           f"P={o['share_prompt_len']}, T={o['share_new_tokens']}",
+           f"{'n':>4}{'G':>5}{'tokens/s':>10}{'vs n=' + str(sh[0]['n']):>9}"]
+          + [f"{x['n']:>4}{x['groups']:>5}{x['tokens_per_s']:>10.0f}{x['vs_first']:>8.2f}x"
+             for x in sh])
+
+
+def _skew_lines(r: dict, o: dict) -> list[str]:
   k = r["skew"]
-  lines += ["", f"length skew: isojax greedy, {k['rows']} rows, P={k['prompt_len']}, "
-            f"T={k['new_tokens']}; {100 * (1 - k['long_fraction']):.0f}% stop after "
-            f"{k['short_len']} tokens, {100 * k['long_fraction']:.0f}% run to {k['new_tokens']}",
-            f"  lockstep: decode slots useful / executed: {k['useful_slots']} / "
-            f"{k['executed_slots']} -> waste {100 * k['waste_fraction']:.1f}%",
-            f"  lockstep wall {k['median_s']:.2f} s ({k['tokens_per_s']:.0f} useful tokens/s); "
-            f"at the dense rate ({k['full_batch_tokens_per_s']:.0f} tokens/s) the useful "
-            f"tokens would take {k['ideal_s']:.2f} s"]
+  lines = [f"length skew: isojax greedy, {k['rows']} rows, P={k['prompt_len']}, "
+           f"T={k['new_tokens']}; {100 * (1 - k['long_fraction']):.0f}% stop after "
+           f"{k['short_len']} tokens, {100 * k['long_fraction']:.0f}% run to {k['new_tokens']}",
+           f"  lockstep: decode slots useful / executed: {k['useful_slots']} / "
+           f"{k['executed_slots']} -> waste {100 * k['waste_fraction']:.1f}%",
+           f"  lockstep wall {k['median_s']:.2f} s ({k['tokens_per_s']:.0f} useful tokens/s); "
+           f"at the dense rate ({k['full_batch_tokens_per_s']:.0f} tokens/s) the useful "
+           f"tokens would take {k['ideal_s']:.2f} s"]
   for cb in k["continuous"]:
     halving = f" halving down to {cb['min_slots']}" if cb["min_slots"] else ""
     lines.append(f"  continuous batching, {cb['slots']} slots{halving}: wall "
                  f"{cb['median_s']:.2f} s ({cb['tokens_per_s']:.0f} useful tokens/s) -> "
                  f"{cb['speedup']:.2f}x lockstep; same greedy outputs: {cb['same_outputs']}")
+  return lines
+
+
+def _long_lines(r: dict, o: dict) -> list[str]:
   lg = r["long"]
-  lines += ["", f"long outputs: isojax, {lg['workload']} (G x n x P x T), temperature 1, every "
-            "rollout to T", f"  whole cache every step {lg['whole_cache']['tokens_per_s']:.0f} "
-            f"tokens/s; blocked (decode_block={lg['block']}) {lg['blocked']['tokens_per_s']:.0f} "
-            f"tokens/s -> {lg['speedup']:.2f}x; same greedy outputs: {lg['same_greedy_outputs']}"]
+  return [f"long outputs: isojax, {lg['workload']} (G x n x P x T), temperature 1, every "
+          "rollout to T", f"  whole cache every step {lg['whole_cache']['tokens_per_s']:.0f} "
+          f"tokens/s; blocked (decode_block={lg['block']}) {lg['blocked']['tokens_per_s']:.0f} "
+          f"tokens/s -> {lg['speedup']:.2f}x; same greedy outputs: {lg['same_greedy_outputs']}"]
+
+
+def _update_lines(r: dict, o: dict) -> list[str]:
   u = r["update"]
-  lines += ["", f"update: train_step, {u['batch']} x {u['seq_len']} tokens "
-            f"(P={u['prompt_len']}), FLOPs = 6 * (body params * B * S + head params * B * T)",
-            f"  {u['tokens_per_s']:.0f} tokens/s, {u['flops_per_s'] / 1e9:.1f} GFLOP/s; "
-            f"float32 {o['matmul_size']}^2 matmul peak {u['matmul_peak_flops_per_s'] / 1e9:.1f}"
-            f" GFLOP/s (best of 5 calls before each step) -> {100 * u['fraction_of_peak']:.1f}%"
-            " of peak (median of per-round fractions)"]
-  if r["rl_step"]:
-    lines += [""] + bench_step.format_breakdown(r["rl_step"], "configs/hard.py (the default)")
+  return [f"update: train_step, {u['batch']} x {u['seq_len']} tokens "
+          f"(P={u['prompt_len']}), FLOPs = 6 * (body params * B * S + head params * B * T)",
+          f"  {u['tokens_per_s']:.0f} tokens/s, {u['flops_per_s'] / 1e9:.1f} GFLOP/s; "
+          f"float32 {o['matmul_size']}^2 matmul peak {u['matmul_peak_flops_per_s'] / 1e9:.1f}"
+          f" GFLOP/s (best of 5 calls before each step) -> {100 * u['fraction_of_peak']:.1f}%"
+          " of peak (median of per-round fractions)"]
+
+
+def _rl_step_lines(r: dict, o: dict) -> list[str]:
+  return bench_step.format_breakdown(r["rl_step"], "configs/hard.py (the default)")
+
+
+def _roofline_lines(r: dict, o: dict) -> list[str]:
+  f, read = r["roofline"], r["roofline"]["bytes_per_step"]
+  nominal = ("no nominal figure for this device" if f["nominal_bytes_per_s"] is None else
+             f"nominal {f['nominal_bytes_per_s'] / 1e9:.0f} GB/s -> "
+             f"{100 * f['fraction_of_nominal']:.1f}% of it")
+  return [f"decode roofline: isojax, {f['workload']} (G x n x P x T), {f['dtype']}, "
+          f"{f['rows']} rows, on {f['device_kind']}",
+          f"  bytes read per step {read['total'] / 2**20:.1f} MiB (weights "
+          f"{read['weights'] / 2**20:.1f}, prompt cache {read['prefix_cache'] / 2**20:.1f}, "
+          f"generated cache {read['generated_cache'] / 2**20:.1f}); step "
+          f"{1e3 * f['step_s']:.2f} ms -> {f['bytes_per_s'] / 1e9:.1f} GB/s",
+          f"  measured copy bandwidth (x * 2 over {o['bandwidth_bytes'] / 2**20:.0f} MiB, best "
+          f"of 5 before each round) {f['copy_bytes_per_s'] / 1e9:.1f} GB/s -> "
+          f"{100 * f['fraction_of_copy']:.1f}% of it; {nominal}"]
+
+
+_SECTION_LINES = dict(sampling=_sampling_lines, sharing=_sharing_lines, skew=_skew_lines,
+                      long=_long_lines, update=_update_lines, rl_step=_rl_step_lines,
+                      roofline=_roofline_lines)
+
+
+def format_table(r: dict) -> str:
+  """The figures of `run` as a compact text table (the sections that ran)."""
+  o, c = r["options"], r["params"]
+  tunix_same = "n/a" if r.get("tunix_same_weights") is None else r["tunix_same_weights"]
+  lines = [f"model: Qwen2-shaped, random weights, {sum(c.values()) / 1e6:.1f}M params "
+           f"(hidden {o['hidden']}, {o['layers']} layers, {o['heads']} heads, {o['kv_heads']} kv "
+           f"heads, mlp {o['intermediate']}, vocab {o['vocab']}), float32; same weights: "
+           f"{r['same_weights']} (tunix: {tunix_same}); jax {r['jax']} ({r['backend']}), "
+           f"torch {r['torch']} ({r['torch_threads']} threads), {r['cpu_count']} CPUs"]
+  for name, section in _SECTION_LINES.items():
+    if r.get(name):
+      lines += [""] + section(r, o)
   return "\n".join(lines)
 
 
@@ -467,8 +570,17 @@ def options_from_flags() -> Options:
   kw = {f.name: flags.FLAGS[f.name].value for f in dataclasses.fields(Options)}
   if not all(x.isdigit() and int(x) > 0 for x in kw["share_n"]):
     raise app.UsageError(f"--share_n={','.join(kw['share_n'])}: expected positive integers")
+  unknown = sorted(set(kw["sections"]) - set(SECTIONS))
+  if unknown or not kw["sections"]:
+    raise app.UsageError(f"--sections={','.join(kw['sections'])}: expected a non-empty list "
+                         f"of {', '.join(SECTIONS)}")
+  if kw["roofline_dtype"] not in ("float32", "bfloat16"):
+    raise app.UsageError(f"--roofline_dtype={kw['roofline_dtype']!r}: expected float32 or "
+                         "bfloat16")
+  if kw["bandwidth_bytes"] < 4:
+    raise app.UsageError(f"--bandwidth_bytes={kw['bandwidth_bytes']}: expected at least 4")
   return Options(**dict(kw, share_n=tuple(map(int, kw["share_n"])),
-                        workloads=tuple(kw["workloads"])))
+                        workloads=tuple(kw["workloads"]), sections=tuple(kw["sections"])))
 
 
 _HELP = {"": "Model size (the Qwen2Config field of that meaning).",
@@ -482,6 +594,11 @@ _HELP = {"": "Model size (the Qwen2Config field of that meaning).",
          "matmul": "Side of the float32 matmul that measures the FLOP/s peak.",
          "rl": "Steps of configs/hard.py whose phases are timed (the first is left out; "
                "0: skip).",
+         "roofline": "Decode roofline: workload GxNxPxT (T >= 2) and the dtype of weights, "
+                     "activations and cache (float32 | bfloat16).",
+         "bandwidth": "Bytes of the float32 array whose jitted x * 2 measures the copy "
+                      "bandwidth.",
+         "sections": f"Sections to run, of {','.join(SECTIONS)}.",
          "repeats": "Timed rounds per comparison (each side called once per round; "
                     "medians are reported).", "seed": "Seed."}
 
@@ -510,6 +627,10 @@ def main(argv):
     for spec in options.workloads:
       parse_workload(spec)   # fail before building anything
     long_new_tokens = parse_workload(options.long, "--long")[3]
+    roofline_new_tokens = parse_workload(options.roofline, "--roofline")[3]
+    if roofline_new_tokens < 2:
+      raise ValueError(f"--roofline {options.roofline!r}: expected T >= 2 (the step time is "
+                       "the difference of calls with T and 1 new tokens)")
   except ValueError as e:
     raise app.UsageError(str(e)) from None
   try:

@@ -205,8 +205,8 @@ def test_command_writes_the_figures(tmp_path):
           "--share_new_tokens=4", "--skew_rows=10", "--skew_prompt_len=8",
           "--skew_new_tokens=16", "--skew_candidates=32", "--update_batch=4",
           "--update_seq_len=12", "--update_prompt_len=8", "--matmul_size=64", "--repeats=1",
-          "--rl_steps=0", "--long=2x2x4x16", "--long_block=4",
-          f"--out={out}"]
+          "--rl_steps=0", "--long=2x2x4x16", "--long_block=4", "--roofline=2x1x4x4",
+          "--bandwidth_bytes=65536", f"--out={out}"]
   proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600,
                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert proc.returncode == 0, proc.stderr[-4000:]
@@ -215,7 +215,10 @@ def test_command_writes_the_figures(tmp_path):
   assert "continuous batching, 64 slots halving down to 8:" in proc.stdout
   result = json.loads(out.read_text())
   assert {"options", "params", "same_weights", "sampling", "sharing", "skew", "long",
-          "update"} <= set(result)
+          "update", "roofline"} <= set(result)
+  assert "decode roofline: isojax, 2x1x4x4" in proc.stdout
+  assert result["roofline"]["bytes_per_step"]["generated_cache"] == (
+      2 * 1 * 4 * 2 * TINY["kv_heads"] * (TINY["hidden"] // TINY["heads"]) * 4)
   assert result["long"]["blocked"]["tokens"] == 2 * 2 * 16 and "decode_block=4" in proc.stdout
   assert result["same_weights"] is True
   (sampling,) = result["sampling"]
@@ -260,3 +263,74 @@ def test_rl_step_breakdown_averages_the_phases_after_warmup():
   assert "1000 ms per step" in text and "host share of the step (grade_wait + other): 20.0%" in text
   with pytest.raises(ValueError, match="warmup=3"):
     bench_step.summarize(lines, warmup=3, rollouts_per_step=64)
+
+
+def test_roofline_counts_the_bytes_of_real_caches_and_weights(models):
+  """Bytes per decode step against the arrays themselves: the HF model's parameters
+  (less the embedding table, plus the rows a step gathers from it), the prompt cache
+  `prefill` builds for G prompts and the generated cache `init_decode_cache` builds for
+  G * n rows of T slots."""
+  from launch import bench_roofline  # pylint: disable=g-import-not-at-top
+  options, model, hf_model = models
+  g, n, p, t = 2, 3, 5, 4
+  options = bench.Options(**TINY, repeats=2, roofline=f"{g}x{n}x{p}x{t}", bandwidth_bytes=2**16)
+  result = bench.bench_decode_roofline(model, bench.param_counts(hf_model), options,
+                                       np.random.default_rng(0), tied=False)
+  transformer = nnx.merge(*model)
+  _, prefix = transformer.prefill(np.ones((g, p), np.int32), np.ones((g, p), bool))
+  generated = transformer.init_decode_cache(g * n, t)
+  params = {name: x.detach().numpy().nbytes for name, x in hf_model.named_parameters()}
+  embed = params["model.embed_tokens.weight"]
+  want = dict(weights=sum(params.values()) - embed + g * n * embed // options.vocab,
+              prefix_cache=prefix.k.nbytes + prefix.v.nbytes,
+              generated_cache=generated.k.nbytes + generated.v.nbytes)
+  want["total"] = sum(want.values())
+  assert result["bytes_per_step"] == want
+  assert result["bytes_per_s"] == pytest.approx(want["total"] / result["step_s"])
+  assert result["fraction_of_copy"] == pytest.approx(float(np.median(
+      [want["total"] / s / c for s, c in zip(result["steps_s"], result["copy_peaks"])])))
+  assert len(result["steps_s"]) == len(result["copy_peaks"]) == 2
+  assert result["device_kind"] == "cpu" and result["fraction_of_nominal"] is None
+  # Tied: the LM head reads the whole table, so nothing is taken off.
+  tied = bench_roofline.decode_bytes(
+      weight_bytes=100, embed_bytes=40, tied=True, rows=3, groups=1, hidden=2, layers=1,
+      kv_heads=1, head_dim=1, prompt_len=0, cache_len=0, cache_itemsize=4, weight_itemsize=4)
+  assert tied["weights"] == 100 and tied["total"] == 100
+
+
+def test_roofline_step_time_and_nominal_bandwidth():
+  from launch import bench_roofline  # pylint: disable=g-import-not-at-top
+  # Rounds of (T = 9, T = 1) calls: 2.0 s vs 0.4 s and 3.0 vs 1.0 -> 0.2 and 0.25 s a step.
+  assert bench_roofline.step_seconds([2.0, 3.0, 2.6], [0.4, 1.0, 0.2], 9) == pytest.approx(0.25)
+  with pytest.raises(ValueError, match="T=1"):
+    bench_roofline.step_seconds([1.0], [1.0], 1)
+  assert bench_roofline.nominal_bandwidth("NVIDIA H100 PCIe") == 2.0e12
+  assert bench_roofline.nominal_bandwidth("NVIDIA H100 80GB HBM3") == 3.35e12
+  assert bench_roofline.nominal_bandwidth("NVIDIA H200") == 4.8e12
+  assert bench_roofline.nominal_bandwidth("cpu") is None
+  # The copy-bandwidth callable counts a read and a write of the array.
+  assert bench_roofline.copy_bandwidth(2**20, calls=1)() > 0
+
+
+@pytest.mark.parametrize("flag,message", [
+    ("--sections=sampling,bogus", "--sections=sampling,bogus: expected a non-empty list"),
+    ("--roofline=2x2x4x1", "--roofline '2x2x4x1': expected T >= 2"),
+    ("--roofline_dtype=float16", "--roofline_dtype='float16': expected float32 or bfloat16"),
+])
+def test_bad_flags_are_named_before_anything_is_built(flag, message, tmp_path):
+  proc = subprocess.run([sys.executable, "-m", "launch.bench", flag, f"--out={tmp_path}/x.json"],
+                        cwd=REPO, capture_output=True, text=True, timeout=300,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+  assert "model:" not in proc.stdout and not (tmp_path / "x.json").exists()
+
+
+def test_sections_pick_what_runs():
+  options = bench.Options(**TINY, repeats=1, roofline="1x2x4x3", bandwidth_bytes=2**16,
+                          sections=("roofline",))
+  result = bench.run(options)
+  assert result["roofline"]["rows"] == 2
+  for name in set(bench.SECTIONS) - {"roofline"}:
+    assert result[name] is None, name
+  text = bench.format_table(result)
+  assert "decode roofline" in text and "sampling:" not in text and "update:" not in text

@@ -1,0 +1,90 @@
+"""Decode against the memory-bandwidth roofline, for `launch.bench`.
+
+At small batch a decode step is memory-bound: it reads every weight once and every
+row's KV cache, and does little arithmetic per byte. Its roofline is then the device's
+memory bandwidth, and the figure of merit is
+
+    achieved bandwidth = bytes read per step / step time
+
+against (a) the bandwidth a jitted elementwise pass over a large array reaches on the
+same device (read + write, the STREAM "scale" kernel; measured here, so it exists on
+every backend) and (b) the device's nominal HBM bandwidth where its `device_kind` is
+in `NOMINAL_BANDWIDTH` (datasheet figures; none for CPUs).
+
+Bytes per step: the sampling weights at their dtype, except the embedding table, of
+which a step reads one row per sequence (when the LM head is tied to it, the head reads
+it whole and it is counted whole); plus the KV caches the step attends over: each
+group's prompt cache (P positions, shared by its n rollouts, read once) and every
+row's whole preallocated generated cache (T slots: without `decode_block` the sampler
+attends over all of them and masks the unfilled ones). Activations, logits and the
+sampling draw are left out; at small batch they are a small fraction.
+
+Step time: calls with T new tokens and with 1 new token are interleaved in rounds,
+and (time(T) - time(1)) / (T - 1) per round removes the prefill and the per-call
+overhead; the median over rounds is reported.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# Datasheet HBM bandwidth in bytes/s by a substring of `jax.Device.device_kind`, most
+# specific first (an H100 PCIe card has less than an H100 SXM).
+NOMINAL_BANDWIDTH = (
+    ("H100 PCIe", 2.0e12),
+    ("H100", 3.35e12),
+    ("H200", 4.8e12),
+    ("A100-SXM4-80GB", 2.039e12),
+    ("A100-PCIE-80GB", 1.935e12),
+    ("A100", 1.555e12),
+    ("L4", 0.3e12),
+)
+
+
+def nominal_bandwidth(device_kind: str) -> float | None:
+  """The datasheet memory bandwidth (bytes/s) of a device kind, None when unknown."""
+  return next((bw for name, bw in NOMINAL_BANDWIDTH if name in device_kind), None)
+
+
+def decode_bytes(*, weight_bytes: int, embed_bytes: int, tied: bool, rows: int, groups: int,
+                 hidden: int, layers: int, kv_heads: int, head_dim: int, prompt_len: int,
+                 cache_len: int, cache_itemsize: int, weight_itemsize: int) -> dict:
+  """Bytes one decode step reads: weights and KV caches (see the module docstring).
+
+  `weight_bytes` is every parameter at the sampling dtype, `embed_bytes` the embedding
+  table's share of it.
+  """
+  weights = weight_bytes if tied else weight_bytes - embed_bytes + rows * hidden * weight_itemsize
+  per_position = layers * 2 * kv_heads * head_dim * cache_itemsize   # k and v, every layer
+  prefix = groups * prompt_len * per_position
+  generated = rows * cache_len * per_position
+  return dict(weights=weights, prefix_cache=prefix, generated_cache=generated,
+              total=weights + prefix + generated)
+
+
+def copy_bandwidth(num_bytes: int, calls: int = 5) -> Callable[[], float]:
+  """A callable returning the bytes/s of the fastest of `calls` jitted `x * 2` passes
+  over a float32 array of `num_bytes` (each reads and writes it; the first compiles)."""
+  x = jnp.ones((num_bytes // 4,), jnp.float32)
+  scale = jax.jit(lambda x: x * 2)
+
+  def best() -> float:
+    seconds = []
+    for _ in range(calls):
+      start = time.perf_counter()
+      scale(x).block_until_ready()
+      seconds.append(time.perf_counter() - start)
+    return 2 * x.nbytes / min(seconds)
+  return best
+
+
+def step_seconds(long_s: list[float], short_s: list[float], new_tokens: int) -> float:
+  """Median over rounds of (time of T new tokens - time of 1) / (T - 1)."""
+  if new_tokens < 2:
+    raise ValueError(f"--roofline new tokens T={new_tokens}: expected at least 2")
+  return float(np.median((np.asarray(long_s) - np.asarray(short_s)) / (new_tokens - 1)))
