@@ -177,17 +177,23 @@ def isojax_sample(model, prompts_GP, *, n, new_tokens, temperature=1.0, stop_ids
       decode_block=decode_block, weights_dtype=weights_dtype))
 
 
+def hf_device() -> str:
+  """Where Hugging Face runs: the GPU when torch sees one (as JAX then does), else CPU."""
+  return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def hf_sample(hf_model, prompts_GP, *, n, new_tokens, do_sample=True) -> np.ndarray:
-  """New tokens [G * n, T] of `generate`; no EOS id, so every row has T of them."""
+  """New tokens [G * n, T] of `generate` on the model's device; no EOS id, so every row
+  has T of them (copied to the host, which waits for the device)."""
   torch.manual_seed(0)
-  ids = torch.as_tensor(prompts_GP, dtype=torch.long)
+  ids = torch.as_tensor(prompts_GP, dtype=torch.long, device=hf_model.device)
   # top_k=0 and top_p=1 switch off generate's default truncation, as isojax is called.
   policy = (dict(do_sample=True, top_k=0, top_p=1.0, temperature=1.0) if do_sample
             else dict(do_sample=False))
   with torch.inference_mode():
     out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
                             num_return_sequences=n, eos_token_id=None, pad_token_id=0, **policy)
-  new = out[:, ids.shape[1]:].numpy()
+  new = out[:, ids.shape[1]:].cpu().numpy()
   if new.shape != (len(prompts_GP) * n, new_tokens):
     raise RuntimeError(f"generate returned new tokens {new.shape}, "
                        f"expected {(len(prompts_GP) * n, new_tokens)}")
@@ -438,7 +444,7 @@ def run(o: Options) -> dict:
   rng = np.random.default_rng(o.seed)
   wanted = set(o.sections)
   with tempfile.TemporaryDirectory(prefix="isojax_bench_") as path:
-    hf_model = build_checkpoint(path, o)
+    hf_model = build_checkpoint(path, o).to(hf_device())
     model = nnx.split(hf_checkpoint.load_model(path))
     roofline_model = (model if o.roofline_dtype == "float32" or "roofline" not in wanted
                       else nnx.split(hf_checkpoint.load_model(path, dtype=o.roofline_dtype)))
@@ -447,7 +453,8 @@ def run(o: Options) -> dict:
   counts = param_counts(hf_model)
   info = dict(options=dataclasses.asdict(o), params=counts, jax=jax.__version__,
               backend=jax.default_backend(), torch=torch.__version__,
-              torch_threads=torch.get_num_threads(), cpu_count=os.cpu_count(),
+              torch_threads=torch.get_num_threads(), torch_device=hf_device(),
+              cpu_count=os.cpu_count(),
               same_weights=same_weights(model, hf_model, o, rng),
               tunix_same_weights=tunix_same_weights(model, tunix, o))
   # Every section in its fixed order (each draws its prompts from the one generator);
@@ -559,7 +566,9 @@ def format_table(r: dict) -> str:
            f"(hidden {o['hidden']}, {o['layers']} layers, {o['heads']} heads, {o['kv_heads']} kv "
            f"heads, mlp {o['intermediate']}, vocab {o['vocab']}), float32; same weights: "
            f"{r['same_weights']} (tunix: {tunix_same}); jax {r['jax']} ({r['backend']}), "
-           f"torch {r['torch']} ({r['torch_threads']} threads), {r['cpu_count']} CPUs"]
+           f"torch {r['torch']} ({r['torch_threads']} threads"
+           f"{'' if r['torch_device'] == 'cpu' else ', HF on ' + r['torch_device']}), "
+           f"{r['cpu_count']} CPUs"]
   for name, section in _SECTION_LINES.items():
     if r.get(name):
       lines += [""] + section(r, o)
