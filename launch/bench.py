@@ -322,15 +322,7 @@ def matmul_peak(size: int, calls: int = 5) -> Callable[[], float]:
   [size, size] x [size, size] matmuls (the first call compiles it)."""
   x = jax.random.normal(jax.random.key(0), (size, size), jnp.float32)
   f = jax.jit(jnp.matmul)
-
-  def best() -> float:
-    seconds = []
-    for _ in range(calls):
-      start = time.perf_counter()
-      f(x, x).block_until_ready()
-      seconds.append(time.perf_counter() - start)
-    return 2 * size**3 / min(seconds)
-  return best
+  return lambda: bench_roofline.fastest_rate(lambda: f(x, x), 2 * size**3, calls)
 
 
 def bench_update(model, counts: dict, o: Options, rng) -> dict:

@@ -67,20 +67,22 @@ def decode_bytes(*, weight_bytes: int, embed_bytes: int, tied: bool, rows: int, 
               total=weights + prefix + generated)
 
 
+def fastest_rate(call: Callable[[], object], work: float, calls: int = 5) -> float:
+  """`work` / seconds of the fastest of `calls` calls (each waited on): a peak rate."""
+  seconds = []
+  for _ in range(calls):
+    start = time.perf_counter()
+    jax.block_until_ready(call())
+    seconds.append(time.perf_counter() - start)
+  return work / min(seconds)
+
+
 def copy_bandwidth(num_bytes: int, calls: int = 5) -> Callable[[], float]:
   """A callable returning the bytes/s of the fastest of `calls` jitted `x * 2` passes
   over a float32 array of `num_bytes` (each reads and writes it; the first compiles)."""
   x = jnp.ones((num_bytes // 4,), jnp.float32)
   scale = jax.jit(lambda x: x * 2)
-
-  def best() -> float:
-    seconds = []
-    for _ in range(calls):
-      start = time.perf_counter()
-      scale(x).block_until_ready()
-      seconds.append(time.perf_counter() - start)
-    return 2 * x.nbytes / min(seconds)
-  return best
+  return lambda: fastest_rate(lambda: scale(x), 2 * x.nbytes, calls)
 
 
 def step_seconds(long_s: list[float], short_s: list[float], new_tokens: int) -> float:

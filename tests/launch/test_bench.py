@@ -334,3 +334,13 @@ def test_sections_pick_what_runs():
     assert result[name] is None, name
   text = bench.format_table(result)
   assert "decode roofline" in text and "sampling:" not in text and "update:" not in text
+
+
+def test_fastest_rate_takes_the_fastest_call(monkeypatch):
+  from launch import bench_roofline  # pylint: disable=g-import-not-at-top
+  clock, durations = [0.0], iter([3.0, 1.0, 2.0])
+  monkeypatch.setattr(bench_roofline.time, "perf_counter", lambda: clock[0])
+
+  def call():
+    clock[0] += next(durations)
+  assert bench_roofline.fastest_rate(call, work=10.0, calls=3) == 10.0
