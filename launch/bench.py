@@ -571,17 +571,29 @@ def options_from_flags() -> Options:
   kw = {f.name: flags.FLAGS[f.name].value for f in dataclasses.fields(Options)}
   if not all(x.isdigit() and int(x) > 0 for x in kw["share_n"]):
     raise app.UsageError(f"--share_n={','.join(kw['share_n'])}: expected positive integers")
-  unknown = sorted(set(kw["sections"]) - set(SECTIONS))
-  if unknown or not kw["sections"]:
-    raise app.UsageError(f"--sections={','.join(kw['sections'])}: expected a non-empty list "
-                         f"of {', '.join(SECTIONS)}")
-  if kw["roofline_dtype"] not in ("float32", "bfloat16"):
-    raise app.UsageError(f"--roofline_dtype={kw['roofline_dtype']!r}: expected float32 or "
-                         "bfloat16")
-  if kw["bandwidth_bytes"] < 4:
-    raise app.UsageError(f"--bandwidth_bytes={kw['bandwidth_bytes']}: expected at least 4")
   return Options(**dict(kw, share_n=tuple(map(int, kw["share_n"])),
                         workloads=tuple(kw["workloads"]), sections=tuple(kw["sections"])))
+
+
+def check_options(o: Options) -> None:
+  """Raises ValueError naming the flag of the first bad option (before anything runs)."""
+  for spec in o.workloads:
+    parse_workload(spec)
+  long_new_tokens = parse_workload(o.long, "--long")[3]
+  try:
+    transformer.attended_lengths(long_new_tokens, o.long_block)
+  except ValueError as e:
+    raise ValueError(f"--long_block={o.long_block}: {e}") from None
+  if parse_workload(o.roofline, "--roofline")[3] < 2:
+    raise ValueError(f"--roofline {o.roofline!r}: expected T >= 2 (the step time is the "
+                     "difference of calls with T and 1 new tokens)")
+  if not o.sections or set(o.sections) - set(SECTIONS):
+    raise ValueError(f"--sections={','.join(o.sections)}: expected a non-empty list of "
+                     f"{', '.join(SECTIONS)}")
+  if o.roofline_dtype not in ("float32", "bfloat16"):
+    raise ValueError(f"--roofline_dtype={o.roofline_dtype!r}: expected float32 or bfloat16")
+  if o.bandwidth_bytes < 4:
+    raise ValueError(f"--bandwidth_bytes={o.bandwidth_bytes}: expected at least 4")
 
 
 _HELP = {"": "Model size (the Qwen2Config field of that meaning).",
@@ -625,19 +637,9 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   options = options_from_flags()
   try:
-    for spec in options.workloads:
-      parse_workload(spec)   # fail before building anything
-    long_new_tokens = parse_workload(options.long, "--long")[3]
-    roofline_new_tokens = parse_workload(options.roofline, "--roofline")[3]
-    if roofline_new_tokens < 2:
-      raise ValueError(f"--roofline {options.roofline!r}: expected T >= 2 (the step time is "
-                       "the difference of calls with T and 1 new tokens)")
+    check_options(options)   # fail before building anything
   except ValueError as e:
     raise app.UsageError(str(e)) from None
-  try:
-    transformer.attended_lengths(long_new_tokens, options.long_block)
-  except ValueError as e:
-    raise app.UsageError(f"--long_block={options.long_block}: {e}") from None
   results = run(options)
   print(format_table(results))
   out = flags.FLAGS.out

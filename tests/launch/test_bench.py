@@ -7,6 +7,7 @@ greedy continuations, and the shape of the JSON the command writes.
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -312,16 +313,27 @@ def test_roofline_step_time_and_nominal_bandwidth():
   assert bench_roofline.copy_bandwidth(2**20, calls=1)() > 0
 
 
-@pytest.mark.parametrize("flag,message", [
-    ("--sections=sampling,bogus", "--sections=sampling,bogus: expected a non-empty list"),
-    ("--roofline=2x2x4x1", "--roofline '2x2x4x1': expected T >= 2"),
-    ("--roofline_dtype=float16", "--roofline_dtype='float16': expected float32 or bfloat16"),
+@pytest.mark.parametrize("field,value,message", [
+    ("sections", ("sampling", "bogus"), "--sections=sampling,bogus: expected a non-empty list"),
+    ("sections", (), "--sections=: expected a non-empty list"),
+    ("roofline", "2x2x4x1", "--roofline '2x2x4x1': expected T >= 2"),
+    ("roofline", "2x2x4", "--roofline '2x2x4': expected GxNxPxT"),
+    ("roofline_dtype", "float16", "--roofline_dtype='float16': expected float32 or bfloat16"),
+    ("bandwidth_bytes", 2, "--bandwidth_bytes=2: expected at least 4"),
+    ("long_block", -1, "--long_block=-1"),
+    ("workloads", ("4x4",), "--workloads entry '4x4'"),
 ])
-def test_bad_flags_are_named_before_anything_is_built(flag, message, tmp_path):
-  proc = subprocess.run([sys.executable, "-m", "launch.bench", flag, f"--out={tmp_path}/x.json"],
-                        cwd=REPO, capture_output=True, text=True, timeout=300,
-                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
-  assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+def test_bad_options_name_their_flag(field, value, message):
+  bench.check_options(bench.Options())   # the defaults pass
+  with pytest.raises(ValueError, match=re.escape(message)):
+    bench.check_options(bench.Options(**{field: value}))
+
+
+def test_bad_flag_fails_before_anything_is_built(tmp_path):
+  proc = subprocess.run([sys.executable, "-m", "launch.bench", "--roofline=2x2x4x1",
+                         f"--out={tmp_path}/x.json"], cwd=REPO, capture_output=True, text=True,
+                        timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode != 0 and "--roofline '2x2x4x1': expected T >= 2" in proc.stderr
   assert "model:" not in proc.stdout and not (tmp_path / "x.json").exists()
 
 
