@@ -5,9 +5,11 @@ SwiGLU, optional qkv bias (Qwen2.5), optional per-head q/k RMSNorm (Qwen3), tied
 untied embeddings. Every parameter carries logical axis names (`embed`, `heads`,
 `kv_heads`, `mlp`, `vocab`, `head_dim`); `isojax.models.sharding` maps them to mesh axes.
 
-The layers are one `Block` whose parameters are stacked on a leading `layers` axis
-and run by `lax.scan` (compile time independent of depth, `cfg.remat` choosing what
-the backward pass recomputes). Three entry points share that one block code path:
+The layers are one `Block` whose parameters are stacked on a leading `layers` axis.
+Whole sequences run them by `lax.scan` (compile time independent of depth, `cfg.remat`
+choosing what the backward pass recomputes); a decode step runs them as a Python loop
+over per-layer blocks and per-layer caches (`layer_blocks`, `DecodeCache`). Three entry
+points share the one block code path:
   `__call__`  uncached forward over whole sequences (training, tests);
   `prefill`   forward over left-padded prompts, returning each layer's keys/values;
   `decode`    one new token per rollout attending to the *shared* prompt cache of its
@@ -66,9 +68,12 @@ class ModelConfig:
 # Logical axes of the residual stream [B, S, D]: rows over the data-parallel axes
 # (FSDP gathers each layer's weights; activations are never split on `embed`).
 ACTIVATION_AXES = ("batch", None, None)
-# Logical axes of the key/value caches [L, B or G, T, K, H]: split over the
-# data-parallel axes by rollout (or problem) and over `tensor` by KV head.
+# Logical axes of the prompt caches [L, G, P, K, H] and of one layer's generated keys
+# [B, K, H, T] and values [B, K, T, H]: split over the data-parallel axes by problem (or
+# rollout) and over `tensor` by KV head.
 CACHE_AXES = ("layers", "batch", None, "kv_heads", "head_dim")
+GENERATED_K_AXES = ("batch", "kv_heads", "head_dim", None)
+GENERATED_V_AXES = ("batch", "kv_heads", None, "head_dim")
 
 
 @flax.struct.dataclass
@@ -81,9 +86,20 @@ class PrefixCache:
 
 @flax.struct.dataclass
 class DecodeCache:
-  """Keys/values of generated tokens, one entry per rollout (B = G * n)."""
-  k: jax.Array     # [L, B, T, K, H]
-  v: jax.Array     # [L, B, T, K, H]
+  """Keys/values of generated tokens, one entry per rollout (B = G * n), one array per
+  layer, each laid out for the decode step's dots (batch dims B, K leading, the
+  contracted dim second-minor), so they read it where it lies. Stacked on a leading
+  layer axis they would have to be sliced out of the loop carry, and with keys [T, H]
+  transposed for the score dot: on XLA:CPU both were copies of each layer's cache at
+  every step, 37% of a step."""
+  k: tuple[jax.Array, ...]  # L x [B, K, H, T]
+  v: tuple[jax.Array, ...]  # L x [B, K, T, H]
+
+  def constrain(self) -> DecodeCache:
+    """Each layer's arrays pinned to their logical axes (after a gather over rows)."""
+    pin = lambda axes: lambda c: sharding.constrain(c, axes)
+    return DecodeCache(k=tuple(map(pin(GENERATED_K_AXES), self.k)),
+                       v=tuple(map(pin(GENERATED_V_AXES), self.v)))
 
 
 def _param(init, names):
@@ -192,7 +208,7 @@ class Attention(nnx.Module):
     return jnp.moveaxis(out, 0, 1).reshape(q_BSNH.shape[0], s + pad, *q_BSNH.shape[2:])[:, :s]
 
   def attend_decode(self, q_B1NH, prefix_k_GPKH, prefix_v_GPKH, prefix_mask_GP,
-                    k_BTKH, v_BTKH, mask_BT):
+                    k_BKHT, v_BKTH, mask_BT):
     """One query per rollout over its group's prompt cache plus its own cache."""
     g = prefix_k_GPKH.shape[0]
     b = q_B1NH.shape[0]
@@ -201,14 +217,14 @@ class Attention(nnx.Module):
     q_g = q.reshape(g, b // g, *q.shape[1:])                     # [G, n, K, R, H]
     s_prefix = jnp.einsum("gnkrh,gpkh->gnkrp", q_g, prefix_k_GPKH) * scale
     s_prefix = s_prefix.reshape(b, *s_prefix.shape[2:])          # [B, K, R, P]
-    s_own = jnp.einsum("bkrh,btkh->bkrt", q, k_BTKH) * scale      # [B, K, R, T]
+    s_own = jnp.einsum("bkrh,bkht->bkrt", q, k_BKHT) * scale      # [B, K, R, T]
     prefix_mask = jnp.repeat(prefix_mask_GP, b // g, axis=0)     # [B, P]
     mask = jnp.concatenate([prefix_mask, mask_BT], axis=-1)[:, None, None]
     w = _softmax_weights(jnp.concatenate([s_prefix, s_own], axis=-1), mask)
     p = prefix_k_GPKH.shape[1]
-    w_prefix = w[..., :p].astype(v_BTKH.dtype).reshape(g, b // g, *w.shape[1:3], p)
+    w_prefix = w[..., :p].astype(v_BKTH.dtype).reshape(g, b // g, *w.shape[1:3], p)
     out = jnp.einsum("gnkrp,gpkh->gnkrh", w_prefix, prefix_v_GPKH).reshape(b, *q.shape[1:])
-    out = out + jnp.einsum("bkrt,btkh->bkrh", w[..., p:].astype(v_BTKH.dtype), v_BTKH)
+    out = out + jnp.einsum("bkrt,bkth->bkrh", w[..., p:].astype(v_BKTH.dtype), v_BKTH)
     return out.reshape(b, 1, *q_B1NH.shape[2:])                  # [B, 1, N, H]
 
 
@@ -388,12 +404,23 @@ class Transformer(nnx.Module):
 
   def init_decode_cache(self, batch: int, length: int) -> DecodeCache:
     cfg = self.cfg
-    shape = (cfg.num_layers, batch, length, cfg.num_kv_heads, cfg.head_dim)
-    zeros = sharding.constrain(jnp.zeros(shape, jnp.dtype(cfg.dtype)), CACHE_AXES)
-    return DecodeCache(k=zeros, v=zeros)
+    k, h = cfg.num_kv_heads, cfg.head_dim
+    zeros = lambda shape, axes: sharding.constrain(jnp.zeros(shape, jnp.dtype(cfg.dtype)), axes)
+    return DecodeCache(
+        k=tuple(zeros((batch, k, h, length), GENERATED_K_AXES) for _ in range(cfg.num_layers)),
+        v=tuple(zeros((batch, k, length, h), GENERATED_V_AXES) for _ in range(cfg.num_layers)))
+
+  def layer_blocks(self) -> tuple[Block, ...]:
+    """One `Block` per layer, its weights sliced from the stacked ones. Taken once per
+    sampling call, outside the decode loop: sliced inside it, every step would copy
+    every layer's weights out of the stack."""
+    graphdef, stacked = nnx.split(self.layers)
+    return tuple(nnx.merge(graphdef, jax.tree.map(lambda x, i=i: x[i], stacked))
+                 for i in range(self.cfg.num_layers))
 
   def decode(self, token_B, position_B, step, prefix: PrefixCache, cache: DecodeCache, *,
-             groups_DS: jax.Array | None = None, cache_block: int = 0):
+             blocks: tuple[Block, ...] | None = None, groups_DS: jax.Array | None = None,
+             cache_block: int = 0):
     """Feeds one token per rollout at decode slot `step`. Returns (logits [B, V], cache).
 
     `step` is one slot for every row ([], the static sampler) or one per row ([B],
@@ -401,8 +428,10 @@ class Transformer(nnx.Module):
     attend to the prompt cache of group b // n, or, with `groups_DS` [D, B / D], to the
     group `groups_DS[d, j]` among the d-th of D equal blocks of groups (row d * B / D + j;
     the blocks are the data-parallel shards, so the gather stays on each device).
-    The cache rides in the scan's carry and each layer writes its slot in place, so
-    decoding never holds two copies of it.
+    The layers run as a Python loop over `blocks` (`layer_blocks()`, which a caller
+    decoding many steps takes once), each writing its slot of its own cache in place, so
+    decoding never holds two copies of it and no step copies a layer's cache or weights.
+    Compile time grows with depth, as in any unrolled decoder.
 
     `cache_block` > 0 attends over the generated cache in blocks of that many slots: a step
     reads only the blocks up to the one holding the furthest row's slot (`lax.switch`
@@ -410,7 +439,8 @@ class Transformer(nnx.Module):
     slots, which at long outputs is most of a decode step's memory traffic. The slots
     left out are masked anyway, so the result is the same.
     """
-    b, t = token_B.shape[0], cache.k.shape[2]
+    blocks = self.layer_blocks() if blocks is None else blocks
+    b, t = token_B.shape[0], cache.v[0].shape[2]
     step = jnp.asarray(step, jnp.int32)
     own_mask_BT = jnp.broadcast_to(jnp.arange(t) <= step[..., None], (b, t))
     lengths = attended_lengths(t, cache_block)
@@ -418,36 +448,26 @@ class Transformer(nnx.Module):
     branch = jnp.minimum(jnp.max(step) // max(cache_block, 1), len(lengths) - 1)
     prefix_mask = prefix.mask if groups_DS is None else gather_groups(prefix.mask, groups_DS)
     inv_freq = self._inv_freq
-
-    def write(cache_LBTKH, new_B1KH, i):
-      new = new_B1KH.astype(cache_LBTKH.dtype)
-      if step.ndim == 0:
-        return jax.lax.dynamic_update_slice(cache_LBTKH, new[None], (i, 0, step, 0, 0))
-      return _write_rows(cache_LBTKH, new[:, 0], i, step)
-
-    def layer(block, carry, layer_xs):
-      x, k_cache, v_cache = carry
-      prefix_k, prefix_v, i = layer_xs
+    x = self._embed(token_B[:, None])
+    k_cache, v_cache = list(cache.k), list(cache.v)
+    for i, block in enumerate(blocks):
+      prefix_k, prefix_v = prefix.k[i], prefix.v[i]
       if groups_DS is not None:
         prefix_k, prefix_v = (gather_groups(c, groups_DS) for c in (prefix_k, prefix_v))
 
-      def attention(q, k, v):
-        k_all, v_all = write(k_cache, k, i), write(v_cache, v, i)
+      def attention(q, k, v, i=i, block=block, prefix_k=prefix_k, prefix_v=prefix_v):
+        k_cache[i] = write_slot(k_cache[i], k[:, 0], step, axis=3)   # [B, K, H, T]
+        v_cache[i] = write_slot(v_cache[i], v[:, 0], step, axis=2)   # [B, K, T, H]
 
         def attend_first(length):  # the layer's first `length` slots, sliced in the branch
           return lambda: block.attn.attend_decode(
-              q, prefix_k, prefix_v, prefix_mask, k_all[i, :, :length], v_all[i, :, :length],
-              own_mask_BT[:, :length])
+              q, prefix_k, prefix_v, prefix_mask, k_cache[i][..., :length],
+              v_cache[i][:, :, :length], own_mask_BT[:, :length])
         branches = [attend_first(length) for length in lengths]
         out = branches[0]() if len(branches) == 1 else jax.lax.switch(branch, branches)
-        return out, (k_all, v_all)
-      x, (k_cache, v_cache) = block(x, position_B[:, None], inv_freq, attention)
-      return (x, k_cache, v_cache), None
-
-    layer_xs = (prefix.k, prefix.v, jnp.arange(self.cfg.num_layers))
-    (x, k, v), _ = self._scan_layers(layer, (self._embed(token_B[:, None]), cache.k, cache.v),
-                                     layer_xs)
-    return self.logits(x)[:, 0], DecodeCache(k=k, v=v)
+        return out, None
+      x, _ = block(x, position_B[:, None], inv_freq, attention)
+    return self.logits(x)[:, 0], DecodeCache(k=tuple(k_cache), v=tuple(v_cache))
 
 
 # Attention branches a decode step may compile (`decode(cache_block=...)`): T / block of them.
@@ -469,19 +489,24 @@ def attended_lengths(cache_len: int, block: int) -> tuple[int, ...]:
   return tuple(min((j + 1) * block, cache_len) for j in range(count))
 
 
-def _write_rows(cache_LBTKH, new_BKH, layer, step_B):
-  """cache[layer, b, step_B[b]] = new_BKH[b] for every row b.
+def write_slot(cache, new_BKH, step, axis: int):
+  """One layer's cache [B, K, ...] with `new_BKH` written at slot `step` of `axis`.
 
-  Written as one scatter over rows, which XLA:CPU does in place. Where the rows are
-  split over devices, the same update batched over rows (vmap) keeps each device's
-  scatter local; the plain scatter would all-gather every row's new keys (and on CPU
-  the batched form is not in place: 1.8x slower decode).
+  `step` is one slot for all rows ([]: a dynamic-update-slice) or one per row ([B]):
+  then one scatter over rows, which XLA:CPU does in place. Where the rows are split over
+  devices, the same update batched over rows (vmap) keeps each device's scatter local;
+  the plain scatter would all-gather every row's new keys (and on CPU the batched form
+  is not in place: 1.8x slower decode).
   """
+  new = jnp.expand_dims(new_BKH.astype(cache.dtype), axis)
+  if step.ndim == 0:
+    return jax.lax.dynamic_update_slice(cache, new, (0,) * axis + (step,) + (0,) * (3 - axis))
   if sharding.batch_shards(jax.sharding.get_abstract_mesh()) == 1:
-    return cache_LBTKH.at[layer, jnp.arange(new_BKH.shape[0]), step_B].set(new_BKH)
-  row_update = lambda c_LTKH, x_KH, t: jax.lax.dynamic_update_slice(
-      c_LTKH, x_KH[None, None], (layer, t, 0, 0))
-  return jax.vmap(row_update, in_axes=(1, 0, 0), out_axes=1)(cache_LBTKH, new_BKH, step_B)
+    index = (jnp.arange(new.shape[0]),) + (slice(None),) * (axis - 1) + (step,)
+    return cache.at[index].set(new_BKH.astype(cache.dtype))
+  row_update = lambda c, x, t: jax.lax.dynamic_update_slice(
+      c, x, (0,) * (axis - 1) + (t,) + (0,) * (3 - axis))
+  return jax.vmap(row_update)(cache, new, step)
 
 
 def gather_groups(x_G: jax.Array, groups_DS: jax.Array) -> jax.Array:

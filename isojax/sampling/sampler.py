@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from isojax.models import sharding, transformer
+from isojax.models import sharding
 from isojax.models.transformer import DecodeCache, PrefixCache
 
 
@@ -188,10 +188,11 @@ def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, *, n: int,
   prompts_GP = sharding.constrain(prompts_GP, ("batch", None))
   prompt_mask_GP = sharding.constrain(prompt_mask_GP, ("batch", None))
   first_logits_GV, prefix = model.prefill(prompts_GP, prompt_mask_GP)
+  blocks = model.layer_blocks()  # once, outside the decode loops
   prompt_len_B = jnp.repeat(prompt_mask_GP.sum(-1), n).astype(jnp.int32)
   if num_slots:
     return _decode_continuous(
-        model, prefix, first_logits_GV, prompt_len_B, rng, n=n, num_slots=num_slots,
+        model, blocks, prefix, first_logits_GV, prompt_len_B, rng, n=n, num_slots=num_slots,
         min_slots=min_slots, max_new_tokens=max_new_tokens, choose=functools.partial(
             _choose, temperature=temperature, top_k=top_k, top_p=top_p),
         stop_ids_K=stop_ids_K, pad_id=pad_id, decode_block=decode_block)
@@ -204,7 +205,7 @@ def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, *, n: int,
     tokens = s.tokens.at[:, s.step].set(token)
     logprobs = s.logprobs.at[:, s.step].set(logp)
     logits, cache = model.decode(token, prompt_len_B + s.step, s.step, prefix, s.cache,
-                                 cache_block=decode_block)
+                                 blocks=blocks, cache_block=decode_block)
     return _LoopState(step=s.step + 1, logits=sharding.constrain(logits, ("batch", "vocab")),
                       tokens=tokens, logprobs=logprobs,
                       done=s.done | jnp.isin(token, stop_ids_K), cache=cache, rng=rng)
@@ -248,7 +249,7 @@ class _Slots:
   tokens: jax.Array     # [D, R, T] int32
   logprobs: jax.Array   # [D, R, T] float32
   lengths: jax.Array    # [D, R] int32 tokens written per rollout
-  cache: DecodeCache    # [L, D * S, T, K, H]
+  cache: DecodeCache    # L x [D * S, K, H, T] keys, L x [D * S, K, T, H] values
   rng: jax.Array
 
 
@@ -280,16 +281,14 @@ def _compact(st: _Slots, slots: int, empty: int) -> _Slots:
   # Busy slots first, in their order; a stable sort keeps the empty ones after them.
   keep_DS = jnp.argsort(st.rollout == empty, axis=-1, stable=True)[:, :slots]
   pick = jax.vmap(lambda x, i: x[i])
-  # The cache [L, D * S, T, K, H] is gathered on each shard's own rows.
-  pick_rows = jax.vmap(lambda c, i: c[:, i], in_axes=(1, 0), out_axes=1)
-  rows = lambda c: pick_rows(c.reshape(c.shape[0], d, s, *c.shape[2:]), keep_DS).reshape(
-      c.shape[0], d * slots, *c.shape[2:])
-  cache = jax.tree.map(lambda c: sharding.constrain(rows(c), transformer.CACHE_AXES), st.cache)
+  # Each layer's cache [D * S, ...] is gathered on each shard's own rows.
+  rows = lambda c: pick(c.reshape(d, s, *c.shape[1:]), keep_DS).reshape(d * slots, *c.shape[1:])
+  cache = jax.tree.map(rows, st.cache).constrain()
   return st.replace(rollout=pick(st.rollout, keep_DS), position=pick(st.position, keep_DS),
                     token=pick(st.token, keep_DS), cache=cache)
 
 
-def _decode_continuous(model, prefix, first_logits_GV, prompt_len_B, rng, *, n, num_slots,
+def _decode_continuous(model, blocks, prefix, first_logits_GV, prompt_len_B, rng, *, n, num_slots,
                        min_slots, max_new_tokens, choose, stop_ids_K, pad_id,
                        decode_block) -> Rollouts:
   """Continuous batching: `num_slots` decode rows refilled as rollouts finish.
@@ -344,7 +343,7 @@ def _decode_continuous(model, prefix, first_logits_GV, prompt_len_B, rng, *, n, 
     flat = lambda x: x.reshape(-1)
     logits, cache = model.decode(
         flat(st.token), flat(by_shard(prompt_len_DR, st.rollout) + st.position),
-        flat(st.position), prefix, st.cache,
+        flat(st.position), prefix, st.cache, blocks=blocks,
         groups_DS=jnp.minimum(st.rollout, r - 1) // n, cache_block=decode_block)
     token, logp = choose(sharding.constrain(logits, ("batch", "vocab")), key)
     token, logp = token.reshape(d, slots), logp.reshape(d, slots)

@@ -78,13 +78,14 @@ def _conds(jaxpr) -> list[int]:
 
 
 def test_a_step_chooses_among_the_attended_lengths():
-  """The decode step holds one switch over ceil(T / block) attention lengths."""
+  """Each layer of the decode step holds one switch over ceil(T / block) attention
+  lengths (2 layers, T = 10, block 4: lengths 4, 8, 10)."""
   graphdef, state = _model()
   prompts, mask = np.ones((2, 4), np.int32), np.ones((2, 4), bool)
   trace = lambda block: jax.make_jaxpr(lambda s: sampler.sample(
       graphdef, s, prompts, mask, jax.random.key(0), n=2, max_new_tokens=10,
       temperature=1.0, stop_ids=(3,), pad_id=PAD, decode_block=block))(state)
-  assert _conds(trace(4).jaxpr) == [3]
+  assert _conds(trace(4).jaxpr) == [3, 3]
   assert _conds(trace(0).jaxpr) == []
 
 
