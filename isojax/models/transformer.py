@@ -68,38 +68,42 @@ class ModelConfig:
 # Logical axes of the residual stream [B, S, D]: rows over the data-parallel axes
 # (FSDP gathers each layer's weights; activations are never split on `embed`).
 ACTIVATION_AXES = ("batch", None, None)
-# Logical axes of the prompt caches [L, G, P, K, H] and of one layer's generated keys
-# [B, K, H, T] and values [B, K, T, H]: split over the data-parallel axes by problem (or
-# rollout) and over `tensor` by KV head.
-CACHE_AXES = ("layers", "batch", None, "kv_heads", "head_dim")
-GENERATED_K_AXES = ("batch", "kv_heads", "head_dim", None)
-GENERATED_V_AXES = ("batch", "kv_heads", None, "head_dim")
+# Logical axes of one layer's cached keys [G or B, K, H, T] and values [G or B, K, T, H]
+# (prompt caches per problem, generated caches per rollout): split over the
+# data-parallel axes by problem or rollout and over `tensor` by KV head.
+KEY_CACHE_AXES = ("batch", "kv_heads", "head_dim", None)
+VALUE_CACHE_AXES = ("batch", "kv_heads", None, "head_dim")
+
+
+def _pin_caches(k, v):
+  """Per-layer key and value arrays pinned to their logical axes."""
+  return (tuple(sharding.constrain(c, KEY_CACHE_AXES) for c in k),
+          tuple(sharding.constrain(c, VALUE_CACHE_AXES) for c in v))
 
 
 @flax.struct.dataclass
 class PrefixCache:
-  """Keys/values of the left-padded prompts, one entry per group (problem)."""
-  k: jax.Array     # [L, G, P, K, H]
-  v: jax.Array     # [L, G, P, K, H]
-  mask: jax.Array  # [G, P] bool, False on left padding
+  """Keys/values of the left-padded prompts, one entry per group (problem), one array
+  per layer in the layout of `DecodeCache`."""
+  k: tuple[jax.Array, ...]  # L x [G, K, H, P]
+  v: tuple[jax.Array, ...]  # L x [G, K, P, H]
+  mask: jax.Array           # [G, P] bool, False on left padding
 
 
 @flax.struct.dataclass
 class DecodeCache:
   """Keys/values of generated tokens, one entry per rollout (B = G * n), one array per
-  layer, each laid out for the decode step's dots (batch dims B, K leading, the
-  contracted dim second-minor), so they read it where it lies. Stacked on a leading
-  layer axis they would have to be sliced out of the loop carry, and with keys [T, H]
-  transposed for the score dot: on XLA:CPU both were copies of each layer's cache at
-  every step, 37% of a step."""
+  layer, each laid out for the decode step's dots (batch dims leading, the contracted
+  dim second-minor), so they read it where it lies. Stacked on a leading layer axis
+  they would have to be sliced out of the loop carry, and keys stored [T, K, H] would
+  be transposed for the score dot: on XLA:CPU both were copies of each layer's cache
+  at every step, 37% of a step."""
   k: tuple[jax.Array, ...]  # L x [B, K, H, T]
   v: tuple[jax.Array, ...]  # L x [B, K, T, H]
 
   def constrain(self) -> DecodeCache:
     """Each layer's arrays pinned to their logical axes (after a gather over rows)."""
-    pin = lambda axes: lambda c: sharding.constrain(c, axes)
-    return DecodeCache(k=tuple(map(pin(GENERATED_K_AXES), self.k)),
-                       v=tuple(map(pin(GENERATED_V_AXES), self.v)))
+    return DecodeCache(*_pin_caches(self.k, self.v))
 
 
 def _param(init, names):
@@ -136,20 +140,25 @@ def rope_inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) 
   return jnp.where(is_medium, smoothed, scaled)
 
 
-def apply_rope(x_BSNH, positions_BS, inv_freq_F):
-  """Rotate-half RoPE (the Hugging Face Llama/Qwen convention)."""
+# (cos, sin) of every position's rotary angles, [B, S, H/2] each.
+Rope = tuple[jax.Array, jax.Array]
+
+
+def rope_tables(positions_BS, inv_freq_F) -> Rope:
+  """The rotary tables of `positions_BS`: computed once per forward or decode step and
+  shared by every layer's queries and keys (per layer, a decode step spent more on its
+  sines and cosines than on the rotation itself)."""
   angles = positions_BS[..., None].astype(jnp.float32) * inv_freq_F  # [B, S, H/2]
-  cos = jnp.cos(angles)[:, :, None, :]
-  sin = jnp.sin(angles)[:, :, None, :]
+  return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x_BSNH, rope: Rope):
+  """Rotate-half RoPE (the Hugging Face Llama/Qwen convention)."""
+  cos, sin = (t[:, :, None, :] for t in rope)
   x = x_BSNH.astype(jnp.float32)
   x1, x2 = jnp.split(x, 2, axis=-1)
   rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return rotated.astype(x_BSNH.dtype)
-
-
-def _softmax_weights(scores, mask):
-  scores = jnp.where(mask, scores.astype(jnp.float32), NEG_INF)
-  return jax.nn.softmax(scores, axis=-1)
 
 
 class Attention(nnx.Module):
@@ -170,7 +179,7 @@ class Attention(nnx.Module):
       self.q_norm = RMSNorm(h, cfg.rms_norm_eps, ("head_dim",))
       self.k_norm = RMSNorm(h, cfg.rms_norm_eps, ("head_dim",))
 
-  def qkv(self, x_BSD, positions_BS, inv_freq):
+  def qkv(self, x_BSD, rope: Rope):
     cfg = self.cfg
     b, s, d = x_BSD.shape
     rows = x_BSD.reshape(b * s, d)
@@ -179,7 +188,7 @@ class Attention(nnx.Module):
     v = self.v_proj(rows).reshape(b, s, cfg.num_kv_heads, cfg.head_dim)
     if cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
-    return apply_rope(q, positions_BS, inv_freq), apply_rope(k, positions_BS, inv_freq), v
+    return apply_rope(q, rope), apply_rope(k, rope), v
 
   def _grouped(self, q_BSNH):
     b, s, _, h = q_BSNH.shape
@@ -207,25 +216,38 @@ class Attention(nnx.Module):
                       (blocks(padded(q_BSNH)), blocks(padded(mask_BST))))  # [S/C, B, C, N, H]
     return jnp.moveaxis(out, 0, 1).reshape(q_BSNH.shape[0], s + pad, *q_BSNH.shape[2:])[:, :s]
 
-  def attend_decode(self, q_B1NH, prefix_k_GPKH, prefix_v_GPKH, prefix_mask_GP,
+  def attend_decode(self, q_B1NH, prefix_k_GKHP, prefix_v_GKPH, prefix_mask_GP,
                     k_BKHT, v_BKTH, mask_BT):
-    """One query per rollout over its group's prompt cache plus its own cache."""
-    g = prefix_k_GPKH.shape[0]
-    b = q_B1NH.shape[0]
+    """One query per rollout over its group's prompt cache plus its own cache.
+
+    The n rollouts of a group share its prompt keys, so their queries meet them in one
+    dot per group and KV head ([n * R, H] x [H, P]). The softmax runs over both parts
+    without concatenating them: one max and one normaliser per query, each part
+    exponentiated in its own layout.
+    """
+    g, kv, h, p = prefix_k_GKHP.shape
+    b, n = q_B1NH.shape[0], q_B1NH.shape[0] // g
     scale = self.cfg.head_dim ** -0.5
-    q = self._grouped(q_B1NH)[:, 0]                              # [B, K, R, H]
-    q_g = q.reshape(g, b // g, *q.shape[1:])                     # [G, n, K, R, H]
-    s_prefix = jnp.einsum("gnkrh,gpkh->gnkrp", q_g, prefix_k_GPKH) * scale
-    s_prefix = s_prefix.reshape(b, *s_prefix.shape[2:])          # [B, K, R, P]
-    s_own = jnp.einsum("bkrh,bkht->bkrt", q, k_BKHT) * scale      # [B, K, R, T]
-    prefix_mask = jnp.repeat(prefix_mask_GP, b // g, axis=0)     # [B, P]
-    mask = jnp.concatenate([prefix_mask, mask_BT], axis=-1)[:, None, None]
-    w = _softmax_weights(jnp.concatenate([s_prefix, s_own], axis=-1), mask)
-    p = prefix_k_GPKH.shape[1]
-    w_prefix = w[..., :p].astype(v_BKTH.dtype).reshape(g, b // g, *w.shape[1:3], p)
-    out = jnp.einsum("gnkrp,gpkh->gnkrh", w_prefix, prefix_v_GPKH).reshape(b, *q.shape[1:])
-    out = out + jnp.einsum("bkrt,bkth->bkrh", w[..., p:].astype(v_BKTH.dtype), v_BKTH)
-    return out.reshape(b, 1, *q_B1NH.shape[2:])                  # [B, 1, N, H]
+    q = self._grouped(q_B1NH)[:, 0]                                    # [B, K, R, H]
+    r = q.shape[2]
+    # Rows b = (g, j) and heads (k, r) regrouped as [G, K, n * R], and back.
+    to_groups = lambda x: jnp.swapaxes(x.reshape(g, n, kv, r, *x.shape[3:]), 1, 2).reshape(
+        g, kv, n * r, *x.shape[3:])
+    to_rows = lambda x: jnp.swapaxes(x.reshape(g, kv, n, r, *x.shape[3:]), 1, 2).reshape(
+        b, kv, r, *x.shape[3:])
+    s_prefix = jnp.einsum("gkmh,gkhp->gkmp", to_groups(q), prefix_k_GKHP) * scale
+    s_own = jnp.einsum("bkrh,bkht->bkrt", q, k_BKHT) * scale               # [B, K, R, T]
+    s_prefix = jnp.where(prefix_mask_GP[:, None, None], s_prefix.astype(jnp.float32), NEG_INF)
+    s_own = jnp.where(mask_BT[:, None, None], s_own.astype(jnp.float32), NEG_INF)
+    max_BKR = jnp.maximum(to_rows(s_prefix.max(-1)), s_own.max(-1))
+    e_prefix = jnp.exp(s_prefix - to_groups(max_BKR)[..., None])          # [G, K, n R, P]
+    e_own = jnp.exp(s_own - max_BKR[..., None])                           # [B, K, R, T]
+    total_BKR = to_rows(e_prefix.sum(-1)) + e_own.sum(-1)
+    dtype = v_BKTH.dtype
+    out = to_rows(jnp.einsum("gkmp,gkph->gkmh", e_prefix.astype(dtype), prefix_v_GKPH))
+    out = out + jnp.einsum("bkrt,bkth->bkrh", e_own.astype(dtype), v_BKTH)
+    out = (out.astype(jnp.float32) / total_BKR[..., None]).astype(dtype)
+    return out.reshape(b, 1, *q_B1NH.shape[2:])                        # [B, 1, N, H]
 
 
 def token_rows(fn: Callable[[jax.Array], jax.Array], x_BSD: jax.Array) -> jax.Array:
@@ -273,8 +295,8 @@ class Block(nnx.Module):
     self.post_attn_norm = RMSNorm(cfg.embed_dim, cfg.rms_norm_eps)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x_BSD, positions_BS, inv_freq, attention: AttentionFn):
-    q, k, v = self.attn.qkv(self.input_norm(x_BSD), positions_BS, inv_freq)
+  def __call__(self, x_BSD, rope: Rope, attention: AttentionFn):
+    q, k, v = self.attn.qkv(self.input_norm(x_BSD), rope)
     out_BSNH, aux = attention(q, k, v)
     x_BSD = x_BSD + token_rows(self.attn.o_proj, out_BSNH.reshape(*out_BSNH.shape[:2], -1))
     x_BSD = x_BSD + self.mlp(self.post_attn_norm(x_BSD))
@@ -337,10 +359,10 @@ class Transformer(nnx.Module):
           kernel_init=_param(nnx.initializers.normal(0.02), ("embed", "vocab")))
 
   # -- pieces ---------------------------------------------------------------
-  @property
-  def _inv_freq(self):
-    return rope_inverse_frequencies(self.cfg.head_dim, self.cfg.rope_theta,
-                                    self.cfg.rope_scaling)
+  def _rope(self, positions_BS) -> Rope:
+    cfg = self.cfg
+    return rope_tables(positions_BS, rope_inverse_frequencies(
+        cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
 
   def _embed(self, tokens):
     return sharding.constrain(self.embed(tokens).astype(jnp.dtype(self.cfg.dtype)),
@@ -379,11 +401,10 @@ class Transformer(nnx.Module):
   def hidden_states(self, tokens_BS, mask_BS):
     """Uncached causal forward; `mask_BS` is False on padding. Returns [B, S, D]."""
     positions, mask_BSS = self._full_attention_inputs(mask_BS)
-    inv_freq = self._inv_freq
+    rope = self._rope(positions)
 
     def layer(block, x, _):
-      return block(x, positions, inv_freq,
-                   lambda q, k, v: (block.attn.attend(q, k, v, mask_BSS), None))
+      return block(x, rope, lambda q, k, v: (block.attn.attend(q, k, v, mask_BSS), None))
     x, _ = self._scan_layers(layer, self._embed(tokens_BS))
     return x
 
@@ -393,22 +414,21 @@ class Transformer(nnx.Module):
   def prefill(self, tokens_GP, mask_GP):
     """Encodes left-padded prompts once. Returns (last-token logits [G, V], cache)."""
     positions, mask_GPP = self._full_attention_inputs(mask_GP)
-    inv_freq = self._inv_freq
+    rope = self._rope(positions)
 
     def layer(block, x, _):
-      return block(x, positions, inv_freq,
-                   lambda q, k, v: (block.attn.attend(q, k, v, mask_GPP), (k, v)))
+      return block(x, rope, lambda q, k, v: (block.attn.attend(q, k, v, mask_GPP), (k, v)))
     x, (k_LGPKH, v_LGPKH) = self._scan_layers(layer, self._embed(tokens_GP))
-    k_LGPKH, v_LGPKH = (sharding.constrain(c, CACHE_AXES) for c in (k_LGPKH, v_LGPKH))
-    return self.logits(x[:, -1:])[:, 0], PrefixCache(k=k_LGPKH, v=v_LGPKH, mask=mask_GP)
+    k, v = _pin_caches([jnp.transpose(c, (0, 2, 3, 1)) for c in k_LGPKH],   # [G, K, H, P]
+                       [jnp.transpose(c, (0, 2, 1, 3)) for c in v_LGPKH])   # [G, K, P, H]
+    return self.logits(x[:, -1:])[:, 0], PrefixCache(k=k, v=v, mask=mask_GP)
 
   def init_decode_cache(self, batch: int, length: int) -> DecodeCache:
     cfg = self.cfg
     k, h = cfg.num_kv_heads, cfg.head_dim
-    zeros = lambda shape, axes: sharding.constrain(jnp.zeros(shape, jnp.dtype(cfg.dtype)), axes)
-    return DecodeCache(
-        k=tuple(zeros((batch, k, h, length), GENERATED_K_AXES) for _ in range(cfg.num_layers)),
-        v=tuple(zeros((batch, k, length, h), GENERATED_V_AXES) for _ in range(cfg.num_layers)))
+    zeros = lambda shape: jnp.zeros(shape, jnp.dtype(cfg.dtype))
+    return DecodeCache(*_pin_caches([zeros((batch, k, h, length))] * cfg.num_layers,
+                                    [zeros((batch, k, length, h))] * cfg.num_layers))
 
   def layer_blocks(self) -> tuple[Block, ...]:
     """One `Block` per layer, its weights sliced from the stacked ones. Taken once per
@@ -447,26 +467,29 @@ class Transformer(nnx.Module):
     # One scalar for all rows (under a mesh, a max over the data-parallel shards).
     branch = jnp.minimum(jnp.max(step) // max(cache_block, 1), len(lengths) - 1)
     prefix_mask = prefix.mask if groups_DS is None else gather_groups(prefix.mask, groups_DS)
-    inv_freq = self._inv_freq
+    rope = self._rope(position_B[:, None])
     x = self._embed(token_B[:, None])
-    k_cache, v_cache = list(cache.k), list(cache.v)
-    for i, block in enumerate(blocks):
-      prefix_k, prefix_v = prefix.k[i], prefix.v[i]
+    k_cache, v_cache = [], []
+    for block, k_layer, v_layer, prefix_k, prefix_v in zip(blocks, cache.k, cache.v, prefix.k,
+                                                     prefix.v):
       if groups_DS is not None:
         prefix_k, prefix_v = (gather_groups(c, groups_DS) for c in (prefix_k, prefix_v))
 
-      def attention(q, k, v, i=i, block=block, prefix_k=prefix_k, prefix_v=prefix_v):
-        k_cache[i] = write_slot(k_cache[i], k[:, 0], step, axis=3)   # [B, K, H, T]
-        v_cache[i] = write_slot(v_cache[i], v[:, 0], step, axis=2)   # [B, K, T, H]
+      def attention(q, k, v, block=block, k_layer=k_layer, v_layer=v_layer, prefix_k=prefix_k,
+                    prefix_v=prefix_v):
+        k_all = write_slot(k_layer, k[:, 0], step, axis=3)   # [B, K, H, T]
+        v_all = write_slot(v_layer, v[:, 0], step, axis=2)   # [B, K, T, H]
 
         def attend_first(length):  # the layer's first `length` slots, sliced in the branch
           return lambda: block.attn.attend_decode(
-              q, prefix_k, prefix_v, prefix_mask, k_cache[i][..., :length],
-              v_cache[i][:, :, :length], own_mask_BT[:, :length])
+              q, prefix_k, prefix_v, prefix_mask, k_all[..., :length], v_all[:, :, :length],
+              own_mask_BT[:, :length])
         branches = [attend_first(length) for length in lengths]
         out = branches[0]() if len(branches) == 1 else jax.lax.switch(branch, branches)
-        return out, None
-      x, _ = block(x, position_B[:, None], inv_freq, attention)
+        return out, (k_all, v_all)
+      x, (k_layer, v_layer) = block(x, rope, attention)
+      k_cache.append(k_layer)
+      v_cache.append(v_layer)
     return self.logits(x)[:, 0], DecodeCache(k=tuple(k_cache), v=tuple(v_cache))
 
 

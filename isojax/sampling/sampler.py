@@ -383,5 +383,4 @@ def _decode_continuous(model, blocks, prefix, first_logits_GV, prompt_len_B, rng
 
 def prefix_cache_for_rollouts(prefix: PrefixCache, n: int) -> PrefixCache:
   """The same cache copied per rollout (what sharing avoids); used by tests."""
-  rep = lambda x, axis: jnp.repeat(x, n, axis=axis)
-  return PrefixCache(k=rep(prefix.k, 1), v=rep(prefix.v, 1), mask=rep(prefix.mask, 0))
+  return jax.tree.map(lambda x: jnp.repeat(x, n, axis=0), prefix)  # all [G, ...]

@@ -284,7 +284,7 @@ def test_roofline_counts_the_bytes_of_real_caches_and_weights(models):
   params = {name: x.detach().numpy().nbytes for name, x in hf_model.named_parameters()}
   embed = params["model.embed_tokens.weight"]
   want = dict(weights=sum(params.values()) - embed + g * n * embed // options.vocab,
-              prefix_cache=prefix.k.nbytes + prefix.v.nbytes,
+              prefix_cache=sum(c.nbytes for c in prefix.k + prefix.v),
               generated_cache=sum(c.nbytes for c in jax.tree.leaves(generated)))
   want["total"] = sum(want.values())
   assert result["bytes_per_step"] == want

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from isojax.models import transformer
 from isojax.models.transformer import REMAT_POLICIES, ModelConfig, Transformer
 
 CFG = dict(vocab_size=31, embed_dim=32, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=48,
@@ -72,8 +73,9 @@ def test_stacked_layers_equal_an_unrolled_loop():
   x = model._embed(tokens)  # pylint: disable=protected-access
   for i in range(3):
     block = nnx.merge(graphdef, jax.tree.map(lambda v: v[i], stacked))  # pylint: disable=cell-var-from-loop
-    x, _ = block(x, positions, model._inv_freq,  # pylint: disable=protected-access
-                 lambda q, k, v: (block.attn.attend(q, k, v, causal), None))  # pylint: disable=cell-var-from-loop
+    rope = transformer.rope_tables(positions, transformer.rope_inverse_frequencies(
+        cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
+    x, _ = block(x, rope, lambda q, k, v: (block.attn.attend(q, k, v, causal), None))  # pylint: disable=cell-var-from-loop
   np.testing.assert_allclose(model.hidden_states(tokens, mask), x, atol=1e-6)
 
 
