@@ -470,8 +470,8 @@ class Transformer(nnx.Module):
     rope = self._rope(position_B[:, None])
     x = self._embed(token_B[:, None])
     k_cache, v_cache = [], []
-    for block, k_layer, v_layer, prefix_k, prefix_v in zip(blocks, cache.k, cache.v, prefix.k,
-                                                     prefix.v):
+    layers = zip(blocks, cache.k, cache.v, prefix.k, prefix.v)
+    for block, k_layer, v_layer, prefix_k, prefix_v in layers:
       if groups_DS is not None:
         prefix_k, prefix_v = (gather_groups(c, groups_DS) for c in (prefix_k, prefix_v))
 
