@@ -146,8 +146,7 @@ Rope = tuple[jax.Array, jax.Array]
 
 def rope_tables(positions_BS, inv_freq_F) -> Rope:
   """The rotary tables of `positions_BS`: computed once per forward or decode step and
-  shared by every layer's queries and keys (per layer, a decode step spent more on its
-  sines and cosines than on the rotation itself)."""
+  shared by every layer's queries and keys, not recomputed in each layer."""
   angles = positions_BS[..., None].astype(jnp.float32) * inv_freq_F  # [B, S, H/2]
   return jnp.cos(angles), jnp.sin(angles)
 
