@@ -20,16 +20,17 @@ greedy continuations agree). In one process it measures
   5. the update (`update.train_step`): tokens/s, model FLOP/s and its fraction of the
      measured peak of a jitted float32 matmul;
   6. one RL step of the default preset, broken down into its phases (`bench_step`);
-  7. decode against the memory-bandwidth roofline (`bench_roofline`): bytes of weights
-     and KV cache read per step / step time, against a measured copy bandwidth and the
-     device's nominal one where known.
+  7. decode against the memory-bandwidth roofline (`bench_roofline`), per workload of
+     --roofline: bytes of weights and KV cache read per step / step time, against a
+     measured copy bandwidth and the device's nominal one where known.
 Tokens/s = generated (or trained) tokens / wall seconds of one call, median of
 --repeats rounds after a warm-up call (the sides of a comparison called in turn in each
 round); compile = warm-up minus that median. --sections picks what runs, e.g. on a GPU:
 
     python -m launch.bench --sections=roofline --roofline_dtype=bfloat16 \
         --hidden=1536 --layers=28 --heads=12 --kv_heads=2 --intermediate=8960 \
-        --vocab=151936 --roofline=8x1x128x512 --bandwidth_bytes=4294967296
+        --vocab=151936 --roofline=1x1x128x512,8x1x128x512,64x1x128x512 \
+        --bandwidth_bytes=4294967296
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class Options:
   update_prompt_len: int = 64
   matmul_size: int = 2048
   rl_steps: int = 12
-  roofline: str = "8x1x64x256"      # G x n x P x T of the decode-roofline section
+  roofline: tuple[str, ...] = ("8x1x64x256",)   # G x n x P x T of the decode-roofline section
   roofline_dtype: str = "float32"   # weights, activations and cache there
   bandwidth_bytes: int = 256 * 2**20
   sections: tuple[str, ...] = SECTIONS
@@ -370,10 +371,11 @@ def bench_update(model, counts: dict, o: Options, rng) -> dict:
               fraction_of_peak=float(np.median(fractions)))
 
 
-def bench_decode_roofline(model, counts: dict, o: Options, rng, *, tied: bool) -> dict:
-  """Decode of `o.roofline` (G x n x P x T) at `o.roofline_dtype`: bytes read per step
+def bench_decode_roofline(model, counts: dict, workload: str, o: Options, rng, *,
+                          tied: bool) -> dict:
+  """Decode of `workload` (G x n x P x T) at `o.roofline_dtype`: bytes read per step
   over its step time, against the measured copy bandwidth (per round) and the nominal."""
-  g, n, p, t = parse_workload(o.roofline, "--roofline")
+  g, n, p, t = parse_workload(workload, "--roofline entry")
   itemsize = jnp.dtype(o.roofline_dtype).itemsize
   weights_dtype = None if o.roofline_dtype == "float32" else o.roofline_dtype
   prompts = random_prompts(rng, g, p, o.vocab)
@@ -395,7 +397,7 @@ def bench_decode_roofline(model, counts: dict, o: Options, rng, *, tied: bool) -
   nominal = bench_roofline.nominal_bandwidth(device_kind)
   step_s = float(np.median(steps))
   achieved = read["total"] / step_s
-  return dict(workload=o.roofline, dtype=o.roofline_dtype, rows=g * n, bytes_per_step=read,
+  return dict(workload=workload, dtype=o.roofline_dtype, rows=g * n, bytes_per_step=read,
               step_s=step_s, steps_s=steps, bytes_per_s=achieved,
               copy_bytes_per_s=float(np.median(peaks)), copy_peaks=peaks,
               fraction_of_copy=float(np.median([read["total"] / sec / peak
@@ -459,8 +461,9 @@ def run(o: Options) -> dict:
       update=lambda: bench_update(model, counts, o, rng),
       rl_step=lambda: bench_step.breakdown(bench_step.default_config(o.rl_steps))
       if o.rl_steps else None,
-      roofline=lambda: bench_decode_roofline(roofline_model, counts, o, rng,
-                                             tied=hf_model.config.tie_word_embeddings))
+      roofline=lambda: [bench_decode_roofline(roofline_model, counts, w, o, rng,
+                                              tied=hf_model.config.tie_word_embeddings)
+                        for w in o.roofline])
   return dict(info, **{name: fn() if name in wanted else None
                        for name, fn in sections.items()})
 
@@ -530,7 +533,11 @@ def _rl_step_lines(r: dict, o: dict) -> list[str]:
 
 
 def _roofline_lines(r: dict, o: dict) -> list[str]:
-  f, read = r["roofline"], r["roofline"]["bytes_per_step"]
+  return [line for f in r["roofline"] for line in _roofline_workload_lines(f, o)]
+
+
+def _roofline_workload_lines(f: dict, o: dict) -> list[str]:
+  read = f["bytes_per_step"]
   nominal = ("no nominal figure for this device" if f["nominal_bytes_per_s"] is None else
              f"nominal {f['nominal_bytes_per_s'] / 1e9:.0f} GB/s -> "
              f"{100 * f['fraction_of_nominal']:.1f}% of it")
@@ -572,7 +579,8 @@ def options_from_flags() -> Options:
   if not all(x.isdigit() and int(x) > 0 for x in kw["share_n"]):
     raise app.UsageError(f"--share_n={','.join(kw['share_n'])}: expected positive integers")
   return Options(**dict(kw, share_n=tuple(map(int, kw["share_n"])),
-                        workloads=tuple(kw["workloads"]), sections=tuple(kw["sections"])))
+                        workloads=tuple(kw["workloads"]), roofline=tuple(kw["roofline"]),
+                        sections=tuple(kw["sections"])))
 
 
 def check_options(o: Options) -> None:
@@ -584,9 +592,12 @@ def check_options(o: Options) -> None:
     transformer.attended_lengths(long_new_tokens, o.long_block)
   except ValueError as e:
     raise ValueError(f"--long_block={o.long_block}: {e}") from None
-  if parse_workload(o.roofline, "--roofline")[3] < 2:
-    raise ValueError(f"--roofline {o.roofline!r}: expected T >= 2 (the step time is the "
-                     "difference of calls with T and 1 new tokens)")
+  if not o.roofline:
+    raise ValueError("--roofline=: expected at least one workload GxNxPxT")
+  for spec in o.roofline:
+    if parse_workload(spec, "--roofline entry")[3] < 2:
+      raise ValueError(f"--roofline entry {spec!r}: expected T >= 2 (the step time is the "
+                       "difference of calls with T and 1 new tokens)")
   if not o.sections or set(o.sections) - set(SECTIONS):
     raise ValueError(f"--sections={','.join(o.sections)}: expected a non-empty list of "
                      f"{', '.join(SECTIONS)}")
@@ -607,7 +618,7 @@ _HELP = {"": "Model size (the Qwen2Config field of that meaning).",
          "matmul": "Side of the float32 matmul that measures the FLOP/s peak.",
          "rl": "Steps of configs/hard.py whose phases are timed (the first is left out; "
                "0: skip).",
-         "roofline": "Decode roofline: workload GxNxPxT (T >= 2) and the dtype of weights, "
+         "roofline": "Decode roofline: workloads GxNxPxT (T >= 2) and the dtype of weights, "
                      "activations and cache (float32 | bfloat16).",
          "bandwidth": "Bytes of the float32 array whose jitted x * 2 measures the copy "
                       "bandwidth.",

@@ -219,7 +219,7 @@ def test_command_writes_the_figures(tmp_path):
   assert {"options", "params", "same_weights", "sampling", "sharing", "skew", "long",
           "update", "roofline"} <= set(result)
   assert "decode roofline: isojax, 2x1x4x4" in proc.stdout
-  assert result["roofline"]["bytes_per_step"]["generated_cache"] == (
+  assert result["roofline"][0]["bytes_per_step"]["generated_cache"] == (
       2 * 1 * 4 * 2 * TINY["kv_heads"] * (TINY["hidden"] // TINY["heads"]) * 4)
   assert result["long"]["blocked"]["tokens"] == 2 * 2 * 16 and "decode_block=4" in proc.stdout
   assert result["same_weights"] is True
@@ -275,9 +275,9 @@ def test_roofline_counts_the_bytes_of_real_caches_and_weights(models):
   from launch import bench_roofline  # pylint: disable=g-import-not-at-top
   options, model, hf_model = models
   g, n, p, t = 2, 3, 5, 4
-  options = bench.Options(**TINY, repeats=2, roofline=f"{g}x{n}x{p}x{t}", bandwidth_bytes=2**16)
-  result = bench.bench_decode_roofline(model, bench.param_counts(hf_model), options,
-                                       np.random.default_rng(0), tied=False)
+  options = bench.Options(**TINY, repeats=2, bandwidth_bytes=2**16)
+  result = bench.bench_decode_roofline(model, bench.param_counts(hf_model), f"{g}x{n}x{p}x{t}",
+                                       options, np.random.default_rng(0), tied=False)
   transformer = nnx.merge(*model)
   _, prefix = transformer.prefill(np.ones((g, p), np.int32), np.ones((g, p), bool))
   generated = transformer.init_decode_cache(g * n, t)
@@ -317,8 +317,9 @@ def test_roofline_step_time_and_nominal_bandwidth():
 @pytest.mark.parametrize("field,value,message", [
     ("sections", ("sampling", "bogus"), "--sections=sampling,bogus: expected a non-empty list"),
     ("sections", (), "--sections=: expected a non-empty list"),
-    ("roofline", "2x2x4x1", "--roofline '2x2x4x1': expected T >= 2"),
-    ("roofline", "2x2x4", "--roofline '2x2x4': expected GxNxPxT"),
+    ("roofline", ("2x2x4x4", "2x2x4x1"), "--roofline entry '2x2x4x1': expected T >= 2"),
+    ("roofline", ("2x2x4",), "--roofline entry '2x2x4': expected GxNxPxT"),
+    ("roofline", (), "--roofline=: expected at least one workload"),
     ("roofline_dtype", "float16", "--roofline_dtype='float16': expected float32 or bfloat16"),
     ("bandwidth_bytes", 2, "--bandwidth_bytes=2: expected at least 4"),
     ("long_block", -1, "--long_block=-1"),
@@ -334,19 +335,20 @@ def test_bad_flag_fails_before_anything_is_built(tmp_path):
   proc = subprocess.run([sys.executable, "-m", "launch.bench", "--roofline=2x2x4x1",
                          f"--out={tmp_path}/x.json"], cwd=REPO, capture_output=True, text=True,
                         timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
-  assert proc.returncode != 0 and "--roofline '2x2x4x1': expected T >= 2" in proc.stderr
+  assert proc.returncode != 0 and "--roofline entry '2x2x4x1': expected T >= 2" in proc.stderr
   assert "model:" not in proc.stdout and not (tmp_path / "x.json").exists()
 
 
 def test_sections_pick_what_runs():
-  options = bench.Options(**TINY, repeats=1, roofline="1x2x4x3", bandwidth_bytes=2**16,
-                          sections=("roofline",))
+  options = bench.Options(**TINY, repeats=1, roofline=("1x2x4x3", "2x1x4x3"),
+                          bandwidth_bytes=2**16, sections=("roofline",))
   result = bench.run(options)
-  assert result["roofline"]["rows"] == 2
+  assert [f["rows"] for f in result["roofline"]] == [2, 2]
+  assert [f["workload"] for f in result["roofline"]] == ["1x2x4x3", "2x1x4x3"]
   for name in set(bench.SECTIONS) - {"roofline"}:
     assert result[name] is None, name
   text = bench.format_table(result)
-  assert "decode roofline" in text and "sampling:" not in text and "update:" not in text
+  assert "decode roofline: isojax, 2x1x4x3" in text and "sampling:" not in text and "update:" not in text
 
 
 def test_fastest_rate_takes_the_fastest_call(monkeypatch):
