@@ -264,6 +264,26 @@ def token_rows(fn: Callable[[jax.Array], jax.Array], x_BSD: jax.Array) -> jax.Ar
   return y.reshape(b, s, *y.shape[1:])
 
 
+def head_matmul(rows_ND: jax.Array, w_DV: jax.Array, *, fp32: bool) -> jax.Array:
+  """The LM head's product; with `fp32`, float32 logits from float32 products.
+
+  An f32 dot at the default precision is one bfloat16 pass on TPU and TF32 on recent
+  GPUs, so upcasting alone would not give float32 logits (ScaleRL's fix for the
+  sampler/trainer mismatch): float32 operands multiply at `Precision.HIGHEST` (on TPU
+  about 6x the head's FLOPs; CPUs always multiply f32 in full). Operands that share a
+  16-bit float dtype (bfloat16 sampling weights and activations) are multiplied as they
+  are with float32 accumulation: every product of two is exact in float32, so this is
+  the same as upcasting both, without the HIGHEST passes or a float32 copy of the head.
+  Without `fp32` the product runs in the activations' dtype.
+  """
+  if not fp32:
+    return rows_ND @ w_DV.astype(rows_ND.dtype)
+  if rows_ND.dtype == w_DV.dtype and jnp.finfo(rows_ND.dtype).bits == 16:
+    return jnp.matmul(rows_ND, w_DV, preferred_element_type=jnp.float32)
+  return jnp.matmul(rows_ND.astype(jnp.float32), w_DV.astype(jnp.float32),
+                    precision=jax.lax.Precision.HIGHEST)
+
+
 class MLP(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -381,14 +401,10 @@ class Transformer(nnx.Module):
     return jax.lax.scan(remat(step, self.cfg.remat), carry, (stacked, xs))
 
   def logits(self, h_BSD):
-    """LM head on final hidden states (float32 when `fp32_lm_head`)."""
+    """LM head on final hidden states (float32 products when `fp32_lm_head`)."""
     h = self.final_norm(h_BSD)
-    dtype = jnp.float32 if self.cfg.fp32_lm_head else h.dtype
-    if self.cfg.tie_embeddings:
-      w_DV = self.embed.embedding[...].astype(dtype).T
-    else:
-      w_DV = self.lm_head.kernel[...].astype(dtype)
-    return token_rows(lambda rows: rows.astype(dtype) @ w_DV, h)
+    w_DV = self.embed.embedding[...].T if self.cfg.tie_embeddings else self.lm_head.kernel[...]
+    return token_rows(lambda rows: head_matmul(rows, w_DV, fp32=self.cfg.fp32_lm_head), h)
 
   # -- entry points ---------------------------------------------------------
   def _full_attention_inputs(self, mask_BS):

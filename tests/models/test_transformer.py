@@ -116,3 +116,48 @@ def test_chunked_attention_equals_full_attention_with_gradients():
   np.testing.assert_allclose(loss_5, loss, rtol=1e-6)  # 12 = 5 + 5 + 2 (padded block)
   for a, b in zip(jax.tree.leaves(grads_5), jax.tree.leaves(grads)):
     np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
+
+
+def _head_product(model, h):
+  """The LM head's dot_general in the traced `model.logits(h)`."""
+  jaxpr = jax.make_jaxpr(model.logits)(h)
+  (head,) = [e for e in jaxpr.eqns if e.primitive.name == "dot_general"
+             and e.outvars[0].aval.shape[-1] == CFG["vocab_size"]]
+  return head
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("fp32_head", [True, False])
+def test_float32_lm_head_multiplies_at_highest_precision(tied, fp32_head):
+  """An f32 dot at the default precision is one bfloat16 pass on TPU and TF32 on GPUs
+  (CPUs ignore precision, so this reads the traced program): with `fp32_lm_head` and
+  float32 master weights, the head multiplies float32 operands at HIGHEST, also for
+  bfloat16 activations; without it, bfloat16 operands at the default precision."""
+  cfg = ModelConfig(num_layers=1, dtype="bfloat16", fp32_lm_head=fp32_head,
+                    tie_embeddings=tied, **CFG)
+  model = Transformer(cfg, rngs=nnx.Rngs(0))
+  head = _head_product(model, jnp.ones((2, 3, CFG["embed_dim"]), jnp.bfloat16))
+  want_dtype = jnp.float32 if fp32_head else jnp.bfloat16
+  assert [v.aval.dtype for v in head.invars] == [want_dtype, want_dtype]
+  highest = jax.lax.Precision.HIGHEST
+  assert head.params["precision"] == ((highest, highest) if fp32_head else None)
+  assert head.outvars[0].aval.dtype == want_dtype
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_float32_lm_head_on_bfloat16_weights_accumulates_exact_products(tied):
+  """bfloat16 sampling weights and activations: the head takes them as they are and
+  accumulates in float32, which equals the float64 product of the same bfloat16 values
+  to float32 summation error (every product of two bfloat16 values is exact in f32)."""
+  cfg = ModelConfig(num_layers=1, dtype="bfloat16", tie_embeddings=tied, **CFG)
+  model = Transformer(cfg, rngs=nnx.Rngs(0))
+  nnx.update(model, jax.tree.map(lambda x: x.astype(jnp.bfloat16), nnx.state(model, nnx.Param)))
+  h = jnp.asarray(np.random.default_rng(3).normal(size=(2, 3, CFG["embed_dim"])), jnp.bfloat16)
+  head = _head_product(model, h)
+  assert [v.aval.dtype for v in head.invars] == [jnp.bfloat16, jnp.bfloat16]
+  assert head.params["preferred_element_type"] == jnp.float32
+  logits = model.logits(h)
+  assert logits.dtype == jnp.float32
+  rows = np.asarray(model.final_norm(h), np.float64)
+  w = np.asarray(model.embed.embedding[...] if tied else model.lm_head.kernel[...].T, np.float64)
+  np.testing.assert_allclose(np.asarray(logits, np.float64), rows @ w.T, rtol=1e-6, atol=1e-6)
