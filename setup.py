@@ -43,7 +43,7 @@ setup(
         # The Hugging Face parity tests build random models with transformers + torch.
         # Install torch first (`pip install torch==2.13.0` gives the CPU build here).
         "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100",
-                 "transformers>=4.51,<6", "torch>=2.4",
+                 "transformers>=5.23,<6", "torch>=2.4",
                  "datasets>=3.0,<6", "tensorflow-datasets>=4.9.7,<5", "array_record>=0.7",
                  "reasoning-gym>=0.1.23,<0.2",
                  # TensorBoard's reader checks the event files; nbclient runs the colabs.

@@ -4,11 +4,13 @@ Instruct checkpoints ship a Jinja chat template that turns a list of messages in
 the exact prompt text the model was tuned on; a prompt that differs by one newline
 or one special token is off-distribution. isojax must not depend on transformers at
 run time, so this module re-creates the rendering of
-`transformers.utils.chat_template_utils` (transformers 5.x) with plain jinja2: the same
+`transformers.utils.chat_template_utils` (transformers 5.23) with plain jinja2: the same
 sandboxed environment (trim_blocks, lstrip_blocks, loop controls), the same `tojson`
 filter and `raise_exception` / `strftime_now` globals, the same message clean-up and
 the same variables (the tokenizer's special tokens, `tools=None`, `documents=None`).
-`tests/models/test_chat_template.py` pins the output to transformers'.
+`tests/models/test_chat_template.py` pins the output to transformers'. Older 5.x
+releases clean messages differently: 5.17 keeps None-valued keys and does not alias
+`thinking` to `reasoning_content`, so templates that test those render differently there.
 """
 
 from __future__ import annotations
