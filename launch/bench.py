@@ -14,7 +14,9 @@ greedy continuations agree). In one process it measures
      T / 8 tokens and the rest run to T; the static while_loop executes every row until
      the longest finishes, and the waste is 1 - useful / executed decode slots; against
      it, continuous batching in --skew_slots slots, and the same halving its slots down
-     to --skew_min_slots as the queue drains (`sampling.decode_slots_min`);
+     to --skew_min_slots as the queue drains (`sampling.decode_slots_min`); the
+     prompts' prefill, which every side pays, is timed alone too, so the gain of the
+     decoding alone is printed beside that of the whole call;
   4. long outputs: attention over the whole preallocated generated cache at every step
      against blocked attention over its filled part (`sampling.decode_block`);
   5. the update (`update.train_step`): tokens/s, model FLOP/s and its fraction of the
@@ -36,6 +38,7 @@ round); compile = warm-up minus that median. --sections picks what runs, e.g. on
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import tempfile
 import time
@@ -142,6 +145,13 @@ def round_ratio(fast: Timing, slow: Timing, work_ratio: float = 1.0) -> float:
   return float(np.median(np.asarray(slow.times_s) / np.asarray(fast.times_s))) * work_ratio
 
 
+def decode_ratio(fast: Timing, slow: Timing, prefill: Timing) -> float:
+  """`round_ratio` of the two calls' walls less the round's prefill: what the sides'
+  decoding alone gains, the prompts' prefill (the same work on both sides) left out."""
+  return float(np.median((np.asarray(slow.times_s) - prefill.times_s)
+                         / (np.asarray(fast.times_s) - prefill.times_s)))
+
+
 def build_checkpoint(path: str, o: Options) -> transformers.PreTrainedModel:
   """A random-weight Qwen2ForCausalLM saved to `path`; returns it in eval mode."""
   torch.manual_seed(o.seed)
@@ -176,6 +186,17 @@ def isojax_sample(model, prompts_GP, *, n, new_tokens, temperature=1.0, stop_ids
       jax.random.key(0), n=n, max_new_tokens=new_tokens, temperature=temperature, top_k=0,
       top_p=1.0, stop_ids=tuple(stop_ids), pad_id=0, num_slots=num_slots, min_slots=min_slots,
       decode_block=decode_block, weights_dtype=weights_dtype))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _prefill(graphdef, state, prompts_GP):
+  return nnx.merge(graphdef, state).prefill(prompts_GP, jnp.ones(prompts_GP.shape, bool))
+
+
+def isojax_prefill(model, prompts_GP):
+  """The prompts' prefill alone (`Transformer.prefill`, which `sampler.sample` starts
+  with), computed before returning."""
+  return jax.block_until_ready(_prefill(*model, jnp.asarray(prompts_GP)))
 
 
 def hf_device() -> str:
@@ -282,8 +303,9 @@ def bench_skew(model, o: Options, rng) -> dict:
       model, prompts, n=1, new_tokens=t, temperature=0, stop_ids=stops, num_slots=slots,
       min_slots=min_slots)
   min_slots = [0] + ([o.skew_min_slots] if 0 < o.skew_min_slots < o.skew_slots else [])
-  lockstep, full, *cbs = timed_rounds(
-      [lambda: run((stop,)), lambda: run(())]   # run(()): every row to T, the dense rate
+  prefill, lockstep, full, *cbs = timed_rounds(
+      [lambda: isojax_prefill(model, prompts), lambda: run((stop,)),
+       lambda: run(())]   # run(()): every row to T, the dense rate
       + [lambda m=m: run((stop,), o.skew_slots, m) for m in min_slots], o.repeats)
   out = lockstep.out
   waste = slot_waste(np.asarray(out.mask))
@@ -294,11 +316,14 @@ def bench_skew(model, o: Options, rng) -> dict:
     same = all(np.array_equal(np.asarray(getattr(out, f)), np.asarray(getattr(cb.out, f)))
                for f in ("tokens", "mask", "finished"))
     return dict(slots=o.skew_slots, min_slots=m, same_outputs=same,
-                speedup=round_ratio(cb, lockstep), **rate(waste["useful_slots"], cb))
+                speedup=round_ratio(cb, lockstep),
+                decode_speedup=decode_ratio(cb, lockstep, prefill),
+                **rate(waste["useful_slots"], cb))
   return dict(rows=o.skew_rows, prompt_len=o.skew_prompt_len, new_tokens=t, stop_id=stop,
               long_fraction=float(np.mean(lengths == t)), short_len=short_len, **waste,
               **rate(waste["useful_slots"], lockstep), full_batch_tokens_per_s=full_rate,
-              ideal_s=waste["useful_slots"] / full_rate,
+              ideal_s=waste["useful_slots"] / full_rate, prefill_s=prefill.median_s,
+              prefill_times_s=prefill.times_s,
               continuous=[continuous(m, cb) for m, cb in zip(min_slots, cbs)])
 
 
@@ -507,6 +532,10 @@ def _skew_lines(r: dict, o: dict) -> list[str]:
     lines.append(f"  continuous batching, {cb['slots']} slots{halving}: wall "
                  f"{cb['median_s']:.2f} s ({cb['tokens_per_s']:.0f} useful tokens/s) -> "
                  f"{cb['speedup']:.2f}x lockstep; same greedy outputs: {cb['same_outputs']}")
+  lines.append(f"  the prefill of the {k['rows']} prompts, in both sides' wall: "
+               f"{k['prefill_s']:.2f} s; without it, decoding alone -> "
+               + ", ".join(f"{cb['decode_speedup']:.2f}x" for cb in k["continuous"])
+               + " lockstep (same order)")
   return lines
 
 

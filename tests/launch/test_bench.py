@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import jax  # pylint: disable=g-import-not-at-top
@@ -151,6 +151,17 @@ def test_find_skew_prompts():
     bench.find_skew_prompts(np.array([[1, 1], [1, 1]]), short_len=2)
 
 
+def test_timed_prefill_is_the_prompts_forward(models):
+  """The skew section's prefill: its last-token logits are Hugging Face's on the prompts."""
+  options, model, hf_model = models
+  prompts = bench.random_prompts(np.random.default_rng(2), 3, 7, options.vocab)
+  logits, prefix = bench.isojax_prefill(model, prompts)
+  with torch.inference_mode():
+    theirs = hf_model(torch.as_tensor(prompts, dtype=torch.long)).logits[:, -1].numpy()
+  np.testing.assert_allclose(np.asarray(logits), theirs, atol=1e-4, rtol=1e-4)
+  assert prefix.mask.shape == (3, 7) and bool(prefix.mask.all())
+
+
 def test_skew_batch_has_short_and_long_rows(models):
   options, model, _ = models
   options = bench.Options(**TINY, repeats=1, skew_rows=10, skew_prompt_len=6,
@@ -165,6 +176,10 @@ def test_skew_batch_has_short_and_long_rows(models):
     assert cb["tokens"] == result["useful_slots"]
     assert cb["speedup"] == pytest.approx(
         float(np.median(np.divide(result["times_s"], cb["times_s"]))))
+    pre = np.asarray(result["prefill_times_s"])
+    assert cb["decode_speedup"] == pytest.approx(float(np.median(
+        (np.asarray(result["times_s"]) - pre) / (np.asarray(cb["times_s"]) - pre))))
+  assert result["prefill_s"] == pytest.approx(float(np.median(result["prefill_times_s"])))
   assert result["useful_slots"] == 9 * 2 + 1 * 16
   assert result["executed_slots"] == 10 * 16
   assert result["waste_fraction"] == pytest.approx(
