@@ -120,6 +120,8 @@ def base_config() -> ml_collections.ConfigDict:
       max_new_tokens=8,
       max_rollouts_per_call=0,  # 0: a step's rollouts in one sampler call
       weights_dtype="",      # "" (as trained) or "bfloat16": weights cast for sampling
+      dtype="",              # "" (model.dtype) or "bfloat16": the sampler's activations,
+                             # hence its KV caches
       decode_slots=0,        # > 0: continuous batching in this many decode rows per call
       decode_slots_min=0,    # > 0: halve the slots, down to this many, once nothing is
                              # queued and at most half are busy; 0: never
@@ -596,9 +598,9 @@ def _check_sampling_memory(c: ml_collections.ConfigDict, n: int) -> None:
   if s.decode_slots_min and not s.decode_slots:
     raise ValueError(f"sampling.decode_slots_min={s.decode_slots_min} needs continuous "
                      "batching: set sampling.decode_slots > 0 (or decode_slots_min=0)")
-  if s.weights_dtype not in ("", "float32", "bfloat16"):
-    raise ValueError(f"sampling.weights_dtype={s.weights_dtype!r}: expected '', float32 or "
-                     "bfloat16")
+  for field in ("weights_dtype", "dtype"):
+    if s[field] not in ("", "float32", "bfloat16"):
+      raise ValueError(f"sampling.{field}={s[field]!r}: expected '', float32 or bfloat16")
   if not isinstance(s.decode_block, int) or isinstance(s.decode_block, bool):
     raise ValueError(f"sampling.decode_block={s.decode_block!r}: expected an integer >= 0 "
                      "(0: attend over the whole generated cache)")

@@ -39,7 +39,7 @@ from flax import nnx
 from ml_collections import config_flags
 
 from isojax import config_lib
-from isojax.models import hf_checkpoint, sharding
+from isojax.models import hf_checkpoint, sharding, transformer
 from isojax.rl import rollout, update
 from isojax.sampling import sampler
 
@@ -190,7 +190,7 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
   n, m, b_p = (config.rollouts_per_problem, config_lib.train_rollouts_per_problem(config),
                config.problems_per_batch)
   p, t = prompt_len, config.sampling.max_new_tokens
-  graphdef, abstract = nnx.split(hf_checkpoint.abstract_model(model_cfg))
+  graphdef, abstract = nnx.split(transformer.abstract_model(model_cfg))
   params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                         abstract, sharding.state_shardings(abstract, mesh))
   tx, _ = update.make_optimizer(config)
@@ -216,9 +216,10 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
       top_k=int(config.sampling.top_k), top_p=float(config.sampling.top_p),
       stop_ids=(model_cfg.vocab_size - 1,), pad_id=0,
       weights_dtype=config.sampling.weights_dtype or None,
-      decode_block=config.sampling.decode_block, **slots)
+      dtype=config.sampling.dtype or None, decode_block=config.sampling.decode_block, **slots)
   decoding = (f", {slots['num_slots']} decode slots" if slots["num_slots"] else "") + (
-      f" halving down to {slots['min_slots']}" if slots["min_slots"] else "")
+      f" halving down to {slots['min_slots']}" if slots["min_slots"] else "") + (
+      f", {config.sampling.dtype} activations and caches" if config.sampling.dtype else "")
 
   b = b_p * m  # rollouts scored and trained per step; train_step splits the minibatches
   score = lambda: update.score.lower(

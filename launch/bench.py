@@ -178,14 +178,14 @@ def random_prompts(rng: np.random.Generator, g: int, p: int, vocab: int) -> np.n
 
 
 def isojax_sample(model, prompts_GP, *, n, new_tokens, temperature=1.0, stop_ids=(),
-                  num_slots=0, min_slots=0, decode_block=0, weights_dtype=None):
+                  num_slots=0, min_slots=0, decode_block=0, weights_dtype=None, dtype=None):
   """Rollouts of `sampler.sample` (B = G * n rows), computed before returning."""
   graphdef, state = model
   return jax.block_until_ready(sampler.sample(
       graphdef, state, jnp.asarray(prompts_GP), jnp.ones(prompts_GP.shape, bool),
       jax.random.key(0), n=n, max_new_tokens=new_tokens, temperature=temperature, top_k=0,
       top_p=1.0, stop_ids=tuple(stop_ids), pad_id=0, num_slots=num_slots, min_slots=min_slots,
-      decode_block=decode_block, weights_dtype=weights_dtype))
+      decode_block=decode_block, weights_dtype=weights_dtype, dtype=dtype))
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -402,10 +402,10 @@ def bench_decode_roofline(model, counts: dict, workload: str, o: Options, rng, *
   over its step time, against the measured copy bandwidth (per round) and the nominal."""
   g, n, p, t = parse_workload(workload, "--roofline entry")
   itemsize = jnp.dtype(o.roofline_dtype).itemsize
-  weights_dtype = None if o.roofline_dtype == "float32" else o.roofline_dtype
+  dtype = None if o.roofline_dtype == "float32" else o.roofline_dtype
   prompts = random_prompts(rng, g, p, o.vocab)
   run = lambda new_tokens: isojax_sample(model, prompts, n=n, new_tokens=new_tokens,
-                                         weights_dtype=weights_dtype)
+                                         weights_dtype=dtype, dtype=dtype)
   best = bench_roofline.copy_bandwidth(o.bandwidth_bytes)
   peaks = []
   _, short, long = timed_rounds([lambda: peaks.append(best()), lambda: run(1), lambda: run(t)],
@@ -465,8 +465,6 @@ def run(o: Options) -> dict:
   with tempfile.TemporaryDirectory(prefix="isojax_bench_") as path:
     hf_model = build_checkpoint(path, o).to(hf_device())
     model = nnx.split(hf_checkpoint.load_model(path))
-    roofline_model = (model if o.roofline_dtype == "float32" or "roofline" not in wanted
-                      else nnx.split(hf_checkpoint.load_model(path, dtype=o.roofline_dtype)))
     tunix = (bench_tunix.load(path) if bench_tunix.tunix_available() and "sampling" in wanted
              else None)
   counts = param_counts(hf_model)
@@ -486,7 +484,7 @@ def run(o: Options) -> dict:
       update=lambda: bench_update(model, counts, o, rng),
       rl_step=lambda: bench_step.breakdown(bench_step.default_config(o.rl_steps))
       if o.rl_steps else None,
-      roofline=lambda: [bench_decode_roofline(roofline_model, counts, w, o, rng,
+      roofline=lambda: [bench_decode_roofline(model, counts, w, o, rng,
                                               tied=hf_model.config.tie_word_embeddings)
                         for w in o.roofline])
   return dict(info, **{name: fn() if name in wanted else None

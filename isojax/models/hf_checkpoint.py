@@ -26,7 +26,7 @@ from flax import nnx
 from safetensors.numpy import save_file
 
 from isojax.models import sharding as sharding_lib
-from isojax.models.transformer import ModelConfig, Transformer
+from isojax.models.transformer import ModelConfig, Transformer, abstract_model
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 WEIGHTS_FILE = "model.safetensors"
@@ -194,10 +194,6 @@ def read_hf_config(path: str) -> dict[str, Any]:
     raise FileNotFoundError(f"{file}: missing; expected a Hugging Face checkpoint directory")
   with open(file) as f:
     return json.load(f)
-
-
-def abstract_model(cfg: ModelConfig) -> Transformer:
-  return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
 
 
 def load_model(path: str, mesh=None, *, dtype: str = "float32", fp32_lm_head: bool = True,

@@ -377,6 +377,18 @@ class Transformer(nnx.Module):
           cfg.embed_dim, cfg.vocab_size, use_bias=False, rngs=rngs,
           kernel_init=_param(nnx.initializers.normal(0.02), ("embed", "vocab")))
 
+  def with_dtype(self, dtype: str) -> Transformer:
+    """This model's parameters (the same arrays) in a model whose activations, and so its
+    prefill and decode caches, are `dtype` (`ModelConfig.dtype`); itself if they are.
+
+    The activation dtype is part of the module graph (each projection casts its inputs
+    and kernel to it), so the graph is rebuilt, shapes only, for the new config.
+    """
+    if dtype == self.cfg.dtype:
+      return self
+    graphdef = nnx.graphdef(abstract_model(dataclasses.replace(self.cfg, dtype=dtype)))
+    return nnx.merge(graphdef, nnx.state(self))
+
   # -- pieces ---------------------------------------------------------------
   def _rope(self, positions_BS) -> Rope:
     cfg = self.cfg
@@ -506,6 +518,17 @@ class Transformer(nnx.Module):
       k_cache.append(k_layer)
       v_cache.append(v_layer)
     return self.logits(x)[:, 0], DecodeCache(k=tuple(k_cache), v=tuple(v_cache))
+
+
+def abstract_model(cfg: ModelConfig) -> Transformer:
+  """A Transformer of `cfg` with shapes for parameters (nothing is initialised).
+
+  Built outside any mesh, also when called under one (a sampler traced under
+  `jax.set_mesh`): `nnx.eval_shape` would place the shapes on the current mesh by their
+  logical axis names, which are not mesh axes.
+  """
+  with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
+    return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
 
 
 # Attention branches a decode step may compile (`decode(cache_block=...)`): T / block of them.

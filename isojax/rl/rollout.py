@@ -109,6 +109,7 @@ def sample(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Seq
                 temperature=float(sampling.temperature if temperature is None else temperature),
                 top_k=int(sampling.top_k), top_p=float(sampling.top_p), stop_ids=tok.eos_ids,
                 pad_id=tok.pad_id, weights_dtype=sampling.weights_dtype or None,
+                dtype=sampling.dtype or None,
                 decode_block=sampling.decode_block,
                 **slot_settings(sampling, per_call * n, shards))
   parts = []

@@ -165,15 +165,19 @@ def _cast_floats(state, dtype: str | None):
 
 @functools.partial(jax.jit, static_argnames=(
     "graphdef", "n", "max_new_tokens", "temperature", "top_k", "top_p", "stop_ids", "pad_id",
-    "weights_dtype", "num_slots", "min_slots", "decode_block"))
+    "weights_dtype", "dtype", "num_slots", "min_slots", "decode_block"))
 def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, *, n: int,
            max_new_tokens: int, temperature: float, top_k: int = 0, top_p: float = 1.0,
            stop_ids: tuple[int, ...], pad_id: int, weights_dtype: str | None = None,
-           num_slots: int = 0, min_slots: int = 0, decode_block: int = 0) -> Rollouts:
+           dtype: str | None = None, num_slots: int = 0, min_slots: int = 0,
+           decode_block: int = 0) -> Rollouts:
   """Samples n rollouts for each of G left-padded prompts; rollout b belongs to b // n.
 
   Any id of `stop_ids` ends a rollout (it is kept as the rollout's last token).
-  `weights_dtype` ("bfloat16") casts the weights once for the whole call.
+  `weights_dtype` ("bfloat16") casts the weights once for the whole call; `dtype`
+  ("bfloat16") runs the call's activations, hence its prompt and decode caches, in that
+  dtype (`Transformer.with_dtype`; None: the model's `cfg.dtype`). Logits and the
+  sampler's log-probs are float32 either way.
   `num_slots` > 0 decodes with continuous batching in that many slots (see
   `_decode_continuous`); 0 decodes all G * n rollouts in lockstep. `min_slots` > 0 lets
   continuous batching halve its slots, down to that many, once nothing is queued and at
@@ -183,6 +187,7 @@ def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, *, n: int,
   """
   stop_ids_K = jnp.asarray(tuple(stop_ids), jnp.int32)
   model = nnx.merge(graphdef, _cast_floats(state, weights_dtype))
+  model = model.with_dtype(dtype) if dtype else model
   g = prompts_GP.shape[0]
   b = g * n
   prompts_GP = sharding.constrain(prompts_GP, ("batch", None))

@@ -100,6 +100,16 @@ def test_bad_model_fields_name_field(field, value, message):
     config_lib.resolve(c)
 
 
+@pytest.mark.parametrize("field", ["weights_dtype", "dtype"])
+def test_bad_sampling_dtypes_name_their_field(field):
+  c = _config()
+  c.sampling[field] = "float16"
+  with pytest.raises(ValueError, match=rf"sampling.{field}='float16': expected '', float32"):
+    config_lib.resolve(c)
+  c.sampling[field] = "bfloat16"
+  config_lib.resolve(c)
+
+
 def test_unknown_field_names_itself_and_the_closest_known_field():
   c = _config()
   c.rl.unlock()

@@ -78,21 +78,25 @@ def test_cpu8_compiles_every_program_with_hand_counted_arguments(model_dir):
   assert got["sample"]["resident"] == got["score"]["resident"] == opt + params
 
 
-def test_sampler_is_compiled_with_the_configured_slots(model_dir):
+def test_sampler_is_compiled_with_the_configured_slots_and_dtype(model_dir):
   """The sampler program is the one `rollout.sample` runs: with sampling.decode_slots its
-  decode cache holds the slots' rows, not one row per rollout."""
+  decode cache holds the slots' rows, not one row per rollout; with
+  sampling.dtype=bfloat16 (a float32 model) it holds them in bfloat16."""
   code = f"""
     import dataclasses, json
     from configs import hard
     from launch import aot
     aot.prepare_backend("cpu:8")
     out = []
-    for slots, fewest in ((0, 0), (8, 0), (8, 1)):
+    for slots, fewest, weights, dtype in ((0, 0, "", ""), (8, 0, "", ""), (8, 1, "", ""),
+                                          (0, 0, "bfloat16", ""),
+                                          (0, 0, "bfloat16", "bfloat16")):
       config = hard.get_config("micro")
       config.base_model.path = {model_dir!r}
       config.mesh.update(data=1, fsdp=-1, tensor=1)
       config.sampling.max_new_tokens = 512   # the decode cache dominates the temporaries
-      config.sampling.update(decode_slots=slots, decode_slots_min=fewest)
+      config.sampling.update(decode_slots=slots, decode_slots_min=fewest,
+                             weights_dtype=weights, dtype=dtype)
       sample = aot.check(config, aot.topology_devices("cpu:8"), aot.model_config(config), 16)[0]
       out.append(dataclasses.asdict(sample))
     print(json.dumps(out))
@@ -100,8 +104,9 @@ def test_sampler_is_compiled_with_the_configured_slots(model_dir):
   proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO,
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-4000:]
-  lockstep, slots, halving = json.loads(proc.stdout.strip().splitlines()[-1])
-  assert "decode slots" not in lockstep["inputs"]
+  lockstep, slots, halving, bf16_weights, bf16 = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert "decode slots" not in lockstep["inputs"] and "caches" not in lockstep["inputs"]
+  assert bf16["inputs"].endswith(" x 4 rollouts of 512 tokens, bfloat16 activations and caches")
   assert slots["inputs"].endswith(", 8 decode slots")
   assert halving["inputs"].endswith(", 8 decode slots halving down to 8")
   # 16 rollouts in 8 slots: the [L, rows, 512, K, H] caches of k and v shrink by half a
@@ -109,6 +114,12 @@ def test_sampler_is_compiled_with_the_configured_slots(model_dir):
   cache = 2 * HF["num_hidden_layers"] * 512 * HF["num_key_value_heads"] * (
       HF["hidden_size"] // HF["num_attention_heads"]) * 4 * (16 - 8) // 8
   assert lockstep["temp"] - slots["temp"] >= 0.9 * cache, (lockstep["temp"], slots["temp"])
+  # With bfloat16 weights either way, bfloat16 activations take half the 16 rows' caches
+  # (16 rows = 2 x (16 - 8), so `cache` bytes). The peak temporaries shrink by more than
+  # half of that (0.83 of it when this test was written), which float32 caches could
+  # not give: at 2 rows per chip the other activations are a few KiB, and the float32
+  # copies of the bfloat16 weights that float32 projections make about 40 KiB.
+  assert bf16_weights["temp"] - bf16["temp"] >= 0.5 * cache, (bf16_weights["temp"], bf16["temp"])
 
 
 def test_too_small_hbm_fails_naming_programs_and_fields(model_dir):
@@ -146,11 +157,11 @@ def test_bad_inputs_fail_before_compiling(model_dir):
 
 def test_known_models_have_their_published_sizes():
   import math  # pylint: disable=g-import-not-at-top
-  from isojax.models import hf_checkpoint  # pylint: disable=g-import-not-at-top
+  from isojax.models import transformer  # pylint: disable=g-import-not-at-top
   cfg = aot.model_config(hard.get_config("paper"), "qwen2.5-7b")
   assert (cfg.num_layers, cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
           cfg.mlp_dim, cfg.vocab_size) == (28, 3584, 28, 4, 128, 18944, 152064)
   assert cfg.qkv_bias and not cfg.tie_embeddings and cfg.rope_theta == 1e6
-  sizes = [math.prod(x.shape) for x in jax.tree.leaves(hf_checkpoint.abstract_model(cfg))]
+  sizes = [math.prod(x.shape) for x in jax.tree.leaves(transformer.abstract_model(cfg))]
   assert sum(sizes) == 7_615_616_512  # Qwen2.5-7B's model card: 7.61B
   assert aot.model_config(hard.get_config("paper"), "qwen2.5-1.5b").tie_embeddings

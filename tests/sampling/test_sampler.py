@@ -1,5 +1,7 @@
 """The cached sampler against an uncached forward pass, and prompt-cache sharing."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -51,6 +53,56 @@ def test_greedy_cached_equals_uncached_argmax():
         break
     got = np.asarray(out.tokens[row])[np.asarray(out.mask[row])]
     assert got.tolist() == expected
+
+
+def _uncached_greedy(model, tokens, mask, steps):
+  """Argmax decoding that reruns the whole sequence for every new token, per row."""
+  rows = []
+  for row in range(tokens.shape[0]):
+    seq, new = list(tokens[row][mask[row]]), []
+    for _ in range(steps):
+      new.append(int(np.argmax(model(np.array([seq]), np.ones((1, len(seq)), bool))[0, -1])))
+      seq.append(new[-1])
+    rows.append(new)
+  return np.array(rows)
+
+
+def _while_carries(jaxpr):
+  """Avals carried by every while loop in a (closed) jaxpr, nested ones included."""
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "while":
+      yield from eqn.params["body_jaxpr"].in_avals
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (tuple, list)) else (param,):
+        if hasattr(sub, "eqns") or hasattr(sub, "jaxpr"):
+          yield from _while_carries(getattr(sub, "jaxpr", sub))
+
+
+@pytest.mark.parametrize("num_slots", [0, 3])
+def test_sampling_dtype_runs_activations_and_caches_in_bfloat16(num_slots):
+  """`dtype=bfloat16` on a float32 model: every decode loop carries its layer caches in
+  bfloat16 (float32 without it), and the greedy tokens are those of uncached argmax
+  decoding by a model built in bfloat16 from the same parameters."""
+  model = _model()
+  tokens, mask = _prompts()
+  graphdef, state = nnx.split(model)
+  kw = dict(n=2, max_new_tokens=6, temperature=0.0, stop_ids=(), pad_id=PAD,
+            num_slots=num_slots)
+  cfg = model.cfg
+  cache_shapes = {(s, cfg.num_kv_heads, cfg.head_dim, 6) for s in (4, num_slots)} | {
+      (s, cfg.num_kv_heads, 6, cfg.head_dim) for s in (4, num_slots)}
+  for dtype, expected in ((None, jnp.float32), ("bfloat16", jnp.bfloat16)):
+    traced = jax.make_jaxpr(lambda st, p, m, k, dtype=dtype: sampler.sample(
+        graphdef, st, p, m, k, dtype=dtype, **kw))(state, tokens, mask, jax.random.key(0))
+    caches = [a for a in _while_carries(traced.jaxpr) if a.shape in cache_shapes]
+    assert len(caches) >= 2 * cfg.num_layers
+    assert {a.dtype for a in caches} == {jnp.dtype(expected)}, dtype
+  out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(0), dtype="bfloat16", **kw)
+  reference = Transformer(dataclasses.replace(cfg, dtype="bfloat16"), rngs=nnx.Rngs(0))
+  nnx.update(reference, state)
+  np.testing.assert_array_equal(np.asarray(out.tokens),
+                                np.repeat(_uncached_greedy(reference, tokens, mask, 6), 2, 0))
+  assert model.with_dtype("float32") is model
 
 
 def test_stops_at_eos_and_pads_after():

@@ -119,7 +119,7 @@ def test_calls_of_max_rollouts_cover_every_problem_in_order(decode_slots, decode
                              enumerate(problems)}, pad_id=0, max_len=16)
   sampling = ml_collections.ConfigDict(dict(
       max_new_tokens=6, temperature=1.0, top_k=0, top_p=1.0, max_rollouts_per_call=4,
-      weights_dtype="", decode_slots=decode_slots, decode_slots_min=decode_slots_min,
+      weights_dtype="", dtype="", decode_slots=decode_slots, decode_slots_min=decode_slots_min,
       decode_block=0))
   key = jax.random.key(9)
   got = rollout.sample(graphdef, params, _Tokenizer(), book, problems,
@@ -234,7 +234,7 @@ def test_decoding_and_grading_run_on_the_host_thread():
     return float(problem.answer)
   sampling = ml_collections.ConfigDict(dict(
       max_new_tokens=4, temperature=1.0, top_k=0, top_p=1.0, max_rollouts_per_call=0,
-      weights_dtype="", decode_slots=0, decode_slots_min=0, decode_block=0))
+      weights_dtype="", dtype="", decode_slots=0, decode_slots_min=0, decode_block=0))
   pending = rollout.sample(graphdef, params, _Tokenizer(), book, problems,
                            tasks.PerItemVerifier(reward), n=2, rng=jax.random.key(0),
                            sampling=sampling)
