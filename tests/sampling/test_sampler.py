@@ -34,37 +34,34 @@ def _prompts():
   return tokens, tokens != PAD
 
 
+def _uncached_greedy(model, tokens, mask, steps, stop=None):
+  """Argmax decoding that reruns the whole sequence for every new token, row by row,
+  each time as one left-padded buffer of the final width (one compiled forward)."""
+  width = tokens.shape[1] + steps
+  last_logits = jax.jit(lambda ids, keep: model(ids, keep)[:, -1])
+  rows = []
+  for row in range(tokens.shape[0]):
+    seq, new = list(tokens[row][mask[row]]), []
+    while len(new) < steps and (not new or new[-1] != stop):
+      keep = np.arange(width) >= width - len(seq)
+      ids = np.zeros(width, np.int32)
+      ids[keep] = seq
+      new.append(int(np.argmax(last_logits(ids[None], keep[None])[0])))
+      seq.append(new[-1])
+    rows.append(new)
+  return rows
+
+
 def test_greedy_cached_equals_uncached_argmax():
   model = _model()
   tokens, mask = _prompts()
   graphdef, state = nnx.split(model)
   out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(0), n=1,
                        max_new_tokens=6, temperature=0.0, stop_ids=(EOS,), pad_id=PAD)
-  # Uncached reference: rerun the whole sequence for every new token.
+  expected = _uncached_greedy(model, tokens, mask, 6, stop=EOS)
   for row in range(tokens.shape[0]):
-    seq = list(tokens[row][mask[row]])
-    expected = []
-    for _ in range(6):
-      logits = model(np.array([seq]), np.ones((1, len(seq)), bool))[0, -1]
-      nxt = int(np.argmax(logits))
-      expected.append(nxt)
-      seq.append(nxt)
-      if nxt == EOS:
-        break
     got = np.asarray(out.tokens[row])[np.asarray(out.mask[row])]
-    assert got.tolist() == expected
-
-
-def _uncached_greedy(model, tokens, mask, steps):
-  """Argmax decoding that reruns the whole sequence for every new token, per row."""
-  rows = []
-  for row in range(tokens.shape[0]):
-    seq, new = list(tokens[row][mask[row]]), []
-    for _ in range(steps):
-      new.append(int(np.argmax(model(np.array([seq]), np.ones((1, len(seq)), bool))[0, -1])))
-      seq.append(new[-1])
-    rows.append(new)
-  return np.array(rows)
+    assert got.tolist() == expected[row]
 
 
 def _while_carries(jaxpr):
@@ -78,30 +75,32 @@ def _while_carries(jaxpr):
           yield from _while_carries(getattr(sub, "jaxpr", sub))
 
 
-@pytest.mark.parametrize("num_slots", [0, 3])
-def test_sampling_dtype_runs_activations_and_caches_in_bfloat16(num_slots):
-  """`dtype=bfloat16` on a float32 model: every decode loop carries its layer caches in
-  bfloat16 (float32 without it), and the greedy tokens are those of uncached argmax
-  decoding by a model built in bfloat16 from the same parameters."""
+def test_sampling_dtype_runs_activations_and_caches_in_bfloat16():
+  """`dtype=bfloat16` on a float32 model: every decode loop (lockstep and continuous
+  batching) carries its layer caches in bfloat16 (float32 without it), and the greedy
+  tokens are those of uncached argmax decoding by a model built in bfloat16 from the
+  same parameters."""
   model = _model()
   tokens, mask = _prompts()
   graphdef, state = nnx.split(model)
-  kw = dict(n=2, max_new_tokens=6, temperature=0.0, stop_ids=(), pad_id=PAD,
-            num_slots=num_slots)
+  kw = dict(n=2, max_new_tokens=6, temperature=0.0, stop_ids=(), pad_id=PAD)
   cfg = model.cfg
-  cache_shapes = {(s, cfg.num_kv_heads, cfg.head_dim, 6) for s in (4, num_slots)} | {
-      (s, cfg.num_kv_heads, 6, cfg.head_dim) for s in (4, num_slots)}
-  for dtype, expected in ((None, jnp.float32), ("bfloat16", jnp.bfloat16)):
-    traced = jax.make_jaxpr(lambda st, p, m, k, dtype=dtype: sampler.sample(
-        graphdef, st, p, m, k, dtype=dtype, **kw))(state, tokens, mask, jax.random.key(0))
-    caches = [a for a in _while_carries(traced.jaxpr) if a.shape in cache_shapes]
-    assert len(caches) >= 2 * cfg.num_layers
-    assert {a.dtype for a in caches} == {jnp.dtype(expected)}, dtype
+  for slots in (0, 3):
+    rows = slots or 4
+    cache_shapes = {(rows, cfg.num_kv_heads, cfg.head_dim, 6),
+                    (rows, cfg.num_kv_heads, 6, cfg.head_dim)}
+    for dtype, expected in ((None, jnp.float32), ("bfloat16", jnp.bfloat16)):
+      traced = jax.make_jaxpr(lambda st, p, m, k, dtype=dtype, slots=slots: sampler.sample(
+          graphdef, st, p, m, k, dtype=dtype, num_slots=slots, **kw))(
+              state, tokens, mask, jax.random.key(0))
+      caches = [a for a in _while_carries(traced.jaxpr) if a.shape in cache_shapes]
+      assert len(caches) >= 2 * cfg.num_layers, (slots, dtype)
+      assert {a.dtype for a in caches} == {jnp.dtype(expected)}, (slots, dtype)
   out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(0), dtype="bfloat16", **kw)
   reference = Transformer(dataclasses.replace(cfg, dtype="bfloat16"), rngs=nnx.Rngs(0))
   nnx.update(reference, state)
-  np.testing.assert_array_equal(np.asarray(out.tokens),
-                                np.repeat(_uncached_greedy(reference, tokens, mask, 6), 2, 0))
+  np.testing.assert_array_equal(
+      np.asarray(out.tokens), np.repeat(_uncached_greedy(reference, tokens, mask, 6), 2, 0))
   assert model.with_dtype("float32") is model
 
 
