@@ -116,7 +116,8 @@ def test_sampler_is_compiled_with_the_configured_slots_and_dtype(model_dir):
   assert lockstep["temp"] - slots["temp"] >= 0.9 * cache, (lockstep["temp"], slots["temp"])
   # With bfloat16 weights either way, bfloat16 activations take half the 16 rows' caches
   # (16 rows = 2 x (16 - 8), so `cache` bytes). The peak temporaries shrink by more than
-  # half of that (0.83 of it when this test was written), which float32 caches could
+  # half of that (0.83 of it when this test was written: XLA:CPU upcasts the attended
+  # layer's bfloat16 cache to float32 for its dots), which float32 caches could
   # not give: at 2 rows per chip the other activations are a few KiB, and the float32
   # copies of the bfloat16 weights that float32 projections make about 40 KiB.
   assert bf16_weights["temp"] - bf16["temp"] >= 0.5 * cache, (bf16_weights["temp"], bf16["temp"])
