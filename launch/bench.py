@@ -148,8 +148,8 @@ def round_ratio(fast: Timing, slow: Timing, work_ratio: float = 1.0) -> float:
 def decode_ratio(fast: Timing, slow: Timing, prefill: Timing) -> float:
   """`round_ratio` of the two calls' walls less the round's prefill: what the sides'
   decoding alone gains, the prompts' prefill (the same work on both sides) left out."""
-  return float(np.median((np.asarray(slow.times_s) - prefill.times_s)
-                         / (np.asarray(fast.times_s) - prefill.times_s)))
+  less = lambda t: dataclasses.replace(t, times_s=list(np.subtract(t.times_s, prefill.times_s)))
+  return round_ratio(less(fast), less(slow))
 
 
 def build_checkpoint(path: str, o: Options) -> transformers.PreTrainedModel:
