@@ -10,8 +10,9 @@ greedy continuations agree). In one process it measures
      so every rollout has exactly T tokens) on each --workloads entry G x n x P x T
      (G prompts, n rollouts each, P prompt tokens, T new tokens); Tunix if importable;
   2. the shared prompt cache: isojax at several n for the same G * n rollouts;
-  3. a length-skewed batch: greedy prompts chosen so ~90% of rows emit a stop id after
-     T / 8 tokens and the rest run to T; the static while_loop executes every row until
+  3. length-skewed batches (--skew_rows rows, G = rows / n prompts for each n of
+     --skew_n): greedy prompts chosen so ~90% of rows emit a stop id after T / 8 tokens
+     and the rest run to T; the static while_loop executes every row until
      the longest finishes, and the waste is 1 - useful / executed decode slots; against
      it, continuous batching in --skew_slots slots, and the same halving its slots down
      to --skew_min_slots as the queue drains (`sampling.decode_slots_min`); the
@@ -76,6 +77,7 @@ class Options:
   share_prompt_len: int = 256
   share_new_tokens: int = 64
   skew_rows: int = 256
+  skew_n: tuple[int, ...] = (1, 8)   # rollouts per prompt: G = skew_rows / n prompts
   skew_prompt_len: int = 64
   skew_new_tokens: int = 64
   skew_long_fraction: float = 0.1
@@ -290,17 +292,25 @@ def find_skew_prompts(tokens_CT: np.ndarray, short_len: int):
                    "long greedy rollout; raise --skew_candidates")
 
 
-def bench_skew(model, o: Options, rng) -> dict:
-  """Greedy batch: ~90% of rows stop after T / 8 tokens, the rest (in random places) run
-  to T. Lockstep decoding against continuous batching in `skew_slots` slots."""
+def bench_skew(model, o: Options, rng) -> list[dict]:
+  """Greedy batches of `skew_rows` rows: ~90% stop after T / 8 tokens, the rest (in random
+  places) run to T. Lockstep decoding against continuous batching in `skew_slots` slots,
+  once per entry of `skew_n` (rollouts per prompt: G = skew_rows / n prompts)."""
   t, short_len = o.skew_new_tokens, max(o.skew_new_tokens // 8, 1)
   candidates = random_prompts(rng, o.skew_candidates, o.skew_prompt_len, o.vocab)
   greedy = np.asarray(isojax_sample(model, candidates, n=1, new_tokens=t, temperature=0).tokens)
   i, j, stop = find_skew_prompts(greedy, short_len)
-  num_long = max(round(o.skew_long_fraction * o.skew_rows), 1)
-  prompts = candidates[rng.permutation([i] * (o.skew_rows - num_long) + [j] * num_long)]
+  return [_skew_batch(model, candidates, i, j, stop, n, o, rng) for n in o.skew_n]
+
+
+def _skew_batch(model, candidates, i, j, stop, n, o: Options, rng) -> dict:
+  """One skew batch of G = skew_rows / n prompts, n greedy rollouts each: a prompt's
+  rollouts are identical, so the rows skew by prompt (G copies of prompt i or j)."""
+  t, short_len, g = o.skew_new_tokens, max(o.skew_new_tokens // 8, 1), o.skew_rows // n
+  num_long = max(round(o.skew_long_fraction * g), 1)
+  prompts = candidates[rng.permutation([i] * (g - num_long) + [j] * num_long)]
   run = lambda stops, slots=0, min_slots=0: isojax_sample(
-      model, prompts, n=1, new_tokens=t, temperature=0, stop_ids=stops, num_slots=slots,
+      model, prompts, n=n, new_tokens=t, temperature=0, stop_ids=stops, num_slots=slots,
       min_slots=min_slots)
   min_slots = [0] + ([o.skew_min_slots] if 0 < o.skew_min_slots < o.skew_slots else [])
   prefill, lockstep, full, *cbs = timed_rounds(
@@ -319,9 +329,9 @@ def bench_skew(model, o: Options, rng) -> dict:
                 speedup=round_ratio(cb, lockstep),
                 decode_speedup=decode_ratio(cb, lockstep, prefill),
                 **rate(waste["useful_slots"], cb))
-  return dict(rows=o.skew_rows, prompt_len=o.skew_prompt_len, new_tokens=t, stop_id=stop,
-              long_fraction=float(np.mean(lengths == t)), short_len=short_len, **waste,
-              **rate(waste["useful_slots"], lockstep), full_batch_tokens_per_s=full_rate,
+  return dict(rows=o.skew_rows, groups=g, n=n, prompt_len=o.skew_prompt_len, new_tokens=t,
+              stop_id=stop, long_fraction=float(np.mean(lengths == t)), short_len=short_len,
+              **waste, **rate(waste["useful_slots"], lockstep), full_batch_tokens_per_s=full_rate,
               ideal_s=waste["useful_slots"] / full_rate, prefill_s=prefill.median_s,
               prefill_times_s=prefill.times_s,
               continuous=[continuous(m, cb) for m, cb in zip(min_slots, cbs)])
@@ -516,10 +526,14 @@ def _sharing_lines(r: dict, o: dict) -> list[str]:
 
 
 def _skew_lines(r: dict, o: dict) -> list[str]:
-  k = r["skew"]
-  lines = [f"length skew: isojax greedy, {k['rows']} rows, P={k['prompt_len']}, "
-           f"T={k['new_tokens']}; {100 * (1 - k['long_fraction']):.0f}% stop after "
-           f"{k['short_len']} tokens, {100 * k['long_fraction']:.0f}% run to {k['new_tokens']}",
+  return [line for k in r["skew"] for line in _skew_batch_lines(k)]
+
+
+def _skew_batch_lines(k: dict) -> list[str]:
+  lines = [f"length skew: isojax greedy, {k['rows']} rows = {k['groups']} prompts x n="
+           f"{k['n']}, P={k['prompt_len']}, T={k['new_tokens']}; "
+           f"{100 * (1 - k['long_fraction']):.0f}% stop after {k['short_len']} tokens, "
+           f"{100 * k['long_fraction']:.0f}% run to {k['new_tokens']}",
            f"  lockstep: decode slots useful / executed: {k['useful_slots']} / "
            f"{k['executed_slots']} -> waste {100 * k['waste_fraction']:.1f}%",
            f"  lockstep wall {k['median_s']:.2f} s ({k['tokens_per_s']:.0f} useful tokens/s); "
@@ -530,7 +544,7 @@ def _skew_lines(r: dict, o: dict) -> list[str]:
     lines.append(f"  continuous batching, {cb['slots']} slots{halving}: wall "
                  f"{cb['median_s']:.2f} s ({cb['tokens_per_s']:.0f} useful tokens/s) -> "
                  f"{cb['speedup']:.2f}x lockstep; same greedy outputs: {cb['same_outputs']}")
-  lines.append(f"  the prefill of the {k['rows']} prompts, in both sides' wall: "
+  lines.append(f"  the prefill of the {k['groups']} prompts, in both sides' wall: "
                f"{k['prefill_s']:.2f} s; without it, decoding alone -> "
                + ", ".join(f"{cb['decode_speedup']:.2f}x" for cb in k["continuous"])
                + " lockstep (same order)")
@@ -603,9 +617,11 @@ def format_table(r: dict) -> str:
 
 def options_from_flags() -> Options:
   kw = {f.name: flags.FLAGS[f.name].value for f in dataclasses.fields(Options)}
-  if not all(x.isdigit() and int(x) > 0 for x in kw["share_n"]):
-    raise app.UsageError(f"--share_n={','.join(kw['share_n'])}: expected positive integers")
+  for name in ("share_n", "skew_n"):
+    if not all(x.isdigit() and int(x) > 0 for x in kw[name]):
+      raise app.UsageError(f"--{name}={','.join(kw[name])}: expected positive integers")
   return Options(**dict(kw, share_n=tuple(map(int, kw["share_n"])),
+                        skew_n=tuple(map(int, kw["skew_n"])),
                         workloads=tuple(kw["workloads"]), roofline=tuple(kw["roofline"]),
                         sections=tuple(kw["sections"])))
 
@@ -619,6 +635,9 @@ def check_options(o: Options) -> None:
     transformer.attended_lengths(long_new_tokens, o.long_block)
   except ValueError as e:
     raise ValueError(f"--long_block={o.long_block}: {e}") from None
+  if not o.skew_n or any(n < 1 or o.skew_rows % n for n in o.skew_n):
+    raise ValueError(f"--skew_n={','.join(map(str, o.skew_n))}: expected positive divisors "
+                     f"of --skew_rows={o.skew_rows}")
   if not o.roofline:
     raise ValueError("--roofline=: expected at least one workload GxNxPxT")
   for spec in o.roofline:
@@ -638,8 +657,9 @@ _HELP = {"": "Model size (the Qwen2Config field of that meaning).",
          "workloads": "Sampling workloads GxNxPxT: prompts x rollouts per prompt x prompt "
                       "tokens x new tokens.",
          "share": "Shared prompt cache: values of n, total rollouts, P and T.",
-         "skew": "Length skew: rows, P, T, fraction of rows run to T, candidate prompts, "
-                 "continuous-batching slots, the fewest they halve down to (0: no halving).",
+         "skew": "Length skew: rows, rollouts per prompt (a list; G = rows / n), P, T, "
+                 "fraction of prompts run to T, candidate prompts, continuous-batching "
+                 "slots, the fewest they halve down to (0: no halving).",
          "long": "Long outputs: workload GxNxPxT and the decode_block of the blocked run.",
          "update": "Update step: sequences, tokens per sequence, prompt tokens of them.",
          "matmul": "Side of the float32 matmul that measures the FLOP/s peak.",

@@ -164,26 +164,29 @@ def test_timed_prefill_is_the_prompts_forward(models):
 
 def test_skew_batch_has_short_and_long_rows(models):
   options, model, _ = models
-  options = bench.Options(**TINY, repeats=1, skew_rows=10, skew_prompt_len=6,
+  options = bench.Options(**TINY, repeats=1, skew_rows=10, skew_n=(1, 2), skew_prompt_len=6,
                           skew_new_tokens=16, skew_candidates=32, skew_slots=4,
                           skew_min_slots=1)
-  result = bench.bench_skew(model, options, np.random.default_rng(0))
-  assert result["short_len"] == 2 and result["long_fraction"] == pytest.approx(0.1)
-  # Continuous batching in 4 slots, then 4 halving to 1, decoded the same greedy rollouts.
-  assert [(c["slots"], c["min_slots"]) for c in result["continuous"]] == [(4, 0), (4, 1)]
-  for cb in result["continuous"]:
-    assert cb["same_outputs"] is True
-    assert cb["tokens"] == result["useful_slots"]
-    assert cb["speedup"] == pytest.approx(
-        float(np.median(np.divide(result["times_s"], cb["times_s"]))))
-    pre = np.asarray(result["prefill_times_s"])
-    assert cb["decode_speedup"] == pytest.approx(float(np.median(
-        (np.asarray(result["times_s"]) - pre) / (np.asarray(cb["times_s"]) - pre))))
-  assert result["prefill_s"] == pytest.approx(float(np.median(result["prefill_times_s"])))
-  assert result["useful_slots"] == 9 * 2 + 1 * 16
-  assert result["executed_slots"] == 10 * 16
-  assert result["waste_fraction"] == pytest.approx(
-      1 - result["useful_slots"] / result["executed_slots"])
+  one, two = bench.bench_skew(model, options, np.random.default_rng(0))
+  # n = 1: 10 prompts, one of them long; n = 2: 5 prompts, one long (2 rows).
+  for result, n, groups, long_rows in ((one, 1, 10, 1), (two, 2, 5, 2)):
+    assert (result["n"], result["groups"], result["rows"]) == (n, groups, 10)
+    assert result["short_len"] == 2 and result["long_fraction"] == pytest.approx(long_rows / 10)
+    # Continuous batching in 4 slots, then 4 halving to 1, decoded the same greedy rollouts.
+    assert [(c["slots"], c["min_slots"]) for c in result["continuous"]] == [(4, 0), (4, 1)]
+    for cb in result["continuous"]:
+      assert cb["same_outputs"] is True
+      assert cb["tokens"] == result["useful_slots"]
+      assert cb["speedup"] == pytest.approx(
+          float(np.median(np.divide(result["times_s"], cb["times_s"]))))
+      pre = np.asarray(result["prefill_times_s"])
+      assert cb["decode_speedup"] == pytest.approx(float(np.median(
+          (np.asarray(result["times_s"]) - pre) / (np.asarray(cb["times_s"]) - pre))))
+    assert result["prefill_s"] == pytest.approx(float(np.median(result["prefill_times_s"])))
+    assert result["useful_slots"] == (10 - long_rows) * 2 + long_rows * 16
+    assert result["executed_slots"] == 10 * 16
+    assert result["waste_fraction"] == pytest.approx(
+        1 - result["useful_slots"] / result["executed_slots"])
 
 
 def test_parse_workload_names_the_flag():
@@ -219,7 +222,7 @@ def test_command_writes_the_figures(tmp_path):
   out = tmp_path / "bench.json"
   args = [sys.executable, "-m", "launch.bench", *(f"--{k}={v}" for k, v in TINY.items()),
           "--workloads=2x2x8x4", "--share_n=1,2", "--share_rollouts=4", "--share_prompt_len=8",
-          "--share_new_tokens=4", "--skew_rows=10", "--skew_prompt_len=8",
+          "--share_new_tokens=4", "--skew_rows=10", "--skew_n=1,2", "--skew_prompt_len=8",
           "--skew_new_tokens=16", "--skew_candidates=32", "--update_batch=4",
           "--update_seq_len=12", "--update_prompt_len=8", "--matmul_size=64", "--repeats=1",
           "--rl_steps=0", "--long=2x2x4x16", "--long_block=4", "--roofline=2x1x4x4",
@@ -230,6 +233,7 @@ def test_command_writes_the_figures(tmp_path):
   assert "isojax/HF" in proc.stdout and "tunix: " in proc.stdout
   assert "continuous batching, 64 slots:" in proc.stdout
   assert "continuous batching, 64 slots halving down to 8:" in proc.stdout
+  assert "10 rows = 10 prompts x n=1" in proc.stdout and "10 rows = 5 prompts x n=2" in proc.stdout
   result = json.loads(out.read_text())
   assert {"options", "params", "same_weights", "sampling", "sharing", "skew", "long",
           "update", "roofline"} <= set(result)
@@ -245,6 +249,7 @@ def test_command_writes_the_figures(tmp_path):
   else:
     assert result["tunix_same_weights"] is True and sampling["tunix"]["tokens"] == 2 * 2 * 4
   assert [row["n"] for row in result["sharing"]] == [1, 2]
+  assert [(k["n"], k["groups"]) for k in result["skew"]] == [(1, 10), (2, 5)]
   first, second = result["sharing"]
   assert first["vs_first"] == 1.0 and second["vs_first"] == pytest.approx(
       float(np.median(np.divide(first["times_s"], second["times_s"]))))
@@ -339,6 +344,8 @@ def test_roofline_step_time_and_nominal_bandwidth():
     ("bandwidth_bytes", 2, "--bandwidth_bytes=2: expected at least 4"),
     ("long_block", -1, "--long_block=-1"),
     ("workloads", ("4x4",), "--workloads entry '4x4'"),
+    ("skew_n", (1, 3), "--skew_n=1,3: expected positive divisors of --skew_rows=256"),
+    ("skew_n", (), "--skew_n=: expected positive divisors"),
 ])
 def test_bad_options_name_their_flag(field, value, message):
   bench.check_options(bench.Options())   # the defaults pass

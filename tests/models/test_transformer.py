@@ -74,7 +74,7 @@ def test_stacked_layers_equal_an_unrolled_loop():
   for i in range(3):
     block = nnx.merge(graphdef, jax.tree.map(lambda v: v[i], stacked))  # pylint: disable=cell-var-from-loop
     rope = transformer.rope_tables(positions, transformer.rope_inverse_frequencies(
-        cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
+        cfg.head_dim, cfg.rope_theta, cfg.rope_scaling), num_positions=7)
     x, _ = block(x, rope, lambda q, k, v: (block.attn.attend(q, k, v, causal), None))  # pylint: disable=cell-var-from-loop
   np.testing.assert_allclose(model.hidden_states(tokens, mask), x, atol=1e-6)
 
