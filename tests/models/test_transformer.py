@@ -161,3 +161,30 @@ def test_float32_lm_head_on_bfloat16_weights_accumulates_exact_products(tied):
   rows = np.asarray(model.final_norm(h), np.float64)
   w = np.asarray(model.embed.embedding[...] if tied else model.lm_head.kernel[...].T, np.float64)
   np.testing.assert_allclose(np.asarray(logits, np.float64), rows @ w.T, rtol=1e-6, atol=1e-6)
+
+
+def test_rope_tables_are_cos_and_sin_of_position_times_frequency():
+  """Rows gathered from the per-position table: NumPy's cos and sin of the same float32
+  angles (position * inverse frequency), at positions up to the table's last."""
+  inv_freq = transformer.rope_inverse_frequencies(64, 1e6, None)
+  positions = jnp.asarray([[0, 1, 2, 4095], [17, 3000, 4095, 5]], jnp.int32)
+  cos, sin = transformer.rope_tables(positions, inv_freq, num_positions=4096)
+  angles = np.asarray(positions, np.float32)[..., None] * np.asarray(inv_freq)
+  np.testing.assert_allclose(cos, np.cos(angles.astype(np.float64)), atol=2e-6)
+  np.testing.assert_allclose(sin, np.sin(angles.astype(np.float64)), atol=2e-6)
+
+
+def test_decode_computes_rotary_tables_once_per_step_not_per_layer():
+  """The compiled sampler evaluates cos and sin as many times for 1 layer as for 3: the
+  tables are shared by every layer, not fused into (and recomputed by) each rotation."""
+  from isojax.sampling import sampler  # pylint: disable=g-import-not-at-top
+  counts = []
+  for depth in (1, 3):
+    graphdef, state = nnx.split(Transformer(ModelConfig(num_layers=depth, **CFG),
+                                            rngs=nnx.Rngs(0)))
+    prompts = jnp.ones((2, 5), jnp.int32)
+    hlo = sampler.sample.lower(
+        graphdef, state, prompts, prompts > 0, jax.random.key(0), n=2, max_new_tokens=4,
+        temperature=1.0, stop_ids=(), pad_id=0).compile().as_text()
+    counts.append((hlo.count(" cosine("), hlo.count(" sine(")))
+  assert counts[0] == counts[1], counts
