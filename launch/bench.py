@@ -292,21 +292,26 @@ def find_skew_prompts(tokens_CT: np.ndarray, short_len: int):
                    "long greedy rollout; raise --skew_candidates")
 
 
+def skew_short_len(o: Options) -> int:
+  """Tokens of the skew's short rollouts (stop id included): T / 8."""
+  return max(o.skew_new_tokens // 8, 1)
+
+
 def bench_skew(model, o: Options, rng) -> list[dict]:
   """Greedy batches of `skew_rows` rows: ~90% stop after T / 8 tokens, the rest (in random
   places) run to T. Lockstep decoding against continuous batching in `skew_slots` slots,
   once per entry of `skew_n` (rollouts per prompt: G = skew_rows / n prompts)."""
-  t, short_len = o.skew_new_tokens, max(o.skew_new_tokens // 8, 1)
   candidates = random_prompts(rng, o.skew_candidates, o.skew_prompt_len, o.vocab)
-  greedy = np.asarray(isojax_sample(model, candidates, n=1, new_tokens=t, temperature=0).tokens)
-  i, j, stop = find_skew_prompts(greedy, short_len)
+  greedy = np.asarray(isojax_sample(model, candidates, n=1, new_tokens=o.skew_new_tokens,
+                                    temperature=0).tokens)
+  i, j, stop = find_skew_prompts(greedy, skew_short_len(o))
   return [_skew_batch(model, candidates, i, j, stop, n, o, rng) for n in o.skew_n]
 
 
 def _skew_batch(model, candidates, i, j, stop, n, o: Options, rng) -> dict:
   """One skew batch of G = skew_rows / n prompts, n greedy rollouts each: a prompt's
   rollouts are identical, so the rows skew by prompt (G copies of prompt i or j)."""
-  t, short_len, g = o.skew_new_tokens, max(o.skew_new_tokens // 8, 1), o.skew_rows // n
+  t, short_len, g = o.skew_new_tokens, skew_short_len(o), o.skew_rows // n
   num_long = max(round(o.skew_long_fraction * g), 1)
   prompts = candidates[rng.permutation([i] * (g - num_long) + [j] * num_long)]
   run = lambda stops, slots=0, min_slots=0: isojax_sample(
