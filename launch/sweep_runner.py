@@ -61,8 +61,11 @@ def worker_env(workers: int, cache_dir: str | None,
   if cache_dir:
     # Runs of a sweep share shapes (the evaluation sampler, equal batch sizes):
     # a persistent cache cuts a tiny run's ~20 s of compilation to a few seconds.
-    env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.abspath(cache_dir))
+    # The sweep's directory wins over one already in the environment.
+    env["JAX_COMPILATION_CACHE_DIR"] = os.path.abspath(cache_dir)
     env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  elif cache_dir == "":  # disabled (--compilation_cache=''), also if the environment set one
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
   env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
   return env
 

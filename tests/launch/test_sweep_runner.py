@@ -121,9 +121,12 @@ def test_a_changed_plan_is_refused_and_worker_env(tmp_path):
   sweep_plan.prepare(_sweep(), out, "local")
   with pytest.raises(sweep_plan.SweepError, match=r"bp4_n2/plan.json.*eval.every"):
     sweep_plan.prepare(_sweep(evals_per_run=2), out, "local")
-  env = sweep_runner.worker_env(2, "/tmp/cache", base={"XLA_FLAGS": "--xla_foo=1"})
+  env = sweep_runner.worker_env(2, "/tmp/cache", base={
+      "XLA_FLAGS": "--xla_foo=1", "JAX_COMPILATION_CACHE_DIR": "/tmp/elsewhere"})
   assert env["XLA_FLAGS"] == "--xla_foo=1 --xla_cpu_multi_thread_eigen=false"
-  assert env["JAX_COMPILATION_CACHE_DIR"] == "/tmp/cache"
+  assert env["JAX_COMPILATION_CACHE_DIR"] == "/tmp/cache"   # the sweep's flag wins
+  assert "JAX_COMPILATION_CACHE_DIR" not in sweep_runner.worker_env(
+      1, "", base={"JAX_COMPILATION_CACHE_DIR": "/tmp/elsewhere"})   # '' disables
   assert "XLA_FLAGS" not in sweep_runner.worker_env(1, None, base={})
 
 

@@ -1,0 +1,26 @@
+"""Suite-wide setup: one XLA persistent compilation cache for the whole test run.
+
+Many tests compile the same programs: the micro preset's sampler and train step in
+every `isojax.main` subprocess, the same model shapes in several test files. A cache
+shared by the run's processes (both pytest-xdist workers and their subprocesses, which
+inherit the environment) compiles each once. It starts empty in a fresh temporary
+directory, so every program is still compiled by the run that tests it, and it is
+removed at the end. A cache directory already in the environment is used as it is.
+"""
+
+import os
+import shutil
+import tempfile
+
+# Before anything imports jax (it reads these variables once). This file is imported by
+# pytest's main process before it starts the xdist workers, which inherit the variables.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="isojax-tests-jax-cache-")
+  os.environ["ISOJAX_TESTS_OWN_JAX_CACHE"] = os.environ["JAX_COMPILATION_CACHE_DIR"]
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+
+def pytest_unconfigure(config):
+  own = os.environ.get("ISOJAX_TESTS_OWN_JAX_CACHE")
+  if own and not hasattr(config, "workerinput"):  # the main process, after the workers
+    shutil.rmtree(own, ignore_errors=True)
