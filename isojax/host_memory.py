@@ -10,7 +10,8 @@ transparent huge pages for the memory it maps, so those buffers fault in 2 MiB a
 time. Results are bit-identical: only where the bytes live changes.
 
 Tunables are read once, when a process starts, so the entry points (`isojax.main`,
-`launch.bench`, ...) call `reexec_with_hugepages()` before anything else: it replaces
+`launch.bench`, ...) call `reexec_with_hugepages()` before anything else, their other
+imports included (jax and the rest take ~3 s, which a restart would repeat): it replaces
 the process with itself, same arguments, `GLIBC_TUNABLES` extended, when that would
 change anything. It does nothing off glibc, when the kernel's transparent huge pages
 are `always` (already in use) or `never` (nothing to gain), or when `GLIBC_TUNABLES`

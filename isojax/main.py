@@ -9,11 +9,18 @@ Multi-host runs initialise `jax.distributed` from the ISOJAX_* environment varia
 that the generated cluster scripts set (see `isojax.distributed`).
 """
 
+from isojax import host_memory
+
+if __name__ == "__main__":
+  # First, before the imports below (jax and the rest, ~3 s), which a restart repeats.
+  host_memory.reexec_with_hugepages()
+
+# pylint: disable=wrong-import-position
 import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from isojax import config_lib, distributed, host_memory, train
+from isojax import config_lib, distributed, train
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/hard.py", "Config file, optionally with a preset: file.py:preset.",
@@ -33,5 +40,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  host_memory.reexec_with_hugepages()
   app.run(main, flags_parser=config_lib.parse_flags)

@@ -21,6 +21,13 @@ a warning; an empty split is an error naming it.
 
 from __future__ import annotations
 
+from isojax import host_memory
+
+if __name__ == "__main__":
+  # First, before the imports below (jax and the rest, ~3 s), which a restart repeats.
+  host_memory.reexec_with_hugepages()
+
+# pylint: disable=wrong-import-position
 import dataclasses
 import functools
 from typing import Callable
@@ -28,7 +35,7 @@ from typing import Callable
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from isojax import config_lib, host_memory
+from isojax import config_lib
 from launch import profiling
 
 # Help of each profiling knob; the defaults are those of `profiling.Options`.
@@ -88,7 +95,6 @@ def main(argv, *, options_from_flags: Callable[[str], profiling.Options]):
 
 
 if __name__ == "__main__":
-  host_memory.reexec_with_hugepages()
   # Flags are defined only when this runs as the binary: `launch.study` imports
   # `define_option_flags` beside its own --out.
   config_flags.DEFINE_config_file(

@@ -25,13 +25,20 @@ status is non-zero if a run or an analysis failed.
 
 from __future__ import annotations
 
+from isojax import host_memory
+
+if __name__ == "__main__":
+  # First, before the imports below (jax and the rest, ~3 s), which a restart repeats.
+  host_memory.reexec_with_hugepages()
+
+# pylint: disable=wrong-import-position
 import os
 import sys
 import time
 
 from absl import app, flags, logging
 
-from isojax import host_memory, storage
+from isojax import storage
 from isojax.planner import analysis, findings
 from launch import profile, profiling, sweep_plan, sweep_runner
 
@@ -134,5 +141,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  host_memory.reexec_with_hugepages()
   app.run(main)

@@ -28,13 +28,20 @@ directory and analysis file goes through `isojax.storage` (etils.epath).
 
 from __future__ import annotations
 
+from isojax import host_memory
+
+if __name__ == "__main__":
+  # First, before the imports below (jax and the rest, ~3 s), which a restart repeats.
+  host_memory.reexec_with_hugepages()
+
+# pylint: disable=wrong-import-position
 import os
 import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from isojax import host_memory, storage
+from isojax import storage
 from isojax.planner import analysis
 from launch import cluster_scripts, sweep_plan, sweep_runner
 
@@ -132,5 +139,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  host_memory.reexec_with_hugepages()
   app.run(main)
