@@ -100,3 +100,24 @@ def test_restart_keeps_arguments_and_backs_malloc_with_huge_pages(tmp_path):
   opted_out, err = _child(tmp_path, GLIBC_TUNABLES="glibc.malloc.hugetlb=0")
   assert opted_out["tunables"] == "glibc.malloc.hugetlb=0" and "restarting" not in err
   assert opted_out["huge_kb"] < 2 << 10
+
+
+@needs_madvise
+@pytest.mark.parametrize("module", ["isojax.main", "launch.bench", "launch.sweep",
+                                    "launch.study", "launch.profile"])
+def test_entry_points_restart_before_importing_jax(module):
+  """The first process imports nothing heavy (jax, numpy, absl): only after the restart.
+  (`-X importtime` is in `sys.orig_argv`, so the restarted process reports its imports
+  too, after the restart message.)"""
+  environ = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  # --helpshort: the module's imports, then absl prints the flags (and exits with 1).
+  proc = subprocess.run([sys.executable, "-X", "importtime", "-m", module, "--helpshort"],
+                        env=environ, cwd=root, capture_output=True, text=True, timeout=120)
+  assert "--helpfull" in proc.stdout, proc.stderr[-3000:]
+  before, restarted, after = proc.stderr.partition("restarting with GLIBC_TUNABLES")
+  assert restarted, proc.stderr[-3000:]
+  imported = lambda text: {line.split("|")[-1].strip() for line in text.splitlines()
+                           if line.startswith("import time:")}
+  assert not {"jax", "numpy", "absl"} & imported(before)
+  assert "absl" in imported(after)   # the restarted process went on to the module
