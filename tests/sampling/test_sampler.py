@@ -1,6 +1,7 @@
 """The cached sampler against an uncached forward pass, and prompt-cache sharing."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -209,6 +210,41 @@ def test_filter_logits_matches_numpy(top_k, top_p):
   logits = np.random.default_rng(top_k).normal(size=(4, 9)).astype(np.float32)
   got = np.asarray(sampler.filter_logits(jnp.asarray(logits), top_k=top_k, top_p=top_p))
   np.testing.assert_array_equal(np.isinf(got), np.isinf(_np_filter_combined(logits, top_k, top_p)))
+
+
+@pytest.mark.parametrize("top_p", [1e-3, 0.3, 0.9, 0.99])
+def test_nucleus_without_top_k_matches_numpy_on_a_large_vocabulary(top_p):
+  """Top-p alone (`nucleus_threshold`'s bisection) against the plain loop over ranked
+  tokens: wide and peaked rows, rows of tied logits, and rows with -inf entries. Rows
+  where some token's mass before it lies within 1e-5 of top_p are left out: float32
+  sums in any order can put it on either side (the sorting version did too)."""
+  rng = np.random.default_rng(7)
+  wide = rng.normal(size=(6, 1000)) * 2
+  peaked = rng.normal(size=(6, 1000)) * 8
+  tied = np.round(rng.normal(size=(6, 1000)) * 2)          # few distinct values
+  padded = rng.normal(size=(6, 1000))
+  padded[:, 900:] = -np.inf                                 # e.g. padded vocabulary
+  logits = np.concatenate([wide, peaked, tied, padded]).astype(np.float32)
+  ranked = -np.sort(-logits.astype(np.float64), axis=-1)
+  probs = np.exp(ranked - ranked[:, :1])
+  probs /= probs.sum(-1, keepdims=True)
+  clear = np.abs(np.cumsum(probs, -1) - probs - top_p).min(-1) > 1e-5
+  assert clear.sum() >= 16
+  logits = logits[clear]
+  got = np.asarray(sampler.filter_logits(jnp.asarray(logits), top_k=0, top_p=top_p))
+  # The loop keeps the first of tied logits in its order; the filter keeps every token
+  # tied with the smallest kept logit (no order among equals).
+  smallest_kept = np.where(np.isinf(_np_filter(logits, top_p)), np.inf, logits).min(-1)
+  want = logits >= smallest_kept[:, None]
+  np.testing.assert_array_equal(~np.isinf(got), want)
+  np.testing.assert_array_equal(got[want], logits[want])
+  assert (~np.isinf(got)).sum(-1).min() >= 1
+
+
+def test_nucleus_without_top_k_sorts_nothing():
+  compiled = jax.jit(functools.partial(sampler.filter_logits, top_k=0, top_p=0.9)).lower(
+      jax.ShapeDtypeStruct((4, 512), jnp.float32)).compile().as_text()
+  assert " sort(" not in compiled and "sort." not in compiled
 
 
 def _np_filter_combined(logits, top_k, top_p):
