@@ -241,6 +241,18 @@ def test_nucleus_without_top_k_matches_numpy_on_a_large_vocabulary(top_p):
   assert (~np.isinf(got)).sum(-1).min() >= 1
 
 
+def test_order_codes_sort_like_the_floats_and_invert():
+  rng = np.random.default_rng(0)
+  x = np.concatenate([rng.normal(size=500) * 10.0 ** rng.integers(-30, 30, 500),
+                      [-np.inf, np.inf, 0.0, -0.0, 1e-45, -1e-45]]).astype(np.float32)
+  codes = np.asarray(sampler._order_code(jnp.asarray(x)))
+  by_code = np.argsort(codes)
+  assert np.all(np.diff(x[by_code]) >= 0)                  # floats in order (-0 == +0)
+  assert len(np.unique(codes)) == len(np.unique(x.view(np.uint32)))   # one code per float
+  back = np.asarray(sampler._from_order_code(jnp.asarray(codes)))
+  np.testing.assert_array_equal(back.view(np.uint32), x.view(np.uint32))
+
+
 def test_nucleus_without_top_k_sorts_nothing():
   compiled = jax.jit(functools.partial(sampler.filter_logits, top_k=0, top_p=0.9)).lower(
       jax.ShapeDtypeStruct((4, 512), jnp.float32)).compile().as_text()
