@@ -10,10 +10,10 @@ transparent huge pages for the memory it maps, so those buffers fault in 2 MiB a
 time. Results are bit-identical: only where the bytes live changes.
 
 Tunables are read once, when a process starts, so the entry points (`isojax.main`,
-`launch.bench`, ...) call `reexec_with_hugepages()` before anything else, their other
-imports included (jax and the rest take ~3 s, which a restart would repeat): it replaces
-the process with itself, same arguments, `GLIBC_TUNABLES` extended, when that would
-change anything. It does nothing off glibc, when the kernel's transparent huge pages
+`launch.bench`, ...) call `restart_entry_point(__name__)` before anything else, their
+other imports included (jax and the rest take ~3 s, which a restart would repeat). It
+runs `reexec_with_hugepages()`, which replaces the process with itself, same
+arguments, `GLIBC_TUNABLES` extended, when that would change anything. It does nothing off glibc, when the kernel's transparent huge pages
 are `always` (already in use) or `never` (nothing to gain), or when `GLIBC_TUNABLES`
 already sets `glibc.malloc.hugetlb`: `GLIBC_TUNABLES=glibc.malloc.hugetlb=0` opts out.
 No library does this for a Python process (PyTorch's CPU launcher does the like with
@@ -64,8 +64,8 @@ def hugepage_env(environ: Mapping[str, str], *, glibc: tuple[int, int] | None,
 def reexec_with_hugepages() -> None:
   """Replaces this process with itself under `hugepage_env`, when that changes anything.
 
-  Call it first thing in an entry point's `if __name__ == "__main__":`, before any large
-  allocation; the restarted process finds the tunable set and goes on.
+  Call it before any large allocation (entry points: `restart_entry_point`); the
+  restarted process finds the tunable set and goes on.
   """
   env = hugepage_env(os.environ, glibc=glibc_version(), thp=thp_mode())
   if env is None or not sys.executable:  # embedded interpreters have no executable
@@ -75,3 +75,11 @@ def reexec_with_hugepages() -> None:
   sys.stdout.flush()
   sys.stderr.flush()
   os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+
+
+def restart_entry_point(module_name: str) -> None:
+  """`reexec_with_hugepages()` when `module_name` (the caller's `__name__`) is
+  "__main__": an entry point's first statement, above its other imports (jax and the
+  rest take ~3 s, which a restart would repeat); imported as a library, it does nothing."""
+  if module_name == "__main__":
+    reexec_with_hugepages()

@@ -11,10 +11,7 @@ that the generated cluster scripts set (see `isojax.distributed`).
 
 from isojax import host_memory
 
-if __name__ == "__main__":
-  # First, before the imports below (jax and the rest, ~3 s), which a restart repeats.
-  host_memory.reexec_with_hugepages()
-
+host_memory.restart_entry_point(__name__)  # first: before the imports below
 # pylint: disable=wrong-import-position
 import jax
 from absl import app, flags, logging

@@ -27,10 +27,7 @@ from __future__ import annotations
 
 from isojax import host_memory
 
-if __name__ == "__main__":
-  # First, before the imports below (jax and the rest, ~3 s), which a restart repeats.
-  host_memory.reexec_with_hugepages()
-
+host_memory.restart_entry_point(__name__)  # first: before the imports below
 # pylint: disable=wrong-import-position
 import os
 import sys
