@@ -7,6 +7,9 @@ setup(
     version="0.1.0",
     description="The IsoCompute Playbook as a program: plan, run and fit RL sampling budgets.",
     packages=find_packages(include=["isojax", "isojax.*", "launch", "configs"]),
+    # The shipped demo base models (isojax.tasks.demo_bases): weights, tokenizer,
+    # manifest.
+    package_data={"isojax": ["assets/base_models/*/*"]},
     python_requires=">=3.10",
     install_requires=[
         "jax>=0.7,<0.11",

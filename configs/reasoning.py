@@ -5,12 +5,13 @@ r"""RL on a reasoning-gym task: the embedded demo of the real-task path, hard re
   python -m isojax.main --config=configs/reasoning.py --workdir=... \
       --config.task.dataset=basic_arithmetic --config.base_model.path=/ckpt/Qwen2.5-1.5B-Instruct
 
-With an empty `base_model.path` isojax builds (once, cached) a tiny Qwen2-shaped model
-with a locally trained BPE tokenizer, a Qwen-style chat template and two end-of-
-sequence ids, SFT-trained on chat-rendered `chain_sum` problems with worked rationales
-("3+4=7, 7-2=5 <answer>5</answer>"); RL then samples it through the chat template,
-stops at either id and grades with reasoning-gym's own `score_answer`. Nothing is
-downloaded. Any other reasoning-gym dataset works with a real checkpoint.
+With an empty `base_model.path` the run loads the tiny Qwen2-shaped demo base that
+isojax ships (`isojax/assets/base_models/chain_sum`): a locally trained BPE tokenizer,
+a Qwen-style chat template and two end-of-sequence ids, SFT-trained on chat-rendered
+`chain_sum` problems with worked rationales ("3+4=7, 7-2=5 <answer>5</answer>"); RL
+then samples it through the chat template, stops at either id and grades with
+reasoning-gym's own `score_answer`. Nothing is downloaded or trained before RL. Any
+other reasoning-gym dataset works with a real checkpoint.
 """
 
 import ml_collections
@@ -24,7 +25,6 @@ def get_config(arg=None):
   config.task.update(name="reasoning_gym", dataset=reasoning_gym_task.DEMO_DATASET,
                      num_train=2048, num_val=256, binary_reward=True)
   config.task.dataset_kwargs = ml_collections.ConfigDict(reasoning_gym_task.DEMO_KWARGS)
-  config.base_model.update(sft_steps=500)
   config.sampling.max_new_tokens = 40
   # 64 problems x 4 rollouts per step, learning rate 3e-5, 300 steps: the README's demo
   # section lists what else was tried (16 x 16, 1e-4, 3e-4, T = 1, 100 steps).

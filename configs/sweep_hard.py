@@ -39,7 +39,6 @@ def sweep_config(name: str, base_config: str, split: str,
   # Run-config fields set in every run (nested like the run config).
   c.overrides = ml_collections.ConfigDict(dict(
       task=ml_collections.ConfigDict(dict(split=split, splits_dir="~/.cache/isojax/splits")),
-      base_model=ml_collections.ConfigDict(dict(cache_dir="~/.cache/isojax")),
   ))
   c.budget_rollouts = 16384               # C; a list runs several budgets
   c.problems_range = (8, 16)              # B_p: powers of two in the range

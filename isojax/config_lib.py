@@ -90,22 +90,9 @@ def base_config() -> ml_collections.ConfigDict:
       verifier_workers=0,    # 0 = min(4, CPU count)
   ))
 
-  # The base policy: a Hugging Face checkpoint directory, or (when `path` is
-  # empty) the tiny model isojax builds and caches under `cache_dir`.
-  c.base_model = ml_collections.ConfigDict(dict(
-      path="",
-      cache_dir="~/.cache/isojax",
-      num_layers=2,
-      embed_dim=128,
-      num_heads=4,
-      num_kv_heads=2,
-      head_dim=32,
-      mlp_dim=384,
-      sft_steps=600,
-      sft_batch_size=64,
-      sft_learning_rate=3e-3,
-      sft_max_digits=3,
-  ))
+  # The base policy: a Hugging Face checkpoint directory, or (when `path` is empty)
+  # the demo base model isojax ships for task.name (`tasks.demo_bases`).
+  c.base_model = ml_collections.ConfigDict(dict(path=""))
   c.model = ml_collections.ConfigDict(dict(
       dtype="float32",       # activations; parameters stay float32
       fp32_lm_head=True,     # logits in float32 (ScaleRL)
@@ -233,8 +220,6 @@ def apply_preset(config: ml_collections.ConfigDict, name: str | None) -> ml_coll
     config.num_steps = 3
     config.task.num_train = 64
     config.task.num_val = 16
-    config.base_model.update(num_layers=1, embed_dim=32, num_heads=2, num_kv_heads=1,
-                             head_dim=16, mlp_dim=64, sft_steps=20, sft_batch_size=16)
     config.eval.every = 2
     config.checkpoint_every = 2
     return config

@@ -27,6 +27,8 @@ import re
 import sys
 from typing import Mapping
 
+from isojax import cpu_isa
+
 TUNABLE = "glibc.malloc.hugetlb"
 THP_ENABLED_FILE = "/sys/kernel/mm/transparent_hugepage/enabled"
 MIN_GLIBC = (2, 35)  # the first glibc with glibc.malloc.hugetlb
@@ -78,8 +80,9 @@ def reexec_with_hugepages() -> None:
 
 
 def restart_entry_point(module_name: str) -> None:
-  """`reexec_with_hugepages()` when `module_name` (the caller's `__name__`) is
+  """`cpu_isa.pin()` and `reexec_with_hugepages()` when `module_name` (the caller's `__name__`) is
   "__main__": an entry point's first statement, above its other imports (jax and the
   rest take ~3 s, which a restart would repeat); imported as a library, it does nothing."""
   if module_name == "__main__":
+    cpu_isa.pin()  # before the restart, so that it inherits XLA_FLAGS too
     reexec_with_hugepages()

@@ -25,7 +25,7 @@ from isojax.models import hf_checkpoint, sharding
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.rl import guard, problem_pool, rollout, update
 from isojax.rl import step as rl_step
-from isojax.tasks import prompts, tiny_base_model
+from isojax.tasks import demo_bases, prompts
 
 # Allocation fields that must not change when a run resumes.
 _RESUME_INVARIANTS = ("rollouts_per_problem", "problems_per_batch", "num_steps", "seed")
@@ -55,9 +55,8 @@ def problems_for_step(seed: int, step: int, num_problems: int, batch: int) -> np
 
 
 def policy_path(config: ml_collections.ConfigDict) -> str:
-  """`base_model.path`, or the cached tiny model for the task (built if needed)."""
-  return config.base_model.path or tiny_base_model.ensure_base_model(config.base_model,
-                                                                     config.task)
+  """`base_model.path`, or the shipped demo base model of the task (`demo_bases`)."""
+  return demo_bases.policy_path(config)
 
 
 def load_task(config: ml_collections.ConfigDict, tok: tokenizer_lib.TextTokenizer

@@ -19,7 +19,7 @@ weights), against the chip's HBM, and exits non-zero naming the program, its num
 and the config fields that shrink it when one does not fit.
 
 Model shapes come from --model (a known Hugging Face config), else from
-`base_model.path`/config.json, else from the tiny demo model the run would build.
+`base_model.path`/config.json, else from the shipped demo base model the run would load.
 Prompts get --prompt_len slots; responses `sampling.max_new_tokens`.
 libtpu is not a dependency of isojax: the tests use cpu:N only.
 """
@@ -139,7 +139,7 @@ def hbm_bytes(devices: list, hbm_gib: float | None = None) -> int | None:
 
 
 def model_config(config: ml_collections.ConfigDict, model: str | None = None):
-  """The `ModelConfig` of --model, of base_model.path, or of the tiny demo model."""
+  """The `ModelConfig` of --model, of base_model.path, or of the shipped demo model."""
   if model:
     if model not in HF_CONFIGS:
       raise ValueError(f"--model={model!r}: expected one of {sorted(HF_CONFIGS)}")
@@ -150,8 +150,8 @@ def model_config(config: ml_collections.ConfigDict, model: str | None = None):
       raise ValueError(f"base_model.path={path}: no config.json; pass --model=one of "
                        f"{sorted(HF_CONFIGS)}")
     if not path:
-      from isojax import train  # pylint: disable=g-import-not-at-top
-      path = train.policy_path(config)  # builds the tiny model, as the run would
+      from isojax.tasks import demo_bases  # pylint: disable=g-import-not-at-top
+      path = demo_bases.policy_path(config)  # the shipped demo base, as the run loads
     hf, source = hf_checkpoint.read_hf_config(path), os.path.join(path, "config.json")
   return hf_checkpoint.model_config_from_hf(hf, source=source, **config.model)
 

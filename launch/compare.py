@@ -21,13 +21,17 @@ from absl import app, flags
 
 from isojax import metrics, run_dir, storage
 
-_BASELINE = flags.DEFINE_string("baseline", None, "Baseline config (file.py[:preset]).",
-                                required=True)
-_CANDIDATE = flags.DEFINE_string("candidate", None, "Candidate config.", required=True)
-_SEEDS = flags.DEFINE_list("seeds", ["0"], "Seeds to run each config with.")
-_OUT = flags.DEFINE_string("out", None, "Directory for the runs and the report.",
-                           required=True)
-_METRIC = flags.DEFINE_string("metric", metrics.val_avg(4), "Metric to compare.")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command's flags, defined only when it runs as the binary (`launch.reproduce`
+  imports this module beside flags of its own)."""
+  flags.DEFINE_string("baseline", None, "Baseline config (file.py[:preset]).", required=True)
+  flags.DEFINE_string("candidate", None, "Candidate config.", required=True)
+  flags.DEFINE_list("seeds", ["0"], "Seeds to run each config with.")
+  flags.DEFINE_string("out", None, "Directory for the runs and the report.", required=True)
+  flags.DEFINE_string("metric", metrics.val_avg(4), "Metric to compare.")
 
 
 def first_reaching(lines: list[dict], metric: str, target: float) -> dict | None:
@@ -48,7 +52,8 @@ def compare(baseline: list[dict], candidate: list[dict], metric: str) -> dict:
               candidate_best=max(r[metric] for r in candidate if metric in r))
 
 
-def _run(config: str, workdir: str, seed: str, extra: list[str]) -> list[dict]:
+def run_config(config: str, workdir: str, seed: str, extra: list[str]) -> list[dict]:
+  """`isojax.main` on `config` with `seed` (resuming a finished run is quick); its metrics."""
   cmd = [sys.executable, "-m", "isojax.main", f"--config={config}", f"--workdir={workdir}",
          f"--config.seed={seed}", *extra]
   with open(os.path.join(os.path.dirname(workdir), os.path.basename(workdir) + ".log"),
@@ -65,22 +70,28 @@ def _cell(point: dict | None) -> str:
 
 def main(argv):
   extra = argv[1:]
-  os.makedirs(_OUT.value, exist_ok=True)
+  os.makedirs(FLAGS.out, exist_ok=True)
   rows = []
-  for seed in _SEEDS.value:
-    base = _run(_BASELINE.value, os.path.join(_OUT.value, f"baseline_s{seed}"), seed, extra)
-    cand = _run(_CANDIDATE.value, os.path.join(_OUT.value, f"candidate_s{seed}"), seed, extra)
-    rows.append(dict(seed=seed, **compare(base, cand, _METRIC.value)))
-  storage.write_json(os.path.join(_OUT.value, "comparison.json"),
-                     dict(baseline=_BASELINE.value, candidate=_CANDIDATE.value,
-                          extra_flags=extra, metric=_METRIC.value, seeds=rows), indent=2)
-  print(f"| seed | baseline peak {_METRIC.value} | baseline reaches it | "
-        f"candidate reaches it | candidate best |")
-  print("|---|---|---|---|---|")
-  for r in rows:
-    print(f"| {r['seed']} | {r['target']:.4f} | {_cell(r['baseline'])} | "
-          f"{_cell(r['candidate'])} | {r['candidate_best']:.4f} |")
+  for seed in FLAGS.seeds:
+    base = run_config(FLAGS.baseline, os.path.join(FLAGS.out, f"baseline_s{seed}"), seed, extra)
+    cand = run_config(FLAGS.candidate, os.path.join(FLAGS.out, f"candidate_s{seed}"), seed,
+                      extra)
+    rows.append(dict(seed=seed, **compare(base, cand, FLAGS.metric)))
+  storage.write_json(os.path.join(FLAGS.out, "comparison.json"),
+                     dict(baseline=FLAGS.baseline, candidate=FLAGS.candidate,
+                          extra_flags=extra, metric=FLAGS.metric, seeds=rows), indent=2)
+  print(markdown_table(rows, FLAGS.metric))
+
+
+def markdown_table(rows: list[dict], metric: str) -> str:
+  """One row per seed: the baseline's peak `metric` and where each run first reached it."""
+  lines = [f"| seed | baseline peak {metric} | baseline reaches it | candidate reaches it | "
+           "candidate best |", "|---|---|---|---|---|"]
+  lines += [f"| {r['seed']} | {r['target']:.4f} | {_cell(r['baseline'])} | "
+            f"{_cell(r['candidate'])} | {r['candidate_best']:.4f} |" for r in rows]
+  return "\n".join(lines)
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -31,7 +31,7 @@ from flax import nnx
 from isojax import config_lib, evaluation, storage, tasks, train
 from isojax.models import hf_checkpoint, sharding
 from isojax.models import tokenizer as tokenizer_lib
-from isojax.tasks import arithmetic, prompts, splits, tiny_base_model
+from isojax.tasks import arithmetic, demo_bases, prompts, splits
 from isojax.tasks.difficulty import BANDS, EXTREMELY_HARD, SPLITS, ProblemRates, SplitPlan
 from isojax.tasks.difficulty import plan_splits
 
@@ -50,7 +50,7 @@ class Options:
   hard_samples: int = 128           # further samples for the extremely hard split
   pool_size: int = 8192             # candidate training problems
   val_pool_size: int = 4096         # candidate validation problems (disjoint partition)
-  # Every difficulty the tiny base model was pre-trained on (base_model.sft_max_digits):
+  # Every difficulty the shipped arithmetic base was trained on (its build's sft_max_digits):
   # 4-digit sums all have avg@16 = 0 and would fill the hard splits with problems no
   # RL run on this base model can learn.
   min_digits: int = 1
@@ -64,10 +64,8 @@ class Options:
 
 
 def model_path(config: ml_collections.ConfigDict) -> str:
-  """The base model directory `train.policy_path` gives (without building it)."""
-  if config.base_model.path:
-    return os.path.abspath(os.path.expanduser(config.base_model.path))
-  return os.path.abspath(tiny_base_model.cache_path(config.base_model, config.task))
+  """The base model directory `train.policy_path` gives."""
+  return os.path.abspath(demo_bases.policy_path(config))
 
 
 def settings(config: ml_collections.ConfigDict, options: Options) -> dict[str, Any]:

@@ -90,38 +90,6 @@ def _try_lock(workdir: str):
   return f
 
 
-def _ensure_base_models(out_dir: str, entries: Sequence[dict[str, Any]]) -> None:
-  """Builds the tiny base model once, before workers would each build it."""
-  from isojax.tasks import tiny_base_model  # pylint: disable=g-import-not-at-top
-  todo = {}
-  for e in entries:
-    plan = storage.read_json(os.path.join(out_dir, e["plan"]))
-    if plan["base_model"]["path"]:
-      continue
-    base = ml_collections.ConfigDict(plan["base_model"])
-    task = ml_collections.ConfigDict(plan["task"])
-    path = tiny_base_model.cache_path(base, task)
-    if not os.path.isfile(os.path.join(path, tiny_base_model.BUILD_FILE)):
-      todo[path] = os.path.join(out_dir, e["plan"])
-  for path, plan in todo.items():
-    logging.info("building the tiny base model %s before starting the workers", path)
-    # A subprocess, so this launcher never initialises a JAX backend (on a GPU it
-    # would hold memory the workers need).
-    code = ("import sys; from isojax import config_lib; "
-            "from isojax.tasks import tiny_base_model as t; "
-            "c = config_lib.config_from_json(sys.argv[1]); "
-            "t.ensure_base_model(c.base_model, c.task)")
-    proc = subprocess.run([sys.executable, "-c", code, plan], cwd=REPO_ROOT,
-                          env=worker_env(1, None), capture_output=True, text=True)
-    if proc.returncode:
-      raise sweep_plan.SweepError(
-          f"building the base model for {plan} failed:\n{proc.stderr[-3000:]}")
-
-
-class Interrupted(Exception):
-  """The launcher got SIGTERM; the running runs were stopped and marked pending."""
-
-
 def _raise_interrupted(signum, frame):
   del frame
   raise Interrupted(signal.Signals(signum).name)
@@ -165,7 +133,6 @@ def run_local(out_dir: str, manifest: dict[str, Any], *, workers: int,
                    sweep_plan.format_final(e.get("final")))
   if not todo:
     return []
-  _ensure_base_models(out_dir, todo)
   env = worker_env(workers, cache_dir)
   queue, active, busy, waiting = list(todo), [], [], set()
   finished_count = 0

@@ -6,6 +6,7 @@ shared by the run's processes (both pytest-xdist workers and their subprocesses,
 inherit the environment) compiles each once. It starts empty in a fresh temporary
 directory, so every program is still compiled by the run that tests it, and it is
 removed at the end. A cache directory already in the environment is used as it is.
+XLA:CPU's instruction set is capped as in the entry points (`isojax.cpu_isa`).
 """
 
 import os
@@ -18,6 +19,11 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="isojax-tests-jax-cache-")
   os.environ["ISOJAX_TESTS_OWN_JAX_CACHE"] = os.environ["JAX_COMPILATION_CACHE_DIR"]
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+# The instruction-set cap the entry points use (isojax.cpu_isa), so tests compute what
+# the commands do.
+from isojax import cpu_isa  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+cpu_isa.pin()
 
 
 def pytest_unconfigure(config):

@@ -64,7 +64,7 @@ def test_quickstart_runs_and_reports_the_run_it_wrote(tmp_path, monkeypatch):
   workdir = str(tmp_path / "run")
   budget = 2**16
   got, nb = _execute("quickstart.ipynb", dict(
-      PRESET="micro", NUM_STEPS=2, WORKDIR=workdir, CACHE_DIR=str(tmp_path / "cache"),
+      PRESET="micro", NUM_STEPS=2, WORKDIR=workdir,
       BUDGET_ROLLOUTS=budget), "{'final': final, 'plan': plan.to_dict()}", monkeypatch)
   lines = run_dir.read_metrics(workdir)
   assert [line["step"] for line in lines] == [0, 1, 2]  # the injected settings held

@@ -19,21 +19,25 @@ def _micro(cache_dir, **overrides):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   config = module.get_config("micro")
-  config.base_model.cache_dir = str(cache_dir)
+  del cache_dir  # the shipped base model: nothing to build
   config.update(overrides)
   return config
 
 
-def _main(*args, cwd=ROOT):
-  return subprocess.run([sys.executable, "-m", "isojax.main", *args], cwd=cwd,
+def _main(*args, cwd=ROOT, env=None):
+  return subprocess.run([sys.executable, "-m", "isojax.main", *args], cwd=cwd, env=env,
                         capture_output=True, text=True, timeout=300)
 
 
 def test_main_micro_writes_the_run_directory(tmp_path):
   workdir = tmp_path / "run"
+  home = tmp_path / "home"  # an empty home: no cache of any earlier run
+  home.mkdir()
   proc = _main("--config=configs/hard.py:micro", f"--workdir={workdir}",
-               f"--config.base_model.cache_dir={tmp_path / 'cache'}")
+               env=dict(os.environ, HOME=str(home)))
   assert proc.returncode == 0, proc.stderr[-3000:]
+  # Nothing is built or cached on a first run: the shipped base model is loaded.
+  assert os.listdir(home) == [] and "SFT" not in proc.stderr
   config = json.loads((workdir / "config.json").read_text())
   n, b_p, m = config["rollouts_per_problem"], config["problems_per_batch"], config["num_steps"]
   assert config["budget_rollouts"] == n * b_p * m
@@ -55,10 +59,6 @@ def test_main_micro_writes_the_run_directory(tmp_path):
     assert r["time/decode_s"] > 0 and r["time/sample_s"] > 0 and r["time/update_s"] > 0
   assert [r["step"] for r in lines if "time/eval_s" in r] == [2, 3]
   assert os.path.isdir(workdir / "checkpoints" / str(m))
-  # The tiny base model is cached in the Hugging Face layout.
-  (cached,) = os.listdir(tmp_path / "cache")
-  assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(
-      os.listdir(tmp_path / "cache" / cached))
 
 
 def test_resume_after_interruption_matches_uninterrupted_run(tmp_path):
@@ -91,7 +91,7 @@ def test_resume_refuses_a_different_allocation(tmp_path):
 def test_bad_input_fails_fast_and_writes_nothing(tmp_path, flag, message):
   workdir = tmp_path / "run"
   proc = _main("--config=configs/hard.py:micro", f"--workdir={workdir}", flag,
-               f"--config.base_model.cache_dir={tmp_path / 'cache'}")
+)
   assert proc.returncode != 0
   assert message in proc.stderr
-  assert not workdir.exists() and not (tmp_path / "cache").exists()
+  assert not workdir.exists()

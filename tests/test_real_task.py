@@ -62,7 +62,6 @@ def _checkpoint(path):
 def _config(ckpt, data, workdir_cache):
   c = config_lib.base_config()
   c.base_model.path = ckpt
-  c.base_model.cache_dir = str(workdir_cache)
   c.task.update(name="math", format="gsm8k", train_files=data, num_train=0, num_val=4,
                 system_prompt="You are a careful solver.", verifier_workers=1,
                 splits_dir=str(workdir_cache))

@@ -1,8 +1,8 @@
-"""Builds, caches and loads the tiny base models of the embedded demos.
+"""Builds the tiny base models of the embedded demos (`launch.build_base` runs it).
 
-Nobody can download a base model in CI, so isojax makes one: a small transformer
-trained by next-token supervised learning, stopped early enough that its pass rates
-spread from about 0 to about 1. Two demos:
+Nobody can download a base model in CI, so isojax ships two it built: small
+transformers trained by next-token supervised learning, stopped early enough that
+their pass rates spread from about 0 to about 1. Two demos:
 
   arithmetic     a character tokenizer and "12+34=" -> "46" (the default task);
   reasoning_gym  the path a real instruct checkpoint takes: a byte-level BPE tokenizer
@@ -12,21 +12,23 @@ spread from about 0 to about 1. Two demos:
                  (qkv bias), and SFT on chat-rendered reasoning-gym problems with short
                  worked rationales.
 
-A model is saved in the Hugging Face layout under `<cache_dir>/tiny-<hash of its
-settings>/` and then loaded through `hf_checkpoint.load_model`, the path real
-checkpoints take. The build is atomic (written to a temp dir, then renamed), so an
-interrupted build never leaves a half-written model behind.
+Runs load the shipped directories (`demo_bases`); this module only writes new ones.
+SFT is chaotic in float rounding: the same settings on another CPU, jax version or
+XLA build end in another model, which is why the demos ship the model and not the
+recipe. A directory is written in the Hugging Face layout with a `demo_bases`
+manifest (file hashes, architecture, build settings, the command), atomically
+(a temp dir, then a rename), so an interrupted build leaves nothing behind.
 """
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import json
 import os
 import shutil
 import tempfile
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -36,18 +38,12 @@ import optax
 from absl import logging
 from flax import nnx
 
+from isojax import cpu_isa
 from isojax.models import chat_template as chat_template_lib
 from isojax.models import hf_checkpoint
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.models.transformer import ModelConfig, Transformer
-from isojax.tasks import arithmetic
-
-BUILD_FILE = "isojax_build.json"
-# Bump when the recipe below, or anything its SFT run computes with, changes. 2: the
-# scanned decoder (13c4d8f) rounds differently, so 600 SFT steps end in another model;
-# 3: projections as 2-D matmuls (`transformer.token_rows`), which round differently again.
-_BUILD_VERSION = 3
-
+from isojax.tasks import arithmetic, demo_bases
 
 # The demo BPE: Qwen's special tokens; <|im_end|> ends a turn, <|endoftext|> pads.
 _SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -55,21 +51,40 @@ _BPE_VOCAB = 640
 DEMO_TASKS = ("arithmetic", "reasoning_gym")
 
 
-def _settings(base: ml_collections.ConfigDict, task: ml_collections.ConfigDict) -> dict:
-  keys = ("num_layers", "embed_dim", "num_heads", "num_kv_heads", "head_dim", "mlp_dim",
-          "sft_steps", "sft_batch_size", "sft_learning_rate", "sft_max_digits")
-  settings = dict({k: base[k] for k in keys}, task=task.name, seed=task.seed,
-                  version=_BUILD_VERSION)
-  if task.name == "reasoning_gym":  # what the SFT data and the prompts depend on
-    settings.update(dataset=task.dataset, dataset_kwargs=task.dataset_kwargs.to_dict(),
-                    num_train=task.num_train, system_prompt=task.system_prompt,
-                    instruction=task.instruction, bpe_vocab=_BPE_VOCAB)
-  return settings
+@dataclasses.dataclass(frozen=True)
+class BuildSettings:
+  """What a demo base model build computes with (recorded in its manifest)."""
+  num_layers: int = 2
+  embed_dim: int = 128
+  num_heads: int = 4
+  num_kv_heads: int = 2
+  head_dim: int = 32
+  mlp_dim: int = 384
+  sft_steps: int = 600
+  sft_batch_size: int = 64
+  sft_learning_rate: float = 3e-3
+  sft_max_digits: int = 3      # arithmetic: operands of 1 to this many digits
+  seed: int = 0                # initialisation and the order of the SFT data
+
+  def validate(self) -> None:
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name)
+      if field.name != "seed" and not value > 0:
+        raise ValueError(f"build setting {field.name}={value}: expected a positive value")
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(f"build setting num_heads={self.num_heads} is not a multiple of "
+                       f"num_kv_heads={self.num_kv_heads}")
 
 
-def cache_path(base: ml_collections.ConfigDict, task: ml_collections.ConfigDict) -> str:
-  key = hashlib.sha256(json.dumps(_settings(base, task), sort_keys=True).encode()).hexdigest()
-  return os.path.join(os.path.expanduser(base.cache_dir), f"tiny-{key[:12]}")
+def task_settings(task: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The task fields a build's SFT data and prompts depend on (its manifest's `task`)."""
+  out = dict(name=task.name)
+  if task.name == "reasoning_gym":
+    out.update(dataset=task.dataset, dataset_kwargs=task.dataset_kwargs.to_dict(),
+               seed=task.seed, num_train=task.num_train, num_val=task.num_val,
+               system_prompt=task.system_prompt, instruction=task.instruction,
+               bpe_vocab=_BPE_VOCAB)
+  return out
 
 
 def _sft_batch(rng, tok, batch_size: int, max_digits: int, length: int):
@@ -103,7 +118,7 @@ def _example_batch(rng, examples: list[tuple[list[int], list[int]]], batch_size:
   return tokens, loss_mask
 
 
-def _reasoning_gym_data(base: ml_collections.ConfigDict, task: ml_collections.ConfigDict):
+def _reasoning_gym_data(task: ml_collections.ConfigDict):
   """(BPE tokenizer with a chat template, [(prompt ids, target ids)]) from train problems.
 
   Prompts are rendered exactly as the RL loop renders them (`tasks.prompts`), so the
@@ -111,7 +126,6 @@ def _reasoning_gym_data(base: ml_collections.ConfigDict, task: ml_collections.Co
   """
   from isojax import tasks  # pylint: disable=g-import-not-at-top  # tasks imports this module
   from isojax.tasks import prompts, reasoning_gym_task  # pylint: disable=g-import-not-at-top
-  del base
   train, _ = reasoning_gym_task.load(task)  # never the validation problems
   instruction = tasks.default_instruction(task)
   messages = lambda p: ([{"role": "system", "content": task.system_prompt}]
@@ -133,10 +147,10 @@ def _reasoning_gym_data(base: ml_collections.ConfigDict, task: ml_collections.Co
   return tok, examples
 
 
-def _supervised(cfg: ModelConfig, next_batch: Callable, base: ml_collections.ConfigDict,
-                seed: int, pad_id: int) -> Transformer:
+def _supervised(cfg: ModelConfig, next_batch: Callable, base: BuildSettings,
+                pad_id: int) -> Transformer:
   """Next-token training on the masked targets of `next_batch(rng)` batches."""
-  model = Transformer(cfg, rngs=nnx.Rngs(seed))
+  model = Transformer(cfg, rngs=nnx.Rngs(base.seed))
   graphdef, params = nnx.split(model)
   schedule = optax.warmup_cosine_decay_schedule(
       0.0, base.sft_learning_rate, warmup_steps=min(100, base.sft_steps // 10),
@@ -157,7 +171,7 @@ def _supervised(cfg: ModelConfig, next_batch: Callable, base: ml_collections.Con
     return optax.apply_updates(params, updates), opt_state, loss
 
   # The causal mask makes right padding harmless: padding only follows the target.
-  rng = np.random.default_rng(seed)
+  rng = np.random.default_rng(base.seed)
   start = time.time()
   for i in range(base.sft_steps):
     params, opt_state, loss = step(params, opt_state, *next_batch(rng))
@@ -167,8 +181,9 @@ def _supervised(cfg: ModelConfig, next_batch: Callable, base: ml_collections.Con
   return nnx.merge(graphdef, params)
 
 
-def train_base_model(base: ml_collections.ConfigDict, task: ml_collections.ConfigDict):
+def train_base_model(base: BuildSettings, task: ml_collections.ConfigDict):
   """Supervised next-token training for the task's demo; returns (model, tokenizer)."""
+  base.validate()
   dims = dict(num_layers=base.num_layers, embed_dim=base.embed_dim, num_heads=base.num_heads,
               num_kv_heads=base.num_kv_heads, head_dim=base.head_dim, mlp_dim=base.mlp_dim,
               tie_embeddings=True)
@@ -179,44 +194,67 @@ def train_base_model(base: ml_collections.ConfigDict, task: ml_collections.Confi
                                         length)
     cfg = ModelConfig(vocab_size=tok.vocab_size, **dims)
   elif task.name == "reasoning_gym":
-    tok, examples = _reasoning_gym_data(base, task)
+    tok, examples = _reasoning_gym_data(task)
     length = max(len(p) + len(t) for p, t in examples)
     next_batch = lambda rng: _example_batch(rng, examples, base.sft_batch_size, length,
                                             tok.pad_id)
     cfg = ModelConfig(vocab_size=tok.vocab_size, qkv_bias=True, **dims)  # Qwen2-shaped
   else:
-    raise ValueError(f"base_model.path is empty and task.name={task.name!r}: isojax builds "
-                     f"a tiny base model only for {list(DEMO_TASKS)}; set "
-                     "base_model.path to a Hugging Face checkpoint directory")
-  return _supervised(cfg, next_batch, base, task.seed, tok.pad_id), tok
+    raise ValueError(f"task.name={task.name!r}: isojax builds a tiny base model only for "
+                     f"{list(DEMO_TASKS)}")
+  return _supervised(cfg, next_batch, base, tok.pad_id), tok
 
 
-def ensure_base_model(base: ml_collections.ConfigDict, task: ml_collections.ConfigDict) -> str:
-  """Returns the directory of the cached tiny base model, building it if needed."""
-  path = cache_path(base, task)
-  if os.path.isfile(os.path.join(path, BUILD_FILE)):
-    return path
-  logging.info("building the tiny base model into %s", path)
+def write_model(model: Transformer, tok: tokenizer_lib.TextTokenizer, directory: str,
+                task_name: str) -> None:
+  """The Hugging Face files of a demo model: config, weights, tokenizer, stop ids."""
+  hf_checkpoint.save_model(model, directory, eos_token_id=tok.eos_id,
+                           bos_token_id=tok.pad_id if tok.bos_id is None else tok.bos_id,
+                           pad_token_id=tok.pad_id)
+  tok.save(directory)
+  if task_name == "reasoning_gym":  # an instruct checkpoint's several stop ids
+    with open(os.path.join(directory, "generation_config.json"), "w") as f:
+      json.dump(dict(eos_token_id=[tok.eos_id, tok.pad_id], pad_token_id=tok.pad_id,
+                     bos_token_id=tok.pad_id), f, indent=2)
+
+
+def built_with() -> dict[str, str]:
+  """The software and machine a build ran on: SFT's result depends on all of them."""
+  import jaxlib  # pylint: disable=g-import-not-at-top
+  return dict(jax=jax.__version__, jaxlib=jaxlib.__version__, cpu=cpu_isa.cpu_model(),
+              isa=cpu_isa.effective_isa(), xla_flags=os.environ.get("XLA_FLAGS", ""))
+
+
+def build(base: BuildSettings, task: ml_collections.ConfigDict, out_dir: str,
+          command: str, name: str = "") -> dict[str, Any]:
+  """Trains a demo base model and writes it, with its manifest, to the new `out_dir`.
+
+  Refuses an existing `out_dir` (nothing written is replaced); writes to a temporary
+  sibling and renames it at the end. Returns the manifest.
+  """
+  if os.path.exists(out_dir):
+    raise FileExistsError(f"{out_dir}: already exists; the builder writes a new directory")
+  start = time.time()
   model, tok = train_base_model(base, task)
-  parent = os.path.dirname(path)
+  parent = os.path.dirname(os.path.abspath(out_dir))
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(dir=parent, prefix=".building-")
   try:
-    hf_checkpoint.save_model(model, tmp, eos_token_id=tok.eos_id,
-                             bos_token_id=tok.pad_id if tok.bos_id is None else tok.bos_id,
-                             pad_token_id=tok.pad_id)
-    tok.save(tmp)
-    if task.name == "reasoning_gym":  # an instruct checkpoint's several stop ids
-      with open(os.path.join(tmp, "generation_config.json"), "w") as f:
-        json.dump(dict(eos_token_id=[tok.eos_id, tok.pad_id], pad_token_id=tok.pad_id,
-                       bos_token_id=tok.pad_id), f, indent=2)
-    with open(os.path.join(tmp, BUILD_FILE), "w") as f:
-      json.dump(_settings(base, task), f, indent=2)
-    try:
-      os.replace(tmp, path)
-    except OSError:  # another process finished the same build first
-      if not os.path.isfile(os.path.join(path, BUILD_FILE)):
-        raise
+    write_model(model, tok, tmp, task.name)
+    hf = hf_checkpoint.read_hf_config(tmp)
+    manifest = demo_bases.write_manifest(tmp, dict(
+        name=name or os.path.basename(os.path.normpath(out_dir)),
+        task=task_settings(task), build=dataclasses.asdict(base),
+        architecture={k: v for k, v in hf.items() if not k.endswith("token_id")},
+        tokenizer=dict(kind="characters" if task.name == "arithmetic" else "byte-level BPE",
+                       vocab_size=tok.vocab_size, eos_ids=list(tok.eos_ids),
+                       pad_id=tok.pad_id),
+        command=command, built_with=built_with(),
+        build_seconds=round(time.time() - start, 1)))
+    for name in os.listdir(tmp):  # readable by all, as package data must be
+      os.chmod(os.path.join(tmp, name), 0o644)
+    os.chmod(tmp, 0o755)
+    os.rename(tmp, out_dir)
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
-  return path
+  return manifest

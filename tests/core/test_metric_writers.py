@@ -135,7 +135,6 @@ def test_training_run_and_its_resume_in_tensorboard(tmp_path):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   config = module.get_config("micro")
-  config.base_model.cache_dir = str(tmp_path / "cache")
   config.update(num_steps=4, checkpoint_every=2)
   full = tmp_path / "full"
   train.run(config, str(full))

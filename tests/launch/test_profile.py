@@ -8,18 +8,18 @@ import sys
 import numpy as np
 import pytest
 
-from isojax.tasks import arithmetic, difficulty, splits
+from isojax.tasks import arithmetic, demo_bases, difficulty, splits
 from launch import profiling
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 K = 8  # avg@8 in the end-to-end test, to keep it fast
 
 
-def _profile(out, cache, *extra):
+def _profile(out, *extra):
   args = [sys.executable, "-m", "launch.profile", "--config=configs/hard.py:micro",
-          f"--config.base_model.cache_dir={cache}", f"--out={out}", "--pool_size=96",
+          f"--out={out}", "--pool_size=96",
           "--val_pool_size=24", "--num_train=16", "--num_val=4", f"--num_samples={K}",
-          "--hard_samples=16", "--min_digits=1", "--max_digits=3", *extra]
+          "--hard_samples=16", "--min_digits=3", "--max_digits=3", *extra]
   return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
@@ -27,21 +27,15 @@ def _mtimes(out):
   return {name: os.stat(os.path.join(out, name)).st_mtime_ns for name in os.listdir(out)}
 
 
-@pytest.fixture(scope="session")
-def model_cache(tmp_path_factory):
-  """One micro base model for the tests of this file."""
-  return tmp_path_factory.mktemp("model_cache")
-
-
 def _load(out, name):
   with open(os.path.join(out, f"{name}.json")) as f:
     return json.load(f)
 
 
-def test_profile_writes_thresholded_disjoint_splits_and_reuses_them(tmp_path, model_cache):
+def test_profile_writes_thresholded_disjoint_splits_and_reuses_them(tmp_path):
   # One test, so that parallel test workers never profile twice.
-  out, cache = tmp_path / "splits", model_cache
-  proc = _profile(out, cache, "--splits=hard,extremely_hard")
+  out = tmp_path / "splits"
+  proc = _profile(out, "--splits=hard,extremely_hard")
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "hard" in proc.stdout and "extremely_hard" in proc.stdout  # the summary table
 
@@ -60,7 +54,7 @@ def test_profile_writes_thresholded_disjoint_splits_and_reuses_them(tmp_path, mo
     assert measured[row["prompt"]]["hard_correct"] == 0 and row["pass_rate"] == 0.0
   # The split meta records how it was made.
   meta = hard["meta"]
-  assert meta["model"].startswith(str(cache)) and meta["num_samples"] == K
+  assert meta["model"] == demo_bases.shipped_dir("arithmetic") and meta["num_samples"] == K
   assert meta["thresholds"] == {"hard": {"low": 0.0, "high": 0.0625}}
   assert meta["counts"]["num_train"] == 16 and meta["counts"]["requested_val"] == 4
 
@@ -74,21 +68,23 @@ def test_profile_writes_thresholded_disjoint_splits_and_reuses_them(tmp_path, mo
 
   # The same call again reuses the files: nothing rewritten, nothing sampled.
   before = _mtimes(out)
-  again = _profile(out, cache, "--splits=hard,extremely_hard")
+  again = _profile(out, "--splits=hard,extremely_hard")
   assert again.returncode == 0, again.stderr[-3000:]
   assert "up to date" in again.stderr and _mtimes(out) == before
   # A changed setting redoes them.
-  changed = _profile(out, cache, "--splits=hard,extremely_hard", "--num_val=3")
+  changed = _profile(out, "--splits=hard,extremely_hard", "--num_val=3")
   assert changed.returncode == 0, changed.stderr[-3000:]
   after = _mtimes(out)
   assert all(after[name] > before[name] for name in before)
   assert len(_load(out, "hard")["val"]) == 3
 
 
-def test_empty_split_is_an_error_naming_it(tmp_path, model_cache):
-  # The micro model gets no 3-digit sum right, so no problem is easy ([0.3, 0.6]).
-  proc = _profile(tmp_path / "splits", model_cache, "--splits=hard,easy", "--pool_size=32",
-                  "--val_pool_size=8", "--hard_samples=8", "--min_digits=3")
+def test_empty_split_is_an_error_naming_it(tmp_path):
+  # The base model, trained on sums of up to 3 digits, gets 6-digit sums wrong, so no
+  # problem is easy ([0.3, 0.6]).
+  proc = _profile(tmp_path / "splits", "--splits=hard,easy", "--pool_size=32",
+                  "--val_pool_size=8", "--hard_samples=8", "--min_digits=6",
+                  "--max_digits=6")
   assert proc.returncode == 1
   assert "empty split(s): easy (" in proc.stderr
   assert os.path.isfile(tmp_path / "splits" / "hard.json")  # the others are written

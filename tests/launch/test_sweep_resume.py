@@ -19,13 +19,12 @@ from isojax import run_dir
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _command(out, model_cache, jax_cache):
+def _command(out, jax_cache):
   # budget 256: bp4_n2 (M = 32), bp4_n4 (M = 16), bp4_n8 (M = 8), a checkpoint every
   # M // 4 steps, so a run stays partially done long enough to be caught.
   return [sys.executable, "-m", "launch.sweep", "--config=configs/sweep_hard.py:micro",
           f"--out={out}", "--workers=2", f"--compilation_cache={jax_cache}",
-          "--config.budget_rollouts=256",
-          f"--config.overrides.base_model.cache_dir={model_cache}"]
+          "--config.budget_rollouts=256"]
 
 
 def _metrics(out, name):
@@ -56,11 +55,11 @@ def _progress(out, runs):
 
 
 def test_killed_sweep_resumes_without_redoing_finished_runs(tmp_path):
-  model_cache, jax_cache = tmp_path / "model_cache", tmp_path / "jax_cache"
+  jax_cache = tmp_path / "jax_cache"
   env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
   reference = tmp_path / "reference"
-  proc = subprocess.run(_command(reference, model_cache, jax_cache), cwd=REPO, env=env,
+  proc = subprocess.run(_command(reference, jax_cache), cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   with open(reference / "sweep.json") as f:
@@ -69,7 +68,7 @@ def test_killed_sweep_resumes_without_redoing_finished_runs(tmp_path):
 
   # Kill the launcher and its workers once a run is finished and another is half done.
   out = tmp_path / "killed"
-  launcher = subprocess.Popen(_command(out, model_cache, jax_cache), cwd=REPO, env=env,
+  launcher = subprocess.Popen(_command(out, jax_cache), cwd=REPO, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
   deadline = time.time() + 240
@@ -89,7 +88,7 @@ def test_killed_sweep_resumes_without_redoing_finished_runs(tmp_path):
                  (out / "runs" / name / "metrics.jsonl").read_bytes()) for name in finished}
 
   # The same command again.
-  proc = subprocess.run(_command(out, model_cache, jax_cache), cwd=REPO, env=env,
+  proc = subprocess.run(_command(out, jax_cache), cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   for name in finished:  # not redone: the files are untouched and it ran once

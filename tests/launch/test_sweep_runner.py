@@ -48,7 +48,6 @@ def fake_main(tmp_path, monkeypatch):
   record = tmp_path / "record.txt"
   monkeypatch.setattr(sweep_runner, "main_command", lambda plan, workdir: [
       sys.executable, str(script), plan, workdir, str(record)])
-  monkeypatch.setattr(sweep_runner, "_ensure_base_models", lambda out_dir, entries: None)
   return record
 
 
@@ -137,12 +136,12 @@ def test_sweep_overrides_go_through_the_config_layer():
                      r"field\(s\) rl\.klcoef \(did you mean rl\.kl_coef\?\)$"):
     sweep_plan.base_run_config(sweep)
   sweep.overrides.rl = ml_collections.ConfigDict(dict(kl_coef=0.25))
-  sweep.overrides.base_model.cache_dir = "/tmp/models"
+  sweep.overrides.base_model = ml_collections.ConfigDict(dict(path="/tmp/models/qwen"))
   base = sweep_plan.base_run_config(sweep)
-  # configs/hard.py:micro (micro preset: 4 rollouts, 1 layer) with the two overrides.
-  assert (base.rl.kl_coef, base.base_model.cache_dir, base.task.split) == (
-      0.25, "/tmp/models", "")
-  assert (base.rollouts_per_problem, base.base_model.num_layers) == (4, 1)
+  # configs/hard.py:micro (micro preset: 4 rollouts, 3 steps) with the two overrides.
+  assert (base.rl.kl_coef, base.base_model.path, base.task.split) == (
+      0.25, "/tmp/models/qwen", "")
+  assert (base.rollouts_per_problem, base.num_steps) == (4, 3)
   with pytest.raises(sweep_plan.SweepError, match=r"config file 'configs/nope\.py' does "
                      "not exist"):
     sweep_plan.load_config_file("configs/nope.py:micro")

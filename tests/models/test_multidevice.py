@@ -76,7 +76,6 @@ def test_main_runs_on_a_three_axis_mesh(tmp_path):
     spec = importlib.util.spec_from_file_location("hard", "{ROOT}/configs/hard.py")
     module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)
     config = module.get_config("micro")
-    config.base_model.cache_dir = "{tmp_path}/cache"
     config.mesh.update(data=-1, fsdp=2, tensor=2)
     config.num_steps = 2
     train.run(config, "{tmp_path}/run")

@@ -1,0 +1,304 @@
+r"""Reruns the project's experiments and writes their result tables under docs/results/.
+
+    python -m launch.reproduce                                  # every section
+    python -m launch.reproduce --sections=demos --seeds=0,1,2   # the demos only
+    python -m launch.reproduce --sections=study --out=/data/isojax_reproduce
+
+Sections (runs go under --out and are reused: rerunning the command resumes it):
+
+  demos  `isojax.main` on configs/hard.py, easy.py and reasoning.py for each of --seeds,
+         from the shipped demo base models: step-0 and final `val/avg@4`, the gain in
+         standard errors, best@4 / worst@4, the training-set pass@1 histograms, wall
+         time -> demos.md and img/demos.png.
+  pods   `launch.compare` of PODS (configs/pods.py) against vanilla GRPO
+         (configs/pods.py:grpo) for each seed -> pods.md.
+  study  `launch.study` (profile, every sweep of the paper, analyses, findings) at
+         --study_budget rollouts per sweep -> study.md (the findings table) and the
+         study's plots in img/.
+
+Each file is replaced whole and starts with the command, the commit, the machine (CPU
+model, XLA:CPU instruction set), the jax version, the date and the wall time. The gain
+of a demo is measured against the paired standard error: both evaluations use the same
+256 problems, so the error of final - initial is the spread over problems of each
+problem's own change, divided by sqrt(problems).
+"""
+
+from __future__ import annotations
+
+from isojax import host_memory
+
+host_memory.restart_entry_point(__name__)  # first: before the imports below
+# pylint: disable=wrong-import-position
+import datetime
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any, Sequence
+
+import numpy as np
+from absl import app, flags, logging
+
+from isojax import cpu_isa, metrics, run_dir, storage
+from launch import compare
+
+SECTIONS = ("demos", "pods", "study")
+# (name, config): the demos every user runs first.
+DEMOS = (("hard", "configs/hard.py"), ("easy", "configs/easy.py"),
+         ("reasoning", "configs/reasoning.py"))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMING_FILE = "reproduce_timing.json"  # a run's wall time as this command measured it
+
+_SECTIONS = flags.DEFINE_list("sections", list(SECTIONS), f"Which of {list(SECTIONS)}.")
+_SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "RL seeds (--config.seed) of the "
+                           "demos and of the PODS comparison.")
+_OUT = flags.DEFINE_string("out", "/tmp/isojax/reproduce", "Where the runs go (reused).")
+_RESULTS = flags.DEFINE_string("results", os.path.join(REPO_ROOT, "docs", "results"),
+                               "Where the tables and plots are written.")
+_STUDY_BUDGET = flags.DEFINE_integer("study_budget", 65536, "Rollouts C of each study "
+                                     "sweep (launch.study --budget_rollouts).")
+_PODS_STEPS = flags.DEFINE_integer("pods_steps", 400, "Update steps of each PODS/GRPO run.")
+
+
+# ==================== Header: what made a table ====================
+
+def environment() -> dict[str, Any]:
+  """Commit, machine and software that a table's numbers come from."""
+  def git(*args):
+    try:
+      return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+      return ""
+  import jax  # pylint: disable=g-import-not-at-top
+  return dict(commit=git("rev-parse", "--short=12", "HEAD") or "unknown",
+              dirty=bool(git("status", "--porcelain", "--untracked-files=no")),
+              cpu=cpu_isa.cpu_model(), cpus=os.cpu_count(), host_isa=cpu_isa.host_isa(),
+              isa=cpu_isa.effective_isa(), accelerator=_accelerator(jax),
+              jax=jax.__version__, python=platform.python_version(),
+              date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+
+
+def _accelerator(jax) -> str:
+  kinds = sorted({d.device_kind for d in jax.devices() if d.platform != "cpu"})
+  return ", ".join(kinds) or "none"
+
+
+def format_seconds(seconds: float) -> str:
+  minutes, secs = divmod(int(round(seconds)), 60)
+  hours, minutes = divmod(minutes, 60)
+  return (f"{hours} h {minutes} min" if hours else
+          f"{minutes} min {secs} s" if minutes else f"{secs} s")
+
+
+def header(title: str, command: str, env: dict[str, Any], wall_s: float) -> str:
+  """The lines that open every results file."""
+  commit = env["commit"] + (" (with uncommitted changes)" if env["dirty"] else "")
+  return "\n".join([
+      f"# {title}", "",
+      f"Written by `{command}`; do not edit by hand.", "",
+      "| commit | CPU | XLA:CPU ISA | accelerator | jax | date | wall time |",
+      "|---|---|---|---|---|---|---|",
+      f"| {commit} | {env['cpu']} ({env['cpus']} cores, host {env['host_isa']}) | "
+      f"{env['isa']} | {env['accelerator']} | {env['jax']} | {env['date']} | "
+      f"{format_seconds(wall_s)} |", ""])
+
+
+# ==================== Demos: one run directory -> one row ====================
+
+def paired_gain(counts0: Sequence[int], counts1: Sequence[int],
+                num_samples: int) -> tuple[float, float]:
+  """(final - initial mean pass rate, its standard error paired over problems)."""
+  diff = (np.asarray(counts1, float) - np.asarray(counts0, float)) / num_samples
+  if diff.size < 2:
+    raise ValueError(f"a paired standard error needs at least 2 problems, got {diff.size}")
+  return float(diff.mean()), float(diff.std(ddof=1) / np.sqrt(diff.size))
+
+
+def summarize_run(workdir: str) -> dict[str, Any]:
+  """Step-0 and final evaluation of a finished run, the gain, histograms, wall time."""
+  config = storage.read_json(os.path.join(workdir, run_dir.CONFIG_FILE))
+  lines = [r for r in run_dir.read_metrics(workdir) if metrics.val_avg(4) in r]
+  if not lines or lines[0][run_dir.STEP] != 0:
+    raise ValueError(f"{workdir}: no step-0 evaluation in {run_dir.METRICS_FILE}")
+  first, last = lines[0], lines[-1]
+  if last[run_dir.STEP] != config["num_steps"]:
+    raise ValueError(f"{workdir}: last evaluation at step {last[run_dir.STEP]}, the run "
+                     f"has {config['num_steps']} steps: unfinished")
+  gain, gain_se = paired_gain(first[metrics.VAL_CORRECT_COUNTS],
+                              last[metrics.VAL_CORRECT_COUNTS],
+                              config["eval"]["num_samples"])
+  timing = os.path.join(workdir, TIMING_FILE)
+  wall_s = (storage.read_json(timing)["wall_s"] if os.path.isfile(timing)
+            else last[run_dir.WALL_S])
+  pick = lambda r: {k: r.get(k) for k in (
+      metrics.val_avg(4), metrics.val_avg(4) + "_stderr", "val/best@4", "val/worst@4",
+      metrics.TRAIN_PASS1_HISTOGRAM)}
+  return dict(seed=config["seed"], steps=config["num_steps"], initial=pick(first),
+              final=pick(last), gain=gain, gain_se=gain_se,
+              curve=[(r[run_dir.STEP], r[metrics.val_avg(4)]) for r in lines],
+              wall_s=wall_s)
+
+
+def demo_table(runs: dict[str, list[dict[str, Any]]]) -> str:
+  """Markdown: a row per (demo, seed) of `summarize_run` results, then the histograms."""
+  avg, se = metrics.val_avg(4), metrics.val_avg(4) + "_stderr"
+  lines = ["| demo | seed | step-0 `val/avg@4` | final `val/avg@4` | gain | gain / SE | "
+           "best@4 | worst@4 | steps | wall time |", "|---|---|---|---|---|---|---|---|---|---|"]
+  for name, rows in runs.items():
+    for r in rows:
+      i, f = r["initial"], r["final"]
+      lines.append(
+          f"| {name} | {r['seed']} | {i[avg]:.3f} +- {i[se]:.3f} | {f[avg]:.3f} +- "
+          f"{f[se]:.3f} | {r['gain']:+.3f} | {r['gain'] / r['gain_se']:.1f} | "
+          f"{i['val/best@4']:.3f} -> {f['val/best@4']:.3f} | "
+          f"{i['val/worst@4']:.3f} -> {f['val/worst@4']:.3f} | {r['steps']} | "
+          f"{format_seconds(r['wall_s'])} |")
+  lines += ["", "Training-set pass@1 histograms (`train/pass@1_histogram`: problems with "
+            "0, 1, ..., N of N samples correct):", "",
+            "| demo | seed | step 0 | final |", "|---|---|---|---|"]
+  for name, rows in runs.items():
+    for r in rows:
+      lines.append(f"| {name} | {r['seed']} | `{r['initial'][metrics.TRAIN_PASS1_HISTOGRAM]}` "
+                   f"| `{r['final'][metrics.TRAIN_PASS1_HISTOGRAM]}` |")
+  return "\n".join(lines)
+
+
+def plot_demos(runs: dict[str, list[dict[str, Any]]], path: str) -> None:
+  """`val/avg@4` against the update step, one panel per demo, one line per seed."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.2), squeeze=False)
+  for ax, (name, rows) in zip(axes[0], runs.items()):
+    for r in rows:
+      steps, values = zip(*r["curve"])
+      ax.plot(steps, values, marker=".", label=f"seed {r['seed']}")
+    ax.set(title=name, xlabel="update step", ylabel="val/avg@4")
+    ax.legend(fontsize=8)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def _run_main(config: str, workdir: str, seed: str, extra: Sequence[str] = ()) -> None:
+  """`isojax.main` into `workdir` unless it finished there; records its wall time."""
+  try:
+    summarize_run(workdir)
+    return
+  except (FileNotFoundError, ValueError):
+    pass
+  os.makedirs(os.path.dirname(workdir), exist_ok=True)
+  start = time.time()
+  with open(workdir + ".log", "w") as log:
+    subprocess.run([sys.executable, "-m", "isojax.main", f"--config={config}",
+                    f"--workdir={workdir}", f"--config.seed={seed}", *extra], cwd=REPO_ROOT,
+                   check=True, stdout=log, stderr=subprocess.STDOUT)
+  storage.write_json(os.path.join(workdir, TIMING_FILE), dict(wall_s=time.time() - start))
+
+
+def run_demos(out: str, results: str, seeds: Sequence[str], command: str) -> str:
+  start = time.time()
+  runs = {}
+  for name, config in DEMOS:
+    runs[name] = []
+    for seed in seeds:
+      workdir = os.path.join(out, "demos", f"{name}_s{seed}")
+      logging.info("demo %s, seed %s -> %s", name, seed, workdir)
+      _run_main(config, workdir, seed)
+      runs[name].append(summarize_run(workdir))
+  plot_demos(runs, os.path.join(results, "img", "demos.png"))
+  body = "\n".join([
+      "Each demo's config as shipped, from its shipped base model, one run per RL seed "
+      "(`--config.seed`). `+-` is the standard error of one evaluation over the 256 "
+      "validation problems; gain / SE divides the gain by its standard error paired over "
+      "those problems. Wall time includes start-up and compilation.", "",
+      demo_table(runs), "", "![val/avg@4 per step](img/demos.png)", ""])
+  return _write(results, "demos.md", "The demos: RL from the shipped base models",
+                command, time.time() - start, body)
+
+
+def run_pods(out: str, results: str, seeds: Sequence[str], steps: int, command: str) -> str:
+  start = time.time()
+  extra = [f"--config.num_steps={steps}", "--config.eval.every=20"]
+  rows = []
+  for seed in seeds:
+    runs = {}
+    for arm, config in (("baseline", "configs/pods.py:grpo"), ("candidate", "configs/pods.py")):
+      workdir = os.path.join(out, "pods", f"{arm}_s{seed}")
+      _run_main(config, workdir, seed, extra)
+      runs[arm] = run_dir.read_metrics(workdir)
+    rows.append(dict(seed=seed, **compare.compare(runs["baseline"], runs["candidate"],
+                                                   metrics.val_avg(4))))
+  body = "\n".join([
+      f"PODS (n = 16 generated, m = 4 trained per problem; `configs/pods.py`) against "
+      f"vanilla GRPO (n = m = 4; `configs/pods.py:grpo`) on the hard default, {steps} "
+      "steps, evaluation every 20. The target is each seed's GRPO peak `val/avg@4`; "
+      "the cells give where each run first reached it (`launch.compare`).", "",
+      compare.markdown_table(rows, metrics.val_avg(4)), ""])
+  return _write(results, "pods.md", "PODS against vanilla GRPO", command,
+                time.time() - start, body)
+
+
+def run_study(out: str, results: str, budget: int, command: str) -> str:
+  start = time.time()
+  study_dir = os.path.join(out, f"study_C{budget}")
+  proc = subprocess.run([sys.executable, "-m", "launch.study", f"--out={study_dir}",
+                         f"--budget_rollouts={budget}"], cwd=REPO_ROOT)
+  if proc.returncode:
+    raise SystemExit(f"launch.reproduce: launch.study failed (exit {proc.returncode}); "
+                     f"rerun to resume it in {study_dir}")
+  with open(os.path.join(study_dir, "findings.md")) as f:
+    findings = f.read()
+  images = []
+  for name in sorted(os.listdir(study_dir)):
+    png = os.path.join(study_dir, name, "analysis_metric_vs_compute.png")
+    if os.path.isfile(png):
+      target = os.path.join(results, "img", f"study_{name}_metric_vs_compute.png")
+      os.makedirs(os.path.dirname(target), exist_ok=True)
+      shutil.copyfile(png, target)
+      images.append(f"![{name}](img/{os.path.basename(target)})")
+  body = "\n".join([f"`launch.study` at C = {budget:,} rollouts per sweep, from the shipped "
+                    "arithmetic base model.", "", findings.strip(), "", *images, ""])
+  return _write(results, "study.md", "The study: the paper's findings on the tiny default",
+                command, time.time() - start, body)
+
+
+def _write(results: str, name: str, title: str, command: str, wall_s: float,
+           body: str) -> str:
+  os.makedirs(results, exist_ok=True)
+  path = os.path.join(results, name)
+  text = header(title, command, environment(), wall_s) + "\n" + body
+  with open(path + ".tmp", "w") as f:
+    f.write(text)
+  os.replace(path + ".tmp", path)  # a rerun replaces the table whole
+  print(f"wrote {path}")
+  return path
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  unknown = sorted(set(_SECTIONS.value) - set(SECTIONS))
+  if unknown:
+    raise app.UsageError(f"--sections: unknown {unknown}; expected some of {list(SECTIONS)}")
+  if not _SEEDS.value or not all(s.isdigit() for s in _SEEDS.value):
+    raise app.UsageError(f"--seeds={','.join(_SEEDS.value)}: expected non-negative integers")
+  logging.set_verbosity(logging.INFO)
+  command = shlex.join(["python", "-m", "launch.reproduce", *sys.argv[1:]])
+  out, results = os.path.expanduser(_OUT.value), os.path.expanduser(_RESULTS.value)
+  if "demos" in _SECTIONS.value:
+    run_demos(out, results, _SEEDS.value, command)
+  if "pods" in _SECTIONS.value:
+    run_pods(out, results, _SEEDS.value, _PODS_STEPS.value, command)
+  if "study" in _SECTIONS.value:
+    run_study(out, results, _STUDY_BUDGET.value, command)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,112 @@
+"""launch.reproduce: the result tables, from a small synthetic run directory."""
+
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+
+from launch import reproduce
+
+
+def _write_run(path, *, seed, counts, num_samples=8, num_steps=4, wall_s=12.5):
+  """A finished run's config.json and metrics.jsonl: evaluations at steps 0 and num_steps."""
+  os.makedirs(path)
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(dict(seed=seed, num_steps=num_steps, eval=dict(num_samples=num_samples)), f)
+  lines = []
+  for step, c in zip((0, num_steps), counts):
+    c = np.asarray(c)
+    lines.append({"step": step, "rollouts": 8 * step, "tokens": 40 * step, "wall_s": wall_s * step / num_steps,
+                  "val/avg@4": float(c.mean() / num_samples),
+                  "val/avg@4_stderr": float((c / num_samples).std(ddof=1) / np.sqrt(c.size)),
+                  "val/best@4": 0.5 + step / 100, "val/worst@4": step / 100,
+                  "val/correct_counts": c.tolist(),
+                  "train/pass@1_histogram": [3 - step // num_steps, 1, step // num_steps]})
+    if step < num_steps:
+      lines.append({"step": step + 1, "rollouts": 8, "tokens": 40, "wall_s": 1.0,
+                    "train/reward": 0.5})
+  with open(os.path.join(path, "metrics.jsonl"), "w") as f:
+    f.write("\n".join(json.dumps(r) for r in lines) + "\n")
+
+
+def test_paired_gain_matches_a_direct_computation():
+  before, after = [0, 2, 4, 8], [2, 2, 8, 8]
+  gain, se = reproduce.paired_gain(before, after, num_samples=8)
+  diffs = [0.25, 0.0, 0.5, 0.0]
+  mean = sum(diffs) / 4
+  var = sum((d - mean) ** 2 for d in diffs) / 3
+  assert gain == pytest.approx(mean)
+  assert se == pytest.approx((var / 4) ** 0.5)
+  with pytest.raises(ValueError, match="at least 2 problems"):
+    reproduce.paired_gain([1], [2], 8)
+
+
+def test_demo_table_from_synthetic_runs(tmp_path):
+  rng = np.random.default_rng(0)
+  before = rng.integers(0, 4, 64)
+  after = np.minimum(before + rng.integers(0, 3, 64), 8)
+  _write_run(tmp_path / "hard_s0", seed=0, counts=(before, after))
+  _write_run(tmp_path / "hard_s1", seed=1, counts=(after, before), wall_s=75)
+  runs = {"hard": [reproduce.summarize_run(str(tmp_path / f"hard_s{s}")) for s in (0, 1)]}
+  table = reproduce.demo_table(runs)
+  rows = [line for line in table.splitlines() if line.startswith("| hard |")]
+  assert len(rows) == 4  # two metric rows, two histogram rows
+  cells = [c.strip() for c in rows[0].strip("|").split("|")]
+  gain = (after - before).mean() / 8
+  se = ((after - before) / 8).std(ddof=1) / np.sqrt(64)
+  assert cells[2] == f"{before.mean() / 8:.3f} +- {(before / 8).std(ddof=1) / 8:.3f}"
+  assert cells[3].startswith(f"{after.mean() / 8:.3f} +- ")
+  assert cells[4] == f"{gain:+.3f}" and cells[5] == f"{gain / se:.1f}"
+  assert cells[6] == "0.500 -> 0.540" and cells[8] == "4" and cells[9] == "12 s"
+  second = [c.strip() for c in rows[1].strip("|").split("|")]
+  assert second[4] == f"{-gain:+.3f}" and second[9] == "1 min 15 s"
+  assert "| hard | 0 | `[3, 1, 0]` | `[2, 1, 1]` |" in table
+  # The wall time this command measured wins over the run's own clock.
+  with open(tmp_path / "hard_s0" / reproduce.TIMING_FILE, "w") as f:
+    json.dump(dict(wall_s=130.2), f)
+  assert reproduce.summarize_run(str(tmp_path / "hard_s0"))["wall_s"] == 130.2
+
+
+def test_unfinished_runs_are_refused(tmp_path):
+  _write_run(tmp_path / "run", seed=0, counts=([1, 2], [2, 3]), num_steps=4)
+  config = json.loads((tmp_path / "run" / "config.json").read_text())
+  config["num_steps"] = 10
+  (tmp_path / "run" / "config.json").write_text(json.dumps(config))
+  with pytest.raises(ValueError, match="last evaluation at step 4.*10 steps: unfinished"):
+    reproduce.summarize_run(str(tmp_path / "run"))
+
+
+def test_written_file_carries_the_header_and_replaces_the_old(tmp_path, monkeypatch):
+  env = dict(commit="abc123def456", dirty=False, cpu="Test CPU", cpus=2, host_isa="AVX512",
+             isa="AVX2", accelerator="none", jax="0.10.2", python="3.11.7",
+             date="2026-01-02 03:04 UTC")
+  monkeypatch.setattr(reproduce, "environment", lambda: env)
+  (tmp_path / "demos.md").write_text("old table\n")
+  path = reproduce._write(str(tmp_path), "demos.md", "Title", "python -m launch.reproduce",
+                          3725.0, "body\n")
+  text = open(path).read()
+  assert "old table" not in text
+  assert text.startswith("# Title\n")
+  assert "`python -m launch.reproduce`" in text
+  row = next(line for line in text.splitlines() if line.startswith("| abc123def456"))
+  assert row == ("| abc123def456 | Test CPU (2 cores, host AVX512) | AVX2 | none | 0.10.2 | "
+                 "2026-01-02 03:04 UTC | 1 h 2 min |")
+  assert text.rstrip().endswith("body")
+
+
+def test_environment_names_this_checkout_and_machine():
+  env = reproduce.environment()
+  assert re.fullmatch(r"[0-9a-f]{12}|unknown", env["commit"])
+  assert env["cpus"] == os.cpu_count()
+  import jax  # pylint: disable=g-import-not-at-top
+  assert env["jax"] == jax.__version__
+
+
+def test_demo_plot_is_written(tmp_path):
+  _write_run(tmp_path / "r", seed=0, counts=([1, 2, 3], [2, 3, 4]))
+  runs = {"hard": [reproduce.summarize_run(str(tmp_path / "r"))]}
+  reproduce.plot_demos(runs, str(tmp_path / "img" / "demos.png"))
+  with open(tmp_path / "img" / "demos.png", "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
