@@ -10,6 +10,9 @@ Sections (runs go under --out and are reused: rerunning the command resumes it):
          from the shipped demo base models: step-0 and final `val/avg@4`, the gain in
          standard errors, best@4 / worst@4, the training-set pass@1 histograms, wall
          time -> demos.md and img/demos.png.
+  isa    configs/hard.py (seed 0) under each XLA:CPU instruction-set cap
+         (ISOJAX_CPU_MAX_ISA: native, AVX2, AVX, SSE4_2): where each run departs from the
+         AVX2 run, and its wall time -> isa.md.
   pods   `launch.compare` of PODS (configs/pods.py) against vanilla GRPO
          (configs/pods.py:grpo) for each seed -> pods.md.
   study  `launch.study` (profile, every sweep of the paper, analyses, findings) at
@@ -46,7 +49,9 @@ from absl import app, flags, logging
 from isojax import cpu_isa, metrics, run_dir, storage
 from launch import compare
 
-SECTIONS = ("demos", "pods", "study")
+SECTIONS = ("demos", "isa", "pods", "study")
+# XLA:CPU instruction-set caps the isa section compares (`cpu_isa`): native is none.
+ISA_CAPS = (cpu_isa.NATIVE, "AVX2", "AVX", "SSE4_2")
 # (name, config): the demos every user runs first.
 DEMOS = (("hard", "configs/hard.py"), ("easy", "configs/easy.py"),
          ("reasoning", "configs/reasoning.py"))
@@ -144,6 +149,11 @@ def summarize_run(workdir: str) -> dict[str, Any]:
               wall_s=wall_s)
 
 
+def _in_se(summary: dict[str, Any]) -> str:
+  """The gain in units of its standard error ("n/a" when every problem moved alike)."""
+  return f"{summary['gain'] / summary['gain_se']:.1f}" if summary["gain_se"] else "n/a"
+
+
 def demo_table(runs: dict[str, list[dict[str, Any]]]) -> str:
   """Markdown: a row per (demo, seed) of `summarize_run` results, then the histograms."""
   avg, se = metrics.val_avg(4), metrics.val_avg(4) + "_stderr"
@@ -154,7 +164,7 @@ def demo_table(runs: dict[str, list[dict[str, Any]]]) -> str:
       i, f = r["initial"], r["final"]
       lines.append(
           f"| {name} | {r['seed']} | {i[avg]:.3f} +- {i[se]:.3f} | {f[avg]:.3f} +- "
-          f"{f[se]:.3f} | {r['gain']:+.3f} | {r['gain'] / r['gain_se']:.1f} | "
+          f"{f[se]:.3f} | {r['gain']:+.3f} | {_in_se(r)} | "
           f"{i['val/best@4']:.3f} -> {f['val/best@4']:.3f} | "
           f"{i['val/worst@4']:.3f} -> {f['val/worst@4']:.3f} | {r['steps']} | "
           f"{format_seconds(r['wall_s'])} |")
@@ -186,7 +196,8 @@ def plot_demos(runs: dict[str, list[dict[str, Any]]], path: str) -> None:
   plt.close(fig)
 
 
-def _run_main(config: str, workdir: str, seed: str, extra: Sequence[str] = ()) -> None:
+def _run_main(config: str, workdir: str, seed: str, extra: Sequence[str] = (),
+              env: dict[str, str] | None = None) -> None:
   """`isojax.main` into `workdir` unless it finished there; records its wall time."""
   try:
     summarize_run(workdir)
@@ -198,7 +209,7 @@ def _run_main(config: str, workdir: str, seed: str, extra: Sequence[str] = ()) -
   with open(workdir + ".log", "w") as log:
     subprocess.run([sys.executable, "-m", "isojax.main", f"--config={config}",
                     f"--workdir={workdir}", f"--config.seed={seed}", *extra], cwd=REPO_ROOT,
-                   check=True, stdout=log, stderr=subprocess.STDOUT)
+                   check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
   storage.write_json(os.path.join(workdir, TIMING_FILE), dict(wall_s=time.time() - start))
 
 
@@ -220,6 +231,50 @@ def run_demos(out: str, results: str, seeds: Sequence[str], command: str) -> str
       "those problems. Wall time includes start-up and compilation.", "",
       demo_table(runs), "", "![val/avg@4 per step](img/demos.png)", ""])
   return _write(results, "demos.md", "The demos: RL from the shipped base models",
+                command, time.time() - start, body)
+
+
+def first_difference(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> int | None:
+  """The first step whose metrics differ between two runs' lines (timings aside)."""
+  for line_a, line_b in zip(a, b):
+    if run_dir.without_timings(line_a) != run_dir.without_timings(line_b):
+      return line_a[run_dir.STEP]
+  return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def isa_table(runs: dict[str, list[dict[str, Any]]], summaries: dict[str, dict[str, Any]],
+              reference: str = "AVX2") -> str:
+  """Markdown: per cap, step-0 and final val/avg@4, where it departs from `reference`."""
+  avg, se = metrics.val_avg(4), metrics.val_avg(4) + "_stderr"
+  lines = [f"| XLA:CPU cap | step-0 `val/avg@4` | final `val/avg@4` | gain / SE | first step "
+           f"that differs from {reference} | wall time |", "|---|---|---|---|---|---|"]
+  for cap, lines_ in runs.items():
+    s = summaries[cap]
+    differs = first_difference(lines_, runs[reference])
+    lines.append(f"| {cap} | {s['initial'][avg]:.3f} +- {s['initial'][se]:.3f} | "
+                 f"{s['final'][avg]:.3f} +- {s['final'][se]:.3f} | "
+                 f"{_in_se(s)} | "
+                 f"{'none' if differs is None else differs} | {format_seconds(s['wall_s'])} |")
+  return "\n".join(lines)
+
+
+def run_isa(out: str, results: str, command: str) -> str:
+  start = time.time()
+  runs, summaries = {}, {}
+  for cap in ISA_CAPS:
+    workdir = os.path.join(out, "isa", cap)
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env[cpu_isa.ENV] = cap
+    _run_main("configs/hard.py", workdir, "0", env=env)
+    runs[cap], summaries[cap] = run_dir.read_metrics(workdir), summarize_run(workdir)
+  body = "\n".join([
+      "`configs/hard.py`, seed 0, from the shipped base model, once under each XLA:CPU "
+      f"instruction-set cap (`{cpu_isa.ENV}`; AVX2 is the default of every isojax "
+      "command, native means no cap). A cap below the host's makes this machine compile "
+      "what a machine of that level compiles. A run that departs from the AVX2 run "
+      "samples other tokens from then on; its gain is then another draw of the same "
+      "experiment.", "", isa_table(runs, summaries), ""])
+  return _write(results, "isa.md", "XLA:CPU instruction sets: what the cap changes",
                 command, time.time() - start, body)
 
 
@@ -294,6 +349,8 @@ def main(argv):
   out, results = os.path.expanduser(_OUT.value), os.path.expanduser(_RESULTS.value)
   if "demos" in _SECTIONS.value:
     run_demos(out, results, _SEEDS.value, command)
+  if "isa" in _SECTIONS.value:
+    run_isa(out, results, command)
   if "pods" in _SECTIONS.value:
     run_pods(out, results, _SEEDS.value, _PODS_STEPS.value, command)
   if "study" in _SECTIONS.value:

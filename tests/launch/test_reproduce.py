@@ -110,3 +110,25 @@ def test_demo_plot_is_written(tmp_path):
   reproduce.plot_demos(runs, str(tmp_path / "img" / "demos.png"))
   with open(tmp_path / "img" / "demos.png", "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_first_difference_ignores_timings():
+  a = [dict(step=0, wall_s=1.0, x=1), dict(step=1, wall_s=2.0, x=2, **{"time/step_s": 1.0}),
+       dict(step=2, wall_s=3.0, x=3)]
+  same = [dict(r, wall_s=r["wall_s"] * 2) for r in a]
+  assert reproduce.first_difference(a, same) is None
+  other = [dict(r) for r in a]
+  other[2]["x"] = 4
+  assert reproduce.first_difference(a, other) == 2
+  assert reproduce.first_difference(a, a[:2]) == 2
+
+
+def test_isa_table_names_where_each_cap_departs(tmp_path):
+  for cap, after in (("AVX2", [2, 3, 5]), ("AVX", [2, 4, 5])):
+    _write_run(tmp_path / cap, seed=0, counts=([1, 2, 3], after))
+  from isojax import run_dir  # pylint: disable=g-import-not-at-top
+  runs = {cap: run_dir.read_metrics(str(tmp_path / cap)) for cap in ("AVX2", "AVX")}
+  summaries = {cap: reproduce.summarize_run(str(tmp_path / cap)) for cap in runs}
+  rows = reproduce.isa_table(runs, summaries).splitlines()[2:]
+  assert rows[0].startswith("| AVX2 | 0.250 +- ") and "| none |" in rows[0]
+  assert rows[1].startswith("| AVX | ") and "| 4 |" in rows[1]  # the final evaluation
