@@ -6,8 +6,8 @@ r"""The hard-set recipe: no KL, no entropy bonus, square-root LR scaling, T = 0.
       --config.base_model.path=/ckpt/Qwen2.5-7B-Instruct
 
 Presets: `default` (tiny model on a laptop CPU: 3-digit additions, whose base pass
-rates are mostly below 0.2), `micro` (a smoke test that runs in well under a minute),
-`paper` (the 7B settings of the IsoCompute paper).
+rates are mostly below 0.2), `micro` (a quick smoke test), `paper` (the 7B settings of
+the IsoCompute paper).
 """
 
 from isojax import config_lib

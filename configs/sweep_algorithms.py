@@ -12,8 +12,7 @@ C = 16,384 rollouts (6 allocations, the B_p = 16 half of the hard sweep) per var
 
 The experiment bootstraps each variant's n* rise (doublings over the frontier), its
 best@4 / worst@4 slopes and interference statistic; the findings table sets them
-beside GRPO's from the hard sweep. Measured in the README's study: 424 s of run time
-(~3.5 min with two workers).
+beside GRPO's from the hard sweep.
 
 Presets: default, micro.
 """

@@ -14,8 +14,7 @@ plain n_est runs sample 4x the rollouts of plain n_train), two seeds each:
                   from the mean and std of all 16 (rl.advantages_on = generated)
 
 The experiment bootstraps the final avg@4 differences decoupled - plain_train and
-plain_estimate - decoupled (validation problems and the two seeds resampled). Measured
-in the README's study: 241 s of run time (~2 min with two workers).
+plain_estimate - decoupled (validation problems and the two seeds resampled).
 
 Presets: default, micro.
 """

@@ -8,7 +8,7 @@ rollouts as the number of updates M grows? Every (B_p, n) with B_p * n = 256 (B_
 the same for every run, each run's evaluations trace its whole M curve, so the
 frontier over these 6 runs is n*(M) (the analysis's `fixed_batch` frontier, in units of
 M = C / B), and B_p*(M) = B / n*(M). The experiment bootstraps how many doublings n*
-rises from the first to the last M. Measured in the README's study: 279 s of run time (~2.5 min with two workers).
+rises from the first to the last M.
 
 Presets: default, micro (the micro model on generated problems, B = 16).
 """

@@ -13,18 +13,16 @@ fits val/avg@4, val/best@4 and val/worst@4, and the experiment (kind iso_compute
 bootstraps n*'s rise, the best@4 / worst@4 slopes in log2 n and the interference
 statistic over the validation (and histogram training) problems.
 
-Cost on the 2-core CPU development machine (tiny default model): a run is ~6 s of
-start-up (imports, model load; the persistent compilation cache in DIR/jax_cache
-serves the shapes runs share), about 1.5 ms per rollout of sampling and training
-(~25 s at C = 16,384) and 13 evaluations of ~0.3 s. Measured in the README's study
-with two workers: ~50 s per run while another runs beside it, 603 s of run time for
-this sweep (~5 min elapsed). The manifest (sweep.json) records each run's wall time.
+Cost (tiny default model): a run pays its start-up (imports, model load; the
+persistent compilation cache in DIR/jax_cache serves the shapes runs share), sampling
+and training in proportion to its C = 16,384 rollouts, and 13 evaluations. The manifest
+(sweep.json) records each run's wall time; docs/study.md has the study's run times.
 
 This module also holds the fields every sweep config shares (`sweep_config`); the
 other experiments (configs/sweep_*.py) start from it.
 
 Presets: default (above), micro (3 runs of the micro model on generated problems; a
-smoke test of the launcher in about a minute).
+smoke test of the launcher).
 """
 
 import ml_collections

@@ -12,7 +12,6 @@ problems every step sees the whole set. The experiment bootstraps each size's la
 (best evaluation minus final) and their difference between the smallest and the full
 set; the train-reward change per size is reported beside it. The paper's sizes
 (64 / 256 / 1,024 / all) are scaled to the 512 training problems of the tiny split.
-Measured in the README's study: 449 s of run time (~4 min with two workers).
 
 Presets: default, micro.
 """

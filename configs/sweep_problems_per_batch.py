@@ -9,8 +9,7 @@ C = 16,384 rollouts on the easy split (the paper's setting for this finding), wi
 B_p in {4, ..., 128} (M from 512 down to 16): 6 runs. The experiment bootstraps the
 spread (max - min) of the final avg@4 across B_p, its slope in log2 B_p, and the
 late-run volatility (mean |change| between consecutive evaluations in the second half
-of a run) at the smallest and the largest B_p. Measured in the README's study: 302 s of
-run time (~2.5 min with two workers).
+of a run) at the smallest and the largest B_p.
 
 Presets: default, micro.
 """

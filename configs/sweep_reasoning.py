@@ -11,9 +11,8 @@ family draws its own train and validation problems), 10 log-spaced evaluations e
 The experiment is the iso-compute one (n*'s rise, best/worst@4 slopes, interference),
 with no difficulty label: the findings table reports findings 1, 5 and 9 for it.
 
-A run costs ~10 ms per rollout (40-token outputs) plus ~5 s per evaluation (256
-problems x 8 samples) on the 2-core machine: ~2 min; measured in the README's study: 614 s of run time for the
-sweep (~6 min with two workers).
+A run's cost is its C rollouts of up to 40 new tokens plus its evaluations (256
+problems x 8 samples each); docs/study.md has the study's run times.
 
 Presets: default, micro (the reasoning micro model; a smoke test).
 """

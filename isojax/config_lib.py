@@ -6,7 +6,7 @@ and a preset, and return an `ml_collections.ConfigDict`. `isojax.main` calls
 allocations with errors that name the field, and derives `num_steps` from
 `budget_rollouts` when only the budget is given.
 
-Allocation fields (the playbook's symbols):
+Allocation fields (the IsoCompute paper's symbols):
   rollouts_per_problem  n    parallel rollouts per problem (GRPO group size)
   problems_per_batch    B_p  distinct problems per update iteration
   num_steps             M    update iterations
@@ -29,9 +29,9 @@ from isojax import storage
 # The registries' names only: no JAX, so the planner can use this module anywhere.
 from isojax.rl import names as rl_names
 
-# The paper's regularisation table (PLAYBOOK section 2). Entropy is never used
-# without the KL anchor. Coefficients are the tiny-model values; the paper-scale
-# presets keep the same switches.
+# The IsoCompute paper's regularisation table: the easy recipe adds a KL anchor and an
+# entropy bonus, the hard recipe neither. Entropy is never used without the KL anchor.
+# Coefficients are the tiny-model values; the paper-scale presets keep the same switches.
 RECIPES: dict[str, dict[str, Any]] = {
     "easy": dict(kl_coef=0.01, entropy_coef=0.001, zero_variance_filter="off"),
     "hard": dict(kl_coef=0.0, entropy_coef=0.0, zero_variance_filter="off"),
@@ -224,8 +224,8 @@ def apply_preset(config: ml_collections.ConfigDict, name: str | None) -> ml_coll
     config.checkpoint_every = 2
     return config
   if name == "paper":
-    # Qwen2.5-7B-Instruct on H200s (PLAYBOOK section 2); point base_model.path at a
-    # local copy of the checkpoint. LR 1e-6 at B_ref = 1024, scaled by sqrt(B / B_ref).
+    # Qwen2.5-7B-Instruct on H200s, as in the IsoCompute paper; point base_model.path at
+    # a local copy of the checkpoint. LR 1e-6 at B_ref = 1024, scaled by sqrt(B / B_ref).
     config.base_model.path = "/path/to/Qwen2.5-7B-Instruct"
     config.rollouts_per_problem = 64
     config.problems_per_batch = 256
@@ -236,7 +236,7 @@ def apply_preset(config: ml_collections.ConfigDict, name: str | None) -> ml_coll
                         weight_decay=0.0)
     config.eval.update(every=10, num_samples=4, k=4)
     config.mesh.update(data=1, fsdp=-1, tensor=1)
-    # Memory (README "Paper scale", checked by `python -m launch.aot`): 64 rollouts per
+    # Memory (docs/paper_scale.md; checked by `python -m launch.aot`): 64 rollouts per
     # gradient micro-batch, the LM head 512 positions at a time, layers rematerialised,
     # queries attended 1,024 at a time, 4,096 rollouts per sampler call; decode reads
     # the generated cache 512 slots at a time, only as far as it is filled.
@@ -467,7 +467,7 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     raise ValueError(f"optim.lr_scaling={c.optim.lr_scaling!r}: expected one of {LR_SCALING_RULES}")
   if c.rl.entropy_coef and not c.rl.kl_coef:
     raise ValueError("rl.entropy_coef > 0 needs rl.kl_coef > 0: entropy is never used "
-                     "without the KL anchor (PLAYBOOK section 2)")
+                     "without the KL anchor (the IsoCompute easy recipe)")
   c.lock()
   return c
 

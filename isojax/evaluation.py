@@ -51,9 +51,9 @@ def evaluate(graphdef, params, tok: TextTokenizer, book: PromptBook,
   `metrics.TRAIN_PASS1_COUNTS` with the histogram) come along as lists of ints in the
   problems' order, so an analysis can bootstrap confidence intervals over problems.
 
-  The histogram (training problems with 0..N of N samples correct) is the interference
-  diagnostic: with small n a few problems get solved (pass@1 -> 1) while others fall
-  to 0, and its mass moving to both ends shows it (PLAYBOOK section 1, point 5).
+  The histogram (training problems with 0..N of N samples correct) is the IsoCompute
+  paper's interference diagnostic: with small n a few problems get solved (pass@1 -> 1)
+  while others fall to 0, and its mass moving to both ends shows it.
   """
   num_samples = config.eval.num_samples
 

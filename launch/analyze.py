@@ -34,7 +34,7 @@ _OUT_DIR = flags.DEFINE_string("out_dir", None, "Where analysis.json and the PNG
 _BIN_WIDTH = flags.DEFINE_float("bin_width", records.DEFAULT_BIN_WIDTH,
                                 "Bin width (metric units) of the record-breaking points.")
 _RECORDS = flags.DEFINE_bool("records", False, "Fit only the record-breaking points (the "
-                             "playbook's literal workflow; biases A up by the noise) instead "
+                             "IsoCompute paper's literal workflow; biases A up by the noise) instead "
                              "of every evaluation.")
 _FIT_MIN_ROLLOUTS = flags.DEFINE_float("fit_min_rollouts", 0.0,
                                        "Ignore evaluations before this compute in the fits.")

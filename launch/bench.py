@@ -127,8 +127,8 @@ class Timing:
 def timed_rounds(fns: Sequence[Callable[[], Any]], repeats: int) -> list[Timing]:
   """Each of `fns` called once (warm-up), then `repeats` rounds calling each once in turn.
 
-  Interleaved rather than one fn's calls after another's: this machine's speed drifts
-  by 10-30% over minutes, and within a round every fn meets the same drift, so
+  Interleaved rather than one fn's calls after another's: a machine's speed drifts over
+  minutes, and within a round every fn meets the same drift, so
   per-round ratios (`round_ratio`) cancel it where a ratio of separate medians would not.
   """
   first, outs = [], []

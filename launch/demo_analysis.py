@@ -1,4 +1,4 @@
-r"""Reproduces the README's planner figure from a synthetic sweep.
+r"""Reproduces the planner figure, docs/img/planner_metric_vs_compute.png, from a synthetic sweep.
 
     python -m launch.demo_analysis
     python -m launch.demo_analysis --runs=/tmp/isojax_demo \
@@ -26,7 +26,7 @@ from isojax.planner import synthetic
 _RUNS = flags.DEFINE_string("runs", "/tmp/isojax_planner_demo", "Where the synthetic runs "
                             "and the analysis go (replaced if it exists).")
 _IMAGE = flags.DEFINE_string("image", "docs/img/planner_metric_vs_compute.png",
-                             "Where the README figure is written.")
+                             "Where the planner figure is written.")
 
 
 def main(argv):

@@ -43,7 +43,7 @@ _OUT = flags.DEFINE_string("out", None, "The study directory.", required=True)
 _PROFILE_CONFIG = flags.DEFINE_string(
     "profile_config", "configs/hard.py", "Run config (file.py[:preset]) whose base model "
     "and sampling settings are profiled; the sweeps must use the same base model.")
-# Every experiment of the paper (PLAYBOOK section 1), sized for the tiny default.
+# Every experiment of the IsoCompute paper, sized for the tiny default.
 EXPERIMENTS = ["configs/sweep_easy.py", "configs/sweep_hard.py",
                "configs/sweep_fixed_batch.py", "configs/sweep_problems_per_batch.py",
                "configs/sweep_problem_set_size.py", "configs/sweep_decoupled.py",

@@ -36,11 +36,10 @@ LOG_FILE = "log.txt"
 def default_workers() -> int:
   """One worker per CPU core, or 1 when an accelerator is visible.
 
-  A tiny-model run alone keeps only ~1.65 of 2 cores busy (XLA's threads help little
-  at these sizes), and two single-threaded runs side by side finished 1.27x sooner
-  than one after the other on the 2-core machine, so on CPU one single-threaded run
-  per core gives the most runs per hour. On a GPU or TPU each run takes the whole
-  accelerator.
+  A tiny-model run alone does not keep every core busy (XLA's threads help little at
+  these sizes), and single-threaded runs side by side finish sooner than one after the
+  other, so on CPU one single-threaded run per core gives the most runs per hour. On a
+  GPU or TPU each run takes the whole accelerator.
   """
   accelerator = any(os.path.exists(p) for p in ("/dev/nvidia0", "/dev/accel0", "/dev/vfio/0"))
   if accelerator:
@@ -54,13 +53,13 @@ def worker_env(workers: int, cache_dir: str | None,
   env = dict(os.environ if base is None else base)
   if workers > 1:
     # Single-threaded XLA CPU kernels, so workers do not oversubscribe the cores
-    # (the metrics are identical either way: measured), and no up-front grab of GPU
+    # (the metrics are identical either way), and no up-front grab of GPU
     # memory by each of several processes.
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   if cache_dir:
     # Runs of a sweep share shapes (the evaluation sampler, equal batch sizes):
-    # a persistent cache cuts a tiny run's ~20 s of compilation to a few seconds.
+    # a persistent cache lets a run reuse what earlier runs compiled.
     # The sweep's directory wins over one already in the environment.
     env["JAX_COMPILATION_CACHE_DIR"] = os.path.abspath(cache_dir)
     env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")

@@ -96,8 +96,8 @@ class DecodeCache:
   layer, each laid out for the decode step's dots (batch dims leading, the contracted
   dim second-minor), so they read it where it lies. Stacked on a leading layer axis
   they would have to be sliced out of the loop carry, and keys stored [T, K, H] would
-  be transposed for the score dot: on XLA:CPU both were copies of each layer's cache
-  at every step, 37% of a step."""
+  be transposed for the score dot: on XLA:CPU either one copies each layer's cache at
+  every decode step."""
   k: tuple[jax.Array, ...]  # L x [B, K, H, T]
   v: tuple[jax.Array, ...]  # L x [B, K, T, H]
 
@@ -151,7 +151,7 @@ def rope_tables(positions_BS, inv_freq_F, num_positions: int) -> Rope:
   The cos and sin of every position in [0, num_positions) are computed once and the rows
   of `positions_BS` gathered from them: computed at the positions themselves, XLA fuses
   the cos and sin into each layer's rotation and evaluates them again for every element
-  of every head (on CPU a tenth of a decode step).
+  of every head.
   """
   angles_PF = jnp.arange(num_positions, dtype=jnp.float32)[:, None] * inv_freq_F
   return jnp.cos(angles_PF)[positions_BS], jnp.sin(angles_PF)[positions_BS]  # [B, S, H/2]
@@ -260,10 +260,9 @@ def token_rows(fn: Callable[[jax.Array], jax.Array], x_BSD: jax.Array) -> jax.Ar
 
   Every projection goes through here so that its matmuls are 2-D. The weight gradient
   of a 3-D [B, S, D] x [D, F] product contracts two axes, and XLA:CPU lays its operand
-  out with a 3-D transpose fused into the elementwise backward of the activation, an
-  order of magnitude slower than the 2-D transpose it needs otherwise (the README's
-  `launch.bench` section has the update step's figures). Rows stay split over `batch`:
-  B is the major part of B * S.
+  out with a 3-D transpose fused into the elementwise backward of the activation, far
+  slower than the 2-D transpose it needs otherwise (docs/performance.md covers the
+  update step's speed). Rows stay split over `batch`: B is the major part of B * S.
   """
   b, s = x_BSD.shape[:2]
   y = fn(x_BSD.reshape(b * s, *x_BSD.shape[2:]))
@@ -563,7 +562,7 @@ def write_slot(cache, new_BKH, step, axis: int):
   then one scatter over rows, which XLA:CPU does in place. Where the rows are split over
   devices, the same update batched over rows (vmap) keeps each device's scatter local;
   the plain scatter would all-gather every row's new keys (and on CPU the batched form
-  is not in place: 1.8x slower decode).
+  is not in place, so it copies the cache and slows decode).
   """
   new = jnp.expand_dims(new_BKH.astype(cache.dtype), axis)
   if step.ndim == 0:

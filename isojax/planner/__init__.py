@@ -10,5 +10,5 @@ function runs in a notebook without an accelerator. Modules, in workflow order:
   analysis     the whole sweep analysis behind `launch.analyze` / analysis.json
   prescribe    (n, B_p, M, LR) for a budget from a fitted or paper-default law
   plots        the PNG figures of an analysis
-  synthetic    sweeps with known curves (tests, benchmark, README figure)
+  synthetic    sweeps with known curves (tests, launch.bench_analyze, launch.demo_analysis)
 """

@@ -1,12 +1,12 @@
 """The sweep analysis: run directories in, `analysis.json` out.
 
-This is the playbook's workflow (section 4) as one function of the runs:
+This is the IsoCompute paper's workflow as one function of the runs:
 record-breaking points per run (the empirical frontier) -> one monotone sigmoid
 per allocation (B_p, n) -> the frontier over the fitted curves (jointly over
 (B_p, n), per B_p, and per fixed batch B) -> n*(C) and its sigmoid law -> the
-extrapolation check (fit on compute up to C/2, predict C). The same is repeated, without the checks, for the
-avg@k / best@k / worst@k companions of the chosen metric, since the paper's n*
-differs between them (sharpening vs coverage).
+extrapolation check (fit on compute up to C/2, predict C). The same is repeated,
+without the checks, for the avg@k / best@k / worst@k companions of the chosen metric,
+since the paper's n* differs between them (sharpening vs coverage).
 
 `launch.analyze` is a thin flag parser around `analyze_directory` and
 `write_analysis`; `docs/planner.md` documents the JSON schema.
@@ -42,10 +42,10 @@ class AnalysisError(ValueError):
 class Options:
   metric: str = metrics.val_avg(4)
   bin_width: float = records.DEFAULT_BIN_WIDTH  # record-breaking bins, metric units
-  # Fit record-breaking points (the playbook's literal step 2 -> 3) instead of every
-  # evaluation. Off by default: records ride the top of the noise (A biased up by
-  # about two noise sd) and leave only a few points on a plateau, while all points
-  # give unbiased fits; the records still define the empirical frontier.
+  # Fit record-breaking points (the paper's literal workflow: records, then fits) instead
+  # of every evaluation. Off by default: records ride the top of the noise (A biased up
+  # by the noise) and leave only a few points on a plateau, while all points give
+  # unbiased fits; the records still define the empirical frontier.
   use_records: bool = False
   grid_points: int = 64             # log-spaced compute values of the frontier
   extrapolation_fraction: float = 0.5

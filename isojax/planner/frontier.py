@@ -1,7 +1,7 @@
 """The compute-optimal frontier over fitted curves, and the n*(C) law.
 
 Given one fitted sigmoid per allocation (B_p, n), the frontier at compute C is
-the allocation whose fitted curve is highest there (PLAYBOOK section 4, step 4);
+the allocation whose fitted curve is highest there (the IsoCompute paper's workflow);
 n*(C) is its n. The paper finds log2 n*(C) rising with log C and then saturating,
 which is the ScaleRL sigmoid again with log2 n in place of the metric:
 

@@ -1,6 +1,6 @@
 """Allocation grids: the ways to split a sampling budget C = B_p * n * M.
 
-The playbook (section 1) sweeps powers of two: B_p problems per batch and n
+The IsoCompute paper sweeps powers of two: B_p problems per batch and n
 rollouts per problem with B = B_p * n <= B_max, and M update iterations. The
 grids here are the sweeps it runs:
 

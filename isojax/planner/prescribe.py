@@ -1,6 +1,6 @@
 """Prescriptions: (n, B_p, M) and the learning rate for a sampling budget C.
 
-The paper's practical rule (PLAYBOOK section 1, finding 4): set n from the n*(C)
+The IsoCompute paper's practical rule (its finding 4): set n from the n*(C)
 law for the budget, keep B_p moderate and fixed, and let M absorb the rest. The
 law is either fitted on a sweep (`analysis.json` from `launch.analyze`) or, with
 no sweep yet, one of `PAPER_DEFAULTS` below. The learning rate follows the

@@ -1,6 +1,6 @@
 """From run directories to the (compute, metric) curves the fits consume.
 
-A run's evaluations are noisy; the playbook (section 4, step 2) keeps only its
+A run's evaluations are noisy; the IsoCompute paper's workflow keeps only its
 *record-breaking points*: bucketise the metric into bins of a fixed width and
 keep the first evaluation at which the run's bin rises above every earlier bin.
 Bucketing is order-preserving, so the upper envelope of a sweep (the frontier)

@@ -3,8 +3,8 @@
     R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)
 
 A is the asymptote, B the efficiency exponent, C_mid the compute at half the gain
-and R0 the value at C = 0 (PLAYBOOK section 4). The curve is a logistic function of
-log C, so the same fit serves the metric-vs-compute curves and the law
+and R0 the value at C = 0, as the IsoCompute paper fits them. The curve is a logistic
+function of log C, so the same fit serves the metric-vs-compute curves and the law
 log2 n*(C) (see `frontier.py`).
 
 Why this fitter and not a plain `curve_fit`: sweep curves are short (a handful of

@@ -1,5 +1,5 @@
-"""Synthetic sweeps with known curves: ground truth for tests, the benchmark and
-the README figure.
+"""Synthetic sweeps with known curves: ground truth for tests, `launch.bench_analyze`
+and the planner figure of `launch.demo_analysis`.
 
 `paper_like_curves` builds one ScaleRL sigmoid per allocation (B_p, n) with the
 qualitative shape the paper reports: the asymptote A grows with n and stops
@@ -140,7 +140,8 @@ def write_sweep(root: str, curves: Sequence[TrueCurve], *, budget_rollouts: int 
   return paths
 
 
-# The demo sweep of the README figure and colabs/planner.ipynb: n* saturates at 32.
+# The demo sweep of the planner figure (docs/img/planner_metric_vs_compute.png) and
+# colabs/planner.ipynb: n* saturates at 32.
 DEMO_PROBLEMS = (16, 64)
 DEMO_ROLLOUTS = (2, 4, 8, 16, 32, 64, 128)
 DEMO_N_SATURATION = 32

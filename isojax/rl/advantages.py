@@ -1,6 +1,6 @@
 """Advantage estimators: outcome rewards per group -> one advantage per rollout.
 
-The RL recipes in the playbook (sections 2 and 6) differ mainly in how they turn a
+The RL recipes isojax implements differ mainly in how they turn a
 group of n outcome rewards for the same problem into advantages. Each estimator is a
 small pure function of `rewards_GN` (G problems, N rollouts each), registered by the
 name a config uses (`config.rl.advantage`), so the update step never branches on
@@ -14,7 +14,7 @@ recipes and every estimator is tested against a NumPy formula.
 The population std (ddof=0) matches the GRPO and ScaleRL reference code; with 0/1
 rewards it makes a half-solved group's advantages exactly +-1.
 
-The decoupled baseline of the playbook (baseline from all n rollouts, update on m of
+The IsoCompute paper's decoupled baseline (baseline from all n rollouts, update on m of
 them) is `gather_groups(compute_advantages(name, rewards_GN), indices_GM)` with
 `isojax.rl.downsampling`; computing advantages on the selected subset instead is the
 PODS default.

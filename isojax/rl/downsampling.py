@@ -1,9 +1,9 @@
 """PODS: generate n rollouts per problem, update on a selected m of them.
 
-Sampling is cheap to parallelise and the update is not, so PODS (playbook section 5)
-decouples the two: `select_rollouts` picks m of each group's n rollouts and
-`gather_groups` pulls the matching tokens, rewards and log-probs. Selection rules are
-registered by name (`config.rl.downsampling`):
+Sampling is cheap to parallelise and the update is not, so PODS decouples the two:
+`select_rollouts` picks m of each group's n rollouts and `gather_groups` pulls the
+matching tokens, rewards and log-probs. Selection rules are registered by name
+(`config.rl.downsampling`):
 
   max_variance  the m-subset whose rewards have the largest variance (PODS)
   max_reward    the m highest rewards

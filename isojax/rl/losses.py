@@ -1,6 +1,6 @@
 """Policy losses, loss aggregation, KL and entropy regularisers, and truncated IS.
 
-The recipes the playbook compares (GRPO, DAPO, Dr.GRPO, GSPO, ScaleRL's CISPO) differ
+The recipes isojax implements (GRPO, DAPO, Dr.GRPO, GSPO, ScaleRL's CISPO) differ
 in a few small formulas: the per-token surrogate, how token losses are averaged, and
 which regularisers are added. Each is a pure function registered by name
 (`config.rl.policy_loss`, `config.rl.aggregation`, `config.rl.kl_form`), so the jitted

@@ -3,7 +3,7 @@
 A problem whose rollouts are (nearly) all correct gives zero-variance groups and so no
 GRPO signal; sampling it again wastes rollouts. `ProblemPool` keeps each training
 problem's historical pass counts and permanently retires a problem once its
-historical pass rate reaches `threshold` (0.9 in ScaleRL and the playbook, section 6).
+historical pass rate reaches `threshold` (0.9 in ScaleRL and the IsoCompute paper).
 Retirement is permanent: a retired problem is never sampled again, even if later
 updates (from batches sampled before it retired) would lower its rate.
 

@@ -90,9 +90,9 @@ def nucleus_threshold(logits_BV: jax.Array, top_p: float) -> jax.Array:
   `top_p`, found without a sort: the mass above x falls as x rises and drops only at
   logit values, so v is the smallest float32 x where it is below `top_p`. That x is
   bisected exactly over the order-preserving uint32 codes of float32 (32 halvings of the
-  row's [min, max] range, each one masked sum over V). On a 2-core CPU, [256, 8192]
-  logits took 68 ms against 648 ms for the sort and cumulative sum (README); on TPU a
-  sort of a 150k vocabulary is a bitonic network of ~150 passes.
+  row's [min, max] range, each one masked sum over V). On CPU this is far cheaper than
+  a sort and cumulative sum (docs/sampling.md); on TPU a sort of a 150k vocabulary is
+  a bitonic network of ~150 passes.
   """
   b, v = logits_BV.shape
   block = draw_block(v)
@@ -148,8 +148,8 @@ def draw_and_normalizer(logits_BV: jax.Array, rng: jax.Array, block: int = 0
   of the total mass it inverted, which the draw computes anyway.
 
   Exact in distribution, like `jax.random.categorical`, but it draws one random number
-  per row instead of one Gumbel per vocabulary entry: on CPU the [B, V] Threefry draw
-  took half of a decode step. The CDF is inverted in two levels: the vocabulary is cut
+  per row instead of one Gumbel per vocabulary entry: on CPU a [B, V] Threefry draw is
+  a large share of a decode step. The CDF is inverted in two levels: the vocabulary is cut
   into blocks of `block` entries (0: `draw_block(V)`, about sqrt(V)), u_b picks the block
   from the cumulative block masses, then the entry within that one block; so no
   cumulative sum runs over all V entries (a slow scan on CPU) and no [B, V] cumulative
@@ -183,8 +183,8 @@ def draw_block(vocab_size: int) -> int:
 
 def first_argmax(logits_BV: jax.Array) -> jax.Array:
   """`jnp.argmax(logits, axis=-1)` (the first index of the row's maximum) as a max and a
-  min: XLA:CPU runs argmax as one (value, index) reduction, several times slower than
-  two plain ones. A row holding NaN gives its last index (argmax: the NaN's)."""
+  min: XLA:CPU runs argmax as one (value, index) reduction, slower than two plain
+  ones. A row holding NaN gives its last index (argmax: the NaN's)."""
   v = logits_BV.shape[-1]
   top_B1 = jnp.max(logits_BV, axis=-1, keepdims=True)
   first_B = jnp.min(jnp.where(logits_BV == top_B1, jnp.arange(v, dtype=jnp.int32), v), axis=-1)
@@ -378,7 +378,7 @@ def _decode_continuous(model, blocks, prefix, first_logits_GV, prompt_len_B, rng
                                        ("batch",) + (None,) * x.ndim)
   rng, first_key = jax.random.split(rng)
   # n draws from each prompt's logits (not one draw from logits repeated n times: XLA:CPU
-  # fuses that repeat into the argmax reduction, which LLVM takes minutes to compile).
+  # fuses that repeat into the argmax reduction, which LLVM is very slow to compile).
   first_NG, first_logp_NG = jax.vmap(choose, in_axes=(None, 0))(
       first_logits_GV, jax.random.split(first_key, n))
   first_B, first_logp_B = first_NG.T.reshape(b), first_logp_NG.T.reshape(b)

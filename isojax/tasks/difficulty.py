@@ -1,6 +1,6 @@
 """The paper's difficulty classes and splits, chosen from measured pass rates (pure).
 
-The playbook (section 3) defines difficulty by the *base* model's avg@16, the mean 0/1
+The IsoCompute paper defines difficulty by the *base* model's avg@16, the mean 0/1
 reward over 16 samples, and fills each split from pass-rate bands:
 
   easy                    avg@16 in [0.3, 0.6]
@@ -37,7 +37,7 @@ class Band:
     return self.low - _TOL <= rate <= self.high + _TOL
 
 
-# Difficulty classes (PLAYBOOK section 3). `extremely_hard` is avg@k = 0 *and* no
+# The IsoCompute paper's difficulty classes. `extremely_hard` is avg@k = 0 *and* no
 # correct sample of `hard_samples` more, so it is not a band.
 BANDS: dict[str, Band] = {
     "hard": Band(0.0, 0.0625),

@@ -42,8 +42,8 @@ DEFAULT_INSTRUCTION = "Give your final answer within <answer> </answer> tags."
 
 # "State the final answer to the following arithmetic problem: 41 - 17 + 90 =". Each
 # problem draws one digit count for all its terms, so difficulty (terms x digits: 2, 3,
-# 4, 6) comes in four levels. One-digit terms alone (even four of them) were too easy:
-# a 1M-parameter 2-layer model solved nearly all of them after brief SFT, leaving RL
+# 4, 6) comes in four levels. One-digit terms alone (even four of them) are too easy:
+# a 1M-parameter 2-layer model solves nearly all of them after brief SFT, leaving RL
 # nothing to learn; two-digit sums (carries, three-digit partial sums) keep it busy.
 DEMO_DATASET = "chain_sum"
 DEMO_KWARGS = dict(min_terms=2, max_terms=3, min_digits=1, max_digits=2)
@@ -61,7 +61,7 @@ _RESERVED_KWARGS = ("seed", "size")
 
 
 def _registry() -> dict:
-  """reasoning-gym's name -> (dataset class, config class) table (import is ~1 s)."""
+  """reasoning-gym's name -> (dataset class, config class) table (a slow import)."""
   from reasoning_gym import factory  # pylint: disable=import-outside-toplevel
   return factory.DATASETS
 
