@@ -20,7 +20,8 @@ Sections (runs go under --out and are reused: rerunning the command resumes it):
          study's plots in img/.
 
 Each file is replaced whole and starts with the command, the commit, the machine (CPU
-model, XLA:CPU instruction set), the jax version, the date and the wall time. The gain
+model, XLA:CPU instruction set), the jax version, the date and the wall time (the sum
+of its runs' wall times, as measured when each ran; the study's elapsed time). The gain
 of a demo is measured against the paired standard error: both evaluations use the same
 256 problems, so the error of final - initial is the spread over problems of each
 problem's own change, divided by sqrt(problems).
@@ -197,11 +198,12 @@ def plot_demos(runs: dict[str, list[dict[str, Any]]], path: str) -> None:
 
 
 def _run_main(config: str, workdir: str, seed: str, extra: Sequence[str] = (),
-              env: dict[str, str] | None = None) -> None:
-  """`isojax.main` into `workdir` unless it finished there; records its wall time."""
+              env: dict[str, str] | None = None) -> float:
+  """`isojax.main` into `workdir` unless it finished there; returns its wall seconds
+  (measured now, or as recorded when it ran)."""
+  timing = os.path.join(workdir, TIMING_FILE)
   try:
-    summarize_run(workdir)
-    return
+    return summarize_run(workdir)["wall_s"]
   except (FileNotFoundError, ValueError):
     pass
   os.makedirs(os.path.dirname(workdir), exist_ok=True)
@@ -210,18 +212,19 @@ def _run_main(config: str, workdir: str, seed: str, extra: Sequence[str] = (),
     subprocess.run([sys.executable, "-m", "isojax.main", f"--config={config}",
                     f"--workdir={workdir}", f"--config.seed={seed}", *extra], cwd=REPO_ROOT,
                    check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
-  storage.write_json(os.path.join(workdir, TIMING_FILE), dict(wall_s=time.time() - start))
+  elapsed = time.time() - start
+  storage.write_json(timing, dict(wall_s=elapsed))
+  return elapsed
 
 
 def run_demos(out: str, results: str, seeds: Sequence[str], command: str) -> str:
-  start = time.time()
-  runs = {}
+  wall_s, runs = 0.0, {}
   for name, config in DEMOS:
     runs[name] = []
     for seed in seeds:
       workdir = os.path.join(out, "demos", f"{name}_s{seed}")
       logging.info("demo %s, seed %s -> %s", name, seed, workdir)
-      _run_main(config, workdir, seed)
+      wall_s += _run_main(config, workdir, seed)
       runs[name].append(summarize_run(workdir))
   plot_demos(runs, os.path.join(results, "img", "demos.png"))
   body = "\n".join([
@@ -231,13 +234,17 @@ def run_demos(out: str, results: str, seeds: Sequence[str], command: str) -> str
       "those problems. Wall time includes start-up and compilation.", "",
       demo_table(runs), "", "![val/avg@4 per step](img/demos.png)", ""])
   return _write(results, "demos.md", "The demos: RL from the shipped base models",
-                command, time.time() - start, body)
+                command, wall_s, body)
 
 
-def first_difference(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> int | None:
-  """The first step whose metrics differ between two runs' lines (timings aside)."""
+def first_difference(a: list[dict[str, Any]], b: list[dict[str, Any]],
+                     prefix: str = "") -> int | None:
+  """The first step whose metrics (those starting with `prefix`; timings aside) differ
+  between two runs' lines, None if none does."""
+  pick = lambda r: {k: v for k, v in run_dir.without_timings(r).items()
+                    if k.startswith(prefix)}
   for line_a, line_b in zip(a, b):
-    if run_dir.without_timings(line_a) != run_dir.without_timings(line_b):
+    if pick(line_a) != pick(line_b):
       return line_a[run_dir.STEP]
   return None if len(a) == len(b) else min(len(a), len(b))
 
@@ -247,25 +254,26 @@ def isa_table(runs: dict[str, list[dict[str, Any]]], summaries: dict[str, dict[s
   """Markdown: per cap, step-0 and final val/avg@4, where it departs from `reference`."""
   avg, se = metrics.val_avg(4), metrics.val_avg(4) + "_stderr"
   lines = [f"| XLA:CPU cap | step-0 `val/avg@4` | final `val/avg@4` | gain / SE | first step "
-           f"that differs from {reference} | wall time |", "|---|---|---|---|---|---|"]
+           f"whose metrics differ from {reference}'s | first evaluation that differs | "
+           "wall time |", "|---|---|---|---|---|---|---|"]
+  show = lambda step: "none" if step is None else str(step)
   for cap, lines_ in runs.items():
     s = summaries[cap]
-    differs = first_difference(lines_, runs[reference])
     lines.append(f"| {cap} | {s['initial'][avg]:.3f} +- {s['initial'][se]:.3f} | "
-                 f"{s['final'][avg]:.3f} +- {s['final'][se]:.3f} | "
-                 f"{_in_se(s)} | "
-                 f"{'none' if differs is None else differs} | {format_seconds(s['wall_s'])} |")
+                 f"{s['final'][avg]:.3f} +- {s['final'][se]:.3f} | {_in_se(s)} | "
+                 f"{show(first_difference(lines_, runs[reference]))} | "
+                 f"{show(first_difference(lines_, runs[reference], metrics.VAL_PREFIX))} | "
+                 f"{format_seconds(s['wall_s'])} |")
   return "\n".join(lines)
 
 
 def run_isa(out: str, results: str, command: str) -> str:
-  start = time.time()
-  runs, summaries = {}, {}
+  wall_s, runs, summaries = 0.0, {}, {}
   for cap in ISA_CAPS:
     workdir = os.path.join(out, "isa", cap)
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env[cpu_isa.ENV] = cap
-    _run_main("configs/hard.py", workdir, "0", env=env)
+    wall_s += _run_main("configs/hard.py", workdir, "0", env=env)
     runs[cap], summaries[cap] = run_dir.read_metrics(workdir), summarize_run(workdir)
   body = "\n".join([
       "`configs/hard.py`, seed 0, from the shipped base model, once under each XLA:CPU "
@@ -275,18 +283,18 @@ def run_isa(out: str, results: str, command: str) -> str:
       "samples other tokens from then on; its gain is then another draw of the same "
       "experiment.", "", isa_table(runs, summaries), ""])
   return _write(results, "isa.md", "XLA:CPU instruction sets: what the cap changes",
-                command, time.time() - start, body)
+                command, wall_s, body)
 
 
 def run_pods(out: str, results: str, seeds: Sequence[str], steps: int, command: str) -> str:
-  start = time.time()
+  wall_s = 0.0
   extra = [f"--config.num_steps={steps}", "--config.eval.every=20"]
   rows = []
   for seed in seeds:
     runs = {}
     for arm, config in (("baseline", "configs/pods.py:grpo"), ("candidate", "configs/pods.py")):
       workdir = os.path.join(out, "pods", f"{arm}_s{seed}")
-      _run_main(config, workdir, seed, extra)
+      wall_s += _run_main(config, workdir, seed, extra)
       runs[arm] = run_dir.read_metrics(workdir)
     rows.append(dict(seed=seed, **compare.compare(runs["baseline"], runs["candidate"],
                                                    metrics.val_avg(4))))
@@ -296,8 +304,7 @@ def run_pods(out: str, results: str, seeds: Sequence[str], steps: int, command: 
       "steps, evaluation every 20. The target is each seed's GRPO peak `val/avg@4`; "
       "the cells give where each run first reached it (`launch.compare`).", "",
       compare.markdown_table(rows, metrics.val_avg(4)), ""])
-  return _write(results, "pods.md", "PODS against vanilla GRPO", command,
-                time.time() - start, body)
+  return _write(results, "pods.md", "PODS against vanilla GRPO", command, wall_s, body)
 
 
 def run_study(out: str, results: str, budget: int, command: str) -> str:

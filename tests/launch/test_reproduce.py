@@ -121,6 +121,7 @@ def test_first_difference_ignores_timings():
   other[2]["x"] = 4
   assert reproduce.first_difference(a, other) == 2
   assert reproduce.first_difference(a, a[:2]) == 2
+  assert reproduce.first_difference(a, other, prefix="val/") is None
 
 
 def test_isa_table_names_where_each_cap_departs(tmp_path):
@@ -130,5 +131,7 @@ def test_isa_table_names_where_each_cap_departs(tmp_path):
   runs = {cap: run_dir.read_metrics(str(tmp_path / cap)) for cap in ("AVX2", "AVX")}
   summaries = {cap: reproduce.summarize_run(str(tmp_path / cap)) for cap in runs}
   rows = reproduce.isa_table(runs, summaries).splitlines()[2:]
-  assert rows[0].startswith("| AVX2 | 0.250 +- ") and "| none |" in rows[0]
-  assert rows[1].startswith("| AVX | ") and "| 4 |" in rows[1]  # the final evaluation
+  assert rows[0].startswith("| AVX2 | 0.250 +- ") and rows[0].count("| none |") == 1
+  assert rows[0].split("|")[5:7] == [" none ", " none "]
+  assert rows[1].startswith("| AVX | ")
+  assert rows[1].split("|")[5:7] == [" 4 ", " 4 "]  # the final evaluation, both columns
