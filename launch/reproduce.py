@@ -308,10 +308,15 @@ def run_pods(out: str, results: str, seeds: Sequence[str], steps: int, command: 
 
 
 def run_study(out: str, results: str, budget: int, command: str) -> str:
-  start = time.time()
   study_dir = os.path.join(out, f"study_C{budget}")
+  # launch.study resumes; its elapsed time adds up over the invocations that ran it.
+  timing = os.path.join(study_dir, TIMING_FILE)
+  before = storage.read_json(timing)["wall_s"] if os.path.isfile(timing) else 0.0
+  start = time.time()
   proc = subprocess.run([sys.executable, "-m", "launch.study", f"--out={study_dir}",
                          f"--budget_rollouts={budget}"], cwd=REPO_ROOT)
+  wall_s = before + time.time() - start
+  storage.write_json(timing, dict(wall_s=wall_s))
   if proc.returncode:
     raise SystemExit(f"launch.reproduce: launch.study failed (exit {proc.returncode}); "
                      f"rerun to resume it in {study_dir}")
@@ -319,7 +324,7 @@ def run_study(out: str, results: str, budget: int, command: str) -> str:
     findings = f.read()
   images = []
   for name in sorted(os.listdir(study_dir)):
-    png = os.path.join(study_dir, name, "analysis_metric_vs_compute.png")
+    png = os.path.join(study_dir, name, "metric_vs_compute.png")
     if os.path.isfile(png):
       target = os.path.join(results, "img", f"study_{name}_metric_vs_compute.png")
       os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -328,7 +333,7 @@ def run_study(out: str, results: str, budget: int, command: str) -> str:
   body = "\n".join([f"`launch.study` at C = {budget:,} rollouts per sweep, from the shipped "
                     "arithmetic base model.", "", findings.strip(), "", *images, ""])
   return _write(results, "study.md", "The study: the paper's findings on the tiny default",
-                command, time.time() - start, body)
+                command, wall_s, body)
 
 
 def _write(results: str, name: str, title: str, command: str, wall_s: float,
