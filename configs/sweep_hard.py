@@ -16,7 +16,7 @@ statistic over the validation (and histogram training) problems.
 Cost (tiny default model): a run pays its start-up (imports, model load; the
 persistent compilation cache in DIR/jax_cache serves the shapes runs share), sampling
 and training in proportion to its C = 16,384 rollouts, and 13 evaluations. The manifest
-(sweep.json) records each run's wall time; docs/study.md has the study's run times.
+(sweep.json) records each run's wall time; docs/results/study.md has a study's wall time.
 
 This module also holds the fields every sweep config shares (`sweep_config`); the
 other experiments (configs/sweep_*.py) start from it.

@@ -12,7 +12,7 @@ The experiment is the iso-compute one (n*'s rise, best/worst@4 slopes, interfere
 with no difficulty label: the findings table reports findings 1, 5 and 9 for it.
 
 A run's cost is its C rollouts of up to 40 new tokens plus its evaluations (256
-problems x 8 samples each); docs/study.md has the study's run times.
+problems x 8 samples each); docs/results/study.md has a study's wall time.
 
 Presets: default, micro (the reasoning micro model; a smoke test).
 """

@@ -8,7 +8,7 @@ the same command resumes the study:
 
   1. `launch.profile` on --profile_config: the base model's avg@16 per problem and the
      paper's splits in DIR/splits/ (reused when the model and settings are unchanged).
-  2. `launch.sweep` for each of --sweeps (default the easy and the hard sweep), with
+  2. `launch.sweep` for each of --sweeps (default: every experiment, `EXPERIMENTS`), with
      the splits of step 1, into DIR/<sweep name>/ (finished runs are skipped,
      interrupted ones resume from their checkpoints).
   3. The analysis of each sweep: DIR/<name>/analysis.json and plots (val/avg@4),
