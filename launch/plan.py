@@ -8,11 +8,12 @@ r"""Prescribe (n, B_p, M) and the learning rate for a sampling budget, as config
     # The whole iso-compute sweep for the budget, one config per allocation:
     python -m launch.plan --budget_rollouts=262144 --config=configs/hard.py --grid
 
-Prints the prescription (or, with --grid, the manifest) as JSON on stdout and
-writes the resolved config(s) as JSON into --out_dir (default: the directory of
---analysis, else the current directory). Run a written config with
+Prints the prescription (or, with --grid, the manifest) as JSON on stdout and writes
+nothing unless asked: with --out=DIR the resolved config(s) go there as JSON
+(DIR/plan_C<budget>.json, or DIR/grid_C<budget>/ with one file per allocation and its
+manifest), and the printed JSON names them. Run a written config with
 
-    python -m isojax.main --config=configs/from_json.py:PATH.json
+    python -m isojax.main --config=configs/from_json.py:DIR/plan_C262144.json
 
 The config keeps `optim.learning_rate` at the reference batch
 (`optim.lr_reference_batch`); the main loop applies the batch-size rule
@@ -58,7 +59,8 @@ _MIN_STEPS = flags.DEFINE_integer("min_steps", 10, "Fewest update iterations M a
 _GRID = flags.DEFINE_bool("grid", False, "Emit the whole iso-compute sweep for the budget.")
 _EXACT = flags.DEFINE_bool("exact_budget", True, "--grid: only allocations with "
                            "B_p * n * M == C exactly; --noexact_budget floors M instead.")
-_OUT_DIR = flags.DEFINE_string("out_dir", None, "Where configs are written.")
+_OUT = flags.DEFINE_string("out", None, "Directory (local or gs://) the config(s) are "
+                           "written to; unset: nothing is written.")
 _TOKENS_PER_ROLLOUT = flags.DEFINE_float("tokens_per_rollout", None, "Mean response "
                                          "length, to report the budget in tokens.")
 _THROUGHPUT = flags.DEFINE_float("tokens_per_accelerator_second", None, "Measured "
@@ -90,14 +92,15 @@ def _law(base):
   return prescribe.default_law(difficulty, _MAX_BATCH.value)
 
 
-def _plan(base, out_dir):
+def _plan(base, out_dir: str | None):
+  """The prescription (or the grid's manifest); configs written under `out_dir` if set."""
   ranges = dict(max_batch_rollouts=_MAX_BATCH.value,
                 problems_range=(_MIN_PROBLEMS.value, _MAX_PROBLEMS.value),
                 rollouts_range=(_MIN_ROLLOUTS.value, _MAX_ROLLOUTS.value),
                 min_steps=_MIN_STEPS.value)
   budget = _BUDGET.value
   if _GRID.value:
-    grid_dir = os.path.join(out_dir, f"grid_C{budget}")
+    grid_dir = out_dir and os.path.join(out_dir, f"grid_C{budget}")
     entries = []
     allocations = prescribe.sweep(budget, base, exact=_EXACT.value, **ranges)
     if _EXACT.value:
@@ -106,25 +109,29 @@ def _plan(base, out_dir):
         logging.warning("only %d of %d allocations divide budget_rollouts=%d exactly; use a "
                         "multiple of a larger power of two or --noexact_budget",
                         len(allocations), len(floored), budget)
-    for allocation in allocations:
-      config = prescribe.to_config(allocation, base)
-      a = allocation
-      path = os.path.join(
-          grid_dir, f"bp{a.problems_per_batch}_n{a.rollouts_per_problem}_m{a.num_steps}.json")
-      storage.write_json(path, config.to_dict(), indent=2, sort_keys=True)
-      entries.append({**allocation.to_dict(), "config_path": path,
-                      "effective_learning_rate": prescribe.effective_learning_rate(
-                          allocation, base), **_cost(allocation.rollouts)})
+    for a in allocations:
+      entry = {**a.to_dict(), "effective_learning_rate": prescribe.effective_learning_rate(
+          a, base), **_cost(a.rollouts)}
+      if grid_dir:
+        entry["config_path"] = os.path.join(
+            grid_dir, f"bp{a.problems_per_batch}_n{a.rollouts_per_problem}_m{a.num_steps}.json")
+        storage.write_json(entry["config_path"], prescribe.to_config(a, base).to_dict(),
+                           indent=2, sort_keys=True)
+      entries.append(entry)
     manifest = {"budget_rollouts": budget, "max_batch_rollouts": _MAX_BATCH.value,
                 "allocations": entries}
-    storage.write_json(os.path.join(grid_dir, "manifest.json"), manifest, indent=2,
-                       sort_keys=True)
+    if grid_dir:
+      storage.write_json(os.path.join(grid_dir, "manifest.json"), manifest, indent=2,
+                         sort_keys=True)
     return manifest
   result = prescribe.prescribe(budget, _law(base), base, **ranges)
-  path = os.path.join(out_dir, f"plan_C{budget}.json")
-  storage.write_json(path, prescribe.to_config(result.allocation, base).to_dict(), indent=2,
-                     sort_keys=True)
-  return {**result.to_dict(), "config_path": path, **_cost(result.allocation.rollouts)}
+  output = {**result.to_dict(), **_cost(result.allocation.rollouts)}
+  if out_dir:
+    output["config_path"] = os.path.join(out_dir, f"plan_C{budget}.json")
+    storage.write_json(output["config_path"],
+                       prescribe.to_config(result.allocation, base).to_dict(), indent=2,
+                       sort_keys=True)
+  return output
 
 
 def main(argv):
@@ -132,10 +139,8 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if _BUDGET.value <= 0:
     raise app.UsageError(f"--budget_rollouts={_BUDGET.value}: expected a positive integer")
-  out_dir = _OUT_DIR.value or (os.path.dirname(storage.absolute(_ANALYSIS.value))
-                               if _ANALYSIS.value else ".")
   try:
-    output = _plan(_base_config(), out_dir)
+    output = _plan(_base_config(), _OUT.value)
   except ValueError as e:  # BudgetTooSmallError, bad analysis file, resolve() errors
     raise SystemExit(f"launch.plan: error: {e}") from None
   print(json.dumps(output, indent=2, sort_keys=True))

@@ -61,7 +61,7 @@ def test_help_documents_the_flags():
 def test_plan_from_analysis(analysed, tmp_path):
   root, _ = analysed
   analysis_path = os.path.join(root, "analysis.json")
-  args = ("--budget_rollouts=262144", f"--analysis={analysis_path}", f"--out_dir={tmp_path}")
+  args = ("--budget_rollouts=262144", f"--analysis={analysis_path}", f"--out={tmp_path}")
   first, second = _run("plan", *args), _run("plan", *args)
   assert first.returncode == 0, first.stderr
   assert first.stdout == second.stdout  # deterministic
@@ -89,13 +89,13 @@ def test_plan_default_law_with_config_file_and_grid(tmp_path):
       "def get_config(arg=None):\n"
       "  return config_lib.apply_recipe(config_lib.base_config(), 'easy')\n")
   single = _run("plan", "--budget_rollouts=65536", f"--config={config_file}",
-                f"--out_dir={tmp_path}")
+                f"--out={tmp_path}")
   assert single.returncode == 0, single.stderr
   plan = json.loads(single.stdout)
   assert plan["law"]["source"] == "paper default (easy)"
   assert plan["law"]["n_saturation"] == 512
   grid = _run("plan", "--budget_rollouts=65536", f"--config={config_file}", "--grid",
-              "--max_batch_rollouts=1024", f"--out_dir={tmp_path}")
+              "--max_batch_rollouts=1024", f"--out={tmp_path}")
   assert grid.returncode == 0, grid.stderr
   manifest = json.loads(grid.stdout)
   # Brute force: powers of two B_p in [8, 1024], n in [2, 2048], B <= 1024, M >= 10.
@@ -112,6 +112,23 @@ def test_plan_default_law_with_config_file_and_grid(tmp_path):
     assert config["rl"]["kl_coef"] > 0  # the base config's recipe is kept
 
 
+def test_plan_writes_nothing_without_out(analysed, tmp_path):
+  """Without --out the prescription and the grid are printed only: no file anywhere."""
+  root, _ = analysed
+  before = sorted(os.listdir(root))
+  work = tmp_path / "cwd"
+  work.mkdir()
+  config = os.path.join(REPO, "configs", "hard.py")
+  single = _run("plan", "--budget_rollouts=262144", f"--analysis={root}/analysis.json",
+                f"--config={config}", cwd=str(work))
+  grid = _run("plan", "--budget_rollouts=65536", f"--config={config}", "--grid",
+              cwd=str(work))
+  assert single.returncode == 0 and grid.returncode == 0, single.stderr + grid.stderr
+  assert "config_path" not in json.loads(single.stdout)
+  assert all("config_path" not in a for a in json.loads(grid.stdout)["allocations"])
+  assert os.listdir(work) == [] and sorted(os.listdir(root)) == before
+
+
 def test_plan_budget_too_small():
   result = _run("plan", "--budget_rollouts=100")
   assert result.returncode != 0
@@ -121,7 +138,7 @@ def test_plan_budget_too_small():
 def test_planned_config_round_trips_through_from_json(tmp_path):
   """What the main loop sees: configs/hard.py planned, written, reloaded, resolved."""
   result = _run("plan", "--budget_rollouts=131072", "--config=configs/hard.py",
-                f"--out_dir={tmp_path}")
+                f"--out={tmp_path}")
   assert result.returncode == 0, result.stderr
   plan = json.loads(result.stdout)
   assert plan["law"]["source"] == "paper default (hard)"  # the hard recipe has no KL
