@@ -10,24 +10,14 @@ takes the baseline from all n rollouts instead (the decoupled-baseline ablation)
 The LR follows the *trained* batch B_p * m under the square-root rule.
 """
 
-import importlib.util
-import os
-
-
-
-def _hard():
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hard.py")
-  spec = importlib.util.spec_from_file_location("isojax_configs_hard", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+from configs import hard
 
 
 def get_config(arg=None):
   preset, _, variant = (arg or "").partition(",")
   if preset in ("grpo", "pods"):
     preset, variant = variant, preset
-  config = _hard().get_config(preset or None)
+  config = hard.get_config(preset or None)
   if variant == "grpo":
     config.rollouts_per_problem = 4
     return config

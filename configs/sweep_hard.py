@@ -19,7 +19,9 @@ and training in proportion to its C = 16,384 rollouts, and 13 evaluations. The m
 (sweep.json) records each run's wall time; docs/results/study.md has a study's wall time.
 
 This module also holds the fields every sweep config shares (`sweep_config`); the
-other experiments (configs/sweep_*.py) start from it.
+other experiments (configs/sweep_*.py) start from it. The optional fields it leaves
+out (kind, variants, seeds, eval_schedule, ...) take the defaults of
+`launch.sweep_plan.OPTIONAL`, the one place they are defined.
 
 Presets: default (above), micro (3 runs of the micro model on generated problems; a
 smoke test of the launcher).
@@ -44,14 +46,7 @@ def sweep_config(name: str, base_config: str, split: str,
   c.max_batch_rollouts = 1024             # B_max
   c.min_steps = 16                        # fewest updates M (above the 10 LR warm-up steps)
   c.evals_per_run = 12                    # evaluations per run; checkpoint_every = M // this
-  c.eval_schedule = "log"                 # log-spaced evaluation steps (linear: every M // 12)
-  c.kind = "iso_compute"                  # the experiment (isojax.planner.experiments)
   c.difficulty = difficulty               # which claims it tests: easy | hard
-  c.variants = ml_collections.ConfigDict()  # name -> sweep fields; runs/<name>/
-  c.seeds = ()                            # () = the base config's seed
-  c.batch_rollouts = 0                    # > 0: fixed batch B = B_p * n
-  c.train_fraction = 0.0                  # > 0: PODS with m = max(2, n * this)
-  c.bootstrap_resamples = 200             # replicates behind each interval
   c.analysis = ml_collections.ConfigDict(dict(
       metrics=("val/avg@4", "val/best@4", "val/worst@4"),  # the first is the primary
       fit_min_rollouts=0.0,

@@ -17,17 +17,16 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
-import math
 import sys
 from typing import Any
 
 import ml_collections
-import numpy as np
 from ml_collections import config_dict
 
-from isojax import storage
-# The registries' names only: no JAX, so the planner can use this module anywhere.
-from isojax.rl import names as rl_names
+from isojax import eval_settings, storage, validation
+from isojax.models import settings as model_settings
+from isojax.rl import settings as rl_settings
+from isojax.sampling import settings as sampling_settings
 
 # The IsoCompute paper's regularisation table: the easy recipe adds a KL anchor and an
 # entropy bonus, the hard recipe neither. Entropy is never used without the KL anchor.
@@ -36,9 +35,6 @@ RECIPES: dict[str, dict[str, Any]] = {
     "easy": dict(kl_coef=0.01, entropy_coef=0.001, zero_variance_filter="off"),
     "hard": dict(kl_coef=0.0, entropy_coef=0.0, zero_variance_filter="off"),
 }
-LR_SCALING_RULES = ("constant", "sqrt", "linear")
-# Advantage estimators that normalise within a group and so need n >= 2.
-GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "batch_norm")
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -96,7 +92,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict(dict(
       dtype="float32",       # activations; parameters stay float32
       fp32_lm_head=True,     # logits in float32 (ScaleRL)
-      remat="none",          # none | full | a transformer.REMAT_POLICIES name
+      remat="none",          # none | full | a models.settings.REMAT_POLICIES name
       attention_chunk=0,     # queries per attention block (memory [B, N, chunk, S]); 0: all
   ))
 
@@ -281,24 +277,9 @@ def _merge(config: ml_collections.ConfigDict, fields: dict[str, Any]) -> None:
       config[key] = value
 
 
-def scaled_learning_rate(base_lr: float, batch_rollouts: int, reference_batch: int,
-                         rule: str) -> float:
-  """LR for a rollout batch B: base_lr * (B / B_ref)^{0, 1/2, 1}."""
-  ratio = batch_rollouts / reference_batch
-  if rule == "constant":
-    return base_lr
-  if rule == "sqrt":
-    return base_lr * math.sqrt(ratio)
-  if rule == "linear":
-    return base_lr * ratio
-  raise ValueError(f"optim.lr_scaling={rule!r}: expected one of {LR_SCALING_RULES}")
-
-
 # Free-form dicts whose keys belong to another library (a reasoning-gym dataset's
 # keyword arguments), checked by the task family instead of this schema.
 FREE_FORM_FIELDS = ("task.dataset_kwargs",)
-# What a truncated rollout earns (isojax.rl.batch.shape_rewards).
-OVERLONG_MODES = ("reward", "zero", "dapo")
 
 
 def unknown_fields(config: dict[str, Any], schema: dict[str, Any], prefix: str = "") -> list[str]:
@@ -371,165 +352,78 @@ def _nested(dotted: str) -> dict[str, Any]:
   return out
 
 
-def _check_registered_names(rl: ml_collections.ConfigDict) -> None:
-  """Names picked from the RL registries exist (checked before any compilation)."""
-  for field, names in rl_names.CHOICES.items():
-    if rl[field] not in names:
-      raise ValueError(f"rl.{field}={rl[field]!r}: expected one of {sorted(names)}")
-
-
-def _positive_int(config, field: str) -> int:
-  value = config
-  for part in field.split("."):
-    value = value[part]
-  if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-    raise ValueError(f"config field {field}={value!r}: expected a positive integer")
-  return value
-
-
 def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Validates `config` and fills derived fields; returns a new locked ConfigDict."""
+  """Validates `config` and fills derived fields; returns a new locked ConfigDict.
+
+  Each section is checked by the typed settings of the subsystem that owns it
+  (`models.settings`, `sampling.settings`, `rl.settings`, `eval_settings`, the task
+  families); this function adds the allocation and the rules that span sections.
+  """
   as_dict = config.to_dict()
   extra = unknown_fields(as_dict, base_config().to_dict())
   if extra:
     raise ValueError(f"unknown config field(s): {describe_unknown(extra)}")
   c = ml_collections.ConfigDict(as_dict)
+  n, b_p = _allocation(c)
 
-  n = _positive_int(c, "rollouts_per_problem")
-  b_p = _positive_int(c, "problems_per_batch")
+  model_settings.ModelSettings.from_config(as_dict["model"])
+  sampling = sampling_settings.SamplingSettings.from_config(as_dict["sampling"])
+  rl = rl_settings.RLSettings.from_config(as_dict["rl"])
+  rl_settings.OptimSettings.from_config(as_dict["optim"])
+  evaluation = eval_settings.EvalSettings.from_config(as_dict["eval"])
+  rl.check_allocation(n, b_p, sampling.max_new_tokens)
+  for what, group in (("rollouts_per_problem", n), ("eval.num_samples", evaluation.num_samples)):
+    if 0 < sampling.max_rollouts_per_call < group:
+      raise ValueError(f"sampling.max_rollouts_per_call={sampling.max_rollouts_per_call} is "
+                       f"smaller than {what}={group}: a sampler call holds whole groups")
+  _check_task(c.task)
+  _check_metric_writers(c.metric_writers)
+  _check_robustness(c)
+  c.lock()
+  return c
+
+
+def _allocation(c: ml_collections.ConfigDict) -> tuple[int, int]:
+  """Checks n, B_p, M and C and fills the missing one of M and C; returns (n, B_p)."""
+  n = validation.positive_int("rollouts_per_problem", c.rollouts_per_problem)
+  b_p = validation.positive_int("problems_per_batch", c.problems_per_batch)
   if c.num_steps is None and c.budget_rollouts is None:
     raise ValueError("set num_steps (M) or budget_rollouts (C = B_p * n * M)")
   if c.num_steps is None:
-    budget = _positive_int(c, "budget_rollouts")
+    budget = validation.positive_int("budget_rollouts", c.budget_rollouts)
     if budget % (n * b_p):
       raise ValueError(
           f"budget_rollouts={budget} is not a multiple of problems_per_batch * "
           f"rollouts_per_problem = {b_p} * {n} = {b_p * n}")
     c.num_steps = budget // (n * b_p)
-  steps = _positive_int(c, "num_steps")
+  steps = validation.positive_int("num_steps", c.num_steps)
   if c.budget_rollouts is not None and c.budget_rollouts != n * b_p * steps:
     raise ValueError(
         f"budget_rollouts={c.budget_rollouts} disagrees with problems_per_batch * "
         f"rollouts_per_problem * num_steps = {b_p} * {n} * {steps} = {b_p * n * steps}")
   c.budget_rollouts = n * b_p * steps
-
-  m = train_rollouts_per_problem(c)
-  _check_registered_names(c.rl)
-  if c.rl.downsample == "none" and m != n:
-    raise ValueError(f"rl.train_rollouts_per_problem={m} differs from rollouts_per_problem="
-                     f"{n}: set rl.downsample to train on a subset")
-  if c.rl.downsample != "none" and n == 1:
-    raise ValueError(f"rl.downsample={c.rl.downsample!r} with rollouts_per_problem=1: "
-                     "PODS needs n > 1 rollouts to choose from")
-  if not 1 <= m <= n:
-    raise ValueError(f"rl.train_rollouts_per_problem={m}: expected 1 <= m <= "
-                     f"rollouts_per_problem={n}")
-  group = n if c.rl.advantages_on == "generated" else m
-  if group == 1 and c.rl.advantage in GROUP_ESTIMATORS:
-    field = "rollouts_per_problem" if m == n else "rl.train_rollouts_per_problem"
-    raise ValueError(
-        f"{field}=1 with rl.advantage={c.rl.advantage!r}: group-normalised "
-        "advantages need at least 2 rollouts per problem")
-  if not 0 <= c.rl.retire_pass_rate <= 1:
-    raise ValueError(f"rl.retire_pass_rate={c.rl.retire_pass_rate}: expected in [0, 1]")
-  for field in ("eval.k", "eval.num_samples", "checkpoint_every",
-                "sampling.max_new_tokens", "rl.num_minibatches", "rl.num_epochs",
-                "task.max_prompt_tokens"):
-    _positive_int(c, field)
-  if c.eval.num_samples < c.eval.k:
-    raise ValueError(f"eval.num_samples={c.eval.num_samples} must be >= eval.k={c.eval.k}")
-  _check_eval_schedule(c.eval)  # eval.schedule, eval.every, eval.count
-  _check_task(c)
-  _check_metric_writers(c.metric_writers)
-  _check_robustness(c)
-  _check_overlong(c)
-  _check_memory_fields(c, b_p * m)
-  _check_model(c)
-  if b_p % c.rl.num_minibatches:
-    raise ValueError(
-        f"rl.num_minibatches={c.rl.num_minibatches} must divide problems_per_batch={b_p} "
-        "(a minibatch holds whole groups)")
-  if (not c.task.split and c.task.name != "math" and isinstance(c.task.num_train, int)
-      and c.problems_per_batch > c.task.num_train):
-    raise ValueError(f"problems_per_batch={b_p} exceeds task.num_train={c.task.num_train}")
-  if not isinstance(c.task.max_train_problems, int) or c.task.max_train_problems < 0:
-    raise ValueError(f"task.max_train_problems={c.task.max_train_problems!r}: expected an "
-                     "integer >= 0 (0: every training problem)")
-  if 0 < c.task.max_train_problems < b_p:
-    raise ValueError(f"problems_per_batch={b_p} exceeds task.max_train_problems="
-                     f"{c.task.max_train_problems}")
-  if not c.sampling.temperature >= 0:
-    raise ValueError(f"sampling.temperature={c.sampling.temperature}: expected >= 0")
-  _check_sampling_memory(c, n)
-  if not 0 < c.sampling.top_p <= 1:
-    raise ValueError(f"sampling.top_p={c.sampling.top_p}: expected in (0, 1]")
-  if c.optim.lr_scaling not in LR_SCALING_RULES:
-    raise ValueError(f"optim.lr_scaling={c.optim.lr_scaling!r}: expected one of {LR_SCALING_RULES}")
-  if c.rl.entropy_coef and not c.rl.kl_coef:
-    raise ValueError("rl.entropy_coef > 0 needs rl.kl_coef > 0: entropy is never used "
-                     "without the KL anchor (the IsoCompute easy recipe)")
-  c.lock()
-  return c
+  return n, b_p
 
 
-# When `train.run` evaluates (`eval_steps`).
-EVAL_SCHEDULES = ("linear", "log")
-
-
-def _check_eval_schedule(e: ml_collections.ConfigDict) -> None:
-  if e.schedule not in EVAL_SCHEDULES:
-    raise ValueError(f"eval.schedule={e.schedule!r}: expected one of {list(EVAL_SCHEDULES)}")
-  for field in ("every", "count"):  # both checked whichever schedule is used
-    value = e[field]
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-      raise ValueError(f"config field eval.{field}={value!r}: expected a positive integer")
-
-
-def eval_steps(eval_config: ml_collections.ConfigDict, num_steps: int) -> frozenset[int]:
-  """The steps (0..num_steps) after which `train.run` evaluates: a pure function of the
-  config, so a resumed run evaluates where the uninterrupted one would.
-
-  Always step 0 (the base model) and num_steps (the final policy), and between them
-    linear: every multiple of `eval_config.every`;
-    log:    the distinct values of round(geomspace(1, num_steps, eval_config.count)),
-            so a run with fewer than `count` steps, or a large `count`, gets fewer.
-  With count=1 the log schedule evaluates at steps 0 and num_steps only.
-  """
-  _check_eval_schedule(eval_config)
-  if eval_config.schedule == "linear":
-    between = range(0, num_steps + 1, eval_config.every)
-  else:
-    count = eval_config.count
-    between = (np.rint(np.geomspace(1, num_steps, count)).astype(int).tolist()
-               if count > 1 else [])
-  return frozenset({0, num_steps, *between})
-
-
-def _check_task(c: ml_collections.ConfigDict) -> None:
+def _check_task(t: ml_collections.ConfigDict) -> None:
   """The fields every family shares; `isojax.tasks.validate` checks each family's own."""
   # isojax.tasks imports its families (datasets, reasoning-gym) only when used.
   from isojax import tasks  # pylint: disable=g-import-not-at-top
   from isojax.tasks import prompts  # pylint: disable=g-import-not-at-top
-  t = c.task
-  if t.prompt_format not in prompts.FORMATS:
-    raise ValueError(f"task.prompt_format={t.prompt_format!r}: expected one of "
-                     f"{list(prompts.FORMATS)}")
+  validation.choice("task.prompt_format", t.prompt_format, prompts.FORMATS)
   if not t.verifier_timeout_s > 0:
     raise ValueError(f"task.verifier_timeout_s={t.verifier_timeout_s}: expected > 0")
-  if not isinstance(t.verifier_workers, int) or t.verifier_workers < 0:
-    raise ValueError(f"task.verifier_workers={t.verifier_workers!r}: expected an integer "
-                     ">= 0 (0 = min(4, CPU count))")
-  stop = c.sampling.stop_token_ids
-  if isinstance(stop, int) or not all(
-      isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in stop):
-    raise ValueError(f"sampling.stop_token_ids={stop!r}: expected a tuple of token ids >= 0")
+  validation.non_negative_int("task.verifier_workers", t.verifier_workers,
+                              "0 = min(4, CPU count)")
+  validation.positive_int("task.max_prompt_tokens", t.max_prompt_tokens)
+  validation.non_negative_int("task.max_train_problems", t.max_train_problems,
+                              "0: every training problem")
   tasks.validate(t)  # the family's own fields (task.name is checked there)
 
 
 def _check_metric_writers(w: ml_collections.ConfigDict) -> None:
   for field in ("tensorboard", "wandb"):
-    if not isinstance(w[field], bool):
-      raise ValueError(f"metric_writers.{field}={w[field]!r}: expected True or False")
+    validation.boolean(f"metric_writers.{field}", w[field])
   if w.wandb and importlib.util.find_spec("wandb") is None:
     raise ValueError("metric_writers.wandb=True but the wandb package is not installed: "
                      "`pip install wandb`, or set --config.metric_writers.wandb=False")
@@ -538,87 +432,14 @@ def _check_metric_writers(w: ml_collections.ConfigDict) -> None:
 
 
 def _check_robustness(c: ml_collections.ConfigDict) -> None:
-  """Checkpoint retention and the divergence guard (isojax.checkpointing, rl/guard.py)."""
-  _positive_int(c, "checkpoint_keep")
-  steps = c.guard.collapse_steps
-  if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
-    raise ValueError(f"guard.collapse_steps={steps!r}: expected an integer >= 0 (0 disables "
-                     "the collapse detector)")
-  if not isinstance(c.guard.stop_on_collapse, bool):
-    raise ValueError(f"guard.stop_on_collapse={c.guard.stop_on_collapse!r}: expected True "
-                     "or False")
+  """Checkpoints and the divergence guard (isojax.checkpointing, rl/guard.py)."""
+  validation.positive_int("checkpoint_every", c.checkpoint_every)
+  validation.positive_int("checkpoint_keep", c.checkpoint_keep)
+  steps = validation.non_negative_int("guard.collapse_steps", c.guard.collapse_steps,
+                                      "0 disables the collapse detector")
+  validation.boolean("guard.stop_on_collapse", c.guard.stop_on_collapse)
   if c.guard.stop_on_collapse and not steps:
     raise ValueError("guard.stop_on_collapse=True needs guard.collapse_steps > 0")
-
-
-def _check_model(c: ml_collections.ConfigDict) -> None:
-  from isojax.models import transformer  # pylint: disable=g-import-not-at-top
-  if c.model.remat not in ("none", "full") + transformer.REMAT_POLICIES:
-    raise ValueError(f"model.remat={c.model.remat!r}: expected none, full or one of "
-                     f"{transformer.REMAT_POLICIES}")
-  if not isinstance(c.model.attention_chunk, int) or c.model.attention_chunk < 0:
-    raise ValueError(f"model.attention_chunk={c.model.attention_chunk!r}: expected an integer "
-                     ">= 0 (0: all queries at once)")
-  if c.model.dtype not in ("float32", "bfloat16"):
-    raise ValueError(f"model.dtype={c.model.dtype!r}: expected float32 or bfloat16")
-
-
-def _check_sampling_memory(c: ml_collections.ConfigDict, n: int) -> None:
-  s = c.sampling
-  if not isinstance(s.max_rollouts_per_call, int) or s.max_rollouts_per_call < 0:
-    raise ValueError(f"sampling.max_rollouts_per_call={s.max_rollouts_per_call!r}: expected "
-                     "an integer >= 0 (0: no limit)")
-  for what, group in (("rollouts_per_problem", n), ("eval.num_samples", c.eval.num_samples)):
-    if 0 < s.max_rollouts_per_call < group:
-      raise ValueError(f"sampling.max_rollouts_per_call={s.max_rollouts_per_call} is smaller "
-                       f"than {what}={group}: a sampler call holds whole groups")
-  if not isinstance(s.decode_slots, int) or isinstance(s.decode_slots, bool) or (
-      s.decode_slots < 0):
-    raise ValueError(f"sampling.decode_slots={s.decode_slots!r}: expected an integer >= 0 "
-                     "(0: all rollouts of a call decode in lockstep)")
-  if not isinstance(s.decode_slots_min, int) or isinstance(s.decode_slots_min, bool) or (
-      s.decode_slots_min < 0):
-    raise ValueError(f"sampling.decode_slots_min={s.decode_slots_min!r}: expected an integer "
-                     ">= 0 (0: the continuous-batching slots never shrink)")
-  if s.decode_slots_min and not s.decode_slots:
-    raise ValueError(f"sampling.decode_slots_min={s.decode_slots_min} needs continuous "
-                     "batching: set sampling.decode_slots > 0 (or decode_slots_min=0)")
-  for field in ("weights_dtype", "dtype"):
-    if s[field] not in ("", "float32", "bfloat16"):
-      raise ValueError(f"sampling.{field}={s[field]!r}: expected '', float32 or bfloat16")
-  if not isinstance(s.decode_block, int) or isinstance(s.decode_block, bool):
-    raise ValueError(f"sampling.decode_block={s.decode_block!r}: expected an integer >= 0 "
-                     "(0: attend over the whole generated cache)")
-  from isojax.models import transformer  # pylint: disable=g-import-not-at-top
-  transformer.attended_lengths(s.max_new_tokens, s.decode_block)  # names the field
-
-
-def _check_memory_fields(c: ml_collections.ConfigDict, trained_rollouts: int) -> None:
-  """Micro-batches must split each PPO minibatch evenly (rl.micro_batch_size)."""
-  for field in ("micro_batch_size", "logprob_chunk_size"):
-    value = c.rl[field]
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-      raise ValueError(f"rl.{field}={value!r}: expected an integer >= 0 (0 = off)")
-  minibatch = trained_rollouts // c.rl.num_minibatches
-  size = c.rl.micro_batch_size
-  if 0 < size < minibatch and minibatch % size:
-    raise ValueError(
-        f"rl.micro_batch_size={size} must divide the minibatch of {minibatch} rollouts "
-        f"(problems_per_batch * train_rollouts_per_problem / rl.num_minibatches)")
-  rollouts = c.problems_per_batch * c.rollouts_per_problem
-  if 0 < size < rollouts and rollouts % size:
-    raise ValueError(f"rl.micro_batch_size={size} must divide the {rollouts} rollouts of a "
-                     "step (problems_per_batch * rollouts_per_problem) for the log-prob passes")
-
-
-def _check_overlong(c: ml_collections.ConfigDict) -> None:
-  rl = c.rl
-  if rl.overlong not in OVERLONG_MODES:
-    raise ValueError(f"rl.overlong={rl.overlong!r}: expected one of {list(OVERLONG_MODES)}")
-  if rl.overlong == "dapo" and not 0 < rl.overlong_cache_tokens <= c.sampling.max_new_tokens:
-    raise ValueError(
-        f"rl.overlong='dapo' needs 0 < rl.overlong_cache_tokens <= sampling.max_new_tokens="
-        f"{c.sampling.max_new_tokens}; got {rl.overlong_cache_tokens}")
 
 
 def train_rollouts_per_problem(config: ml_collections.ConfigDict) -> int:
@@ -628,7 +449,7 @@ def train_rollouts_per_problem(config: ml_collections.ConfigDict) -> int:
 
 def learning_rate(config: ml_collections.ConfigDict) -> float:
   """The peak LR of a resolved config, scaled with the trained batch B_p * m."""
-  return scaled_learning_rate(
+  return rl_settings.scaled_learning_rate(
       config.optim.learning_rate,
       train_rollouts_per_problem(config) * config.problems_per_batch,
       config.optim.lr_reference_batch, config.optim.lr_scaling)

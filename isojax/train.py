@@ -20,7 +20,8 @@ import tqdm
 from absl import logging
 from flax import nnx
 
-from isojax import checkpointing, config_lib, evaluation, metric_writers, metrics, run_dir, tasks
+from isojax import (checkpointing, config_lib, eval_settings, evaluation, metric_writers,
+                    metrics, run_dir, tasks)
 from isojax.models import hf_checkpoint, sharding
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.rl import guard, problem_pool, rollout, update
@@ -112,7 +113,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   if not any(isinstance(f, _DropLibraryInfo) for f in handler.filters):
     handler.addFilter(_DropLibraryInfo())
   n, b_p, num_steps = config.rollouts_per_problem, config.problems_per_batch, config.num_steps
-  eval_at = config_lib.eval_steps(config.eval, num_steps)  # a function of config: resumes agree
+  eval_at = eval_settings.EvalSettings.from_config(config.eval).steps(num_steps)  # a function of config: resumes agree
   # ==================== Mesh, tokenizer and task (fail fast, before any write) ====
   mesh = sharding.make_mesh(config.mesh)
   path = policy_path(config)

@@ -59,9 +59,9 @@ from absl import app, flags
 from flax import nnx
 
 from isojax import storage
-from isojax.models import hf_checkpoint, transformer
+from isojax.models import hf_checkpoint
 from isojax.rl import update
-from isojax.sampling import sampler
+from isojax.sampling import sampler, settings
 from launch import bench_roofline, bench_step, bench_tunix
 
 SECTIONS = ("sampling", "sharing", "skew", "long", "update", "rl_step", "roofline")
@@ -641,7 +641,7 @@ def check_options(o: Options) -> None:
     parse_workload(spec)
   long_new_tokens = parse_workload(o.long, "--long")[3]
   try:
-    transformer.attended_lengths(long_new_tokens, o.long_block)
+    settings.attended_lengths(long_new_tokens, o.long_block)
   except ValueError as e:
     raise ValueError(f"--long_block={o.long_block}: {e}") from None
   if not o.skew_n or any(n < 1 or o.skew_rows % n for n in o.skew_n):

@@ -34,7 +34,6 @@ from isojax import host_memory
 host_memory.restart_entry_point(__name__)  # first: before the imports below
 # pylint: disable=wrong-import-position
 import datetime
-import json
 import os
 import platform
 import shlex

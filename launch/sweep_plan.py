@@ -35,7 +35,7 @@ import ml_collections
 from absl import logging
 from ml_collections.config_flags import config_flags
 
-from isojax import config_lib, run_dir, storage
+from isojax import config_lib, eval_settings, run_dir, storage
 from isojax.planner import analysis, experiments, grids, plots, prescribe
 from isojax.tasks import splits
 
@@ -57,10 +57,11 @@ OPTIONAL = dict(
     seeds=(),              # run seeds; () = the base config's seed only
     batch_rollouts=0,      # > 0: only allocations with B_p * n = this (fixed batch)
     train_fraction=0.0,    # > 0: PODS, train on m = max(2, n * this) of n rollouts
-    eval_schedule="linear",  # linear: every M // evals_per_run; log: evals_per_run log-spaced
+    eval_schedule="log",   # log: evals_per_run log-spaced (dense early, where the metric
+                           # moves fastest; more decades of compute per evaluation);
+                           # linear: every M // evals_per_run
     bootstrap_resamples=200,  # replicates behind each effect's interval
 )
-EVAL_SCHEDULES = ("linear", "log")
 
 
 class SweepError(ValueError):
@@ -119,9 +120,9 @@ def check_sweep_config(sweep: ml_collections.ConfigDict) -> None:
     raise SweepError("analysis.metrics: expected at least one metric")
   if sweep.kind not in experiments.KINDS:
     raise SweepError(f"kind={sweep.kind!r}: expected one of {', '.join(experiments.KINDS)}")
-  if sweep.eval_schedule not in EVAL_SCHEDULES:
+  if sweep.eval_schedule not in eval_settings.SCHEDULES:
     raise SweepError(f"eval_schedule={sweep.eval_schedule!r}: expected one of "
-                     f"{', '.join(EVAL_SCHEDULES)}")
+                     f"{', '.join(eval_settings.SCHEDULES)}")
   if not 0.0 <= sweep.train_fraction < 1.0:
     raise SweepError(f"train_fraction={sweep.train_fraction}: expected 0 (off) or in (0, 1)")
   if sweep.batch_rollouts < 0:

@@ -19,9 +19,8 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any
 
-import ml_collections
 import tqdm
 from absl import logging
 
@@ -87,6 +86,10 @@ def _try_lock(workdir: str):
       return None
     raise
   return f
+
+
+class Interrupted(Exception):
+  """The launcher got SIGTERM; the running runs were stopped and marked pending."""
 
 
 def _raise_interrupted(signum, frame):

@@ -13,7 +13,6 @@ import sys
 import nbclient
 import nbformat
 import numpy as np
-import pytest
 
 from configs import hard
 from isojax import metrics, run_dir

@@ -21,7 +21,7 @@ from isojax import config_lib, run_dir, tasks, train  # pylint: disable=g-import
 from isojax.models import chat_template, hf_checkpoint  # pylint: disable=g-import-not-at-top
 from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
 from isojax.rl import rollout  # pylint: disable=g-import-not-at-top
-from isojax.tasks import math_verifier, prompts  # pylint: disable=g-import-not-at-top
+from isojax.tasks import math_verifier  # pylint: disable=g-import-not-at-top
 from flax import nnx  # pylint: disable=g-import-not-at-top
 
 QUESTIONS = [(f"Tom has {a} apples and buys {b} more. How many apples does he have?", a + b)

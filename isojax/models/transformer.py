@@ -29,7 +29,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from isojax.models import settings as settings_lib
 from isojax.models import sharding
+from isojax.sampling.settings import attended_lengths
 
 NEG_INF = -1e30
 
@@ -58,11 +60,12 @@ class ModelConfig:
     if self.num_heads % self.num_kv_heads:
       raise ValueError(f"num_heads={self.num_heads} must be a multiple of "
                        f"num_kv_heads={self.num_kv_heads}")
-    if self.attention_chunk < 0:
-      raise ValueError(f"model.attention_chunk={self.attention_chunk}: expected >= 0")
-    if self.remat not in ("none", "full") + REMAT_POLICIES:
-      raise ValueError(f"model.remat={self.remat!r}: expected none, full or one of "
-                       f"{REMAT_POLICIES}")
+    self.settings()  # the run-time fields obey `config.model`'s rules
+
+  def settings(self) -> settings_lib.ModelSettings:
+    """The run-time fields (`config.model`), validated."""
+    return settings_lib.ModelSettings(dtype=self.dtype, fp32_lm_head=self.fp32_lm_head,
+                                      remat=self.remat, attention_chunk=self.attention_chunk)
 
 
 # Logical axes of the residual stream [B, S, D]: rows over the data-parallel axes
@@ -347,19 +350,13 @@ def _stacked_blocks(cfg: ModelConfig, rngs: nnx.Rngs) -> Block:
   return stacked
 
 
-REMAT_POLICIES = ("everything_saveable", "nothing_saveable", "dots_saveable",
-                  "checkpoint_dots", "dots_with_no_batch_dims_saveable",
-                  "checkpoint_dots_with_no_batch_dims")
-
-
 def remat(fn: Callable, policy: str) -> Callable:
-  """`fn` rematerialised in the backward pass: none | full | a REMAT_POLICIES name."""
+  """`fn` rematerialised in the backward pass: none | full | a REMAT_POLICIES name
+  (validated by `ModelConfig`)."""
   if policy == "none":
     return fn
   if policy == "full":
     return jax.checkpoint(fn, prevent_cse=False)
-  if policy not in REMAT_POLICIES:
-    raise ValueError(f"model.remat={policy!r}: expected none, full or one of {REMAT_POLICIES}")
   return jax.checkpoint(fn, prevent_cse=False, policy=getattr(jax.checkpoint_policies, policy))
 
 
@@ -534,25 +531,6 @@ def abstract_model(cfg: ModelConfig) -> Transformer:
   """
   with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
     return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-
-
-# Attention branches a decode step may compile (`decode(cache_block=...)`): T / block of them.
-MAX_DECODE_BLOCKS = 64
-
-
-def attended_lengths(cache_len: int, block: int) -> tuple[int, ...]:
-  """The generated-cache lengths a decode step may attend over: block, 2 * block, ...,
-  cache_len (the last one cut to it); one length, the whole cache, when block is 0."""
-  if block < 0:
-    raise ValueError(f"sampling.decode_block={block}: expected >= 0 (0: the whole cache)")
-  if not block or block >= cache_len:
-    return (cache_len,)
-  count = -(-cache_len // block)
-  if count > MAX_DECODE_BLOCKS:
-    raise ValueError(f"sampling.decode_block={block} cuts a cache of {cache_len} slots into "
-                     f"{count} blocks; at most {MAX_DECODE_BLOCKS} (each is compiled): "
-                     f"use a block of at least {-(-cache_len // MAX_DECODE_BLOCKS)}")
-  return tuple(min((j + 1) * block, cache_len) for j in range(count))
 
 
 def write_slot(cache, new_BKH, step, axis: int):

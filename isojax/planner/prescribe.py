@@ -4,7 +4,7 @@ The IsoCompute paper's practical rule (its finding 4): set n from the n*(C)
 law for the budget, keep B_p moderate and fixed, and let M absorb the rest. The
 law is either fitted on a sweep (`analysis.json` from `launch.analyze`) or, with
 no sweep yet, one of `PAPER_DEFAULTS` below. The learning rate follows the
-config's batch-size rule (`config_lib.scaled_learning_rate`, the square-root rule
+config's batch-size rule (`rl.settings.scaled_learning_rate`, the square-root rule
 in the recipes): the config keeps `optim.learning_rate` at the reference batch
 and the main loop applies the scaling, so prescriptions report the effective LR
 next to it. Everything here is deterministic.
@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import ml_collections
 
 from isojax import config_lib
+from isojax.rl import settings as rl_settings
 from isojax import storage
 from isojax.planner import frontier
 from isojax.planner import grids
@@ -186,6 +187,6 @@ def sweep(budget_rollouts: int, base: ml_collections.ConfigDict, *, max_batch_ro
 def effective_learning_rate(allocation: grids.Allocation,
                             base: ml_collections.ConfigDict) -> float:
   """The LR the main loop will use for this allocation's batch B = B_p * n."""
-  return config_lib.scaled_learning_rate(
+  return rl_settings.scaled_learning_rate(
       base.optim.learning_rate, allocation.batch_rollouts, base.optim.lr_reference_batch,
       base.optim.lr_scaling)

@@ -17,9 +17,6 @@ from isojax import config_lib
 from isojax.rl import advantages as advantages_lib
 from isojax.rl import downsampling, rollout, update
 
-OVERLONG_MODES = config_lib.OVERLONG_MODES
-
-
 def dapo_overlong_penalty(lengths_B: np.ndarray, max_new_tokens: int,
                           cache_tokens: int) -> np.ndarray:
   """DAPO's soft overlong punishment, in [-1, 0] (Yu et al. 2025, eq. 13).
@@ -35,15 +32,16 @@ def dapo_overlong_penalty(lengths_B: np.ndarray, max_new_tokens: int,
 def shape_rewards(mode: str, rewards_B: np.ndarray, lengths_B: np.ndarray,
                   finished_B: np.ndarray, *, max_new_tokens: int,
                   cache_tokens: int = 0) -> np.ndarray:
-  """What each rollout earns under `rl.overlong`; truncated = not finished."""
+  """What each rollout earns under `rl.overlong` (one of `rl.settings.OVERLONG_MODES`,
+  checked by `RLSettings`); truncated = not finished."""
   rewards_B = np.asarray(rewards_B, np.float32)
-  if mode == "reward":
-    return rewards_B
-  if mode == "zero":
-    return np.where(finished_B, rewards_B, 0.0).astype(np.float32)
-  if mode == "dapo":
-    return rewards_B + dapo_overlong_penalty(lengths_B, max_new_tokens, cache_tokens)
-  raise ValueError(f"rl.overlong={mode!r}: expected one of {list(OVERLONG_MODES)}")
+  shaped = {
+      "reward": lambda: rewards_B,
+      "zero": lambda: np.where(finished_B, rewards_B, 0.0).astype(np.float32),
+      "dapo": lambda: rewards_B + dapo_overlong_penalty(lengths_B, max_new_tokens,
+                                                        cache_tokens),
+  }
+  return shaped[mode]()
 
 
 def _filter_masks(mode: str, zero_var_G: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:

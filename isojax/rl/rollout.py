@@ -23,7 +23,7 @@ import numpy as np
 from isojax.models import sharding
 from isojax.models.tokenizer import TextTokenizer
 from isojax.sampling import sampler
-from isojax.tasks.problem import Grades, Problem, Verifier
+from isojax.tasks.problem import Problem, Verifier
 from isojax.tasks.prompts import PromptBook
 
 

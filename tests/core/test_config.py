@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from isojax import config_lib
+from isojax import config_lib, eval_settings
 
 
 def _config(**top):
@@ -141,17 +141,17 @@ def test_main_rejects_an_unknown_override_before_running(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
-def _with_eval(**fields):
-  """The default `eval` fields with `fields` changed."""
+def _schedule(num_steps, **fields):
+  """The evaluation steps of the default `eval` fields with `fields` changed."""
   e = config_lib.base_config().eval
   e.update(fields)
-  return e
+  return eval_settings.EvalSettings.from_config(e).steps(num_steps)
 
 
 @pytest.mark.parametrize("num_steps,every,expected", [
     (10, 4, {0, 4, 8, 10}), (8, 4, {0, 4, 8}), (10, 20, {0, 10}), (3, 1, {0, 1, 2, 3})])
 def test_linear_eval_steps_are_multiples_of_every_and_the_last(num_steps, every, expected):
-  steps = config_lib.eval_steps(_with_eval(schedule="linear", every=every), num_steps)
+  steps = _schedule(num_steps, schedule="linear", every=every)
   assert steps == expected
   # The rule train.run used before schedules existed, by brute force.
   assert steps == {s for s in range(num_steps + 1) if s % every == 0 or s == num_steps}
@@ -170,8 +170,7 @@ def test_linear_eval_steps_are_multiples_of_every_and_the_last(num_steps, every,
 def test_log_eval_steps_are_rounded_geometric_and_keep_the_last(num_steps, count, expected):
   # `every` must not matter to the log schedule.
   for every in (1, 7):
-    steps = config_lib.eval_steps(_with_eval(schedule="log", every=every, count=count),
-                                  num_steps)
+    steps = _schedule(num_steps, schedule="log", every=every, count=count)
     assert steps == expected
 
 
@@ -179,7 +178,7 @@ def test_log_eval_steps_match_a_closed_form():
   num_steps, count = 200, 16
   ratio = num_steps ** (1 / (count - 1))
   expected = {0} | {int(math.floor(ratio**i + 0.5)) for i in range(count)}
-  assert config_lib.eval_steps(_with_eval(schedule="log", count=count), num_steps) == expected
+  assert _schedule(num_steps, schedule="log", count=count) == expected
 
 
 @pytest.mark.parametrize("fields,message", [
@@ -194,7 +193,7 @@ def test_bad_eval_schedule_names_the_field(fields, message):
   with pytest.raises(ValueError, match=message):
     config_lib.resolve(c)
   with pytest.raises(ValueError, match=message):
-    config_lib.eval_steps(c.eval, 10)
+    eval_settings.EvalSettings.from_config(c.eval)
 
 
 def test_eval_schedule_defaults_resolve():
@@ -202,4 +201,5 @@ def test_eval_schedule_defaults_resolve():
   assert (c.eval.schedule, c.eval.count) == ("linear", 16)
   c = _config()
   c.eval.update(schedule="log", count=4)
-  assert config_lib.eval_steps(config_lib.resolve(c).eval, 10) == {0, 1, 2, 5, 10}
+  resolved = config_lib.resolve(c)
+  assert eval_settings.EvalSettings.from_config(resolved.eval).steps(10) == {0, 1, 2, 5, 10}

@@ -1,5 +1,5 @@
 """Evaluation schedules and per-problem counts: a log-spaced micro run evaluates at the
-steps `config_lib.eval_steps` names, and the per-problem correct counts it logs
+steps `EvalSettings.steps` names, and the per-problem correct counts it logs
 reproduce its avg@k / best@k / worst@k and pass@1 histogram through math.comb."""
 
 import importlib.util
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from absl import logging as absl_logging
 
-from isojax import config_lib, evaluation, metrics, run_dir, train
+from isojax import config_lib, eval_settings, evaluation, metrics, run_dir, train
 from isojax.planner import records
 from isojax.tasks.problem import Problem
 
@@ -120,7 +120,8 @@ def log_run(tmp_path_factory):
 
 def test_log_schedule_evaluates_at_its_steps(log_run):
   config, workdir, _, messages = log_run
-  assert sorted(config_lib.eval_steps(config_lib.resolve(config).eval, NUM_STEPS)) == LOG_STEPS
+  schedule = eval_settings.EvalSettings.from_config(config_lib.resolve(config).eval)
+  assert sorted(schedule.steps(NUM_STEPS)) == LOG_STEPS
   lines = run_dir.read_metrics(str(workdir))
   assert [r["step"] for r in lines] == list(range(NUM_STEPS + 1))  # log_every=1
   k = config.eval.k

@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 
 from isojax.tasks import arithmetic, demo_bases, difficulty, splits
 from launch import profiling

@@ -120,3 +120,32 @@ def test_killed_sweep_resumes_without_redoing_finished_runs(tmp_path):
       fits.append([{k: v for k, v in fit.items() if k != "runs"}  # runs: paths
                    for fit in json.load(f)["fits"]])
   assert fits[0] == fits[1] and len(fits[0]) >= 2
+
+
+def test_sigterm_stops_the_runs_and_leaves_them_pending(tmp_path):
+  """SIGTERM to the launcher alone (as a scheduler's preemption sends it): it stops its
+  workers, marks their runs pending in the manifest and exits with the resume hint."""
+  env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  out = tmp_path / "sweep"
+  launcher = subprocess.Popen(_command(out, tmp_path / "jax_cache"), cwd=REPO, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+  deadline = time.time() + 240
+  while time.time() < deadline and launcher.poll() is None:
+    try:
+      with open(out / "sweep.json") as f:
+        if any(e["state"] == "running" for e in json.load(f)["runs"]):
+          break
+    except (FileNotFoundError, json.JSONDecodeError):
+      pass
+    time.sleep(0.05)
+  assert launcher.poll() is None, "the sweep ended before a run was started"
+  launcher.send_signal(signal.SIGTERM)
+  _, stderr = launcher.communicate(timeout=120)
+  assert launcher.returncode != 0
+  assert "interrupted; rerun the same command to resume" in stderr, stderr[-3000:]
+  with open(out / "sweep.json") as f:
+    states = {e["name"]: e["state"] for e in json.load(f)["runs"]}
+  assert "running" not in states.values() and "pending" in states.values(), states
+  with pytest.raises(ProcessLookupError):  # no worker outlived the launcher
+    os.killpg(launcher.pid, 0)

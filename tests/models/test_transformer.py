@@ -7,7 +7,8 @@ import pytest
 from flax import nnx
 
 from isojax.models import transformer
-from isojax.models.transformer import REMAT_POLICIES, ModelConfig, Transformer
+from isojax.models.settings import REMAT_POLICIES
+from isojax.models.transformer import ModelConfig, Transformer
 
 CFG = dict(vocab_size=31, embed_dim=32, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=48,
            qkv_bias=True)

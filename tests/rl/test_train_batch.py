@@ -136,8 +136,10 @@ def test_overlong_modes_against_hand_computed_rewards():
   np.testing.assert_allclose(shape("zero"), [1, 1, 0, 0])
   # DAPO: 0 up to 8 - 4 = 4 tokens, then -(L - 4) / 4: 6 -> -0.5, 7 -> -0.75, 8 -> -1.
   np.testing.assert_allclose(shape("dapo"), [1, 0.5, -0.75, 0.0])
-  with pytest.raises(ValueError, match="rl.overlong"):
-    shape("clip")
+  config = config_lib.base_config()
+  config.num_steps, config.rl.overlong = 1, "clip"
+  with pytest.raises(ValueError, match=r"rl.overlong='clip': expected one of \['dapo', "):
+    config_lib.resolve(config)  # the one check, before anything runs
 
 
 def test_truncated_rollouts_earn_zero_in_the_batch():

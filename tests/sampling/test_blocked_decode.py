@@ -12,9 +12,8 @@ import pytest
 from flax import nnx
 
 from isojax import config_lib
-from isojax.models import transformer
 from isojax.models.transformer import ModelConfig, Transformer
-from isojax.sampling import sampler
+from isojax.sampling import sampler, settings
 
 PAD = 0
 
@@ -90,17 +89,17 @@ def test_a_step_chooses_among_the_attended_lengths():
 
 
 def test_attended_lengths():
-  assert transformer.attended_lengths(10, 0) == (10,)
-  assert transformer.attended_lengths(10, 4) == (4, 8, 10)
-  assert transformer.attended_lengths(12, 4) == (4, 8, 12)
-  assert transformer.attended_lengths(10, 16) == (10,)
+  assert settings.attended_lengths(10, 0) == (10,)
+  assert settings.attended_lengths(10, 4) == (4, 8, 10)
+  assert settings.attended_lengths(12, 4) == (4, 8, 12)
+  assert settings.attended_lengths(10, 16) == (10,)
   with pytest.raises(ValueError, match="decode_block=-1"):
-    transformer.attended_lengths(10, -1)
+    settings.attended_lengths(10, -1)
   with pytest.raises(ValueError, match=r"decode_block=2 cuts a cache of 8192 .* at least 128"):
-    transformer.attended_lengths(8192, 2)
+    settings.attended_lengths(8192, 2)
 
 
-@pytest.mark.parametrize("value, match", [(-4, "expected >= 0"), (True, "an integer"),
+@pytest.mark.parametrize("value, match", [(-4, "expected an integer >= 0"), (True, "an integer"),
                                            (1, "at most 64")])
 def test_config_rejects_bad_decode_block(value, match):
   config = config_lib.base_config()

@@ -1,0 +1,59 @@
+"""The evaluation settings (`config.eval`) and the schedule they give: JAX-free.
+
+`train.run` evaluates the validation set at `EvalSettings.steps(num_steps)`, a pure
+function of the config, so a resumed run evaluates where the uninterrupted one would;
+the sweeps (`launch.sweep_plan`) pick their runs' schedules from `SCHEDULES`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import numpy as np
+
+from isojax import validation
+
+# "linear": every `every` steps; "log": `count` log-spaced steps (dense early, where the
+# metric moves fastest).
+SCHEDULES = ("linear", "log")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+  schedule: str = "linear"
+  every: int = 10            # linear: steps between evaluations
+  count: int = 16            # log: evaluations after step 0 (at most)
+  k: int = 4                 # avg@k, best@k, worst@k
+  num_samples: int = 8       # N >= k samples per validation problem
+  chunk_problems: int = 256  # problems per sampler call
+  train_problems: int = 128  # training problems in the pass@1 histogram; 0 disables
+
+  def __post_init__(self):
+    validation.choice("eval.schedule", self.schedule, SCHEDULES)
+    for field in ("every", "count", "k", "num_samples", "chunk_problems"):
+      validation.positive_int(f"eval.{field}", getattr(self, field))
+    validation.non_negative_int("eval.train_problems", self.train_problems,
+                                "0: no pass@1 histogram")
+    if self.num_samples < self.k:
+      raise ValueError(f"eval.num_samples={self.num_samples} must be >= eval.k={self.k}")
+
+  @classmethod
+  def from_config(cls, eval_config: Mapping[str, Any]) -> EvalSettings:
+    return validation.from_mapping(cls, eval_config)
+
+  def steps(self, num_steps: int) -> frozenset[int]:
+    """The steps (0..num_steps) after which `train.run` evaluates.
+
+    Always step 0 (the base model) and num_steps (the final policy), and between them
+      linear: every multiple of `every`;
+      log:    the distinct values of round(geomspace(1, num_steps, count)), so a run
+              with fewer than `count` steps, or a large `count`, gets fewer.
+    With count=1 the log schedule evaluates at steps 0 and num_steps only.
+    """
+    if self.schedule == "linear":
+      between = range(0, num_steps + 1, self.every)
+    else:
+      between = (np.rint(np.geomspace(1, num_steps, self.count)).astype(int).tolist()
+                 if self.count > 1 else [])
+    return frozenset({0, num_steps, *between})

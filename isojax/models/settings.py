@@ -1,0 +1,39 @@
+"""The run-time settings of the model (`config.model`): typed, validated, JAX-free.
+
+The architecture comes from the checkpoint (`hf_checkpoint`); these fields say how it
+runs. `transformer.ModelConfig` carries them and validates them here, so the config
+layer (`config_lib.resolve`) and a model built by hand obey one rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from isojax import validation
+
+# `jax.checkpoint_policies` names `model.remat` may take besides none and full.
+REMAT_POLICIES = ("everything_saveable", "nothing_saveable", "dots_saveable",
+                  "checkpoint_dots", "dots_with_no_batch_dims_saveable",
+                  "checkpoint_dots_with_no_batch_dims")
+REMAT_CHOICES = ("none", "full") + REMAT_POLICIES
+DTYPES = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+  dtype: str = "float32"        # activations; parameters stay float32
+  fp32_lm_head: bool = True     # logits in float32 (ScaleRL)
+  remat: str = "none"           # none | full | a REMAT_POLICIES name
+  attention_chunk: int = 0      # queries per attention block (memory [B, N, chunk, S]); 0: all
+
+  def __post_init__(self):
+    validation.choice("model.dtype", self.dtype, DTYPES)
+    validation.boolean("model.fp32_lm_head", self.fp32_lm_head)
+    validation.choice("model.remat", self.remat, REMAT_CHOICES)
+    validation.non_negative_int("model.attention_chunk", self.attention_chunk,
+                                "0: all queries at once")
+
+  @classmethod
+  def from_config(cls, model: Mapping[str, Any]) -> ModelSettings:
+    return validation.from_mapping(cls, model)

@@ -1,0 +1,148 @@
+"""The RL update's settings (`config.rl`, `config.optim`): typed, validated, JAX-free.
+
+`RLSettings` checks each field alone; `check_allocation` checks what depends on the
+allocation (n, B_p) and on the sampler (max_new_tokens). The names each registry
+answers to live in `isojax.rl.names`, beside nothing that imports JAX, so the config
+layer and the planner check them before anything is compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+from isojax import validation
+from isojax.rl import names
+
+# Advantage estimators that normalise within a group and so need n >= 2.
+GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "batch_norm")
+# What a rollout that hits max_new_tokens earns (`rl.batch.shape_rewards`).
+OVERLONG_MODES = ("reward", "zero", "dapo")
+# How the peak LR follows the trained batch B: (B / B_ref)^{0, 1/2, 1}.
+LR_SCALING_RULES = ("constant", "sqrt", "linear")
+
+
+@dataclasses.dataclass(frozen=True)
+class RLSettings:
+  """`config.rl`; the field comments of `config_lib.base_config` say what each means."""
+  advantage: str
+  advantage_eps: float
+  policy_loss: str
+  clip_eps: float
+  clip_eps_high: float
+  cispo_eps_max: float
+  tis_threshold: float
+  aggregation: str
+  kl_coef: float
+  kl_form: str
+  log_kl_to_base: bool
+  entropy_coef: float
+  zero_variance_filter: str
+  num_minibatches: int
+  num_epochs: int
+  downsample: str
+  train_rollouts_per_problem: int
+  advantages_on: str
+  retire_pass_rate: float
+  overlong: str
+  overlong_cache_tokens: int
+  micro_batch_size: int
+  logprob_chunk_size: int
+
+  def __post_init__(self):
+    for field, choices in names.CHOICES.items():
+      validation.choice(f"rl.{field}", getattr(self, field), choices)
+    validation.choice("rl.overlong", self.overlong, OVERLONG_MODES)
+    validation.positive_int("rl.num_minibatches", self.num_minibatches)
+    validation.positive_int("rl.num_epochs", self.num_epochs)
+    validation.non_negative_int("rl.train_rollouts_per_problem",
+                                self.train_rollouts_per_problem, "0: m = n")
+    for field in ("micro_batch_size", "logprob_chunk_size"):
+      validation.non_negative_int(f"rl.{field}", getattr(self, field), "0 = off")
+    validation.boolean("rl.log_kl_to_base", self.log_kl_to_base)
+    if not 0 <= self.retire_pass_rate <= 1:
+      raise ValueError(f"rl.retire_pass_rate={self.retire_pass_rate}: expected in [0, 1]")
+    if self.entropy_coef and not self.kl_coef:
+      raise ValueError("rl.entropy_coef > 0 needs rl.kl_coef > 0: entropy is never used "
+                       "without the KL anchor (the IsoCompute easy recipe)")
+
+  @classmethod
+  def from_config(cls, rl: Mapping[str, Any]) -> RLSettings:
+    return validation.from_mapping(cls, rl)
+
+  def train_rollouts(self, n: int) -> int:
+    """m: rollouts per problem the update trains on (n unless PODS down-samples)."""
+    return self.train_rollouts_per_problem or n
+
+  def check_allocation(self, n: int, problems_per_batch: int, max_new_tokens: int) -> None:
+    """The rules that tie these fields to n, B_p and the sampler's max_new_tokens."""
+    m, b_p = self.train_rollouts(n), problems_per_batch
+    if self.downsample == "none" and m != n:
+      raise ValueError(f"rl.train_rollouts_per_problem={m} differs from rollouts_per_problem="
+                       f"{n}: set rl.downsample to train on a subset")
+    if self.downsample != "none" and n == 1:
+      raise ValueError(f"rl.downsample={self.downsample!r} with rollouts_per_problem=1: "
+                       "PODS needs n > 1 rollouts to choose from")
+    if not 1 <= m <= n:
+      raise ValueError(f"rl.train_rollouts_per_problem={m}: expected 1 <= m <= "
+                       f"rollouts_per_problem={n}")
+    group = n if self.advantages_on == "generated" else m
+    if group == 1 and self.advantage in GROUP_ESTIMATORS:
+      field = "rollouts_per_problem" if m == n else "rl.train_rollouts_per_problem"
+      raise ValueError(f"{field}=1 with rl.advantage={self.advantage!r}: group-normalised "
+                       "advantages need at least 2 rollouts per problem")
+    if b_p % self.num_minibatches:
+      raise ValueError(f"rl.num_minibatches={self.num_minibatches} must divide "
+                       f"problems_per_batch={b_p} (a minibatch holds whole groups)")
+    minibatch = b_p * m // self.num_minibatches
+    size = self.micro_batch_size
+    if 0 < size < minibatch and minibatch % size:
+      raise ValueError(
+          f"rl.micro_batch_size={size} must divide the minibatch of {minibatch} rollouts "
+          f"(problems_per_batch * train_rollouts_per_problem / rl.num_minibatches)")
+    rollouts = b_p * n
+    if 0 < size < rollouts and rollouts % size:
+      raise ValueError(f"rl.micro_batch_size={size} must divide the {rollouts} rollouts of a "
+                       "step (problems_per_batch * rollouts_per_problem) for the log-prob passes")
+    if self.overlong == "dapo" and not 0 < self.overlong_cache_tokens <= max_new_tokens:
+      raise ValueError(
+          f"rl.overlong='dapo' needs 0 < rl.overlong_cache_tokens <= sampling.max_new_tokens="
+          f"{max_new_tokens}; got {self.overlong_cache_tokens}")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimSettings:
+  """`config.optim`: AdamW with warm-up, the LR given at the reference batch."""
+  learning_rate: float
+  lr_reference_batch: int
+  lr_scaling: str
+  warmup_steps: int
+  weight_decay: float
+  b1: float
+  b2: float
+  grad_clip_norm: float
+
+  def __post_init__(self):
+    validation.choice("optim.lr_scaling", self.lr_scaling, LR_SCALING_RULES)
+    validation.positive_int("optim.lr_reference_batch", self.lr_reference_batch)
+    validation.non_negative_int("optim.warmup_steps", self.warmup_steps, "0: no warm-up")
+    if not self.learning_rate > 0:
+      raise ValueError(f"optim.learning_rate={self.learning_rate}: expected > 0")
+
+  @classmethod
+  def from_config(cls, optim: Mapping[str, Any]) -> OptimSettings:
+    return validation.from_mapping(cls, optim)
+
+  def peak_learning_rate(self, batch_rollouts: int) -> float:
+    """The LR for a trained batch of B rollouts: learning_rate * (B / B_ref)^{0, 1/2, 1}."""
+    return scaled_learning_rate(self.learning_rate, batch_rollouts, self.lr_reference_batch,
+                                self.lr_scaling)
+
+
+def scaled_learning_rate(base_lr: float, batch_rollouts: int, reference_batch: int,
+                         rule: str) -> float:
+  """LR for a rollout batch B: base_lr * (B / B_ref)^{0, 1/2, 1}."""
+  validation.choice("optim.lr_scaling", rule, LR_SCALING_RULES)
+  ratio = batch_rollouts / reference_batch
+  return base_lr * {"constant": 1.0, "sqrt": math.sqrt(ratio), "linear": ratio}[rule]

@@ -1,0 +1,81 @@
+"""The sampler's settings (`config.sampling`): typed, validated, JAX-free.
+
+`SamplingSettings.from_config` is what the config layer (`config_lib.resolve`) checks a
+run's `config.sampling` with; `attended_lengths` is the one rule for
+`sampling.decode_block`, used by the check and by the decode step that compiles one
+attention branch per length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from isojax import validation
+from isojax.validation import is_int
+
+# Attention branches a decode step may compile (`decode_block`): T / block of them.
+MAX_DECODE_BLOCKS = 64
+SAMPLING_DTYPES = ("", "float32", "bfloat16")
+
+
+def attended_lengths(cache_len: int, block: int) -> tuple[int, ...]:
+  """The generated-cache lengths a decode step may attend over: block, 2 * block, ...,
+  cache_len (the last one cut to it); one length, the whole cache, when block is 0."""
+  if not is_int(block) or block < 0:
+    raise ValueError(f"sampling.decode_block={block!r}: expected an integer >= 0 (0: attend "
+                     "over the whole generated cache)")
+  if not block or block >= cache_len:
+    return (cache_len,)
+  count = -(-cache_len // block)
+  if count > MAX_DECODE_BLOCKS:
+    raise ValueError(f"sampling.decode_block={block} cuts a cache of {cache_len} slots into "
+                     f"{count} blocks; at most {MAX_DECODE_BLOCKS} (each is compiled): "
+                     f"use a block of at least {-(-cache_len // MAX_DECODE_BLOCKS)}")
+  return tuple(min((j + 1) * block, cache_len) for j in range(count))
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSettings:
+  temperature: float = 0.6
+  top_p: float = 1.0
+  top_k: int = 0                   # 0 disables top-k
+  max_new_tokens: int = 8
+  max_rollouts_per_call: int = 0   # 0: a step's rollouts in one sampler call
+  weights_dtype: str = ""          # "" (as trained) or "bfloat16": weights cast for sampling
+  dtype: str = ""                  # "" (model.dtype) or "bfloat16": activations, KV caches
+  decode_slots: int = 0            # > 0: continuous batching in this many decode rows per call
+  decode_slots_min: int = 0        # > 0: halve the slots down to this many once the queue is empty
+  decode_block: int = 0            # > 0: attend over the generated cache in blocks of this many
+  stop_token_ids: tuple[int, ...] = ()  # ids that end a rollout besides the checkpoint's EOS
+
+  def __post_init__(self):
+    if not self.temperature >= 0:
+      raise ValueError(f"sampling.temperature={self.temperature}: expected >= 0")
+    if not 0 < self.top_p <= 1:
+      raise ValueError(f"sampling.top_p={self.top_p}: expected in (0, 1]")
+    validation.non_negative_int("sampling.top_k", self.top_k, "0 disables top-k")
+    validation.positive_int("sampling.max_new_tokens", self.max_new_tokens)
+    validation.non_negative_int("sampling.max_rollouts_per_call", self.max_rollouts_per_call,
+                                "0: no limit")
+    validation.non_negative_int("sampling.decode_slots", self.decode_slots,
+                                "0: all rollouts of a call decode in lockstep")
+    validation.non_negative_int("sampling.decode_slots_min", self.decode_slots_min,
+                                "0: the continuous-batching slots never shrink")
+    if self.decode_slots_min and not self.decode_slots:
+      raise ValueError(f"sampling.decode_slots_min={self.decode_slots_min} needs continuous "
+                       "batching: set sampling.decode_slots > 0 (or decode_slots_min=0)")
+    for field in ("weights_dtype", "dtype"):
+      if getattr(self, field) not in SAMPLING_DTYPES:
+        raise ValueError(f"sampling.{field}={getattr(self, field)!r}: expected '', float32 or "
+                         "bfloat16")
+    attended_lengths(self.max_new_tokens, self.decode_block)
+    stop = self.stop_token_ids
+    if isinstance(stop, int) or not all(is_int(i) and i >= 0 for i in stop):
+      raise ValueError(f"sampling.stop_token_ids={stop!r}: expected a tuple of token ids >= 0")
+
+  @classmethod
+  def from_config(cls, sampling: Mapping[str, Any]) -> SamplingSettings:
+    stop = sampling["stop_token_ids"]
+    return validation.from_mapping(cls, {
+        **sampling, "stop_token_ids": stop if isinstance(stop, int) else tuple(stop)})

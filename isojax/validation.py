@@ -1,0 +1,47 @@
+"""Field checks shared by the subsystems' typed settings (JAX-free).
+
+Each subsystem owns a frozen dataclass of its `config.<section>` fields that validates
+itself in `__post_init__`; these helpers keep the error messages uniform: they name the
+dotted field, the value given and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, TypeVar
+
+T = TypeVar("T")
+
+
+def is_int(value: Any) -> bool:
+  """An int that is not a bool (config files often hold True where 1 was meant)."""
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def positive_int(field: str, value: Any) -> int:
+  if not is_int(value) or value <= 0:
+    raise ValueError(f"config field {field}={value!r}: expected a positive integer")
+  return value
+
+
+def non_negative_int(field: str, value: Any, meaning: str) -> int:
+  if not is_int(value) or value < 0:
+    raise ValueError(f"{field}={value!r}: expected an integer >= 0 ({meaning})")
+  return value
+
+
+def boolean(field: str, value: Any) -> bool:
+  if not isinstance(value, bool):
+    raise ValueError(f"{field}={value!r}: expected True or False")
+  return value
+
+
+def choice(field: str, value: Any, choices) -> Any:
+  if value not in choices:
+    raise ValueError(f"{field}={value!r}: expected one of {sorted(choices)}")
+  return value
+
+
+def from_mapping(cls: type[T], section: Mapping[str, Any]) -> T:
+  """`cls` (a dataclass) from the same-named keys of a config section."""
+  return cls(**{f.name: section[f.name] for f in dataclasses.fields(cls)})
