@@ -7,6 +7,9 @@ inherit the environment) compiles each once. It starts empty in a fresh temporar
 directory, so every program is still compiled by the run that tests it, and it is
 removed at the end. A cache directory already in the environment is used as it is.
 XLA:CPU's instruction set is capped as in the entry points (`isojax.cpu_isa`).
+
+The `slow` marker takes the longest tests out of the fast tier
+(`python -m pytest -q -n 2 -m "not slow" tests`); each says why it is slow.
 """
 
 import os
@@ -24,6 +27,12 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 from isojax import cpu_isa  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 cpu_isa.pin()
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+      "markers", "slow(reason): in the full suite only, not the fast tier (-m 'not slow'); "
+      "the reason says what makes it slow")
 
 
 def pytest_unconfigure(config):

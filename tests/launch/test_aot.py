@@ -78,6 +78,7 @@ def test_cpu8_compiles_every_program_with_hand_counted_arguments(model_dir):
   assert got["sample"]["resident"] == got["score"]["resident"] == opt + params
 
 
+@pytest.mark.slow("compiles the sampler ahead of time for several settings")
 def test_sampler_is_compiled_with_the_configured_slots_and_dtype(model_dir):
   """The sampler program is the one `rollout.sample` runs: with sampling.decode_slots its
   decode cache holds the slots' rows, not one row per rollout; with

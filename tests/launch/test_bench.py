@@ -162,6 +162,7 @@ def test_timed_prefill_is_the_prompts_forward(models):
   assert prefix.mask.shape == (3, 7) and bool(prefix.mask.all())
 
 
+@pytest.mark.slow("samples a skewed batch with and without continuous batching")
 def test_skew_batch_has_short_and_long_rows(models):
   options, model, _ = models
   options = bench.Options(**TINY, repeats=1, skew_rows=10, skew_n=(1, 2), skew_prompt_len=6,
@@ -218,6 +219,7 @@ def _numbers(tree, path=""):
     yield path, tree
 
 
+@pytest.mark.slow("runs every benchmark of launch.bench as a subprocess")
 def test_command_writes_the_figures(tmp_path):
   out = tmp_path / "bench.json"
   args = [sys.executable, "-m", "launch.bench", *(f"--{k}={v}" for k, v in TINY.items()),

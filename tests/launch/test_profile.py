@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from isojax.tasks import arithmetic, demo_bases, difficulty, splits
 from launch import profiling
@@ -31,6 +32,7 @@ def _load(out, name):
     return json.load(f)
 
 
+@pytest.mark.slow("runs launch.profile twice as a subprocess")
 def test_profile_writes_thresholded_disjoint_splits_and_reuses_them(tmp_path):
   # One test, so that parallel test workers never profile twice.
   out = tmp_path / "splits"

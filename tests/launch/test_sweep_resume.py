@@ -54,6 +54,7 @@ def _progress(out, runs):
   return finished, partial
 
 
+@pytest.mark.slow("three micro sweeps of three runs each, as subprocesses")
 def test_killed_sweep_resumes_without_redoing_finished_runs(tmp_path):
   jax_cache = tmp_path / "jax_cache"
   env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -122,6 +123,7 @@ def test_killed_sweep_resumes_without_redoing_finished_runs(tmp_path):
   assert fits[0] == fits[1] and len(fits[0]) >= 2
 
 
+@pytest.mark.slow("a micro sweep as a subprocess")
 def test_sigterm_stops_the_runs_and_leaves_them_pending(tmp_path):
   """SIGTERM to the launcher alone (as a scheduler's preemption sends it): it stops its
   workers, marks their runs pending in the manifest and exits with the resume hint."""

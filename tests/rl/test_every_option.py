@@ -11,12 +11,15 @@ from isojax.rl import advantages, downsampling, losses, rollout, update
 from isojax.rl import batch as rl_batch
 from isojax.sampling import sampler
 
-OPTIONS = ([("advantage", name) for name in advantages.ADVANTAGE_ESTIMATORS]
-           + [("policy_loss", name) for name in losses.POLICY_LOSSES]
-           + [("aggregation", name) for name in losses.AGGREGATIONS]
-           + [("kl_form", name) for name in losses.KL_ESTIMATORS]
-           + [("zero_variance_filter", name) for name in update.ZERO_VARIANCE_MODES]
-           + [("downsample", name) for name in downsampling.DOWNSAMPLERS])
+_REGISTRIES = {"advantage": advantages.ADVANTAGE_ESTIMATORS,
+               "policy_loss": losses.POLICY_LOSSES, "aggregation": losses.AGGREGATIONS,
+               "kl_form": losses.KL_ESTIMATORS,
+               "zero_variance_filter": update.ZERO_VARIANCE_MODES,
+               "downsample": downsampling.DOWNSAMPLERS}
+# The first name of each registry in the fast tier, the others in the full suite.
+OPTIONS = [(field, name) if i == 0 else pytest.param(
+    field, name, marks=pytest.mark.slow("each option compiles its own train step"))
+           for field, names in _REGISTRIES.items() for i, name in enumerate(names)]
 
 
 def _config(field, value):

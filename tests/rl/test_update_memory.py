@@ -135,9 +135,9 @@ def test_aggregation_weights_reproduce_aggregate(name):
   assert not np.any(np.asarray(w_BT)[~np.asarray(mask_BT)])
 
 
-@pytest.mark.parametrize("aggregation,policy_loss", [
-    ("token_mean", "ppo_clip"), ("sequence_mean", "gspo"), ("prompt_mean", "cispo"),
-    ("constant", "dapo")])
+@pytest.mark.parametrize("aggregation,policy_loss", [("token_mean", "ppo_clip")] + [
+    pytest.param(*case, marks=pytest.mark.slow("each case compiles three train steps"))
+    for case in (("sequence_mean", "gspo"), ("prompt_mean", "cispo"), ("constant", "dapo"))])
 def test_micro_batched_train_step_equals_one_pass(aggregation, policy_loss):
   """k micro-batches (which split groups) give the parameters and stats of one pass."""
   graphdef, params = nnx.split(_model())
@@ -196,6 +196,7 @@ def test_invalid_micro_batch_size_is_a_clear_error():
                  micro_batch_size=5)
 
 
+@pytest.mark.slow("compiles the train step at four micro-batch sizes")
 def test_compiled_step_memory_does_not_grow_with_micro_batches():
   """XLA's temporary buffers shrink with the micro-batch and stay far below [B, T, V]."""
   vocab, b, t = 4096, 64, 64

@@ -36,7 +36,9 @@ def _sample(graphdef, state, prompts, mask, key, **kw):
 
 
 @pytest.mark.parametrize("stop_ids", [(8,), (3, 21), (4, 6)])  # (4, 6): a first-token stop
-@pytest.mark.parametrize("num_slots, min_slots", [(1, 0), (5, 0), (24, 0), (5, 1), (24, 3)])
+@pytest.mark.parametrize("num_slots, min_slots", [
+    pytest.param(*slots, marks=pytest.mark.slow("one compiled sampler per slot setting"))
+    for slots in [(1, 0), (5, 0), (24, 0), (24, 3)]] + [(5, 1)])
 def test_greedy_equals_lockstep(stop_ids, num_slots, min_slots):
   """With min_slots, the slots halve (24 -> 12 -> 6 -> 3, 5 -> 2 -> 1) as the queue
   drains; each busy slot must carry its cache into its new row."""
@@ -70,6 +72,7 @@ def test_slots_are_refilled_until_every_rollout_is_done():
   assert (out.logprobs[out.mask] < 0).all()
 
 
+@pytest.mark.slow("thousands of sampled rollouts, two compiled samplers per case")
 @pytest.mark.parametrize("min_slots", [0, 8])
 def test_sampled_tokens_agree_in_distribution_with_lockstep(min_slots):
   """Per-position token frequencies of 2 x 400 rollouts: chi-square homogeneity tests."""

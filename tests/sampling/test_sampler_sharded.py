@@ -34,6 +34,7 @@ def _run_on_8_devices(code: str, cwd) -> None:
   assert "ok" in proc.stdout
 
 
+@pytest.mark.slow("compiles the sampler for one and for eight fake devices, in a subprocess")
 def test_rollouts_are_split_over_devices_and_equal_single_device(tmp_path):
   code = """
     import jax, numpy as np
@@ -169,6 +170,7 @@ def test_call_plan_rejects_a_limit_below_one_problem_per_device():
     rollout.call_plan(64, 4, 16, 8)
 
 
+@pytest.mark.slow("compiles continuous batching for eight fake devices, in a subprocess")
 def test_continuous_batching_on_a_mesh_equals_lockstep_greedy(tmp_path):
   """Each data-parallel shard runs its own slots and queue over its own groups."""
   code = """
