@@ -123,6 +123,7 @@ def test_generation_stops_at_either_eos_id(setup):
   assert ended_by[im_end] > 0 and ended_by[endoftext] > 0, ended_by
 
 
+@pytest.mark.slow("a math run on a random Qwen2 checkpoint, as a subprocess")
 def test_math_run_end_to_end(setup, tmp_path):
   ckpt, _, data, root = setup
   final = train.run(_config(ckpt, data, root), str(tmp_path / "run"))

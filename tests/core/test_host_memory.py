@@ -103,8 +103,9 @@ def test_restart_keeps_arguments_and_backs_malloc_with_huge_pages(tmp_path):
 
 
 @needs_madvise
-@pytest.mark.parametrize("module", ["isojax.main", "launch.bench", "launch.sweep",
-                                    "launch.study", "launch.profile"])
+@pytest.mark.parametrize("module", ["isojax.main"] + [
+    pytest.param(m, marks=pytest.mark.slow("each entry point is a subprocess importing jax"))
+    for m in ("launch.bench", "launch.sweep", "launch.study", "launch.profile")])
 def test_entry_points_restart_before_importing_jax(module):
   """The first process imports nothing heavy (jax, numpy, absl): only after the restart.
   (`-X importtime` is in `sys.orig_argv`, so the restarted process reports its imports

@@ -47,6 +47,7 @@ def _micro(model_dir: str):
   return config
 
 
+@pytest.mark.slow("compiles every program of a step for eight fake devices")
 def test_cpu8_compiles_every_program_with_hand_counted_arguments(model_dir):
   code = f"""
     import dataclasses, json

@@ -25,7 +25,9 @@ def _loss_and_grads(cfg):
   return jax.value_and_grad(loss)(params)
 
 
-@pytest.mark.parametrize("policy", ["full", "dots_saveable", "nothing_saveable"])
+@pytest.mark.parametrize("policy", ["full"] + [
+    pytest.param(p, marks=pytest.mark.slow("one compiled gradient per policy"))
+    for p in ("dots_saveable", "nothing_saveable")])
 def test_remat_policies_leave_gradients_unchanged(policy):
   loss, grads = _loss_and_grads(ModelConfig(num_layers=3, **CFG))
   loss_r, grads_r = _loss_and_grads(ModelConfig(num_layers=3, remat=policy, **CFG))

@@ -106,7 +106,9 @@ class _Tokenizer:
     return " ".join(map(str, ids))
 
 
-@pytest.mark.parametrize("decode_slots, decode_slots_min", [(0, 0), (3, 0), (4, 2)])
+@pytest.mark.parametrize("decode_slots, decode_slots_min", [(0, 0)] + [
+    pytest.param(*slots, marks=pytest.mark.slow("one compiled sampler per slot setting"))
+    for slots in ((3, 0), (4, 2))])
 def test_calls_of_max_rollouts_cover_every_problem_in_order(decode_slots, decode_slots_min):
   """5 problems x 2 rollouts in calls of at most 4 rollouts: three calls of 2 problems
   (the last padded by repetition), call c drawing with fold_in(rng, c) (call 0 with rng

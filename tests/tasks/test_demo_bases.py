@@ -147,6 +147,7 @@ def test_tasks_without_a_shipped_model_or_with_other_data_are_refused():
     demo_bases.policy_path(config)
 
 
+@pytest.mark.slow("SFT-trains a base model")
 def test_builder_writes_the_shipped_architecture_and_tokenizer(tmp_path):
   shipped = demo_bases.shipped_dir("arithmetic")
   settings = tiny_base_model.BuildSettings(
