@@ -209,16 +209,14 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
   groups, _ = rollout.call_plan(b_p, n, config.sampling.max_rollouts_per_call,
                                 sharding.batch_shards(mesh))
 
-  slots = rollout.slot_settings(config.sampling, groups * n, sharding.batch_shards(mesh))
+  spec = rollout.sample_spec(config.sampling, n=n, rollouts_per_call=groups * n,
+                             shards=sharding.batch_shards(mesh),
+                             stop_ids=(model_cfg.vocab_size - 1,), pad_id=0)
   sample = lambda: sampler.sample.lower(
       graphdef, params, _spec((groups, p), jnp.int32, mesh), _spec((groups, p), bool, mesh),
-      key, n=n, max_new_tokens=t, temperature=float(config.sampling.temperature),
-      top_k=int(config.sampling.top_k), top_p=float(config.sampling.top_p),
-      stop_ids=(model_cfg.vocab_size - 1,), pad_id=0,
-      weights_dtype=config.sampling.weights_dtype or None,
-      dtype=config.sampling.dtype or None, decode_block=config.sampling.decode_block, **slots)
-  decoding = (f", {slots['num_slots']} decode slots" if slots["num_slots"] else "") + (
-      f" halving down to {slots['min_slots']}" if slots["min_slots"] else "") + (
+      key, spec)
+  decoding = (f", {spec.num_slots} decode slots" if spec.num_slots else "") + (
+      f" halving down to {spec.min_slots}" if spec.min_slots else "") + (
       f", {config.sampling.dtype} activations and caches" if config.sampling.dtype else "")
 
   b = b_p * m  # rollouts scored and trained per step; train_step splits the minibatches

@@ -61,7 +61,7 @@ from flax import nnx
 from isojax import storage
 from isojax.models import hf_checkpoint
 from isojax.rl import update
-from isojax.sampling import sampler, settings
+from isojax.sampling import decode, sampler, settings
 from launch import bench_roofline, bench_step, bench_tunix
 
 SECTIONS = ("sampling", "sharing", "skew", "long", "update", "rl_step", "roofline")
@@ -187,20 +187,23 @@ def isojax_sample(model, prompts_GP, *, n, new_tokens, temperature=1.0, stop_ids
                   num_slots=0, min_slots=0, decode_block=0, weights_dtype=None, dtype=None):
   """Rollouts of `sampler.sample` (B = G * n rows), computed before returning."""
   graphdef, state = model
+  spec = sampler.SampleSpec(n=n, max_new_tokens=new_tokens, temperature=temperature,
+                            stop_ids=tuple(stop_ids), pad_id=0, num_slots=num_slots,
+                            min_slots=min_slots, decode_block=decode_block,
+                            weights_dtype=weights_dtype, dtype=dtype)
   return jax.block_until_ready(sampler.sample(
       graphdef, state, jnp.asarray(prompts_GP), jnp.ones(prompts_GP.shape, bool),
-      jax.random.key(0), n=n, max_new_tokens=new_tokens, temperature=temperature, top_k=0,
-      top_p=1.0, stop_ids=tuple(stop_ids), pad_id=0, num_slots=num_slots, min_slots=min_slots,
-      decode_block=decode_block, weights_dtype=weights_dtype, dtype=dtype))
+      jax.random.key(0), spec))
 
 
 @functools.partial(jax.jit, static_argnums=0)
 def _prefill(graphdef, state, prompts_GP):
-  return nnx.merge(graphdef, state).prefill(prompts_GP, jnp.ones(prompts_GP.shape, bool))
+  return decode.prefill(nnx.merge(graphdef, state), prompts_GP,
+                        jnp.ones(prompts_GP.shape, bool))
 
 
 def isojax_prefill(model, prompts_GP):
-  """The prompts' prefill alone (`Transformer.prefill`, which `sampler.sample` starts
+  """The prompts' prefill alone (`decode.prefill`, which `sampler.sample` starts
   with), computed before returning."""
   return jax.block_until_ready(_prefill(*model, jnp.asarray(prompts_GP)))
 

@@ -105,13 +105,8 @@ def sample(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Seq
   shards = sharding.batch_shards(mesh)
   per_call, num_calls = call_plan(len(problems), n, sampling.max_rollouts_per_call, shards)
   rows = np.resize(np.arange(len(problems)), per_call * num_calls)  # pad by repetition
-  kwargs = dict(n=n, max_new_tokens=sampling.max_new_tokens,
-                temperature=float(sampling.temperature if temperature is None else temperature),
-                top_k=int(sampling.top_k), top_p=float(sampling.top_p), stop_ids=tok.eos_ids,
-                pad_id=tok.pad_id, weights_dtype=sampling.weights_dtype or None,
-                dtype=sampling.dtype or None,
-                decode_block=sampling.decode_block,
-                **slot_settings(sampling, per_call * n, shards))
+  spec = sample_spec(sampling, n=n, rollouts_per_call=per_call * n, shards=shards,
+                     stop_ids=tok.eos_ids, pad_id=tok.pad_id, temperature=temperature)
   parts = []
   with contextlib.ExitStack() as stack:
     if mesh is not None:
@@ -123,7 +118,7 @@ def sample(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Seq
         batch = sharding.shard_batch(batch, mesh)
       # Call 0 uses `rng` itself: a step sampled in one call draws what it always did.
       call_rng = jax.random.fold_in(rng, call) if call else rng
-      parts.append(sampler.sample(graphdef, params, *batch, call_rng, **kwargs))
+      parts.append(sampler.sample(graphdef, params, *batch, call_rng, spec))
   host = [jax.tree.map(sharding.to_host, part) for part in parts]
   rollouts = jax.tree.map(lambda *xs: np.concatenate(xs)[:len(problems) * n], *host)
   graded = _HOST_WORK.submit(_decode_and_grade, tok, rollouts.tokens,
@@ -155,19 +150,28 @@ def call_plan(num_problems: int, n: int, max_rollouts_per_call: int, shards: int
   return per_call, -(-num_problems // per_call)
 
 
-def slot_settings(sampling: ml_collections.ConfigDict, rollouts_per_call: int,
-                  shards: int) -> dict[str, int]:
-  """The sampler's `num_slots` and `min_slots` for one call of `rollouts_per_call`.
+def sample_spec(sampling: ml_collections.ConfigDict, *, n: int, rollouts_per_call: int,
+                shards: int, stop_ids: tuple[int, ...], pad_id: int,
+                temperature: float | None = None) -> sampler.SampleSpec:
+  """The sampler's settings for one call of `rollouts_per_call` rollouts from
+  `config.sampling`, the tokenizer's stop and pad ids and the call's device shards.
 
   `sampling.decode_slots` (0: lockstep decoding) and `sampling.decode_slots_min` (0: the
-  slots never shrink), each rounded up to a multiple of `shards`; more slots than the
-  call's rollouts would only decode empty rows.
+  slots never shrink) are each rounded up to a multiple of `shards`; more slots than the
+  call's rollouts would only decode empty rows. `temperature` overrides
+  `sampling.temperature` (evaluation).
   """
   def per_call(slots: int, limit: int) -> int:
     return -(-min(slots, limit) // shards) * shards if slots else 0
   num_slots = per_call(sampling.decode_slots, rollouts_per_call)
-  return dict(num_slots=num_slots,
-              min_slots=per_call(sampling.decode_slots_min, num_slots))
+  return sampler.SampleSpec(
+      n=n, max_new_tokens=sampling.max_new_tokens,
+      temperature=float(sampling.temperature if temperature is None else temperature),
+      stop_ids=tuple(stop_ids), pad_id=pad_id, top_k=int(sampling.top_k),
+      top_p=float(sampling.top_p), weights_dtype=sampling.weights_dtype or None,
+      dtype=sampling.dtype or None, num_slots=num_slots,
+      min_slots=per_call(sampling.decode_slots_min, num_slots),
+      decode_block=sampling.decode_block)
 
 
 def generate(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Sequence[Problem],

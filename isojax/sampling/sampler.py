@@ -1,7 +1,7 @@
 """Jitted batched sampling of n rollouts per problem with a shared prompt cache.
 
 Each of the G prompts is prefilled once; its keys/values stay at [G, P] and every one
-of its n rollouts attends to them (`Transformer.decode`), while each rollout keeps its
+of its n rollouts attends to them (`decode.decode_step`), while each rollout keeps its
 own [B, T] cache for generated tokens (B = G * n). Decoding runs in a
 `lax.while_loop` that stops as soon as every rollout has emitted one of the stop ids
 (every end-of-sequence id of the checkpoint, e.g. Llama 3 Instruct's `<|eot_id|>` and
@@ -21,6 +21,7 @@ Temperature 0 means greedy decoding, with log-probs of the untempered distributi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -30,7 +31,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from isojax.models import sharding
-from isojax.models.transformer import DecodeCache, PrefixCache
+from isojax.sampling import decode
+from isojax.sampling.decode import DecodeCache, PrefixCache
 
 
 @flax.struct.dataclass
@@ -214,14 +216,29 @@ def _cast_floats(state, dtype: str | None):
                       else x, state)
 
 
-@functools.partial(jax.jit, static_argnames=(
-    "graphdef", "n", "max_new_tokens", "temperature", "top_k", "top_p", "stop_ids", "pad_id",
-    "weights_dtype", "dtype", "num_slots", "min_slots", "decode_block"))
-def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, *, n: int,
-           max_new_tokens: int, temperature: float, top_k: int = 0, top_p: float = 1.0,
-           stop_ids: tuple[int, ...], pad_id: int, weights_dtype: str | None = None,
-           dtype: str | None = None, num_slots: int = 0, min_slots: int = 0,
-           decode_block: int = 0) -> Rollouts:
+@dataclasses.dataclass(frozen=True)
+class SampleSpec:
+  """What one sampler call draws: static under `jax.jit` (each spec compiles once).
+
+  `rl.rollout.sample_spec` builds it from `config.sampling` (`SamplingSettings`), the
+  tokenizer's stop and pad ids, and the call's continuous-batching slots.
+  """
+  n: int                                 # rollouts per prompt
+  max_new_tokens: int
+  temperature: float
+  stop_ids: tuple[int, ...]
+  pad_id: int
+  top_k: int = 0
+  top_p: float = 1.0
+  weights_dtype: str | None = None       # "bfloat16": weights cast once per call
+  dtype: str | None = None               # "bfloat16": activations and caches
+  num_slots: int = 0                     # > 0: continuous batching in this many rows
+  min_slots: int = 0                     # > 0: halve the slots down to this many
+  decode_block: int = 0                  # > 0: attend over filled cache blocks only
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
+def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, spec: SampleSpec) -> Rollouts:
   """Samples n rollouts for each of G left-padded prompts; rollout b belongs to b // n.
 
   Any id of `stop_ids` ends a rollout (it is kept as the rollout's last token).
@@ -234,34 +251,36 @@ def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, *, n: int,
   continuous batching halve its slots, down to that many, once nothing is queued and at
   most half of them are busy (`slot_levels`); 0 keeps `num_slots` to the end.
   `decode_block` > 0 attends over the generated cache in blocks of that many tokens, only
-  those holding tokens yet (`Transformer.decode`'s `cache_block`); the same samples.
+  those holding tokens yet (`decode.decode_step`'s `cache_block`); the same samples.
   """
-  stop_ids_K = jnp.asarray(tuple(stop_ids), jnp.int32)
-  model = nnx.merge(graphdef, _cast_floats(state, weights_dtype))
-  model = model.with_dtype(dtype) if dtype else model
+  n, max_new_tokens, pad_id = spec.n, spec.max_new_tokens, spec.pad_id
+  choose = functools.partial(_choose, temperature=spec.temperature, top_k=spec.top_k,
+                             top_p=spec.top_p)
+  stop_ids_K = jnp.asarray(tuple(spec.stop_ids), jnp.int32)
+  model = nnx.merge(graphdef, _cast_floats(state, spec.weights_dtype))
+  model = model.with_dtype(spec.dtype) if spec.dtype else model
   g = prompts_GP.shape[0]
   b = g * n
   prompts_GP = sharding.constrain(prompts_GP, ("batch", None))
   prompt_mask_GP = sharding.constrain(prompt_mask_GP, ("batch", None))
-  first_logits_GV, prefix = model.prefill(prompts_GP, prompt_mask_GP)
-  blocks = model.layer_blocks()  # once, outside the decode loops
+  first_logits_GV, prefix = decode.prefill(model, prompts_GP, prompt_mask_GP)
+  blocks = decode.layer_blocks(model)  # once, outside the decode loops
   prompt_len_B = jnp.repeat(prompt_mask_GP.sum(-1), n).astype(jnp.int32)
-  if num_slots:
+  if spec.num_slots:
     return _decode_continuous(
-        model, blocks, prefix, first_logits_GV, prompt_len_B, rng, n=n, num_slots=num_slots,
-        min_slots=min_slots, max_new_tokens=max_new_tokens, choose=functools.partial(
-            _choose, temperature=temperature, top_k=top_k, top_p=top_p),
-        stop_ids_K=stop_ids_K, pad_id=pad_id, decode_block=decode_block)
+        model, blocks, prefix, first_logits_GV, prompt_len_B, rng, n=n,
+        num_slots=spec.num_slots, min_slots=spec.min_slots, max_new_tokens=max_new_tokens,
+        choose=choose, stop_ids_K=stop_ids_K, pad_id=pad_id, decode_block=spec.decode_block)
 
   def body(s: _LoopState) -> _LoopState:
     rng, key = jax.random.split(s.rng)
-    token, logp = _choose(s.logits, key, temperature=temperature, top_k=top_k, top_p=top_p)
+    token, logp = choose(s.logits, key)
     token = jnp.where(s.done, pad_id, token)
     logp = jnp.where(s.done, 0.0, logp)
     tokens = s.tokens.at[:, s.step].set(token)
     logprobs = s.logprobs.at[:, s.step].set(logp)
-    logits, cache = model.decode(token, prompt_len_B + s.step, s.step, prefix, s.cache,
-                                 blocks=blocks, cache_block=decode_block)
+    logits, cache = decode.decode_step(model, token, prompt_len_B + s.step, s.step, prefix,
+                                       s.cache, blocks=blocks, cache_block=spec.decode_block)
     return _LoopState(step=s.step + 1, logits=sharding.constrain(logits, ("batch", "vocab")),
                       tokens=tokens, logprobs=logprobs,
                       done=s.done | jnp.isin(token, stop_ids_K), cache=cache, rng=rng)
@@ -276,7 +295,7 @@ def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, *, n: int,
       tokens=rows(jnp.full((b, max_new_tokens), pad_id, jnp.int32)),
       logprobs=rows(jnp.zeros((b, max_new_tokens), jnp.float32)),
       done=sharding.constrain(jnp.zeros((b,), bool), ("batch",)),
-      cache=model.init_decode_cache(b, max_new_tokens),
+      cache=decode.init_cache(model, b, max_new_tokens),
       rng=rng)
   final = jax.lax.while_loop(cond, body, init)
   return _rollouts(final.tokens, final.logprobs, final.step, stop_ids_K, pad_id)
@@ -397,8 +416,8 @@ def _decode_continuous(model, blocks, prefix, first_logits_GV, prompt_len_B, rng
     rng, key = jax.random.split(st.rng)
     slots = st.rollout.shape[1]
     flat = lambda x: x.reshape(-1)
-    logits, cache = model.decode(
-        flat(st.token), flat(by_shard(prompt_len_DR, st.rollout) + st.position),
+    logits, cache = decode.decode_step(
+        model, flat(st.token), flat(by_shard(prompt_len_DR, st.rollout) + st.position),
         flat(st.position), prefix, st.cache, blocks=blocks,
         groups_DS=jnp.minimum(st.rollout, r - 1) // n, cache_block=decode_block)
     token, logp = choose(sharding.constrain(logits, ("batch", "vocab")), key)
@@ -427,7 +446,7 @@ def _decode_continuous(model, blocks, prefix, first_logits_GV, prompt_len_B, rng
   st = _Slots(rollout=rollout, position=jnp.zeros((d, s), jnp.int32),
               token=by_shard(first_DR, rollout), taken=jnp.minimum(queued, s),
               tokens=tokens, logprobs=logprobs, lengths=jnp.ones((d, r), jnp.int32),
-              cache=model.init_decode_cache(num_slots, t), rng=rng)
+              cache=decode.init_cache(model, num_slots, t), rng=rng)
   levels = slot_levels(s, -(-min_slots // d))
   for fewer in levels[1:]:
     st = _compact(jax.lax.while_loop(running_until(fewer), body, st), fewer, r)

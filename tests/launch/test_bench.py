@@ -21,6 +21,7 @@ import jax  # pylint: disable=g-import-not-at-top
 from flax import nnx
 
 from isojax.models import hf_checkpoint
+from isojax.sampling import decode
 from launch import bench
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -292,7 +293,7 @@ def test_rl_step_breakdown_averages_the_phases_after_warmup():
 def test_roofline_counts_the_bytes_of_real_caches_and_weights(models):
   """Bytes per decode step against the arrays themselves: the HF model's parameters
   (less the embedding table, plus the rows a step gathers from it), the prompt cache
-  `prefill` builds for G prompts and the generated cache `init_decode_cache` builds for
+  `decode.prefill` builds for G prompts and the generated cache `decode.init_cache` builds for
   G * n rows of T slots."""
   from launch import bench_roofline  # pylint: disable=g-import-not-at-top
   options, model, hf_model = models
@@ -301,8 +302,8 @@ def test_roofline_counts_the_bytes_of_real_caches_and_weights(models):
   result = bench.bench_decode_roofline(model, bench.param_counts(hf_model), f"{g}x{n}x{p}x{t}",
                                        options, np.random.default_rng(0), tied=False)
   transformer = nnx.merge(*model)
-  _, prefix = transformer.prefill(np.ones((g, p), np.int32), np.ones((g, p), bool))
-  generated = transformer.init_decode_cache(g * n, t)
+  _, prefix = decode.prefill(transformer, np.ones((g, p), np.int32), np.ones((g, p), bool))
+  generated = decode.init_cache(transformer, g * n, t)
   params = {name: x.detach().numpy().nbytes for name, x in hf_model.named_parameters()}
   embed = params["model.embed_tokens.weight"]
   want = dict(weights=sum(params.values()) - embed + g * n * embed // options.vocab,

@@ -32,7 +32,7 @@ def _prompts(g: int, p: int = 6, seed: int = 0):
 
 def _sample(graphdef, state, prompts, mask, key, **kw):
   return jax.tree.map(np.asarray, sampler.sample(graphdef, state, prompts, mask,
-                                                 jax.random.key(key), **kw))
+                                                 jax.random.key(key), sampler.SampleSpec(**kw)))
 
 
 @pytest.mark.parametrize("stop_ids", [(8,), (3, 21), (4, 6)])  # (4, 6): a first-token stop

@@ -12,7 +12,7 @@ from scipy import special
 
 from isojax.models.transformer import ModelConfig, Transformer
 from isojax.rl import update
-from isojax.sampling import sampler
+from isojax.sampling import decode, sampler
 
 EOS, PAD = 2, 0
 
@@ -57,8 +57,8 @@ def test_greedy_cached_equals_uncached_argmax():
   model = _model()
   tokens, mask = _prompts()
   graphdef, state = nnx.split(model)
-  out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(0), n=1,
-                       max_new_tokens=6, temperature=0.0, stop_ids=(EOS,), pad_id=PAD)
+  out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(0), sampler.SampleSpec(n=1,
+                       max_new_tokens=6, temperature=0.0, stop_ids=(EOS,), pad_id=PAD))
   expected = _uncached_greedy(model, tokens, mask, 6, stop=EOS)
   for row in range(tokens.shape[0]):
     got = np.asarray(out.tokens[row])[np.asarray(out.mask[row])]
@@ -92,12 +92,13 @@ def test_sampling_dtype_runs_activations_and_caches_in_bfloat16():
                     (rows, cfg.num_kv_heads, 6, cfg.head_dim)}
     for dtype, expected in ((None, jnp.float32), ("bfloat16", jnp.bfloat16)):
       traced = jax.make_jaxpr(lambda st, p, m, k, dtype=dtype, slots=slots: sampler.sample(
-          graphdef, st, p, m, k, dtype=dtype, num_slots=slots, **kw))(
+          graphdef, st, p, m, k, sampler.SampleSpec(dtype=dtype, num_slots=slots, **kw)))(
               state, tokens, mask, jax.random.key(0))
       caches = [a for a in _while_carries(traced.jaxpr) if a.shape in cache_shapes]
       assert len(caches) >= 2 * cfg.num_layers, (slots, dtype)
       assert {a.dtype for a in caches} == {jnp.dtype(expected)}, (slots, dtype)
-  out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(0), dtype="bfloat16", **kw)
+  out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(0),
+                       sampler.SampleSpec(dtype="bfloat16", **kw))
   reference = Transformer(dataclasses.replace(cfg, dtype="bfloat16"), rngs=nnx.Rngs(0))
   nnx.update(reference, state)
   np.testing.assert_array_equal(
@@ -110,12 +111,12 @@ def test_stops_at_eos_and_pads_after():
   model = _model()
   tokens, mask = _prompts()
   graphdef, state = nnx.split(model)
-  free = sampler.sample(graphdef, state, tokens, mask, jax.random.key(0), n=1,
-                        max_new_tokens=5, temperature=0.0, stop_ids=(), pad_id=PAD)
+  free = sampler.sample(graphdef, state, tokens, mask, jax.random.key(0), sampler.SampleSpec(n=1,
+                        max_new_tokens=5, temperature=0.0, stop_ids=(), pad_id=PAD))
   eos = int(free.tokens[0, 0])
   assert eos not in np.asarray(free.tokens[1]).tolist(), "pick prompts where row 1 differs"
-  out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(0), n=1,
-                       max_new_tokens=5, temperature=0.0, stop_ids=(eos,), pad_id=PAD)
+  out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(0), sampler.SampleSpec(n=1,
+                       max_new_tokens=5, temperature=0.0, stop_ids=(eos,), pad_id=PAD))
   np.testing.assert_array_equal(np.asarray(out.mask), [[1, 0, 0, 0, 0], [1, 1, 1, 1, 1]])
   np.testing.assert_array_equal(np.asarray(out.tokens[0]), [eos, PAD, PAD, PAD, PAD])
   np.testing.assert_array_equal(np.asarray(out.tokens[1]), np.asarray(free.tokens[1]))
@@ -128,13 +129,14 @@ def test_any_of_several_stop_ids_ends_a_rollout():
   model = _model()
   tokens, mask = _prompts()
   graphdef, state = nnx.split(model)
-  free = np.asarray(sampler.sample(graphdef, state, tokens, mask, jax.random.key(0), n=1,
+  free = np.asarray(sampler.sample(graphdef, state, tokens, mask, jax.random.key(0),
+                                   sampler.SampleSpec(n=1,
                                    max_new_tokens=6, temperature=0.0, stop_ids=(),
-                                   pad_id=PAD).tokens)
+                                   pad_id=PAD)).tokens)
   stop_a, stop_b = int(free[0, 1]), int(free[1, 2])  # row 0's 2nd token, row 1's 3rd
   stops = (stop_a, stop_b)
-  out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(0), n=1,
-                       max_new_tokens=6, temperature=0.0, stop_ids=stops, pad_id=PAD)
+  out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(0), sampler.SampleSpec(n=1,
+                       max_new_tokens=6, temperature=0.0, stop_ids=stops, pad_id=PAD))
   for row in range(2):
     # Reference: the free greedy row cut after its first token in either stop id.
     first = next((t for t, tok in enumerate(free[row]) if tok in stops), None)
@@ -152,9 +154,9 @@ def test_sampler_logprobs_match_trainer_scores(n, top_k, top_p):
   model = _model()
   tokens, mask = _prompts()
   graphdef, state = nnx.split(model)
-  out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(1), n=n,
+  out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(1), sampler.SampleSpec(n=n,
                        max_new_tokens=6, temperature=0.6, top_k=top_k, top_p=top_p,
-                       stop_ids=(EOS,), pad_id=PAD)
+                       stop_ids=(EOS,), pad_id=PAD))
   seq = np.concatenate([np.repeat(tokens, n, 0), np.asarray(out.tokens)], axis=1)
   seq_mask = np.concatenate([np.repeat(mask, n, 0), np.asarray(out.mask)], axis=1)
   scores = update.score(graphdef, state, seq, seq_mask, prompt_len=tokens.shape[1],
@@ -169,17 +171,19 @@ def test_shared_prompt_cache_equals_per_rollout_cache():
   model = _model(qk_norm=False)
   tokens, mask = _prompts()
   n, steps = 3, 4
-  _, prefix = model.prefill(jnp.asarray(tokens), jnp.asarray(mask))
+  _, prefix = decode.prefill(model, jnp.asarray(tokens), jnp.asarray(mask))
   copied = sampler.prefix_cache_for_rollouts(prefix, n)
   rng = np.random.default_rng(0)
   feed = rng.integers(3, 23, size=(steps, tokens.shape[0] * n))
   prompt_len = np.repeat(mask.sum(1), n)
-  cache_shared = model.init_decode_cache(tokens.shape[0] * n, steps)
-  cache_copied = model.init_decode_cache(tokens.shape[0] * n, steps)
+  cache_shared = decode.init_cache(model, tokens.shape[0] * n, steps)
+  cache_copied = decode.init_cache(model, tokens.shape[0] * n, steps)
   for t in range(steps):
     pos = jnp.asarray(prompt_len + t)
-    shared, cache_shared = model.decode(jnp.asarray(feed[t]), pos, t, prefix, cache_shared)
-    separate, cache_copied = model.decode(jnp.asarray(feed[t]), pos, t, copied, cache_copied)
+    shared, cache_shared = decode.decode_step(model, jnp.asarray(feed[t]),
+                                              pos, t, prefix, cache_shared)
+    separate, cache_copied = decode.decode_step(model, jnp.asarray(feed[t]),
+                                                pos, t, copied, cache_copied)
     np.testing.assert_allclose(np.asarray(shared), np.asarray(separate), atol=1e-5, rtol=1e-5)
   # ... and both equal the uncached forward on the whole sequence.
   full = np.concatenate([np.repeat(tokens, n, 0), feed.T], axis=1)
@@ -398,7 +402,8 @@ def test_decode_loop_neither_copies_nor_transposes_a_layers_cache():
   tokens = np.arange(1, 1 + g * 5, dtype=np.int32).reshape(g, 5) % 20 + 1
   for slots in (0, 6):
     compiled = jax.jit(lambda s, slots=slots: sampler.sample(
-        graphdef, s, tokens, tokens > 0, jax.random.key(0), n=n, max_new_tokens=t,
-        temperature=1.0, stop_ids=(EOS,), pad_id=PAD, num_slots=slots)).lower(state).compile()
+        graphdef, s, tokens, tokens > 0, jax.random.key(0),
+            sampler.SampleSpec(n=n, max_new_tokens=t,
+        temperature=1.0, stop_ids=(EOS,), pad_id=PAD, num_slots=slots))).lower(state).compile()
     rows = slots or g * n
     assert _cache_sized_copies_in_loops(compiled.as_text(), (rows, 2, 16, t)) == [], slots

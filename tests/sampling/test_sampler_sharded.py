@@ -50,13 +50,14 @@ def test_rollouts_are_split_over_devices_and_equal_single_device(tmp_path):
     prompts = rng.integers(3, 24, size=(8, 5)).astype(np.int32)
     mask = np.ones_like(prompts, bool); mask[::3, :2] = False
     settings = dict(n=2, max_new_tokens=6, temperature=1.0, stop_ids=(2,), pad_id=0)
-    single = sampler.sample(graphdef, params, prompts, mask, jax.random.key(4), **settings)
+    single = sampler.sample(graphdef, params, prompts, mask, jax.random.key(4),
+                            sampler.SampleSpec(**settings))
     for axes in ({"data": 8, "fsdp": 1, "tensor": 1}, {"data": 2, "fsdp": 2, "tensor": 2}):
       mesh = sharding.make_mesh(axes)
       placed = jax.device_put(params, sharding.state_shardings(params, mesh))
       with jax.set_mesh(mesh):
         out = sampler.sample(graphdef, placed, *sharding.shard_batch((prompts, mask), mesh),
-                             jax.random.key(4), **settings)
+                             jax.random.key(4), sampler.SampleSpec(**settings))
       shards = sharding.batch_shards(mesh)
       for name in ("tokens", "logprobs", "mask", "finished"):
         x = getattr(out, name)
@@ -72,7 +73,7 @@ def test_rollouts_are_split_over_devices_and_equal_single_device(tmp_path):
       # all shards, and the samples stay those of one device.
       with jax.set_mesh(mesh):
         blocked = sampler.sample(graphdef, placed, *sharding.shard_batch((prompts, mask), mesh),
-                                 jax.random.key(4), decode_block=2, **settings)
+                                 jax.random.key(4), sampler.SampleSpec(decode_block=2, **settings))
       np.testing.assert_array_equal(np.asarray(blocked.tokens), np.asarray(single.tokens))
     # The decode cache is split too: per device, the compiled call's temporaries (the
     # cache and loop state) shrink with the data-parallel width.
@@ -132,8 +133,8 @@ def test_calls_of_max_rollouts_cover_every_problem_in_order(decode_slots, decode
   expected = []
   for call, rows in enumerate(([0, 1], [2, 3], [4, 4])):
     out = sampler.sample(graphdef, params, tokens_GP[rows], mask_GP[rows],
-                         jax.random.fold_in(key, call) if call else key, n=2,
-                         num_slots=decode_slots, min_slots=decode_slots_min, **SETTINGS)
+                         jax.random.fold_in(key, call) if call else key, sampler.SampleSpec(n=2,
+                         num_slots=decode_slots, min_slots=decode_slots_min, **SETTINGS))
     expected.append(np.asarray(out.tokens))
   np.testing.assert_array_equal(got.rollouts.tokens, np.concatenate(expected)[:10])
   assert got.rewards_GN.shape == (5, 2)
@@ -147,9 +148,10 @@ def test_bfloat16_sampling_weights_round_the_weights():
   prompts = np.random.default_rng(3).integers(3, 24, size=(4, 4)).astype(np.int32)
   mask = np.ones_like(prompts, bool)
   greedy = dict(SETTINGS, temperature=0.0)
-  a = sampler.sample(graphdef, params, prompts, mask, jax.random.key(0), n=1,
-                     weights_dtype="bfloat16", **greedy)
-  b = sampler.sample(graphdef, rounded, prompts, mask, jax.random.key(0), n=1, **greedy)
+  a = sampler.sample(graphdef, params, prompts, mask, jax.random.key(0), sampler.SampleSpec(n=1,
+                     weights_dtype="bfloat16", **greedy))
+  b = sampler.sample(graphdef, rounded, prompts, mask, jax.random.key(0),
+                     sampler.SampleSpec(n=1, **greedy))
   np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
 
 
@@ -189,7 +191,8 @@ def test_continuous_batching_on_a_mesh_equals_lockstep_greedy(tmp_path):
     prompts = rng.integers(3, 24, size=(16, 5)).astype(np.int32)
     mask = np.ones_like(prompts, bool); mask[::3, :2] = False
     settings = dict(n=2, max_new_tokens=10, temperature=0.0, stop_ids=(5, 9, 17), pad_id=0)
-    single = sampler.sample(graphdef, params, prompts, mask, jax.random.key(4), **settings)
+    single = sampler.sample(graphdef, params, prompts, mask, jax.random.key(4),
+                            sampler.SampleSpec(**settings))
     lengths = np.asarray(single.mask).sum(-1)
     assert len(set(lengths.tolist())) > 2, lengths
     for axes in ({"data": 8, "fsdp": 1, "tensor": 1}, {"data": 2, "fsdp": 2, "tensor": 2}):
@@ -198,7 +201,8 @@ def test_continuous_batching_on_a_mesh_equals_lockstep_greedy(tmp_path):
       for min_slots in (0, 2):   # 2: each shard's slots halve down to 1 (data=2: 4, 2, 1)
         with jax.set_mesh(mesh):
           out = sampler.sample(graphdef, placed, *sharding.shard_batch((prompts, mask), mesh),
-                               jax.random.key(4), num_slots=8, min_slots=min_slots, **settings)
+                               jax.random.key(4),
+                                   sampler.SampleSpec(num_slots=8, min_slots=min_slots, **settings))
         for name in ("tokens", "mask", "finished"):
           np.testing.assert_array_equal(np.asarray(getattr(out, name)),
                                         np.asarray(getattr(single, name)), err_msg=name)
@@ -212,8 +216,9 @@ def test_continuous_batching_on_a_mesh_equals_lockstep_greedy(tmp_path):
     placed = jax.device_put(params, sharding.state_shardings(params, mesh))
     with jax.set_mesh(mesh):
       batch = sharding.shard_batch((prompts, mask), mesh)
-      out = sampler.sample(graphdef, placed, *batch, jax.random.key(4), num_slots=8,
-                           min_slots=4, **settings)
+      out = sampler.sample(graphdef, placed, *batch, jax.random.key(4),
+                           sampler.SampleSpec(num_slots=8,
+                           min_slots=4, **settings))
       hlo = sampler.sample.lower(graphdef, placed, *batch, jax.random.key(4), num_slots=8,
                                  min_slots=4, **settings).compile().as_text()
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(single.tokens))
