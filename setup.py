@@ -6,7 +6,7 @@ setup(
     name="isojax",
     version="0.1.0",
     description="The IsoCompute Playbook as a program: plan, run and fit RL sampling budgets.",
-    packages=find_packages(include=["isojax", "isojax.*", "launch", "configs"]),
+    packages=find_packages(include=["isojax", "isojax.*", "launch"]),
     # The shipped demo base models (isojax.tasks.demo_bases): weights, tokenizer,
     # manifest.
     package_data={"isojax": ["assets/base_models/*/*"]},

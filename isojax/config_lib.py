@@ -23,7 +23,7 @@ from typing import Any
 import ml_collections
 from ml_collections import config_dict
 
-from isojax import eval_settings, storage, validation
+from isojax import configs, eval_settings, storage, validation
 from isojax.models import settings as model_settings
 from isojax.rl import settings as rl_settings
 from isojax.sampling import settings as sampling_settings
@@ -331,8 +331,10 @@ def check_overrides(argv: list[str], flag: str = "config") -> None:
 
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing after `check_overrides`: `app.run(main, flags_parser=...)` of
-  every binary with a --config flag, so a mistyped field fails with a suggestion."""
+  every binary with a --config flag, so a mistyped field fails with a suggestion. A
+  `--config` file that does not exist names a shipped one (`isojax.configs.find`)."""
   from absl import app  # pylint: disable=g-import-not-at-top
+  argv = configs.resolve_argv(argv)
   try:
     check_overrides(argv)
   except ValueError as e:

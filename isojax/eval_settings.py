@@ -2,7 +2,7 @@
 
 `train.run` evaluates the validation set at `EvalSettings.steps(num_steps)`, a pure
 function of the config, so a resumed run evaluates where the uninterrupted one would;
-the sweeps (`launch.sweep_plan`) pick their runs' schedules from `SCHEDULES`.
+the sweeps (`isojax.sweeps.plan`) pick their runs' schedules from `SCHEDULES`.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import tempfile
 import ml_collections
 import numpy as np
 
-from configs import hard
+from isojax.configs import hard
 from isojax import metrics, run_dir, train
 
 MAIN_THREAD = ("sample", "grade_wait", "update", "other")   # these add up to the step

@@ -33,7 +33,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from isojax import config_lib
-from launch import profiling
+from isojax.sweeps import profiling
 
 # Help of each profiling knob; the defaults are those of `profiling.Options`.
 _HELP = dict(

@@ -37,7 +37,10 @@ from absl import app, flags, logging
 
 from isojax import storage
 from isojax.planner import analysis, findings
-from launch import profile, profiling, sweep_plan, sweep_runner
+from isojax.sweeps import plan as sweep_plan
+from isojax.sweeps import profiling
+from isojax.sweeps import runner as sweep_runner
+from launch import profile
 
 _OUT = flags.DEFINE_string("out", None, "The study directory.", required=True)
 _PROFILE_CONFIG = flags.DEFINE_string(

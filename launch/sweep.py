@@ -38,9 +38,11 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from isojax import storage
+from isojax import configs, storage
 from isojax.planner import analysis
-from launch import cluster_scripts, sweep_plan, sweep_runner
+from isojax.sweeps import cluster as cluster_scripts
+from isojax.sweeps import plan as sweep_plan
+from isojax.sweeps import runner as sweep_runner
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Sweep config file (configs/sweep_*.py[:preset]).", lock_config=True)
@@ -56,8 +58,9 @@ _ANALYZE = flags.DEFINE_bool("analyze", True, "local: write the analysis after t
 _CACHE = flags.DEFINE_string("compilation_cache", None, "XLA persistent compilation cache "
                              "shared by the runs (default DIR/jax_cache; '' disables).")
 _PYTHON = flags.DEFINE_string("python", "python", "slurm/tpu: the interpreter on the nodes.")
-_REPO = flags.DEFINE_string("repo_dir", sweep_plan.REPO_ROOT, "slurm/tpu: the isojax "
-                            "checkout on the nodes (TPU: overridable with $REPO_DIR).")
+_REPO = flags.DEFINE_string("repo_dir", "", "slurm/tpu: a directory on the nodes to run "
+                            "from (an isojax checkout); empty: the isojax installed on "
+                            "them (TPU: overridable with $REPO_DIR).")
 _NODES = flags.DEFINE_integer("slurm_nodes", 1, "slurm: nodes per run (> 1: multi-host, "
                               "jax.distributed over one process per node).")
 _GPUS = flags.DEFINE_integer("slurm_gpus_per_node", 0, "slurm: GPUs per node (0: none).")
@@ -136,4 +139,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=lambda argv: app.parse_flags_with_usage(configs.resolve_argv(argv)))

@@ -14,7 +14,7 @@ import nbclient
 import nbformat
 import numpy as np
 
-from configs import hard
+from isojax.configs import hard
 from isojax import metrics, run_dir
 from isojax.planner import analysis, prescribe, synthetic
 

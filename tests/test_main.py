@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _micro(cache_dir, **overrides):
-  spec = importlib.util.spec_from_file_location("hard", os.path.join(ROOT, "configs/hard.py"))
+  spec = importlib.util.spec_from_file_location("hard", os.path.join(ROOT, "isojax/configs/hard.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   config = module.get_config("micro")

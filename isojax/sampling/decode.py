@@ -169,8 +169,8 @@ def decode_step(model: Transformer, token_B, position_B, step, prefix: PrefixCac
       v_all = write_slot(v_layer, v[:, 0], step, axis=2)   # [B, K, T, H]
 
       def attend_first(length):  # the layer's first `length` slots, sliced in the branch
-        return lambda: block.attn.attend_decode(
-            q, prefix_k, prefix_v, prefix_mask, k_all[..., :length], v_all[:, :, :length],
+        return lambda: attend_decode(
+            block.attn, q, prefix_k, prefix_v, prefix_mask, k_all[..., :length], v_all[:, :, :length],
             own_mask_BT[:, :length])
       branches = [attend_first(length) for length in lengths]
       out = branches[0]() if len(branches) == 1 else jax.lax.switch(branch, branches)

@@ -12,7 +12,7 @@ reward over 16 samples, and fills each split from pass-rate bands:
 
 This module only selects: given per-problem correct counts (`ProblemRates`), which
 problems go into which split. Measuring the counts with the base model is
-`launch.profiling`; `launch.profile` is the command line.
+`isojax.sweeps.profiling`; `launch.profile` is the command line.
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ def test_evaluate_reports_counts_per_problem_in_order(monkeypatch):
 # ==================== A log-scheduled micro run ====================
 
 def _micro_config(cache_dir):
-  spec = importlib.util.spec_from_file_location("hard", os.path.join(ROOT, "configs/hard.py"))
+  spec = importlib.util.spec_from_file_location("hard", os.path.join(ROOT, "isojax/configs/hard.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   config = module.get_config("micro")

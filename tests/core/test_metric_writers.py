@@ -132,7 +132,7 @@ def test_disabled_writers_write_nothing(tmp_path):
 
 @pytest.mark.slow("a training run and its resume, as subprocesses")
 def test_training_run_and_its_resume_in_tensorboard(tmp_path):
-  spec = importlib.util.spec_from_file_location("hard", os.path.join(ROOT, "configs/hard.py"))
+  spec = importlib.util.spec_from_file_location("hard", os.path.join(ROOT, "isojax/configs/hard.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   config = module.get_config("micro")

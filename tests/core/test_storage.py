@@ -16,7 +16,7 @@ from isojax import config_lib, run_dir, storage
 from isojax.planner import analysis, plots, synthetic
 from isojax.tasks import splits
 from isojax.tasks.problem import Problem
-from launch import sweep_plan
+from isojax.sweeps import plan as sweep_plan
 
 
 class _FakeGCS(memory.MemoryFileSystem):

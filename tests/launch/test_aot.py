@@ -13,7 +13,7 @@ import textwrap
 import jax
 import pytest
 
-from configs import hard
+from isojax.configs import hard
 from launch import aot
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -51,7 +51,7 @@ def _micro(model_dir: str):
 def test_cpu8_compiles_every_program_with_hand_counted_arguments(model_dir):
   code = f"""
     import dataclasses, json
-    from configs import hard
+    from isojax.configs import hard
     from launch import aot
     aot.prepare_backend("cpu:8")
     config = hard.get_config("micro")
@@ -86,7 +86,7 @@ def test_sampler_is_compiled_with_the_configured_slots_and_dtype(model_dir):
   sampling.dtype=bfloat16 (a float32 model) it holds them in bfloat16."""
   code = f"""
     import dataclasses, json
-    from configs import hard
+    from isojax.configs import hard
     from launch import aot
     aot.prepare_backend("cpu:8")
     out = []

@@ -19,9 +19,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _generate(out, *flags):
+  """`launch.sweep` run from outside the checkout, as an installed package runs it."""
+  env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
   proc = subprocess.run(
       [sys.executable, "-m", "launch.sweep", "--config=configs/sweep_hard.py:micro",
-       f"--out={out}", *flags], cwd=REPO, capture_output=True, text=True, timeout=120)
+       f"--out={out}", *flags], cwd=os.path.dirname(out), env=env, capture_output=True,
+      text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr[-3000:]
   with open(os.path.join(out, "sweep.json")) as f:
     manifest = json.load(f)
@@ -147,6 +150,12 @@ def test_tpu_commands_run_every_plan_on_all_workers(tmp_path):
     assert command == (f"--command=cd /opt/isojax && ISOJAX_DISTRIBUTED=auto python -m "
                        f"isojax.main --config=configs/from_json.py:{plan} "
                        f"--workdir={os.path.dirname(plan)}")
+  # Without REPO_DIR each host runs the isojax installed there, from its home directory.
+  proc, calls = _run_script(script, tmp_path, TPU_NAME="my-tpu", ZONE="us-central2-b")
+  assert proc.returncode == 0, proc.stderr
+  assert [a for a in calls[0]["args"] if a.startswith("--command=")] == [
+      f"--command=ISOJAX_DISTRIBUTED=auto python -m isojax.main "
+      f"--config=configs/from_json.py:{plans[0]} --workdir={os.path.dirname(plans[0])}"]
   # Without the TPU's name the script stops before running anything.
   proc, calls = _run_script(script, tmp_path, ZONE="us-central2-b")
   assert proc.returncode != 0 and "TPU_NAME" in proc.stderr and not calls

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from isojax.tasks import arithmetic, demo_bases, difficulty, splits
-from launch import profiling
+from isojax.sweeps import profiling
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 K = 8  # avg@8 in the end-to-end test, to keep it fast

@@ -5,7 +5,7 @@ import pytest
 
 from isojax import tasks
 from isojax.tasks import Problem
-from launch import sweep_plan
+from isojax.sweeps import plan as sweep_plan
 
 
 def _plan(spec):

@@ -60,7 +60,7 @@ def test_killed_sweep_resumes_without_redoing_finished_runs(tmp_path):
   env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
   reference = tmp_path / "reference"
-  proc = subprocess.run(_command(reference, jax_cache), cwd=REPO, env=env,
+  proc = subprocess.run(_command(reference, jax_cache), cwd=tmp_path, env=env,
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   with open(reference / "sweep.json") as f:
@@ -69,7 +69,7 @@ def test_killed_sweep_resumes_without_redoing_finished_runs(tmp_path):
 
   # Kill the launcher and its workers once a run is finished and another is half done.
   out = tmp_path / "killed"
-  launcher = subprocess.Popen(_command(out, jax_cache), cwd=REPO, env=env,
+  launcher = subprocess.Popen(_command(out, jax_cache), cwd=tmp_path, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
   deadline = time.time() + 240
@@ -89,7 +89,7 @@ def test_killed_sweep_resumes_without_redoing_finished_runs(tmp_path):
                  (out / "runs" / name / "metrics.jsonl").read_bytes()) for name in finished}
 
   # The same command again.
-  proc = subprocess.run(_command(out, jax_cache), cwd=REPO, env=env,
+  proc = subprocess.run(_command(out, jax_cache), cwd=tmp_path, env=env,
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   for name in finished:  # not redone: the files are untouched and it ran once
@@ -129,7 +129,7 @@ def test_sigterm_stops_the_runs_and_leaves_them_pending(tmp_path):
   workers, marks their runs pending in the manifest and exits with the resume hint."""
   env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
   out = tmp_path / "sweep"
-  launcher = subprocess.Popen(_command(out, tmp_path / "jax_cache"), cwd=REPO, env=env,
+  launcher = subprocess.Popen(_command(out, tmp_path / "jax_cache"), cwd=tmp_path, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                               start_new_session=True)
   deadline = time.time() + 240

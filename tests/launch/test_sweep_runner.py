@@ -16,7 +16,8 @@ import ml_collections
 import pytest
 
 from isojax import run_dir
-from launch import sweep_plan, sweep_runner
+from isojax.sweeps import plan as sweep_plan
+from isojax.sweeps import runner as sweep_runner
 
 # Stand-in run: sleeps, writes metrics up to num_steps with val/avg@4 = n / 100, and
 # records how many stand-ins were running at once; the n = 4 run fails instead.

@@ -73,7 +73,7 @@ def test_main_runs_on_a_three_axis_mesh(tmp_path):
   out = _run(f"""
     import importlib.util, json
     from isojax import train, run_dir
-    spec = importlib.util.spec_from_file_location("hard", "{ROOT}/configs/hard.py")
+    spec = importlib.util.spec_from_file_location("hard", "{ROOT}/isojax/configs/hard.py")
     module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)
     config = module.get_config("micro")
     config.mesh.update(data=-1, fsdp=2, tensor=2)

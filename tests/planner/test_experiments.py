@@ -189,7 +189,7 @@ def test_sweep_analysis_writes_variant_analyses_experiment_and_findings(tmp_path
   import subprocess
   import sys
 
-  from launch import sweep_plan
+  from isojax.sweeps import plan as sweep_plan
 
   true_best = {}
   for variant, sat, c_mid in (("cispo", 16, 164.0), ("pods", 4, 410.0)):

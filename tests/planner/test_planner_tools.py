@@ -118,7 +118,7 @@ def test_plan_writes_nothing_without_out(analysed, tmp_path):
   before = sorted(os.listdir(root))
   work = tmp_path / "cwd"
   work.mkdir()
-  config = os.path.join(REPO, "configs", "hard.py")
+  config = os.path.join(REPO, "isojax", "configs", "hard.py")
   single = _run("plan", "--budget_rollouts=262144", f"--analysis={root}/analysis.json",
                 f"--config={config}", cwd=str(work))
   grid = _run("plan", "--budget_rollouts=65536", f"--config={config}", "--grid",

@@ -63,8 +63,8 @@ import isojax.planner
 from isojax import config_lib
 from isojax.planner import prescribe
 for name in ("hard", "easy", "reasoning", "pods", "scalerl"):
-  config = config_lib.resolve(importlib.import_module(f"configs.{name}").get_config())
-hard = importlib.import_module("configs.hard").get_config()
+  config = config_lib.resolve(importlib.import_module(f"isojax.configs.{name}").get_config())
+hard = importlib.import_module("isojax.configs.hard").get_config()
 grid = prescribe.sweep(65536, hard, max_batch_rollouts=1024, problems_range=(8, 16),
                        rollouts_range=(2, 64))
 prescribe.to_config(grid[0], hard)

@@ -22,7 +22,7 @@ SHIPPED = sorted(demo_bases.SHIPPED.items())
 
 def _config(name):
   import importlib.util  # pylint: disable=g-import-not-at-top
-  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs",
+  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "isojax", "configs",
                                                                    f"{name}.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)

@@ -14,7 +14,7 @@ of a run) at the smallest and the largest B_p.
 Presets: default, micro.
 """
 
-from configs import sweep_hard
+from isojax.configs import sweep_hard
 
 
 def get_config(arg=None):

@@ -6,7 +6,7 @@ iso-compute grid (`prescribe.sweep`) and resolves one run config per allocation
 (`prescribe.to_config`); `prepare` writes them and the manifest, with each run's
 state read from its files; `analyze` fits the results (`isojax.planner.analysis`,
 the library behind `launch.analyze`). The backends then run the plans: locally
-(`launch.sweep_runner`) or through cluster scripts (`launch.cluster_scripts`).
+(`isojax.sweeps.runner`) or through cluster scripts (`isojax.sweeps.cluster`).
 A sweep directory DIR:
 
   DIR/sweep.json               the manifest: each run's allocation, state (pending,
@@ -35,11 +35,10 @@ import ml_collections
 from absl import logging
 from ml_collections.config_flags import config_flags
 
-from isojax import config_lib, eval_settings, run_dir, storage
+from isojax import config_lib, configs, eval_settings, run_dir, storage
 from isojax.planner import analysis, experiments, grids, plots, prescribe
 from isojax.tasks import splits
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MANIFEST_FILE = "sweep.json"
 RUNS_DIR = "runs"
 PLAN_FILE = "plan.json"
@@ -74,16 +73,15 @@ class SweepError(ValueError):
 def load_config_file(spec: str) -> ml_collections.ConfigDict:
   """`get_config(arg)` of a config file given as `path.py[:arg]`, loaded by config_flags.
 
-  A relative path is looked up in the current directory, then in the repository.
+  A path that does not exist names a shipped config (`configs/hard.py`;
+  `isojax.configs.find`).
   """
-  path, _, arg = spec.partition(":")
-  candidates = [path] if os.path.isabs(path) else [path, os.path.join(REPO_ROOT, path)]
-  found = next((p for p in candidates if os.path.isfile(p)), None)
-  if found is None:
-    raise SweepError(f"config file {path!r} does not exist (looked in "
-                     f"{', '.join(os.path.abspath(p) for p in candidates)})")
+  try:
+    found = configs.find_spec(spec)
+  except FileNotFoundError as e:
+    raise SweepError(str(e)) from None
   parser = config_flags.ConfigFileFlagParser(name="config", lock_config=False)
-  return parser.parse(f"{found}:{arg}" if arg else found)
+  return parser.parse(found)
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -18,7 +18,7 @@ Presets: default, micro.
 
 import ml_collections
 
-from configs import sweep_hard
+from isojax.configs import sweep_hard
 
 SIZES = {"p16": 16, "p64": 64, "p256": 256, "all": 0}   # 0: every training problem
 

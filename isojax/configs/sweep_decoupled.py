@@ -21,7 +21,7 @@ Presets: default, micro.
 
 import ml_collections
 
-from configs import sweep_hard
+from isojax.configs import sweep_hard
 
 N_TRAIN, N_ESTIMATE, STEPS, PROBLEMS = 4, 16, 128, 16
 

@@ -1,6 +1,6 @@
 """The local backend of `launch.sweep`: a pool of `python -m isojax.main` subprocesses.
 
-`run_local` runs every unfinished run of a prepared sweep (`launch.sweep_plan`) with
+`run_local` runs every unfinished run of a prepared sweep (`isojax.sweeps.plan`) with
 `workers` parallel subprocesses, each with its output in the run's log.txt, and keeps
 the manifest current. Finished runs are never relaunched; anything else is relaunched
 with the same command, which resumes from the run's last checkpoint. A lock file held
@@ -24,12 +24,16 @@ from typing import Any
 import tqdm
 from absl import logging
 
-from isojax import storage
-from launch import sweep_plan
-from launch.sweep_plan import DONE, FAILED, PENDING, REPO_ROOT, RUNNING
+import isojax
+from isojax import configs, storage
+from isojax.sweeps import plan as sweep_plan
+from isojax.sweeps.plan import DONE, FAILED, PENDING, RUNNING
 
 LOCK_FILE = ".lock"
 LOG_FILE = "log.txt"
+
+# The directory the running isojax package was imported from.
+_IMPORT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(isojax.__file__)))
 
 
 def default_workers() -> int:
@@ -64,13 +68,14 @@ def worker_env(workers: int, cache_dir: str | None,
     env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   elif cache_dir == "":  # disabled (--compilation_cache=''), also if the environment set one
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
-  env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+  # The run imports the isojax this launcher imported (an installed package, or a
+  # checkout on the path), whatever its working directory.
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, (_IMPORT_ROOT, env.get("PYTHONPATH"))))
   return env
 
 
 def main_command(plan: str, workdir: str, python: str = sys.executable) -> list[str]:
-  return [python, "-m", "isojax.main",
-          f"--config={os.path.join(REPO_ROOT, 'configs', 'from_json.py')}:{plan}",
+  return [python, "-m", "isojax.main", f"--config={configs.shipped('from_json.py')}:{plan}",
           f"--workdir={workdir}"]
 
 
@@ -216,7 +221,7 @@ def _start(out_dir: str, entry: dict[str, Any], env: dict[str, str]):
   log.flush()
   # The run's process inherits the lock, so it stays locked until that process ends
   # even if this launcher is killed.
-  proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+  proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                           pass_fds=(lock.fileno(),))
   entry.update(state=RUNNING, returncode=None, started=time.strftime("%Y-%m-%dT%H:%M:%S"),
                pid=proc.pid)

@@ -19,7 +19,7 @@ Presets: default, micro.
 
 import ml_collections
 
-from configs import sweep_hard
+from isojax.configs import sweep_hard
 
 
 def get_config(arg=None):

@@ -102,7 +102,7 @@ if [ "$NUM_PROCESSES" -gt 1 ]; then
   export ISOJAX_NUM_PROCESSES="$NUM_PROCESSES"
 fi
 
-cd {q(repo_dir)}
+{f"cd {q(repo_dir)}" if repo_dir else "# isojax as installed on the nodes"}
 srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c '
   if [ -n "${{ISOJAX_COORDINATOR:-}}" ]; then export ISOJAX_PROCESS_ID="$SLURM_PROCID"; fi
   exec {q(python)} -m isojax.main --config=configs/from_json.py:"$0" --workdir="$1"
@@ -119,7 +119,8 @@ def tpu_commands(name: str, plans: Sequence[str], repo_dir: str, python: str) ->
 # each on every host of the slice (--worker=all). On TPU VMs jax.distributed.initialize()
 # finds the coordinator itself; ISOJAX_DISTRIBUTED=auto makes isojax.main call it.
 # The sweep directory must be at the same path on every host (NFS, Filestore, gcsfuse)
-# and REPO_DIR is the isojax checkout there. Rerunning resumes each run from its
+# and isojax installed on every host (or REPO_DIR, a checkout there, to run from).
+# Rerunning resumes each run from its
 # checkpoint (finished runs exit after loading).
 # Usage: TPU_NAME=my-tpu ZONE=us-central2-b [REPO_DIR=/path/to/isojax] bash {TPU_SCRIPT}
 set -euo pipefail
@@ -129,7 +130,7 @@ REPO_DIR="${{REPO_DIR:-{repo_dir}}}"
 """]
   for i, plan in enumerate(plans):
     plan = storage.absolute(plan)
-    inner = (f"cd $REPO_DIR && ISOJAX_DISTRIBUTED=auto {python} -m isojax.main "
+    inner = (f"${{REPO_DIR:+cd $REPO_DIR && }}ISOJAX_DISTRIBUTED=auto {python} -m isojax.main "
              f"--config=configs/from_json.py:{plan} --workdir={os.path.dirname(plan)}")
     lines.append(f"# {i + 1}/{len(plans)}: {os.path.basename(os.path.dirname(plan))}\n"
                  f"gcloud compute tpus tpu-vm ssh \"$TPU_NAME\" --zone=\"$ZONE\" --worker=all "

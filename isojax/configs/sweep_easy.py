@@ -12,7 +12,7 @@ the hard recipe already does so to log train/kl, so a run costs the same.
 Presets: default, micro (3 runs of the micro model on generated problems).
 """
 
-from configs import sweep_hard
+from isojax.configs import sweep_hard
 
 
 def get_config(arg=None):

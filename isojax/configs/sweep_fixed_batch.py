@@ -13,7 +13,7 @@ rises from the first to the last M.
 Presets: default, micro (the micro model on generated problems, B = 16).
 """
 
-from configs import sweep_hard
+from isojax.configs import sweep_hard
 
 
 def get_config(arg=None):

@@ -17,7 +17,7 @@ problems x 8 samples each); docs/results/study.md has a study's wall time.
 Presets: default, micro (the reasoning micro model; a smoke test).
 """
 
-from configs import sweep_hard
+from isojax.configs import sweep_hard
 
 
 def get_config(arg=None):

@@ -10,7 +10,7 @@ takes the baseline from all n rollouts instead (the decoupled-baseline ablation)
 The LR follows the *trained* batch B_p * m under the square-root rule.
 """
 
-from configs import hard
+from isojax.configs import hard
 
 
 def get_config(arg=None):
