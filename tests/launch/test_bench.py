@@ -22,6 +22,11 @@ from flax import nnx
 
 from isojax.models import hf_checkpoint
 from isojax.sampling import decode
+from isojax.bench import hf, long_outputs, report, rl_step, roofline, sampling, skew
+from isojax.bench import ours as ours_lib
+from isojax.bench import timing
+from isojax.bench import tunix as tunix_lib
+from isojax.bench.options import SECTIONS, Options, check_options
 from launch import bench
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -31,34 +36,34 @@ TINY = dict(hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64, vocab=64)
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
   """(options, isojax (graphdef, state), the Hugging Face model) on the same weights."""
-  options = bench.Options(**TINY, repeats=1)
+  options = Options(**TINY, repeats=1)
   path = str(tmp_path_factory.mktemp("ckpt"))
-  hf_model = bench.build_checkpoint(path, options)
-  return options, nnx.split(hf_checkpoint.load_model(path)), hf_model
+  ours_lib.write_checkpoint(path, options)
+  return options, nnx.split(hf_checkpoint.load_model(path)), hf.load(path)
 
 
 def test_both_sides_generate_every_token(models):
   options, model, hf_model = models
   g, n, p, t = 2, 3, 5, 4
-  result = bench.bench_sampling(model, hf_model, f"{g}x{n}x{p}x{t}", options,
+  result = sampling.bench_sampling(model, hf_model, f"{g}x{n}x{p}x{t}", options,
                                 np.random.default_rng(0))
   assert result["isojax"]["tokens"] == g * n * t
   assert result["hf"]["tokens"] == g * n * t
   assert result["tunix"] is None
-  prompts = bench.random_prompts(np.random.default_rng(1), g, p, options.vocab)
-  rollouts = bench.isojax_sample(model, prompts, n=n, new_tokens=t)
+  prompts = timing.random_prompts(np.random.default_rng(1), g, p, options.vocab)
+  rollouts = ours_lib.isojax_sample(model, prompts, n=n, new_tokens=t)
   assert rollouts.tokens.shape == (g * n, t) and bool(rollouts.mask.all())
-  assert bench.hf_sample(hf_model, prompts, n=n, new_tokens=t).shape == (g * n, t)
+  assert hf.hf_sample(hf_model, prompts, n=n, new_tokens=t).shape == (g * n, t)
 
 
 def test_greedy_continuations_agree(models):
   """Temperature 0 against do_sample=False: the weights are the same."""
   options, model, hf_model = models
   prompt = np.array([[5, 17, 3, 42, 9, 11]], np.int32)
-  ours = np.asarray(bench.isojax_sample(model, prompt, n=1, new_tokens=12, temperature=0).tokens)
-  theirs = bench.hf_sample(hf_model, prompt, n=1, new_tokens=12, do_sample=False)
+  ours = np.asarray(ours_lib.isojax_sample(model, prompt, n=1, new_tokens=12, temperature=0).tokens)
+  theirs = hf.hf_sample(hf_model, prompt, n=1, new_tokens=12, do_sample=False)
   np.testing.assert_array_equal(ours, theirs)
-  assert bench.same_weights(model, hf_model, options, np.random.default_rng(0))
+  assert hf.same_weights(model, hf_model, options, np.random.default_rng(0))
 
 
 
@@ -66,44 +71,42 @@ def test_greedy_continuations_agree(models):
 def tunix_models(tmp_path_factory):
   """(options, isojax (graphdef, state), HF model, Tunix handle) on one checkpoint."""
   pytest.importorskip("tunix")
-  from launch import bench_tunix  # pylint: disable=g-import-not-at-top
-  options = bench.Options(**TINY, repeats=1)
+  options = Options(**TINY, repeats=1)
   path = str(tmp_path_factory.mktemp("tunix_ckpt"))
-  hf_model = bench.build_checkpoint(path, options)
+  ours_lib.write_checkpoint(path, options)
+  hf_model = hf.load(path)
   return (options, nnx.split(hf_checkpoint.load_model(path)), hf_model,
-          bench_tunix.load(path))
+          tunix_lib.load(path))
 
 
 def test_tunix_greedy_equals_isojax(tunix_models):
   """Tunix's Sampler on the same checkpoint: greedy continuations equal isojax's."""
-  from launch import bench_tunix  # pylint: disable=g-import-not-at-top
   options, model, _, tunix = tunix_models
-  prompts = bench.random_prompts(np.random.default_rng(3), 64, 6, options.vocab)
-  ours = np.asarray(bench.isojax_sample(model, prompts, n=1, new_tokens=24,
+  prompts = timing.random_prompts(np.random.default_rng(3), 64, 6, options.vocab)
+  ours = np.asarray(ours_lib.isojax_sample(model, prompts, n=1, new_tokens=24,
                                         temperature=0).tokens)
   # Token 0 emitted before the end: Tunix would mask it out of attention were it the pad id.
   assert (ours[:, :-1] == 0).any()
-  np.testing.assert_array_equal(bench_tunix.sample(tunix, prompts, 1, 24, temperature=0.0),
+  np.testing.assert_array_equal(tunix_lib.sample(tunix, prompts, 1, 24, temperature=0.0),
                                 ours)
-  assert bench_tunix.greedy_matches(tunix, prompts[0], ours[0])
+  assert tunix_lib.greedy_matches(tunix, prompts[0], ours[0])
   wrong = ours[0].copy()
   wrong[-1] = (wrong[-1] + 1) % options.vocab
-  assert not bench_tunix.greedy_matches(tunix, prompts[0], wrong)
-  assert bench.tunix_same_weights(model, tunix, options) is True
+  assert not tunix_lib.greedy_matches(tunix, prompts[0], wrong)
+  assert tunix_lib.tunix_same_weights(model, tunix, options) is True
 
 
 def test_tunix_repeats_each_prompt_n_times(tunix_models):
-  from launch import bench_tunix  # pylint: disable=g-import-not-at-top
   options, model, hf_model, tunix = tunix_models
   g, n, p, t = 2, 3, 5, 4
-  prompts = bench.random_prompts(np.random.default_rng(1), g, p, options.vocab)
-  greedy = np.asarray(bench.isojax_sample(model, prompts, n=1, new_tokens=t,
+  prompts = timing.random_prompts(np.random.default_rng(1), g, p, options.vocab)
+  greedy = np.asarray(ours_lib.isojax_sample(model, prompts, n=1, new_tokens=t,
                                           temperature=0).tokens)
   np.testing.assert_array_equal(
-      bench_tunix.sample(tunix, prompts, n, t, temperature=0.0), np.repeat(greedy, n, axis=0))
-  sampled = bench_tunix.sample(tunix, prompts, n, t)
+      tunix_lib.sample(tunix, prompts, n, t, temperature=0.0), np.repeat(greedy, n, axis=0))
+  sampled = tunix_lib.sample(tunix, prompts, n, t)
   assert sampled.shape == (g * n, t) and ((0 <= sampled) & (sampled < options.vocab)).all()
-  result = bench.bench_sampling(model, hf_model, f"{g}x{n}x{p}x{t}", options,
+  result = sampling.bench_sampling(model, hf_model, f"{g}x{n}x{p}x{t}", options,
                                 np.random.default_rng(0), tunix)
   assert result["tunix"]["tokens"] == result["isojax"]["tokens"] == g * n * t
   assert result["tunix_ratio"] == pytest.approx(float(np.median(
@@ -113,7 +116,7 @@ def test_timed_rounds_interleave_and_ratios_are_per_round(monkeypatch):
   """Calls go a, b, a, b, ... and the ratio is the median of per-round ratios: a
   machine slowing down 10x mid-measurement leaves it alone, unlike a ratio of medians."""
   clock, calls = [0.0], []
-  monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+  monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
 
   def work(name, seconds):
     def fn():
@@ -121,23 +124,23 @@ def test_timed_rounds_interleave_and_ratios_are_per_round(monkeypatch):
       clock[0] += seconds * (10 if len(calls) > 4 else 1)   # slows 10x after 4 calls
       return len(calls)
     return fn
-  a, b = bench.timed_rounds([work("a", 1.0), work("b", 3.0)], repeats=3)
+  a, b = timing.timed_rounds([work("a", 1.0), work("b", 3.0)], repeats=3)
   assert calls == ["a", "b"] * 4
   assert (a.first_s, b.first_s) == (1.0, 3.0) and (a.out, b.out) == (7, 8)
   assert a.times_s == [1.0, 10.0, 10.0] and b.times_s == [3.0, 30.0, 30.0]
   assert a.median_s == 10.0
-  assert bench.round_ratio(a, b) == pytest.approx(3.0)
-  assert bench.round_ratio(a, b, work_ratio=0.5) == pytest.approx(1.5)
+  assert timing.round_ratio(a, b) == pytest.approx(3.0)
+  assert timing.round_ratio(a, b, work_ratio=0.5) == pytest.approx(1.5)
   # Measured one side after the other (a's calls before the slowdown, b's after), the
   # ratio of medians would have been 30 / 1.
-  rate = bench.rate(20, a)
+  rate = timing.rate(20, a)
   assert rate["tokens_per_s"] == 2.0 and rate["compile_s"] == 0.0 and rate["times_s"] == a.times_s
 
 
 def test_slot_waste_by_hand():
   mask = np.zeros((4, 8), bool)
   mask[0, :2] = mask[1, :3] = mask[2, :6] = True   # row 3 empty; the longest row has 6
-  waste = bench.slot_waste(mask)
+  waste = skew.slot_waste(mask)
   assert waste["useful_slots"] == 11 and waste["executed_slots"] == 4 * 6
   assert waste["waste_fraction"] == pytest.approx(1 - 11 / 24)
 
@@ -147,16 +150,16 @@ def test_find_skew_prompts():
                      [2, 3, 4, 5],     # short: stop id 3 at slot 1
                      [3, 6, 7, 8],     # contains 3: not long for row 1
                      [9, 9, 9, 9]])
-  assert bench.find_skew_prompts(tokens, short_len=2) == (1, 0, 3)
+  assert skew.find_skew_prompts(tokens, short_len=2) == (1, 0, 3)
   with pytest.raises(ValueError, match="skew_candidates"):
-    bench.find_skew_prompts(np.array([[1, 1], [1, 1]]), short_len=2)
+    skew.find_skew_prompts(np.array([[1, 1], [1, 1]]), short_len=2)
 
 
 def test_timed_prefill_is_the_prompts_forward(models):
   """The skew section's prefill: its last-token logits are Hugging Face's on the prompts."""
   options, model, hf_model = models
-  prompts = bench.random_prompts(np.random.default_rng(2), 3, 7, options.vocab)
-  logits, prefix = bench.isojax_prefill(model, prompts)
+  prompts = timing.random_prompts(np.random.default_rng(2), 3, 7, options.vocab)
+  logits, prefix = ours_lib.isojax_prefill(model, prompts)
   with torch.inference_mode():
     theirs = hf_model(torch.as_tensor(prompts, dtype=torch.long)).logits[:, -1].numpy()
   np.testing.assert_allclose(np.asarray(logits), theirs, atol=1e-4, rtol=1e-4)
@@ -166,10 +169,10 @@ def test_timed_prefill_is_the_prompts_forward(models):
 @pytest.mark.slow("samples a skewed batch with and without continuous batching")
 def test_skew_batch_has_short_and_long_rows(models):
   options, model, _ = models
-  options = bench.Options(**TINY, repeats=1, skew_rows=10, skew_n=(1, 2), skew_prompt_len=6,
+  options = Options(**TINY, repeats=1, skew_rows=10, skew_n=(1, 2), skew_prompt_len=6,
                           skew_new_tokens=16, skew_candidates=32, skew_slots=4,
                           skew_min_slots=1)
-  one, two = bench.bench_skew(model, options, np.random.default_rng(0))
+  one, two = skew.bench_skew(model, options, np.random.default_rng(0))
   # n = 1: 10 prompts, one of them long; n = 2: 5 prompts, one long (2 rows).
   for result, n, groups, long_rows in ((one, 1, 10, 1), (two, 2, 5, 2)):
     assert (result["n"], result["groups"], result["rows"]) == (n, groups, 10)
@@ -192,19 +195,19 @@ def test_skew_batch_has_short_and_long_rows(models):
 
 
 def test_parse_workload_names_the_flag():
-  assert bench.parse_workload("32x8x64x64") == (32, 8, 64, 64)
+  assert timing.parse_workload("32x8x64x64") == (32, 8, 64, 64)
   with pytest.raises(ValueError, match="--workloads entry '32x8x64'"):
-    bench.parse_workload("32x8x64")
+    timing.parse_workload("32x8x64")
   with pytest.raises(ValueError, match="--long '4x0x2x2'"):
-    bench.parse_workload("4x0x2x2", "--long")
+    timing.parse_workload("4x0x2x2", "--long")
 
 
 def test_long_outputs_count_every_token_and_agree(models):
   """Both long-output runs generate (counted from their masks) G * n * T tokens and decode
   the same greedy rollouts."""
   options, model, _ = models
-  options = bench.Options(**TINY, repeats=1, long="2x2x4x24", long_block=5)
-  result = bench.bench_long(model, options, np.random.default_rng(0))
+  options = Options(**TINY, repeats=1, long="2x2x4x24", long_block=5)
+  result = long_outputs.bench_long(model, options, np.random.default_rng(0))
   assert result["whole_cache"]["tokens"] == result["blocked"]["tokens"] == 2 * 2 * 24
   assert result["same_greedy_outputs"] is True
 
@@ -271,23 +274,22 @@ def test_command_writes_the_figures(tmp_path):
 
 
 def test_rl_step_breakdown_averages_the_phases_after_warmup():
-  from launch import bench_step  # pylint: disable=g-import-not-at-top
   def line(step, sample, wait, update, other, **extra):
     return {"step": step, "time/sample_s": sample, "time/grade_wait_s": wait,
             "time/update_s": update, "time/other_s": other, "time/decode_s": 0.01,
             "time/grade_s": 0.02, "time/step_s": sample + wait + update + other, **extra}
   lines = [{"step": 0}, line(1, 9.0, 9.0, 9.0, 9.0), line(2, 0.2, 0.1, 0.6, 0.1),
            line(3, 0.4, 0.0, 0.4, 0.2, **{"time/eval_s": 3.0})]
-  b = bench_step.summarize(lines, warmup=1, rollouts_per_step=64)
+  b = rl_step.summarize(lines, warmup=1, rollouts_per_step=64)
   assert b["steps"] == 2 and b["step_s"] == pytest.approx(1.0)
   assert b["seconds"]["sample"] == pytest.approx(0.3)
   assert b["shares"] == pytest.approx({"sample": 0.3, "grade_wait": 0.05, "update": 0.5,
                                        "other": 0.15})
   assert b["host_share"] == pytest.approx(0.2) and b["eval_s"] == 3.0
-  text = "\n".join(bench_step.format_breakdown(b, "test"))
+  text = "\n".join(rl_step.format_breakdown(b, "test"))
   assert "1000 ms per step" in text and "host share of the step (grade_wait + other): 20.0%" in text
   with pytest.raises(ValueError, match="warmup=3"):
-    bench_step.summarize(lines, warmup=3, rollouts_per_step=64)
+    rl_step.summarize(lines, warmup=3, rollouts_per_step=64)
 
 
 def test_roofline_counts_the_bytes_of_real_caches_and_weights(models):
@@ -295,11 +297,10 @@ def test_roofline_counts_the_bytes_of_real_caches_and_weights(models):
   (less the embedding table, plus the rows a step gathers from it), the prompt cache
   `decode.prefill` builds for G prompts and the generated cache `decode.init_cache` builds for
   G * n rows of T slots."""
-  from launch import bench_roofline  # pylint: disable=g-import-not-at-top
   options, model, hf_model = models
   g, n, p, t = 2, 3, 5, 4
-  options = bench.Options(**TINY, repeats=2, bandwidth_bytes=2**16)
-  result = bench.bench_decode_roofline(model, bench.param_counts(hf_model), f"{g}x{n}x{p}x{t}",
+  options = Options(**TINY, repeats=2, bandwidth_bytes=2**16)
+  result = roofline.bench_decode_roofline(model, ours_lib.param_counts(model), f"{g}x{n}x{p}x{t}",
                                        options, np.random.default_rng(0), tied=False)
   transformer = nnx.merge(*model)
   _, prefix = decode.prefill(transformer, np.ones((g, p), np.int32), np.ones((g, p), bool))
@@ -317,24 +318,23 @@ def test_roofline_counts_the_bytes_of_real_caches_and_weights(models):
   assert len(result["steps_s"]) == len(result["copy_peaks"]) == 2
   assert result["device_kind"] == "cpu" and result["fraction_of_nominal"] is None
   # Tied: the LM head reads the whole table, so nothing is taken off.
-  tied = bench_roofline.decode_bytes(
+  tied = roofline.decode_bytes(
       weight_bytes=100, embed_bytes=40, tied=True, rows=3, groups=1, hidden=2, layers=1,
       kv_heads=1, head_dim=1, prompt_len=0, cache_len=0, cache_itemsize=4, weight_itemsize=4)
   assert tied["weights"] == 100 and tied["total"] == 100
 
 
 def test_roofline_step_time_and_nominal_bandwidth():
-  from launch import bench_roofline  # pylint: disable=g-import-not-at-top
   # Rounds of (T = 9, T = 1) calls: 2.0 s vs 0.4 s and 3.0 vs 1.0 -> 0.2 and 0.25 s a step.
-  assert bench_roofline.step_seconds([2.0, 3.0, 2.6], [0.4, 1.0, 0.2], 9) == pytest.approx(0.25)
+  assert roofline.step_seconds([2.0, 3.0, 2.6], [0.4, 1.0, 0.2], 9) == pytest.approx(0.25)
   with pytest.raises(ValueError, match="T=1"):
-    bench_roofline.step_seconds([1.0], [1.0], 1)
-  assert bench_roofline.nominal_bandwidth("NVIDIA H100 PCIe") == 2.0e12
-  assert bench_roofline.nominal_bandwidth("NVIDIA H100 80GB HBM3") == 3.35e12
-  assert bench_roofline.nominal_bandwidth("NVIDIA H200") == 4.8e12
-  assert bench_roofline.nominal_bandwidth("cpu") is None
+    roofline.step_seconds([1.0], [1.0], 1)
+  assert roofline.nominal_bandwidth("NVIDIA H100 PCIe") == 2.0e12
+  assert roofline.nominal_bandwidth("NVIDIA H100 80GB HBM3") == 3.35e12
+  assert roofline.nominal_bandwidth("NVIDIA H200") == 4.8e12
+  assert roofline.nominal_bandwidth("cpu") is None
   # The copy-bandwidth callable counts a read and a write of the array.
-  assert bench_roofline.copy_bandwidth(2**20, calls=1)() > 0
+  assert roofline.copy_bandwidth(2**20, calls=1)() > 0
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -351,9 +351,9 @@ def test_roofline_step_time_and_nominal_bandwidth():
     ("skew_n", (), "--skew_n=: expected positive divisors"),
 ])
 def test_bad_options_name_their_flag(field, value, message):
-  bench.check_options(bench.Options())   # the defaults pass
+  check_options(Options())   # the defaults pass
   with pytest.raises(ValueError, match=re.escape(message)):
-    bench.check_options(bench.Options(**{field: value}))
+    check_options(Options(**{field: value}))
 
 
 def test_bad_flag_fails_before_anything_is_built(tmp_path):
@@ -365,23 +365,22 @@ def test_bad_flag_fails_before_anything_is_built(tmp_path):
 
 
 def test_sections_pick_what_runs():
-  options = bench.Options(**TINY, repeats=1, roofline=("1x2x4x3", "2x1x4x3"),
+  options = Options(**TINY, repeats=1, roofline=("1x2x4x3", "2x1x4x3"),
                           bandwidth_bytes=2**16, sections=("roofline",))
   result = bench.run(options)
   assert [f["rows"] for f in result["roofline"]] == [2, 2]
   assert [f["workload"] for f in result["roofline"]] == ["1x2x4x3", "2x1x4x3"]
-  for name in set(bench.SECTIONS) - {"roofline"}:
+  for name in set(SECTIONS) - {"roofline"}:
     assert result[name] is None, name
-  text = bench.format_table(result)
+  text = report.format_table(result)
   assert "decode roofline: isojax, 2x1x4x3" in text
   assert "sampling:" not in text and "update:" not in text
 
 
 def test_fastest_rate_takes_the_fastest_call(monkeypatch):
-  from launch import bench_roofline  # pylint: disable=g-import-not-at-top
   clock, durations = [0.0], iter([3.0, 1.0, 2.0])
-  monkeypatch.setattr(bench_roofline.time, "perf_counter", lambda: clock[0])
+  monkeypatch.setattr(roofline.time, "perf_counter", lambda: clock[0])
 
   def call():
     clock[0] += next(durations)
-  assert bench_roofline.fastest_rate(call, work=10.0, calls=3) == 10.0
+  assert roofline.fastest_rate(call, work=10.0, calls=3) == 10.0

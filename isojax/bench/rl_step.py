@@ -14,8 +14,8 @@ import tempfile
 import ml_collections
 import numpy as np
 
-from isojax.configs import hard
 from isojax import metrics, run_dir, train
+from isojax.configs import hard
 
 MAIN_THREAD = ("sample", "grade_wait", "update", "other")   # these add up to the step
 HOST_THREAD = ("decode", "grade")                            # overlapped with the devices

@@ -42,6 +42,9 @@ from typing import Any
 import flax
 import numpy as np
 
+from isojax.bench.ours import isojax_sample
+from isojax.bench.options import Options
+from isojax.bench.timing import random_prompts
 from isojax.models import hf_checkpoint
 
 NO_TOKEN = -1   # eos and pad id: outside the vocabulary, so never sampled
@@ -149,3 +152,22 @@ def greedy_matches(handle: Handle, prompt_P: np.ndarray, tokens_T: np.ndarray) -
   ours = sample(handle, np.asarray(prompt_P).reshape(1, -1), n=1, new_tokens=len(tokens_T),
                 temperature=0.0)
   return bool(np.array_equal(ours[0], tokens_T))
+
+
+def tunix_same_weights(model, tunix, o: Options, new_tokens: int = 16) -> bool | None:
+  """Greedy continuations of one prompt agree between isojax and Tunix (None: no Tunix)."""
+  if tunix is None:
+    return None
+  # Its own generator: the workloads' prompts do not depend on whether Tunix is installed.
+  prompt = random_prompts(np.random.default_rng(o.seed + 1), 1, 8, o.vocab)
+  ours = np.asarray(isojax_sample(model, prompt, n=1, new_tokens=new_tokens, temperature=0).tokens)
+  return greedy_matches(tunix, prompt[0], ours[0])
+
+
+def tunix_status() -> str:
+  """Whether Tunix's sampler is measured (the figures are null when it is not)."""
+  if not tunix_available():
+    return "tunix: not installed, skipped"
+  return (f"tunix: google-tunix {version()}, vanilla Sampler, each prompt "
+          "repeated n times (no shared prompt cache)")
+

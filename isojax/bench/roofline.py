@@ -1,4 +1,4 @@
-"""Decode against the memory-bandwidth roofline, for `launch.bench`.
+"""Decode against the memory-bandwidth roofline, one section of `launch.bench`.
 
 At small batch a decode step is memory-bound: it reads every weight once and every
 row's KV cache, and does little arithmetic per byte. Its roofline is then the device's
@@ -32,6 +32,10 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from isojax.bench.ours import isojax_sample
+from isojax.bench.options import Options
+from isojax.bench.timing import parse_workload, random_prompts, timed_rounds
 
 # Datasheet HBM bandwidth in bytes/s by a substring of `jax.Device.device_kind`, most
 # specific first (an H100 PCIe card has less than an H100 SXM).
@@ -90,3 +94,39 @@ def step_seconds(long_s: list[float], short_s: list[float], new_tokens: int) -> 
   if new_tokens < 2:
     raise ValueError(f"--roofline new tokens T={new_tokens}: expected at least 2")
   return float(np.median((np.asarray(long_s) - np.asarray(short_s)) / (new_tokens - 1)))
+
+
+def bench_decode_roofline(model, counts: dict, workload: str, o: Options, rng, *,
+                          tied: bool) -> dict:
+  """Decode of `workload` (G x n x P x T) at `o.roofline_dtype`: bytes read per step
+  over its step time, against the measured copy bandwidth (per round) and the nominal."""
+  g, n, p, t = parse_workload(workload, "--roofline entry")
+  itemsize = jnp.dtype(o.roofline_dtype).itemsize
+  dtype = None if o.roofline_dtype == "float32" else o.roofline_dtype
+  prompts = random_prompts(rng, g, p, o.vocab)
+  run = lambda new_tokens: isojax_sample(model, prompts, n=n, new_tokens=new_tokens,
+                                         weights_dtype=dtype, dtype=dtype)
+  best = copy_bandwidth(o.bandwidth_bytes)
+  peaks = []
+  _, short, long = timed_rounds([lambda: peaks.append(best()), lambda: run(1), lambda: run(t)],
+                                o.repeats)
+  peaks = peaks[1:]   # the warm-up round's left out
+  steps = [step_seconds([lt], [st], t)
+           for lt, st in zip(long.times_s, short.times_s)]
+  read = decode_bytes(
+      weight_bytes=sum(counts.values()) * itemsize, embed_bytes=counts["embed"] * itemsize,
+      tied=tied, rows=g * n, groups=g, hidden=o.hidden, layers=o.layers, kv_heads=o.kv_heads,
+      head_dim=o.hidden // o.heads, prompt_len=p, cache_len=t, cache_itemsize=itemsize,
+      weight_itemsize=itemsize)
+  device_kind = jax.devices()[0].device_kind
+  nominal = nominal_bandwidth(device_kind)
+  step_s = float(np.median(steps))
+  achieved = read["total"] / step_s
+  return dict(workload=workload, dtype=o.roofline_dtype, rows=g * n, bytes_per_step=read,
+              step_s=step_s, steps_s=steps, bytes_per_s=achieved,
+              copy_bytes_per_s=float(np.median(peaks)), copy_peaks=peaks,
+              fraction_of_copy=float(np.median([read["total"] / sec / peak
+                                                for sec, peak in zip(steps, peaks)])),
+              device_kind=device_kind, nominal_bytes_per_s=nominal,
+              fraction_of_nominal=None if nominal is None else achieved / nominal)
+

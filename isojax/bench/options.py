@@ -1,0 +1,75 @@
+"""The benchmark's options (`launch.bench` flags) and their validation."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from isojax.bench.timing import parse_workload
+from isojax.sampling import settings
+
+SECTIONS = ("sampling", "sharing", "skew", "long", "update", "rl_step", "roofline")
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  hidden: int = 256
+  layers: int = 4
+  heads: int = 4
+  kv_heads: int = 2
+  intermediate: int = 1024
+  vocab: int = 8192
+  workloads: tuple[str, ...] = ("32x8x64x64", "16x16x256x64")   # G x n x P x T
+  share_n: tuple[int, ...] = (1, 4, 16)
+  share_rollouts: int = 64
+  share_prompt_len: int = 256
+  share_new_tokens: int = 64
+  skew_rows: int = 256
+  skew_n: tuple[int, ...] = (1, 8)   # rollouts per prompt: G = skew_rows / n prompts
+  skew_prompt_len: int = 64
+  skew_new_tokens: int = 64
+  skew_long_fraction: float = 0.1
+  skew_candidates: int = 64
+  skew_slots: int = 64
+  skew_min_slots: int = 8
+  long: str = "16x4x64x1024"        # G x n x P x T with long outputs
+  long_block: int = 128
+  update_batch: int = 256
+  update_seq_len: int = 128
+  update_prompt_len: int = 64
+  matmul_size: int = 2048
+  rl_steps: int = 12
+  roofline: tuple[str, ...] = ("8x1x64x256",)   # G x n x P x T of the decode-roofline section
+  roofline_dtype: str = "float32"   # weights, activations and cache there
+  bandwidth_bytes: int = 256 * 2**20
+  sections: tuple[str, ...] = SECTIONS
+  repeats: int = 3
+  seed: int = 0
+
+
+def check_options(o: Options) -> None:
+  """Raises ValueError naming the flag of the first bad option (before anything runs)."""
+  for spec in o.workloads:
+    parse_workload(spec)
+  long_new_tokens = parse_workload(o.long, "--long")[3]
+  try:
+    settings.attended_lengths(long_new_tokens, o.long_block)
+  except ValueError as e:
+    raise ValueError(f"--long_block={o.long_block}: {e}") from None
+  if not o.skew_n or any(n < 1 or o.skew_rows % n for n in o.skew_n):
+    raise ValueError(f"--skew_n={','.join(map(str, o.skew_n))}: expected positive divisors "
+                     f"of --skew_rows={o.skew_rows}")
+  if not o.roofline:
+    raise ValueError("--roofline=: expected at least one workload GxNxPxT")
+  for spec in o.roofline:
+    if parse_workload(spec, "--roofline entry")[3] < 2:
+      raise ValueError(f"--roofline entry {spec!r}: expected T >= 2 (the step time is the "
+                       "difference of calls with T and 1 new tokens)")
+  if not o.sections or set(o.sections) - set(SECTIONS):
+    raise ValueError(f"--sections={','.join(o.sections)}: expected a non-empty list of "
+                     f"{', '.join(SECTIONS)}")
+  if o.roofline_dtype not in ("float32", "bfloat16"):
+    raise ValueError(f"--roofline_dtype={o.roofline_dtype!r}: expected float32 or bfloat16")
+  if o.bandwidth_bytes < 4:
+    raise ValueError(f"--bandwidth_bytes={o.bandwidth_bytes}: expected at least 4")
+
