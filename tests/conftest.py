@@ -14,7 +14,12 @@ The `slow` marker takes the longest tests out of the fast tier
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import textwrap
+
+import pytest
 
 # Before anything imports jax (it reads these variables once). This file is imported by
 # pytest's main process before it starts the xdist workers, which inherit the variables.
@@ -27,6 +32,20 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 from isojax import cpu_isa  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 cpu_isa.pin()
+
+
+@pytest.fixture
+def on_8_devices(tmp_path):
+  """Runs Python code in a child process with 8 fake CPU devices (in `tmp_path`); returns
+  its stdout, failing the test with its stderr if it exits non-zero."""
+  def run(code: str) -> str:
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout
+  return run
 
 
 def pytest_configure(config):

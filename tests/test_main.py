@@ -15,9 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _micro(cache_dir, **overrides):
-  spec = importlib.util.spec_from_file_location("hard", os.path.join(ROOT, "isojax/configs/hard.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  module = importlib.import_module("isojax.configs.hard")
   config = module.get_config("micro")
   del cache_dir  # the shipped base model: nothing to build
   config.update(overrides)

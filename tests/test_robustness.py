@@ -174,9 +174,7 @@ def test_stop_on_collapse_needs_a_collapse_window():
 def _micro(cache_dir):
   # The easy recipe's KL and entropy terms move the parameters at every step, so a
   # checkpoint of one step differs from the next even while the reward is still 0.
-  spec = importlib.util.spec_from_file_location("easy", os.path.join(ROOT, "isojax/configs/easy.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  module = importlib.import_module("isojax.configs.easy")
   config = module.get_config("micro")
   del cache_dir  # the shipped base model: nothing to build
   config.update(dict(num_steps=4, checkpoint_every=2))

@@ -10,12 +10,11 @@ rates spread over [0, 1]), `micro` (a smoke test), `paper` (the 7B settings).
 """
 
 from isojax import config_lib
+from isojax.configs import hard
 
 
 def get_config(arg=None):
-  config = config_lib.apply_recipe(config_lib.base_config(), "easy")
+  """configs/hard.py's allocation with the easy recipe on 2-digit additions."""
+  config = config_lib.apply_recipe(hard.get_config(), "easy")
   config.task.min_digits = config.task.max_digits = 2
-  config.rollouts_per_problem = 16
-  config.problems_per_batch = 16
-  config.num_steps = 200
   return config_lib.apply_preset(config, arg)

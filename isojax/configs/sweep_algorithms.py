@@ -24,9 +24,7 @@ from isojax.configs import sweep_hard
 
 def get_config(arg=None):
   c = sweep_hard.sweep_config("algorithms", "configs/hard.py", split="hard",
-                              difficulty="hard")
-  c.kind = "algorithms"
-  c.problems_range = (16, 16)
+                              difficulty="hard", kind="algorithms", problems_range=(16, 16))
   c.variants = ml_collections.ConfigDict(dict(
       cispo=dict(overrides=dict(rl=dict(policy_loss="cispo"))),
       pods=dict(train_fraction=0.25, overrides=dict(rl=dict(downsample="max_variance"))),

@@ -40,10 +40,8 @@ def variants(n_train: int, n_estimate: int, steps: int, problems: int) -> dict:
 
 def get_config(arg=None):
   c = sweep_hard.sweep_config("decoupled", "configs/hard.py", split="hard",
-                              difficulty="hard")
-  c.kind = "decoupled_baseline"
-  c.problems_range = (PROBLEMS, PROBLEMS)
-  c.seeds = (0, 1)
+                              difficulty="hard", kind="decoupled_baseline",
+                              problems_range=(PROBLEMS, PROBLEMS), seeds=(0, 1))
   c.variants = ml_collections.ConfigDict(variants(N_TRAIN, N_ESTIMATE, STEPS, PROBLEMS))
   return sweep_hard.with_preset(c, arg, micro=_micro)
 

@@ -17,14 +17,10 @@ from isojax.configs import sweep_hard
 
 
 def get_config(arg=None):
-  c = sweep_hard.sweep_config("fixed_batch", "configs/hard.py", split="hard",
-                              difficulty="hard")
-  c.kind = "fixed_batch"
-  c.batch_rollouts = 256
-  c.budget_rollouts = 256 * 64            # M = 64 updates
-  c.problems_range = (4, 128)
-  c.rollouts_range = (2, 64)
-  c.max_batch_rollouts = 256
+  c = sweep_hard.sweep_config(
+      "fixed_batch", "configs/hard.py", split="hard", difficulty="hard", kind="fixed_batch",
+      batch_rollouts=256, budget_rollouts=256 * 64,   # M = 64 updates
+      problems_range=(4, 128), rollouts_range=(2, 64), max_batch_rollouts=256)
   return sweep_hard.with_preset(c, arg, micro=_micro)
 
 

@@ -30,12 +30,13 @@ smoke test of the launcher).
 import ml_collections
 
 
-def sweep_config(name: str, base_config: str, split: str,
-                 difficulty: str = "") -> ml_collections.ConfigDict:
-  """The sweep fields shared by the easy and the hard sweep."""
+def sweep_config(name: str, base_config: str, split: str, difficulty: str = "",
+                 **fields) -> ml_collections.ConfigDict:
+  """The sweep fields every shipped sweep shares, then `fields` (kind, ranges, ...) set
+  over them."""
   c = ml_collections.ConfigDict()
   c.name = name
-  c.base_config = base_config             # run config file[:preset], repo-relative
+  c.base_config = base_config             # run config file[:preset] (`isojax.configs.find`)
   # Run-config fields set in every run (nested like the run config).
   c.overrides = ml_collections.ConfigDict(dict(
       task=ml_collections.ConfigDict(dict(split=split, splits_dir="~/.cache/isojax/splits")),
@@ -52,6 +53,7 @@ def sweep_config(name: str, base_config: str, split: str,
       fit_min_rollouts=0.0,
       records=False,
   ))
+  c.update(fields)
   return c
 
 

@@ -25,10 +25,8 @@ SIZES = {"p16": 16, "p64": 64, "p256": 256, "all": 0}   # 0: every training prob
 
 def get_config(arg=None):
   c = sweep_hard.sweep_config("problem_set_size", "configs/hard.py", split="hard",
-                              difficulty="hard")
-  c.kind = "problem_set_size"
-  c.problems_range = (16, 16)
-  c.rollouts_range = (4, 16)
+                              difficulty="hard", kind="problem_set_size",
+                              problems_range=(16, 16), rollouts_range=(4, 16))
   c.variants = _variants(SIZES)
   return sweep_hard.with_preset(c, arg, micro=_micro)
 

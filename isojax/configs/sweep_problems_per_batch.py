@@ -19,10 +19,8 @@ from isojax.configs import sweep_hard
 
 def get_config(arg=None):
   c = sweep_hard.sweep_config("problems_per_batch", "configs/easy.py", split="easy",
-                              difficulty="easy")
-  c.kind = "problems_per_batch"
-  c.problems_range = (4, 128)
-  c.rollouts_range = (8, 8)
+                              difficulty="easy", kind="problems_per_batch",
+                              problems_range=(4, 128), rollouts_range=(8, 8))
   return sweep_hard.with_preset(c, arg, micro=_micro)
 
 

@@ -21,10 +21,7 @@ from isojax.configs import sweep_hard
 
 
 def get_config(arg=None):
-  c = sweep_hard.sweep_config("reasoning", "configs/reasoning.py", split="")
-  c.budget_rollouts = 8192
-  c.problems_range = (16, 16)
-  c.rollouts_range = (2, 32)
-  c.max_batch_rollouts = 512
-  c.evals_per_run = 10
+  c = sweep_hard.sweep_config("reasoning", "configs/reasoning.py", split="",
+                              budget_rollouts=8192, problems_range=(16, 16),
+                              rollouts_range=(2, 32), max_batch_rollouts=512, evals_per_run=10)
   return sweep_hard.with_preset(c, arg)

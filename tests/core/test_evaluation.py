@@ -78,9 +78,7 @@ def test_evaluate_reports_counts_per_problem_in_order(monkeypatch):
 # ==================== A log-scheduled micro run ====================
 
 def _micro_config(cache_dir):
-  spec = importlib.util.spec_from_file_location("hard", os.path.join(ROOT, "isojax/configs/hard.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  module = importlib.import_module("isojax.configs.hard")
   config = module.get_config("micro")
   del cache_dir  # the shipped base model: nothing to build
   # Two-digit sums: the base model solves some problems, so the counts below are not

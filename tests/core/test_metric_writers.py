@@ -132,9 +132,7 @@ def test_disabled_writers_write_nothing(tmp_path):
 
 @pytest.mark.slow("a training run and its resume, as subprocesses")
 def test_training_run_and_its_resume_in_tensorboard(tmp_path):
-  spec = importlib.util.spec_from_file_location("hard", os.path.join(ROOT, "isojax/configs/hard.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  module = importlib.import_module("isojax.configs.hard")
   config = module.get_config("micro")
   config.update(num_steps=4, checkpoint_every=2)
   full = tmp_path / "full"

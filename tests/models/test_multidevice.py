@@ -1,29 +1,14 @@
 """Sharded execution on 8 fake CPU devices matches one device.
 
 Each test runs a child Python with XLA_FLAGS set before JAX starts (the flag cannot
-be changed inside a running process).
+be changed inside a running process): the `on_8_devices` fixture of conftest.py.
 """
 
-import os
-import subprocess
-import sys
-import textwrap
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-def _run(code: str, tmp_path) -> str:
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=tmp_path, env=env,
-                        capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  return proc.stdout
-
-
-def test_sharded_model_and_update_match_single_device(tmp_path):
-  out = _run("""
+def test_sharded_model_and_update_match_single_device(on_8_devices):
+  out = on_8_devices("""
     import jax, jax.numpy as jnp, numpy as np, optax
     from flax import nnx
     from isojax.models import sharding
@@ -65,28 +50,27 @@ def test_sharded_model_and_update_match_single_device(tmp_path):
       np.testing.assert_allclose(np.asarray(a), np.asarray(c), atol=2e-5)
     assert jax.tree.leaves(p2)[0].sharding.spec == jax.tree.leaves(shardings)[0].spec
     print("ok", float(s1["loss"]), float(s2["loss"]))
-  """, tmp_path)
+  """)
   assert out.startswith("ok")
 
 
-def test_main_runs_on_a_three_axis_mesh(tmp_path):
-  out = _run(f"""
-    import importlib.util, json
+def test_main_runs_on_a_three_axis_mesh(tmp_path, on_8_devices):
+  out = on_8_devices(f"""
+    import json
     from isojax import train, run_dir
-    spec = importlib.util.spec_from_file_location("hard", "{ROOT}/isojax/configs/hard.py")
-    module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)
-    config = module.get_config("micro")
+    from isojax.configs import hard
+    config = hard.get_config("micro")
     config.mesh.update(data=-1, fsdp=2, tensor=2)
     config.num_steps = 2
     train.run(config, "{tmp_path}/run")
     lines = run_dir.read_metrics("{tmp_path}/run")
     print("ok", [l["rollouts"] for l in lines])
-  """, tmp_path)
+  """)
   assert out.strip() == "ok [0, 16, 32]"
 
 
-def test_checkpoint_fingerprint_does_not_depend_on_sharding(tmp_path):
-  out = _run("""
+def test_checkpoint_fingerprint_does_not_depend_on_sharding(on_8_devices):
+  out = on_8_devices("""
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
     from isojax import checkpointing
@@ -96,5 +80,5 @@ def test_checkpoint_fingerprint_does_not_depend_on_sharding(tmp_path):
     sharded = {"w": jax.device_put(tree["w"], NamedSharding(mesh, P("a", "b"))),
                "v": jax.device_put(tree["v"], NamedSharding(mesh, P("a")))}
     print("ok", checkpointing.fingerprint(tree) == checkpointing.fingerprint(sharded))
-  """, tmp_path)
+  """)
   assert out.strip() == "ok True"

@@ -3,10 +3,6 @@
 The multi-device test runs a child Python with XLA_FLAGS set before JAX starts.
 """
 
-import os
-import subprocess
-import sys
-import textwrap
 import threading
 
 import jax
@@ -24,18 +20,9 @@ from isojax.tasks import prompts
 SETTINGS = dict(max_new_tokens=6, temperature=1.0, stop_ids=(2,), pad_id=0)
 
 
-def _run_on_8_devices(code: str, cwd) -> None:
-  """Runs `code` in a child Python with 8 fake CPU devices; it must print "ok"."""
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=env,
-                        capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  assert "ok" in proc.stdout
-
 
 @pytest.mark.slow("compiles the sampler for one and for eight fake devices, in a subprocess")
-def test_rollouts_are_split_over_devices_and_equal_single_device(tmp_path):
+def test_rollouts_are_split_over_devices_and_equal_single_device(on_8_devices):
   code = """
     import jax, numpy as np
     from flax import nnx
@@ -91,7 +78,7 @@ def test_rollouts_are_split_over_devices_and_equal_single_device(tmp_path):
     assert one > cache_bytes > 4 * eight, (one, eight, cache_bytes)
     print("ok", one, eight)
   """
-  _run_on_8_devices(code, tmp_path)
+  assert "ok" in on_8_devices(code)
 
 
 def _model():
@@ -175,7 +162,7 @@ def test_call_plan_rejects_a_limit_below_one_problem_per_device():
 
 
 @pytest.mark.slow("compiles continuous batching for eight fake devices, in a subprocess")
-def test_continuous_batching_on_a_mesh_equals_lockstep_greedy(tmp_path):
+def test_continuous_batching_on_a_mesh_equals_lockstep_greedy(on_8_devices):
   """Each data-parallel shard runs its own slots and queue over its own groups."""
   code = """
     import jax, numpy as np
@@ -225,7 +212,7 @@ def test_continuous_batching_on_a_mesh_equals_lockstep_greedy(tmp_path):
     assert "all-gather" not in hlo and "all-to-all" not in hlo
     print("ok")
   """
-  _run_on_8_devices(code, tmp_path)
+  assert "ok" in on_8_devices(code)
 
 
 def test_decoding_and_grading_run_on_the_host_thread():

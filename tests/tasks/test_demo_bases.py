@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import importlib
 import os
 import shutil
 import subprocess
@@ -21,12 +22,7 @@ SHIPPED = sorted(demo_bases.SHIPPED.items())
 
 
 def _config(name):
-  import importlib.util  # pylint: disable=g-import-not-at-top
-  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "isojax", "configs",
-                                                                   f"{name}.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+  return importlib.import_module(f"isojax.configs.{name}").get_config()
 
 
 @pytest.mark.parametrize("task_name,directory", SHIPPED)
