@@ -73,7 +73,7 @@ def test_stacked_layers_equal_an_unrolled_loop():
   graphdef, stacked = nnx.split(model.layers)
   positions = jnp.broadcast_to(jnp.arange(7), (2, 7))
   causal = jnp.tril(jnp.ones((7, 7), bool))[None]
-  x = model._embed(tokens)  # pylint: disable=protected-access
+  x = model.embed_tokens(tokens)
   for i in range(3):
     block = nnx.merge(graphdef, jax.tree.map(lambda v: v[i], stacked))  # pylint: disable=cell-var-from-loop
     rope = transformer.rope_tables(positions, transformer.rope_inverse_frequencies(
@@ -186,8 +186,8 @@ def test_decode_computes_rotary_tables_once_per_step_not_per_layer():
     graphdef, state = nnx.split(Transformer(ModelConfig(num_layers=depth, **CFG),
                                             rngs=nnx.Rngs(0)))
     prompts = jnp.ones((2, 5), jnp.int32)
-    hlo = sampler.sample.lower(
-        graphdef, state, prompts, prompts > 0, jax.random.key(0), n=2, max_new_tokens=4,
-        temperature=1.0, stop_ids=(), pad_id=0).compile().as_text()
+    spec = sampler.SampleSpec(n=2, max_new_tokens=4, temperature=1.0, stop_ids=(), pad_id=0)
+    hlo = sampler.sample.lower(graphdef, state, prompts, prompts > 0, jax.random.key(0),
+                               spec).compile().as_text()
     counts.append((hlo.count(" cosine("), hlo.count(" sine(")))
   assert counts[0] == counts[1], counts

@@ -33,9 +33,9 @@ def _sample(block, *, slots=0, temperature=0.0, key=0, t=11):
   lengths = rng.integers(2, 7, 6)
   mask = np.arange(6)[None] >= (6 - lengths)[:, None]
   prompts = np.where(mask, rng.integers(1, 23, (6, 6)), PAD).astype(np.int32)
-  out = sampler.sample(graphdef, state, prompts, mask, jax.random.key(key), sampler.SampleSpec(n=3,
-                       max_new_tokens=t, temperature=temperature, stop_ids=(3, 17),
-                       pad_id=PAD, num_slots=slots, decode_block=block))
+  out = sampler.sample(graphdef, state, prompts, mask, jax.random.key(key),
+      sampler.SampleSpec(n=3, max_new_tokens=t, temperature=temperature, stop_ids=(3, 17),
+                         pad_id=PAD, num_slots=slots, decode_block=block))
   return jax.tree.map(np.asarray, out)
 
 
@@ -85,7 +85,9 @@ def test_a_step_chooses_among_the_attended_lengths():
   prompts, mask = np.ones((2, 4), np.int32), np.ones((2, 4), bool)
   trace = lambda block: jax.make_jaxpr(lambda s: sampler.sample(
       graphdef, s, prompts, mask, jax.random.key(0), sampler.SampleSpec(n=2, max_new_tokens=10,
-      temperature=1.0, stop_ids=(3,), pad_id=PAD, decode_block=block)))(state)
+                                                                        temperature=1.0,
+                                                                        stop_ids=(3,), pad_id=PAD,
+                                                                        decode_block=block)))(state)
   assert _conds(trace(4).jaxpr) == [3, 3]
   assert _conds(trace(0).jaxpr) == []
 

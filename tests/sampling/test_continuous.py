@@ -112,10 +112,10 @@ def _slot_counts_of_loops(min_slots: int) -> list[int]:
   arrays of the while loops' carries)."""
   graphdef, state = _split_model(1.0)
   prompts, mask = _prompts(4)
-  traced = sampler.sample.trace(
-      graphdef, state, jnp.asarray(prompts), jnp.asarray(mask), jax.random.key(0), n=6,
-      max_new_tokens=5, temperature=1.0, stop_ids=(2,), pad_id=PAD, num_slots=16,
-      min_slots=min_slots)
+  spec = sampler.SampleSpec(n=6, max_new_tokens=5, temperature=1.0, stop_ids=(2,), pad_id=PAD,
+                            num_slots=16, min_slots=min_slots)
+  traced = sampler.sample.trace(graphdef, state, jnp.asarray(prompts), jnp.asarray(mask),
+                                jax.random.key(0), spec)
   loops = [e for e in traced.jaxpr.jaxpr.eqns if e.primitive.name == "while"]
   counts = []
   for loop in loops:

@@ -57,8 +57,8 @@ def test_greedy_cached_equals_uncached_argmax():
   model = _model()
   tokens, mask = _prompts()
   graphdef, state = nnx.split(model)
-  out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(0), sampler.SampleSpec(n=1,
-                       max_new_tokens=6, temperature=0.0, stop_ids=(EOS,), pad_id=PAD))
+  out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(0),
+      sampler.SampleSpec(n=1, max_new_tokens=6, temperature=0.0, stop_ids=(EOS,), pad_id=PAD))
   expected = _uncached_greedy(model, tokens, mask, 6, stop=EOS)
   for row in range(tokens.shape[0]):
     got = np.asarray(out.tokens[row])[np.asarray(out.mask[row])]
@@ -111,12 +111,12 @@ def test_stops_at_eos_and_pads_after():
   model = _model()
   tokens, mask = _prompts()
   graphdef, state = nnx.split(model)
-  free = sampler.sample(graphdef, state, tokens, mask, jax.random.key(0), sampler.SampleSpec(n=1,
-                        max_new_tokens=5, temperature=0.0, stop_ids=(), pad_id=PAD))
+  free = sampler.sample(graphdef, state, tokens, mask, jax.random.key(0),
+      sampler.SampleSpec(n=1, max_new_tokens=5, temperature=0.0, stop_ids=(), pad_id=PAD))
   eos = int(free.tokens[0, 0])
   assert eos not in np.asarray(free.tokens[1]).tolist(), "pick prompts where row 1 differs"
-  out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(0), sampler.SampleSpec(n=1,
-                       max_new_tokens=5, temperature=0.0, stop_ids=(eos,), pad_id=PAD))
+  out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(0),
+      sampler.SampleSpec(n=1, max_new_tokens=5, temperature=0.0, stop_ids=(eos,), pad_id=PAD))
   np.testing.assert_array_equal(np.asarray(out.mask), [[1, 0, 0, 0, 0], [1, 1, 1, 1, 1]])
   np.testing.assert_array_equal(np.asarray(out.tokens[0]), [eos, PAD, PAD, PAD, PAD])
   np.testing.assert_array_equal(np.asarray(out.tokens[1]), np.asarray(free.tokens[1]))
@@ -130,13 +130,12 @@ def test_any_of_several_stop_ids_ends_a_rollout():
   tokens, mask = _prompts()
   graphdef, state = nnx.split(model)
   free = np.asarray(sampler.sample(graphdef, state, tokens, mask, jax.random.key(0),
-                                   sampler.SampleSpec(n=1,
-                                   max_new_tokens=6, temperature=0.0, stop_ids=(),
-                                   pad_id=PAD)).tokens)
+                                   sampler.SampleSpec(n=1, max_new_tokens=6, temperature=0.0,
+                                                      stop_ids=(), pad_id=PAD)).tokens)
   stop_a, stop_b = int(free[0, 1]), int(free[1, 2])  # row 0's 2nd token, row 1's 3rd
   stops = (stop_a, stop_b)
-  out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(0), sampler.SampleSpec(n=1,
-                       max_new_tokens=6, temperature=0.0, stop_ids=stops, pad_id=PAD))
+  out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(0),
+      sampler.SampleSpec(n=1, max_new_tokens=6, temperature=0.0, stop_ids=stops, pad_id=PAD))
   for row in range(2):
     # Reference: the free greedy row cut after its first token in either stop id.
     first = next((t for t, tok in enumerate(free[row]) if tok in stops), None)
@@ -154,9 +153,9 @@ def test_sampler_logprobs_match_trainer_scores(n, top_k, top_p):
   model = _model()
   tokens, mask = _prompts()
   graphdef, state = nnx.split(model)
-  out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(1), sampler.SampleSpec(n=n,
-                       max_new_tokens=6, temperature=0.6, top_k=top_k, top_p=top_p,
-                       stop_ids=(EOS,), pad_id=PAD))
+  out = sampler.sample(graphdef, state, tokens, mask, jax.random.key(1),
+      sampler.SampleSpec(n=n, max_new_tokens=6, temperature=0.6, top_k=top_k, top_p=top_p,
+                         stop_ids=(EOS,), pad_id=PAD))
   seq = np.concatenate([np.repeat(tokens, n, 0), np.asarray(out.tokens)], axis=1)
   seq_mask = np.concatenate([np.repeat(mask, n, 0), np.asarray(out.mask)], axis=1)
   scores = update.score(graphdef, state, seq, seq_mask, prompt_len=tokens.shape[1],
@@ -403,7 +402,7 @@ def test_decode_loop_neither_copies_nor_transposes_a_layers_cache():
   for slots in (0, 6):
     compiled = jax.jit(lambda s, slots=slots: sampler.sample(
         graphdef, s, tokens, tokens > 0, jax.random.key(0),
-            sampler.SampleSpec(n=n, max_new_tokens=t,
-        temperature=1.0, stop_ids=(EOS,), pad_id=PAD, num_slots=slots))).lower(state).compile()
+            sampler.SampleSpec(n=n, max_new_tokens=t, temperature=1.0, stop_ids=(EOS,), pad_id=PAD,
+                               num_slots=slots))).lower(state).compile()
     rows = slots or g * n
     assert _cache_sized_copies_in_loops(compiled.as_text(), (rows, 2, 16, t)) == [], slots

@@ -68,8 +68,9 @@ def test_rollouts_are_split_over_devices_and_equal_single_device(on_8_devices):
       placed = jax.device_put(params, sharding.state_shardings(params, mesh))
       with jax.set_mesh(mesh):
         batch = sharding.shard_batch((big, np.ones_like(big, bool)), mesh)
+        long_spec = sampler.SampleSpec(**dict(settings, max_new_tokens=256))
         compiled = sampler.sample.lower(graphdef, placed, *batch, jax.random.key(4),
-                                        **dict(settings, max_new_tokens=256)).compile()
+                                        long_spec).compile()
       return compiled.memory_analysis().temp_size_in_bytes
     big = rng.integers(3, 24, size=(64, 5)).astype(np.int32)
     one = temp_bytes(sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1]))
@@ -120,8 +121,9 @@ def test_calls_of_max_rollouts_cover_every_problem_in_order(decode_slots, decode
   expected = []
   for call, rows in enumerate(([0, 1], [2, 3], [4, 4])):
     out = sampler.sample(graphdef, params, tokens_GP[rows], mask_GP[rows],
-                         jax.random.fold_in(key, call) if call else key, sampler.SampleSpec(n=2,
-                         num_slots=decode_slots, min_slots=decode_slots_min, **SETTINGS))
+                         jax.random.fold_in(key, call) if call else key,
+                             sampler.SampleSpec(n=2, num_slots=decode_slots,
+                                                min_slots=decode_slots_min, **SETTINGS))
     expected.append(np.asarray(out.tokens))
   np.testing.assert_array_equal(got.rollouts.tokens, np.concatenate(expected)[:10])
   assert got.rewards_GN.shape == (5, 2)
@@ -135,8 +137,8 @@ def test_bfloat16_sampling_weights_round_the_weights():
   prompts = np.random.default_rng(3).integers(3, 24, size=(4, 4)).astype(np.int32)
   mask = np.ones_like(prompts, bool)
   greedy = dict(SETTINGS, temperature=0.0)
-  a = sampler.sample(graphdef, params, prompts, mask, jax.random.key(0), sampler.SampleSpec(n=1,
-                     weights_dtype="bfloat16", **greedy))
+  a = sampler.sample(graphdef, params, prompts, mask, jax.random.key(0),
+      sampler.SampleSpec(n=1, weights_dtype="bfloat16", **greedy))
   b = sampler.sample(graphdef, rounded, prompts, mask, jax.random.key(0),
                      sampler.SampleSpec(n=1, **greedy))
   np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
@@ -189,7 +191,7 @@ def test_continuous_batching_on_a_mesh_equals_lockstep_greedy(on_8_devices):
         with jax.set_mesh(mesh):
           out = sampler.sample(graphdef, placed, *sharding.shard_batch((prompts, mask), mesh),
                                jax.random.key(4),
-                                   sampler.SampleSpec(num_slots=8, min_slots=min_slots, **settings))
+                               sampler.SampleSpec(num_slots=8, min_slots=min_slots, **settings))
         for name in ("tokens", "mask", "finished"):
           np.testing.assert_array_equal(np.asarray(getattr(out, name)),
                                         np.asarray(getattr(single, name)), err_msg=name)
@@ -204,10 +206,10 @@ def test_continuous_batching_on_a_mesh_equals_lockstep_greedy(on_8_devices):
     with jax.set_mesh(mesh):
       batch = sharding.shard_batch((prompts, mask), mesh)
       out = sampler.sample(graphdef, placed, *batch, jax.random.key(4),
-                           sampler.SampleSpec(num_slots=8,
-                           min_slots=4, **settings))
-      hlo = sampler.sample.lower(graphdef, placed, *batch, jax.random.key(4), num_slots=8,
-                                 min_slots=4, **settings).compile().as_text()
+                           sampler.SampleSpec(num_slots=8, min_slots=4, **settings))
+      spec = sampler.SampleSpec(num_slots=8, min_slots=4, **settings)
+      hlo = sampler.sample.lower(graphdef, placed, *batch, jax.random.key(4),
+                                 spec).compile().as_text()
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(single.tokens))
     assert "all-gather" not in hlo and "all-to-all" not in hlo
     print("ok")
