@@ -100,7 +100,7 @@ class UpdateSettings:
                tis_threshold=rl.tis_threshold, num_minibatches=rl.num_minibatches,
                num_epochs=rl.num_epochs, micro_batch_size=rl.micro_batch_size,
                logprob_chunk_size=rl.logprob_chunk_size,
-               log_entropy=bool(rl.get("log_entropy", True)), log_kl=bool(rl.log_kl_to_base))
+               log_entropy=True, log_kl=bool(rl.log_kl_to_base))  # runs always log train/entropy
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation,

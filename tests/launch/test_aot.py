@@ -14,7 +14,7 @@ import jax
 import pytest
 
 from isojax.configs import hard
-from launch import aot
+from isojax import aot
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # A Qwen2-shaped model (qkv bias, untied head) small enough to count by hand.
@@ -52,7 +52,7 @@ def test_cpu8_compiles_every_program_with_hand_counted_arguments(model_dir):
   code = f"""
     import dataclasses, json
     from isojax.configs import hard
-    from launch import aot
+    from isojax import aot
     aot.prepare_backend("cpu:8")
     config = hard.get_config("micro")
     config.base_model.path = {model_dir!r}
@@ -87,7 +87,7 @@ def test_sampler_is_compiled_with_the_configured_slots_and_dtype(model_dir):
   code = f"""
     import dataclasses, json
     from isojax.configs import hard
-    from launch import aot
+    from isojax import aot
     aot.prepare_backend("cpu:8")
     out = []
     for slots, fewest, weights, dtype in ((0, 0, "", ""), (8, 0, "", ""), (8, 1, "", ""),

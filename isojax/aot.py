@@ -1,0 +1,273 @@
+"""Does one RL step fit in a pod's HBM? Compiles it for the pod on a CPU-only machine.
+
+Compiles ahead of time, for the chips of --topology (v5p-64, v5p-128, v5e-256, with
+`2x` in front for two slices; or cpu:N fake CPU devices), the three programs of one
+step as `isojax.train` calls them: the sampler (`sampling.sampler.sample`, one call of
+at most `sampling.max_rollouts_per_call` rollouts), the old / reference log-prob pass
+(`rl.update.score`, one program run once or twice) and the update
+(`rl.update.train_step`). Everything is lowered from
+`jax.ShapeDtypeStruct`s carrying the run's NamedShardings, so no weight is allocated.
+It prints each program's per-chip memory (XLA's `memory_analysis`) plus the train
+state that stays on the chips while it runs (`resident`: optimizer state, reference
+weights), against the chip's HBM, and exits non-zero naming the program, its numbers
+and the config fields that shrink it when one does not fit.
+
+Model shapes come from --model (a known Hugging Face config), else from
+`base_model.path`/config.json, else from the shipped demo base model the run would load.
+Prompts get --prompt_len slots; responses `sampling.max_new_tokens`.
+libtpu is not a dependency of isojax: the tests use cpu:N only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from absl import logging
+from flax import nnx
+
+from isojax import config_lib
+from isojax.models import hf_checkpoint, sharding, transformer
+from isojax.rl import rollout, update
+from isojax.sampling import sampler
+
+GIB = 1 << 30
+# get_topology_desc arguments of each pod slice; chips_per_host_bounds=(2, 2, 1).
+TOPOLOGIES = {
+    "v5p-64": dict(topology_name="v5:2x4x4", chip_config_name="megacore", wrap=(False,) * 3),
+    "v5p-128": dict(topology_name="v5:4x4x4", chip_config_name="megacore", wrap=(True,) * 3),
+    "v5e-256": dict(topology_name="v5e:16x16", chip_config_name="default",
+                    wrap=(True, True, False)),
+}
+HBM_GIB = {"TPU v5": 95, "TPU v5 lite": 16}  # per chip, by device_kind (v5p, v5e)
+_QWEN2 = dict(model_type="qwen2", rope_theta=1e6, rms_norm_eps=1e-6, hidden_act="silu")
+HF_CONFIGS = {  # Hugging Face config.json fields that fix the parameter shapes
+    "qwen2.5-7b": dict(_QWEN2, num_hidden_layers=28, hidden_size=3584, num_attention_heads=28,
+                       num_key_value_heads=4, head_dim=128, intermediate_size=18944,
+                       vocab_size=152064, tie_word_embeddings=False),
+    "qwen2.5-1.5b": dict(_QWEN2, num_hidden_layers=28, hidden_size=1536, num_attention_heads=12,
+                         num_key_value_heads=2, head_dim=128, intermediate_size=8960,
+                         vocab_size=151936, tie_word_embeddings=True),
+}
+# What shrinks each program's memory, named in the error when it does not fit.
+REMEDIES = {
+    "sample": "sampling.max_rollouts_per_call (the decode cache grows with it), mesh.tensor",
+    "score": "rl.micro_batch_size, rl.logprob_chunk_size, model.attention_chunk",
+    "train_step": "rl.micro_batch_size, rl.logprob_chunk_size, model.remat, "
+                  "model.attention_chunk",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramMemory:
+  """Per-chip bytes of one compiled program; `error` when XLA refused to compile it."""
+  name: str
+  argument: int = 0
+  output: int = 0
+  alias: int = 0      # outputs written into donated argument buffers
+  temp: int = 0
+  resident: int = 0   # train state on the chip that is not an argument
+  error: str = ""
+  inputs: str = ""    # the shapes it was compiled for
+
+  @property
+  def total(self) -> int:
+    return self.argument + self.output - self.alias + self.temp + self.resident
+
+
+def prepare_backend(topology: str) -> None:
+  """Call before anything touches a device: a CPU backend, and libtpu for compiling only."""
+  if topology.startswith("cpu:"):
+    jax.config.update("jax_num_cpu_devices", _cpu_count(topology))
+  else:
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # no GCE metadata server here
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # nothing runs on a TPU
+  jax.config.update("jax_platforms", "cpu")
+
+
+def _cpu_count(topology: str) -> int:
+  count = topology.removeprefix("cpu:")
+  if not count.isdigit() or int(count) < 1:
+    raise ValueError(f"--topology={topology!r}: expected cpu:N with N >= 1")
+  return int(count)
+
+
+def topology_devices(topology: str) -> list:
+  """The devices of a named TPU topology (libtpu, nothing allocated) or of cpu:N."""
+  if topology.startswith("cpu:"):
+    count, devices = _cpu_count(topology), jax.devices("cpu")
+    if len(devices) < count:
+      raise ValueError(f"--topology={topology}: this process has {len(devices)} CPU "
+                       f"devices; start Python with XLA_FLAGS=--xla_force_host_platform_"
+                       f"device_count={count} (python -m launch.aot does it itself)")
+    return devices[:count]
+  slices, name = re.fullmatch(r"(?:(\d+)x)?(.*)", topology).groups()
+  if name not in TOPOLOGIES:
+    raise ValueError(f"--topology={topology!r}: expected cpu:N or [Kx]one of "
+                     f"{sorted(TOPOLOGIES)}")
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  try:
+    return topologies.get_topology_desc(platform="tpu", chips_per_host_bounds=(2, 2, 1),
+                                        num_slices=int(slices or 1),
+                                        **TOPOLOGIES[name]).devices
+  except Exception as e:  # libtpu missing or refusing: say how to get it
+    raise ValueError(f"--topology={topology}: cannot describe the TPU topology ({e}); "
+                     'install libtpu with pip install "jax[tpu]==<your jax version>"') from e
+
+
+def hbm_bytes(devices: list, hbm_gib: float | None = None) -> int | None:
+  """Per-chip memory: --hbm_gib, else what the device reports, else HBM_GIB, else unknown."""
+  if hbm_gib:
+    return int(hbm_gib * GIB)
+  try:
+    return int(devices[0].memory_stats()["bytes_limit"])
+  except Exception:  # topology devices are not addressable; CPU reports nothing
+    gib = HBM_GIB.get(devices[0].device_kind)
+    return gib * GIB if gib else None
+
+
+def model_config(config: ml_collections.ConfigDict, model: str | None = None):
+  """The `ModelConfig` of --model, of base_model.path, or of the shipped demo model."""
+  if model:
+    if model not in HF_CONFIGS:
+      raise ValueError(f"--model={model!r}: expected one of {sorted(HF_CONFIGS)}")
+    hf, source = HF_CONFIGS[model], f"--model={model}"
+  else:
+    path = config.base_model.path
+    if path and not os.path.isfile(os.path.join(path, "config.json")):
+      raise ValueError(f"base_model.path={path}: no config.json; pass --model=one of "
+                       f"{sorted(HF_CONFIGS)}")
+    if not path:
+      from isojax.tasks import demo_bases  # pylint: disable=g-import-not-at-top
+      path = demo_bases.policy_path(config)  # the shipped demo base, as the run loads
+    hf, source = hf_checkpoint.read_hf_config(path), os.path.join(path, "config.json")
+  return hf_checkpoint.model_config_from_hf(hf, source=source, **config.model)
+
+
+def _spec(shape, dtype, mesh) -> jax.ShapeDtypeStruct:
+  """Split along the batch axes as `sharding.shard_batch` would; replicated if uneven."""
+  split = shape[0] % sharding.batch_shards(mesh) == 0
+  placed = sharding.batch_sharding(mesh, len(shape)) if split else sharding.replicated(mesh)
+  return jax.ShapeDtypeStruct(shape, dtype, sharding=placed)
+
+
+def _chip_bytes(tree) -> int:
+  return sum(math.prod(x.sharding.shard_shape(x.shape)) * jnp.dtype(x.dtype).itemsize
+             for x in jax.tree.leaves(tree))
+
+
+def _measure(name: str, lower, resident: int, inputs: str) -> ProgramMemory:
+  logging.info("compiling %s: %s", name, inputs)
+  try:
+    stats = lower().compile().memory_analysis()
+  except Exception as e:  # pylint: disable=broad-except
+    if "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    return ProgramMemory(name, resident=resident, error=str(e).strip().splitlines()[0],
+                         inputs=inputs)
+  return ProgramMemory(name, stats.argument_size_in_bytes, stats.output_size_in_bytes,
+                       stats.alias_size_in_bytes, stats.temp_size_in_bytes, resident,
+                       inputs=inputs)
+
+
+def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
+          prompt_len: int) -> list[ProgramMemory]:
+  """Compiles sample, score and train_step of one step of `config` for `devices`."""
+  config = config_lib.resolve(config)
+  mesh = sharding.make_mesh(config.mesh, devices)
+  n, m, b_p = (config.rollouts_per_problem, config_lib.train_rollouts_per_problem(config),
+               config.problems_per_batch)
+  p, t = prompt_len, config.sampling.max_new_tokens
+  graphdef, abstract = nnx.split(transformer.abstract_model(model_cfg))
+  params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        abstract, sharding.state_shardings(abstract, mesh))
+  tx, _ = update.make_optimizer(config)
+  opt_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                           jax.eval_shape(tx.init, params),
+                           update.opt_state_shardings(tx, params, mesh))
+  settings = update.UpdateSettings.from_config(config, group_size=m, prompt_len=p)
+  keep_reference = config.rl.kl_coef > 0 or config.rl.log_kl_to_base
+  param_bytes, opt_bytes = _chip_bytes(params), _chip_bytes(opt_state)
+  ref_bytes = param_bytes if keep_reference else 0
+  key = jax.eval_shape(jax.random.key, 0)
+  key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=sharding.replicated(mesh))
+
+  # One sampler call as `rollout.sample` makes it: whole groups, each device the same
+  # number, at most sampling.max_rollouts_per_call rollouts; under the mesh.
+  groups, _ = rollout.call_plan(b_p, n, config.sampling.max_rollouts_per_call,
+                                sharding.batch_shards(mesh))
+
+  spec = rollout.sample_spec(config.sampling, n=n, rollouts_per_call=groups * n,
+                             shards=sharding.batch_shards(mesh),
+                             stop_ids=(model_cfg.vocab_size - 1,), pad_id=0)
+  sample = lambda: sampler.sample.lower(
+      graphdef, params, _spec((groups, p), jnp.int32, mesh), _spec((groups, p), bool, mesh),
+      key, spec)
+  decoding = (f", {spec.num_slots} decode slots" if spec.num_slots else "") + (
+      f" halving down to {spec.min_slots}" if spec.min_slots else "") + (
+      f", {config.sampling.dtype} activations and caches" if config.sampling.dtype else "")
+
+  b = b_p * m  # rollouts scored and trained per step; train_step splits the minibatches
+  score = lambda: update.score.lower(
+      graphdef, params, _spec((b, p + t), jnp.int32, mesh), _spec((b, p + t), bool, mesh),
+      prompt_len=p, temperature=settings.temperature,
+      micro_batch_size=settings.micro_batch_size, chunk_size=settings.logprob_chunk_size)
+
+  f32, row = jnp.float32, lambda dtype: _spec((b, t), dtype, mesh)
+  batch = update.TrainBatch(
+      tokens=_spec((b, p + t), jnp.int32, mesh), mask=_spec((b, p + t), bool, mesh),
+      response_mask=row(bool), sampler_logp=row(f32), old_logp=row(f32), ref_logp=row(f32),
+      advantages=_spec((b,), f32, mesh), keep_pg=_spec((b,), bool, mesh),
+      keep_reg=_spec((b,), bool, mesh), shuffle_rng=key)
+  train_step = lambda: update.train_step.lower(graphdef, params, opt_state, batch, tx=tx,
+                                               settings=settings)
+  split = (f"micro-batches of {settings.micro_batch_size or 'all'}, LM head chunks of "
+           f"{settings.logprob_chunk_size or 'all'}")
+  # While one copy of the weights is an argument the other (and Adam's state) waits.
+  # Lowered under the mesh, as isojax runs them: activations take their logical axes.
+  with jax.set_mesh(mesh):
+    return [_measure("sample", sample, opt_bytes + ref_bytes,
+                     f"{groups} prompts [{groups}, {p}] x {n} rollouts of {t} tokens"
+                     f"{decoding}"),
+            _measure("score", score, opt_bytes + ref_bytes, f"[{b}, {p + t}] tokens, {split}"),
+            _measure("train_step", train_step, ref_bytes,
+                     f"[{b}, {p + t}] tokens, {settings.num_minibatches} minibatch(es), "
+                     f"{split}, remat {model_cfg.remat}")]
+
+
+def format_table(results: list[ProgramMemory], hbm: int | None) -> str:
+  """Per-chip memory of each program in GiB (MiB when everything is under 1 GiB)."""
+  unit, name = (GIB, "GiB") if max([r.total for r in results] + [hbm or 0]) >= GIB else (
+      1 << 20, "MiB")
+  head = ("program", "argument", "output", "alias", "temp", "resident", "total")
+  lines = [f"{head[0]:<12}" + "".join(f"{h:>10}" for h in head[1:]) + f"  ({name} per chip; "
+           + (f"HBM {hbm / unit:.2f})" if hbm else "HBM unknown)")]
+  for r in results:
+    cells = (r.argument, r.output, r.alias, r.temp, r.resident, r.total)
+    lines.append(f"{r.name:<12}" + ("".join(f"{c / unit:10.2f}" for c in cells) if not r.error
+                                    else f"  XLA: {r.error}"))
+  return "\n".join(lines + [f"  {r.name}: {r.inputs}" for r in results])
+
+
+def overflows(results: list[ProgramMemory], hbm: int | None) -> list[str]:
+  """One message per program that does not fit (or that XLA refused to compile)."""
+  out = []
+  for r in results:
+    fix = f"; change {REMEDIES[r.name]}"
+    if r.error:
+      out.append(f"{r.name}: XLA ran out of memory compiling it ({r.error}){fix}")
+    elif hbm and r.total > hbm:
+      out.append(f"{r.name}: needs {_size(r.total)} per chip (arguments {_size(r.argument)}, "
+                 f"outputs {_size(r.output)}, aliased {_size(r.alias)}, temporaries "
+                 f"{_size(r.temp)}, resident state {_size(r.resident)}) but a chip has "
+                 f"{_size(hbm)}{fix}")
+  return out
+
+
+def _size(x: int) -> str:
+  return f"{x / GIB:.2f} GiB" if x >= GIB else f"{x / (1 << 20):.2f} MiB"
