@@ -21,13 +21,15 @@ SCHEDULES = ("linear", "log")
 
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
-  schedule: str = "linear"
-  every: int = 10            # linear: steps between evaluations
-  count: int = 16            # log: evaluations after step 0 (at most)
-  k: int = 4                 # avg@k, best@k, worst@k
-  num_samples: int = 8       # N >= k samples per validation problem
-  chunk_problems: int = 256  # problems per sampler call
-  train_problems: int = 128  # training problems in the pass@1 histogram; 0 disables
+  """`config.eval`; the defaults and what each field means are in
+  `config_lib.base_config`, the one place they are defined."""
+  schedule: str
+  every: int
+  count: int
+  k: int
+  num_samples: int
+  chunk_problems: int
+  train_problems: int
 
   def __post_init__(self):
     validation.choice("eval.schedule", self.schedule, SCHEDULES)

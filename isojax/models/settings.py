@@ -22,10 +22,12 @@ DTYPES = ("float32", "bfloat16")
 
 @dataclasses.dataclass(frozen=True)
 class ModelSettings:
-  dtype: str = "float32"        # activations; parameters stay float32
-  fp32_lm_head: bool = True     # logits in float32 (ScaleRL)
-  remat: str = "none"           # none | full | a REMAT_POLICIES name
-  attention_chunk: int = 0      # queries per attention block (memory [B, N, chunk, S]); 0: all
+  """`config.model`; the defaults and what each field means are in
+  `config_lib.base_config`, the one place they are defined."""
+  dtype: str
+  fp32_lm_head: bool
+  remat: str
+  attention_chunk: int
 
   def __post_init__(self):
     validation.choice("model.dtype", self.dtype, DTYPES)

@@ -37,17 +37,19 @@ def attended_lengths(cache_len: int, block: int) -> tuple[int, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class SamplingSettings:
-  temperature: float = 0.6
-  top_p: float = 1.0
-  top_k: int = 0                   # 0 disables top-k
-  max_new_tokens: int = 8
-  max_rollouts_per_call: int = 0   # 0: a step's rollouts in one sampler call
-  weights_dtype: str = ""          # "" (as trained) or "bfloat16": weights cast for sampling
-  dtype: str = ""                  # "" (model.dtype) or "bfloat16": activations, KV caches
-  decode_slots: int = 0            # > 0: continuous batching in this many decode rows per call
-  decode_slots_min: int = 0        # > 0: halve the slots down to this many once the queue is empty
-  decode_block: int = 0            # > 0: attend over the generated cache in blocks of this many
-  stop_token_ids: tuple[int, ...] = ()  # ids that end a rollout besides the checkpoint's EOS
+  """`config.sampling`; the defaults and what each field means are in
+  `config_lib.base_config`, the one place they are defined."""
+  temperature: float
+  top_p: float
+  top_k: int
+  max_new_tokens: int
+  max_rollouts_per_call: int
+  weights_dtype: str
+  dtype: str
+  decode_slots: int
+  decode_slots_min: int
+  decode_block: int
+  stop_token_ids: tuple[int, ...]
 
   def __post_init__(self):
     if not self.temperature >= 0:
