@@ -8,7 +8,6 @@ the sweeps (`isojax.sweeps.plan`) pick their runs' schedules from `SCHEDULES`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
 
 import numpy as np
 
@@ -20,7 +19,7 @@ SCHEDULES = ("linear", "log")
 
 
 @dataclasses.dataclass(frozen=True)
-class EvalSettings:
+class EvalSettings(validation.Section):
   """`config.eval`; the defaults and what each field means are in
   `config_lib.base_config`, the one place they are defined."""
   schedule: str
@@ -40,9 +39,6 @@ class EvalSettings:
     if self.num_samples < self.k:
       raise ValueError(f"eval.num_samples={self.num_samples} must be >= eval.k={self.k}")
 
-  @classmethod
-  def from_config(cls, eval_config: Mapping[str, Any]) -> EvalSettings:
-    return validation.from_mapping(cls, eval_config)
 
   def steps(self, num_steps: int) -> frozenset[int]:
     """The steps (0..num_steps) after which `train.run` evaluates.

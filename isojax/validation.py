@@ -42,6 +42,15 @@ def choice(field: str, value: Any, choices) -> Any:
   return value
 
 
+class Section:
+  """Base of the settings dataclasses: one built from the same-named keys of its config
+  section (`from_config`), checking itself in `__post_init__`."""
+
+  @classmethod
+  def from_config(cls: type[T], section: Mapping[str, Any]) -> T:
+    return from_mapping(cls, section)
+
+
 def from_mapping(cls: type[T], section: Mapping[str, Any]) -> T:
   """`cls` (a dataclass) from the same-named keys of a config section."""
   return cls(**{f.name: section[f.name] for f in dataclasses.fields(cls)})

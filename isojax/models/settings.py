@@ -8,7 +8,6 @@ layer (`config_lib.resolve`) and a model built by hand obey one rule.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
 
 from isojax import validation
 
@@ -21,7 +20,7 @@ DTYPES = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelSettings:
+class ModelSettings(validation.Section):
   """`config.model`; the defaults and what each field means are in
   `config_lib.base_config`, the one place they are defined."""
   dtype: str
@@ -36,6 +35,3 @@ class ModelSettings:
     validation.non_negative_int("model.attention_chunk", self.attention_chunk,
                                 "0: all queries at once")
 
-  @classmethod
-  def from_config(cls, model: Mapping[str, Any]) -> ModelSettings:
-    return validation.from_mapping(cls, model)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping
 
 from isojax import validation
 from isojax.rl import names
@@ -24,7 +23,7 @@ LR_SCALING_RULES = ("constant", "sqrt", "linear")
 
 
 @dataclasses.dataclass(frozen=True)
-class RLSettings:
+class RLSettings(validation.Section):
   """`config.rl`; the field comments of `config_lib.base_config` say what each means."""
   advantage: str
   advantage_eps: float
@@ -67,9 +66,6 @@ class RLSettings:
       raise ValueError("rl.entropy_coef > 0 needs rl.kl_coef > 0: entropy is never used "
                        "without the KL anchor (the IsoCompute easy recipe)")
 
-  @classmethod
-  def from_config(cls, rl: Mapping[str, Any]) -> RLSettings:
-    return validation.from_mapping(cls, rl)
 
   def train_rollouts(self, n: int) -> int:
     """m: rollouts per problem the update trains on (n unless PODS down-samples)."""
@@ -112,7 +108,7 @@ class RLSettings:
 
 
 @dataclasses.dataclass(frozen=True)
-class OptimSettings:
+class OptimSettings(validation.Section):
   """`config.optim`: AdamW with warm-up, the LR given at the reference batch."""
   learning_rate: float
   lr_reference_batch: int
@@ -130,9 +126,6 @@ class OptimSettings:
     if not self.learning_rate > 0:
       raise ValueError(f"optim.learning_rate={self.learning_rate}: expected > 0")
 
-  @classmethod
-  def from_config(cls, optim: Mapping[str, Any]) -> OptimSettings:
-    return validation.from_mapping(cls, optim)
 
   def peak_learning_rate(self, batch_rollouts: int) -> float:
     """The LR for a trained batch of B rollouts: learning_rate * (B / B_ref)^{0, 1/2, 1}."""

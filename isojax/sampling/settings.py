@@ -36,7 +36,7 @@ def attended_lengths(cache_len: int, block: int) -> tuple[int, ...]:
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplingSettings:
+class SamplingSettings(validation.Section):
   """`config.sampling`; the defaults and what each field means are in
   `config_lib.base_config`, the one place they are defined."""
   temperature: float
