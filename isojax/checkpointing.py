@@ -30,6 +30,8 @@ from isojax import metrics, run_dir
 
 # The key of the saved JSON item (`counters`) that holds the arrays' fingerprints.
 FINGERPRINTS = "fingerprints"
+# The item of the rollouts sampled ahead of the update (off-policy runs only).
+QUEUE = "queue"
 _UINT = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
 
 
@@ -69,12 +71,16 @@ def manager(directory: epath.PathLike, keep: int) -> ocp.CheckpointManager:
 
 
 def save(ckpt: ocp.CheckpointManager, step: int, *, params: Any, opt_state: Any,
-         counters: dict[str, Any]) -> None:
-  """Saves the arrays, and `counters` (JSON) with the arrays' fingerprints added."""
-  counters = dict(counters, **{FINGERPRINTS: dict(params=fingerprint(params),
-                                                  opt_state=fingerprint(opt_state))})
+         counters: dict[str, Any], queue: dict[str, Any] | None = None) -> None:
+  """Saves the arrays, and `counters` (JSON) with the arrays' fingerprints added.
+
+  `queue` (a tree of NumPy arrays, `off_policy.queue_tree`) holds the batches sampled
+  ahead of the update; it is saved, and fingerprinted, when it is not empty.
+  """
+  trees = dict(params=params, opt_state=opt_state, **({QUEUE: queue} if queue else {}))
+  counters = dict(counters, **{FINGERPRINTS: {k: fingerprint(v) for k, v in trees.items()}})
   ckpt.save(step, args=ocp.args.Composite(
-      params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
+      **{k: ocp.args.StandardSave(v) for k, v in trees.items()},
       counters=ocp.args.JsonSave(counters)), force=True)
 
 
@@ -101,6 +107,7 @@ class Restored:
   opt_state: Any
   counters: dict[str, Any]       # the JSON saved with them, fingerprints removed
   corrupt: tuple[Failure, ...]   # newer checkpoints that failed, now moved aside
+  queue: dict[str, Any] | None = None  # the batches sampled ahead (off-policy runs)
 
 
 def _describe(error: BaseException) -> str:
@@ -121,14 +128,17 @@ def _restore(ckpt: ocp.CheckpointManager, step: int, params: Any, opt_state: Any
       counters=ocp.args.JsonRestore()))
   counters = dict(restored.counters)
   saved = counters.pop(FINGERPRINTS, None)  # None: saved before fingerprints existed
+  trees = dict(params=restored.params, opt_state=restored.opt_state)
+  if saved and QUEUE in saved:
+    trees[QUEUE] = ckpt.restore(step, args=ocp.args.Composite(
+        **{QUEUE: ocp.args.StandardRestore()}))[QUEUE]
   if saved is not None:
-    found = dict(params=fingerprint(restored.params),
-                 opt_state=fingerprint(restored.opt_state))
+    found = {k: fingerprint(v) for k, v in trees.items()}
     wrong = [k for k in found if found[k] != saved.get(k)]
     if wrong:
       raise CorruptCheckpoint(
           "; ".join(f"{k}: fingerprint {found[k]}, saved {saved.get(k)}" for k in wrong))
-  return restored.params, restored.opt_state, counters
+  return trees, counters
 
 
 def _move_aside(failure: Failure, corrupt_dir: epath.Path) -> Failure:
@@ -153,7 +163,7 @@ def restore_newest(ckpt: ocp.CheckpointManager, *, params: Any, opt_state: Any,
   failures = []
   for step in sorted(ckpt.all_steps(), reverse=True):
     try:
-      params_r, opt_state_r, counters = _restore(ckpt, step, params, opt_state)
+      trees, counters = _restore(ckpt, step, params, opt_state)
     except Exception as e:  # pylint: disable=broad-except  # orbax raises bare Exception
       failures.append(Failure(step, str(epath.Path(ckpt.directory) / str(step)), _describe(e)))
       logging.error("checkpoint step %d (%s) does not restore: %s", step,
@@ -165,7 +175,8 @@ def restore_newest(ckpt: ocp.CheckpointManager, *, params: Any, opt_state: Any,
       if jax.process_count() > 1:  # every host sees them moved before it lists steps
         multihost_utils.sync_global_devices("isojax: corrupt checkpoints moved aside")
       ckpt.reload()
-    return Restored(step, params_r, opt_state_r, counters, tuple(failures))
+    return Restored(step, trees["params"], trees["opt_state"], counters, tuple(failures),
+                    trees.get(QUEUE))
   if failures:
     raise NoRestorableCheckpoint(
         f"no checkpoint in {ckpt.directory} restores (nothing was moved; if the model or "

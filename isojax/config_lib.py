@@ -145,6 +145,13 @@ def base_config() -> ml_collections.ConfigDict:
       # and the sequence chunk of the log-prob / entropy passes (0 = unchunked).
       micro_batch_size=0,
       logprob_chunk_size=0,
+      # Off-policy generation (isojax.rl.off_policy): the rollouts of a step may come
+      # from a policy up to max_staleness updates old, so sampling runs beside the
+      # update; 0 samples each step with the policy it updates (synchronous). The
+      # schedule: "pipeline" samples step s with version max(0, s - k); "ppo_off_policy"
+      # samples steps v..v+k-1 with version v (v a multiple of k).
+      max_staleness=0,
+      off_policy="pipeline",
   ))
 
   c.optim = ml_collections.ConfigDict(dict(

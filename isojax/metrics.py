@@ -132,17 +132,28 @@ def pass_count_histogram(num_correct_P, num_samples: int) -> list[int]:
 # passes; grade_wait: what of them the main thread still waited for; update: batch
 # assembly, the rest of the log-prob passes and the optimizer step; other: the rest of
 # the step (problem choice, prefetch dispatch, ...); eval: evaluation, when it ran.
+# Off-policy runs (rl.max_staleness > 0) sample on the generator's thread, beside the
+# update: there sample, decode, grade and grade_wait are the generator's, and
+# rollout_wait is what the main thread waited for the step's batch.
 TIME_PREFIX = "time/"
 TIME_STEP = "time/step_s"
 TIME_EVAL = "time/eval_s"
-_TIMED_PHASES = ("sample_s", "decode_s", "grade_s", "grade_wait_s")
+TIME_ROLLOUT_WAIT = "time/rollout_wait_s"
+TIMED_PHASES = ("sample_s", "decode_s", "grade_s", "grade_wait_s")
 
 
-def step_timings(rollout_timings: dict[str, float], *, update_s: float, step_s: float
-                 ) -> dict[str, float]:
-  """The `time/...` metrics of a step from its rollout phases and update."""
-  out = {TIME_PREFIX + k: float(rollout_timings[k]) for k in _TIMED_PHASES}
-  on_main_thread = out["time/sample_s"] + out["time/grade_wait_s"] + update_s
+def step_timings(rollout_timings: dict[str, float], *, update_s: float, step_s: float,
+                 rollout_wait_s: float | None = None) -> dict[str, float]:
+  """The `time/...` metrics of a step from its rollout phases and update.
+
+  `rollout_wait_s` is given when the rollouts were sampled on another thread.
+  """
+  out = {TIME_PREFIX + k: float(rollout_timings[k]) for k in TIMED_PHASES}
+  if rollout_wait_s is None:
+    on_main_thread = out["time/sample_s"] + out["time/grade_wait_s"] + update_s
+  else:
+    on_main_thread = rollout_wait_s + update_s
+    out[TIME_ROLLOUT_WAIT] = rollout_wait_s
   out.update({"time/update_s": update_s, TIME_STEP: step_s,
               "time/other_s": max(step_s - on_main_thread, 0.0)})
   return out

@@ -24,7 +24,7 @@ from isojax import (checkpointing, config_lib, eval_settings, evaluation, metric
                     metrics, run_dir, tasks)
 from isojax.models import hf_checkpoint, sharding
 from isojax.models import tokenizer as tokenizer_lib
-from isojax.rl import guard, problem_pool, rollout, update
+from isojax.rl import guard, off_policy, problem_pool, rollout, update
 from isojax.rl import step as rl_step
 from isojax.tasks import demo_bases, prompts
 
@@ -184,10 +184,38 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         if k not in metrics.PER_PROBLEM_COUNTS))
     return result
 
+  def choose(step: int) -> np.ndarray:
+    """The B_p training-problem ids of update `step`."""
+    if pool is None:
+      return problems_for_step(config.seed, step, len(train_problems), b_p)
+    return pool.sample(np.random.default_rng([config.seed, step]), b_p)
+
+  def active_problems() -> int:
+    return len(train_problems) if pool is None else int(pool.active_ids().size)
+
+  def sample_step(step: int, version: int, params) -> off_policy.Generated:
+    """Off-policy runs: the batch of `step`, sampled by `params` (policy `version`)."""
+    chosen = choose(step)
+    scored = rollout.generate(graphdef, params, tok, book, [train_problems[i] for i in chosen],
+                              verifier, n=n, rng=jax.random.fold_in(sample_key, step),
+                              sampling=config.sampling)
+    if pool is not None:
+      pool.update(np.repeat(chosen, n), scored.rewards_GN.reshape(-1))
+    return off_policy.Generated(step, version, chosen, scored, active_problems())
+
+  generator = None
+  if config.rl.max_staleness:
+    generator = off_policy.Generator(
+        sample_step, max_staleness=config.rl.max_staleness, mode=config.rl.off_policy,
+        num_steps=num_steps, queued=off_policy.restore_queue(restored and restored.queue))
+
   def save() -> None:
+    # The queued batches first: waiting for them leaves the pool as they left it.
+    queue = off_policy.queue_tree(generator.queued()) if generator else None
     checkpointing.save(ckpt, counters.step, params=learner.params, opt_state=learner.opt_state,
                        counters=dict(counters=dataclasses.asdict(counters), pool={
-                           k: v.tolist() for k, v in pool.to_dict().items()} if pool else None))
+                           k: v.tolist() for k, v in pool.to_dict().items()} if pool else None),
+                       queue=queue)
 
   def stop(event: dict) -> None:
     """Logs the guard's `event` and ends the run, leaving the last checkpoint to resume."""
@@ -196,6 +224,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     viewers.close()
     last = ckpt.latest_step()
     ckpt.close()
+    if generator:
+      generator.close()
     raise guard.RunStopped(
         f"{event['message']}. " + (f"The last checkpoint, step {last} in "
                                    f"{run_dir.checkpoint_dir(workdir)}, is where a rerun "
@@ -213,23 +243,28 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   while counters.step < num_steps:
     step_start = time.time()
     step = counters.step
-    if pool is None:
-      chosen = problems_for_step(config.seed, step, len(train_problems), b_p)
-    else:
-      chosen = pool.sample(np.random.default_rng([config.seed, step]), b_p)
-    problems = [train_problems[i] for i in chosen]
-    pending = rollout.sample(graphdef, learner.params, tok, book, problems, verifier, n=n,
-                             rng=jax.random.fold_in(sample_key, step), sampling=config.sampling)
-    prefetched = learner.prefetch(pending)  # devices score while the host decodes and grades
-    scored = pending.result()
-    if pool is not None:
-      pool.update(np.repeat(chosen, n), scored.rewards_GN.reshape(-1))
+    if generator is None:  # synchronous: sample with the policy this step updates
+      chosen = choose(step)
+      problems = [train_problems[i] for i in chosen]
+      pending = rollout.sample(graphdef, learner.params, tok, book, problems, verifier, n=n,
+                               rng=jax.random.fold_in(sample_key, step),
+                               sampling=config.sampling)
+      prefetched = learner.prefetch(pending)  # devices score while the host decodes and grades
+      scored = pending.result()
+      if pool is not None:
+        pool.update(np.repeat(chosen, n), scored.rewards_GN.reshape(-1))
+      active, rollout_wait_s = active_problems(), None
+    else:  # off-policy: the batch was sampled ahead, by an older policy version
+      generator.publish(step, learner.params)
+      generated, rollout_wait_s = generator.take(step)
+      scored, prefetched, active = generated.scored, None, generated.active_problems
     update_start = time.time()
     result = learner.step(scored, select_rng=jax.random.fold_in(select_key, step),
                           shuffle_rng=jax.random.fold_in(shuffle_key, step),
                           prefetched=prefetched)
     timings = metrics.step_timings(scored.timings, update_s=time.time() - update_start,
-                                   step_s=time.time() - step_start)
+                                   step_s=time.time() - step_start,
+                                   rollout_wait_s=rollout_wait_s)
     counters.step += 1
     counters.rollouts += n * b_p
     counters.tokens += scored.num_tokens
@@ -237,8 +272,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     values = rl_step.step_metrics(
         config, result,
         learning_rate=schedule(step * config.rl.num_minibatches * config.rl.num_epochs),
-        active_problems=len(train_problems) if pool is None else int(pool.active_ids().size),
-        has_reference=learner.ref_params is not None)
+        active_problems=active, has_reference=learner.ref_params is not None)
+    if generator:
+      values.update(off_policy.staleness_metrics(generated, step, config.rl.max_staleness))
     diverged = guard.non_finite(values, step=counters.step,
                                 params_finite=bool(guard.all_finite(learner.params)))
     if diverged:
@@ -265,6 +301,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     bar.set_postfix(reward=f"{values[metrics.TRAIN_REWARD]:.3f}",
                     val=f"{last_eval.get(metrics.val_avg(config.eval.k), float('nan')):.3f}")
   bar.close()
+  if generator:
+    generator.close()
   ckpt.wait_until_finished()
   ckpt.close()
   viewers.close()

@@ -2,6 +2,7 @@ r"""The ScaleRL recipe (Khatri et al. 2025) on the tiny default.
 
   python -m isojax.main --config=configs/scalerl.py --workdir=/tmp/isojax/scalerl
 
+PipelineRL-8 (step s is sampled by the policy of step s - 8, ahead of the update),
 CISPO loss (truncated IS weight x advantage x log-prob, cap 4), prompt-level loss
 aggregation, batch-level advantage normalisation, zero-variance filtering of the whole
 loss, No-Positive-Resampling (problems with historical pass rate >= 0.9 leave the pool),
@@ -19,7 +20,7 @@ def get_config(arg=None):
   config.problems_per_batch = 16
   config.num_steps = 200
   config.model.fp32_lm_head = True
-  config.rl.update(policy_loss="cispo", cispo_eps_max=4.0, aggregation="prompt_mean",
-                   advantage="batch_norm", zero_variance_filter="all",
-                   retire_pass_rate=0.9)
+  config.rl.update(max_staleness=8, off_policy="pipeline", policy_loss="cispo",
+                   cispo_eps_max=4.0, aggregation="prompt_mean", advantage="batch_norm",
+                   zero_variance_filter="all", retire_pass_rate=0.9)
   return config_lib.apply_preset(config, arg)

@@ -20,6 +20,9 @@ GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "batch_norm")
 OVERLONG_MODES = ("reward", "zero", "dapo")
 # How the peak LR follows the trained batch B: (B / B_ref)^{0, 1/2, 1}.
 LR_SCALING_RULES = ("constant", "sqrt", "linear")
+# Which policy version samples each step's rollouts when rl.max_staleness > 0
+# (`isojax.rl.off_policy.source_version`).
+OFF_POLICY_MODES = ("pipeline", "ppo_off_policy")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,11 +51,16 @@ class RLSettings(validation.Section):
   overlong_cache_tokens: int
   micro_batch_size: int
   logprob_chunk_size: int
+  max_staleness: int
+  off_policy: str
 
   def __post_init__(self):
     for field, choices in names.CHOICES.items():
       validation.choice(f"rl.{field}", getattr(self, field), choices)
     validation.choice("rl.overlong", self.overlong, OVERLONG_MODES)
+    validation.choice("rl.off_policy", self.off_policy, OFF_POLICY_MODES)
+    validation.non_negative_int("rl.max_staleness", self.max_staleness,
+                                "0: sample each step with the policy it updates")
     validation.positive_int("rl.num_minibatches", self.num_minibatches)
     validation.positive_int("rl.num_epochs", self.num_epochs)
     validation.non_negative_int("rl.train_rollouts_per_problem",
@@ -66,6 +74,11 @@ class RLSettings(validation.Section):
       raise ValueError("rl.entropy_coef > 0 needs rl.kl_coef > 0: entropy is never used "
                        "without the KL anchor (the IsoCompute easy recipe)")
 
+
+  @property
+  def ratio_to_sampler(self) -> bool:
+    """The losses' ratios take the sampler's log-probs as the old policy (off-policy runs)."""
+    return self.max_staleness > 0
 
   def train_rollouts(self, n: int) -> int:
     """m: rollouts per problem the update trains on (n unless PODS down-samples)."""

@@ -48,14 +48,25 @@ class Learner:
         self.config, group_size=config_lib.train_rollouts_per_problem(self.config),
         prompt_len=0)
 
-  def log_probs(self, tokens_BS, mask_BS, prompt_len: int):
-    """(old, reference) log-probs [B, T] of the responses, dispatched asynchronously."""
+  @functools.cached_property
+  def ratio_to_sampler(self) -> bool:
+    """Off-policy runs: the old policy of the ratios is the sampler's (rl/off_policy.py)."""
+    return self.config.rl.max_staleness > 0
+
+  def log_probs(self, tokens_BS, mask_BS, prompt_len: int, sampler_logp_BT=None):
+    """(old, reference) log-probs [B, T] of the responses, dispatched asynchronously.
+
+    The old log-probs are the trainer's before this update, or `sampler_logp_BT` itself
+    when the ratios are taken against the sampler (`ratio_to_sampler`); the reference
+    log-probs are the base model's, or the old ones when no reference is kept.
+    """
     s = self.settings
     score = functools.partial(update.score, prompt_len=prompt_len, temperature=s.temperature,
                               micro_batch_size=s.micro_batch_size,
                               chunk_size=s.logprob_chunk_size)
     with jax.set_mesh(self.mesh):
-      old_logp = score(self.graphdef, self.params, tokens_BS, mask_BS)
+      old_logp = (sampler_logp_BT if self.ratio_to_sampler
+                  else score(self.graphdef, self.params, tokens_BS, mask_BS))
       ref_logp = old_logp if self.ref_params is None else score(
           self.graphdef, self.ref_params, tokens_BS, mask_BS)
     return old_logp, ref_logp
@@ -75,7 +86,7 @@ class Learner:
     batch, zero_var_G = rl_batch.build_train_batch(self.config, scored, select_rng=select_rng)
     batch = sharding.shard_batch(batch, self.mesh)
     old_logp, ref_logp = prefetched or self.log_probs(batch.tokens, batch.mask,
-                                                      scored.prompt_len)
+                                                      scored.prompt_len, batch.sampler_logp)
     batch = batch.replace(old_logp=old_logp, ref_logp=ref_logp, shuffle_rng=shuffle_rng)
     with jax.set_mesh(self.mesh):  # activations pinned to their logical axes
       self.params, self.opt_state, stats = update.train_step(

@@ -1,0 +1,167 @@
+"""Off-policy generation with a staleness bound: sampling runs ahead of the update.
+
+With `rl.max_staleness` = k > 0 the rollouts of update step s may come from a policy
+up to k updates old, so the next batches are sampled while the current one trains.
+The *version* of a policy is the number of updates applied to it (the learner trains
+step s with version s). `source_version` is the deterministic schedule of ScaleRL's
+two off-policy setups:
+
+- `pipeline` (PipelineRL-k): step s is sampled by version max(0, s - k). The generator
+  is always k batches ahead: once version v exists it samples step v + k, while the
+  learner trains steps v .. v + k - 1 from the batches already queued.
+- `ppo_off_policy` (PPO-off-policy-k): one version samples the batches of k successive
+  steps; steps v .. v + k - 1 (v a multiple of k) are sampled by version v, so their
+  staleness is 0 .. k - 1.
+
+The rollouts of a step are a function of (the version that samples them, the step),
+because each step's problems and random key are (`train.problems_for_step`,
+`fold_in(key, step)`); the batches are generated in step order on one host thread, so
+No-Positive-Resampling's pool sees the same rewards in the same order on every run. A
+run is therefore reproducible, and the batches sampled but not yet trained are saved
+with the checkpoint (`Generated.to_tree`): a resumed run trains exactly those, and
+samples the next ones from the restored parameters, as the uninterrupted run did.
+
+The losses take the sampler's log-probs as the old policy of their ratios
+(`RLSettings.ratio_to_sampler`): the log-prob each token had under the version that
+sampled it. There is no recomputed old policy in this mode, so the truncated-IS weight
+(which corrects recomputed towards sampler log-probs) is 1.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from isojax import metrics
+from isojax.rl import rollout
+from isojax.rl.settings import OFF_POLICY_MODES
+from isojax.sampling import sampler
+
+
+def source_version(step: int, max_staleness: int, mode: str) -> int:
+  """The policy version that samples the rollouts of update `step`."""
+  if mode not in OFF_POLICY_MODES:
+    raise ValueError(f"rl.off_policy={mode!r}: expected one of {OFF_POLICY_MODES}")
+  if max_staleness == 0:
+    return step
+  if mode == "pipeline":
+    return max(0, step - max_staleness)
+  return step - step % max_staleness
+
+
+@dataclasses.dataclass
+class Generated:
+  """The rollouts of one update step and where they came from."""
+  step: int                 # the update step that trains on them
+  version: int              # the policy version that sampled them
+  chosen: np.ndarray        # [B_p] int, training-problem ids
+  scored: rollout.ScoredRollouts
+  active_problems: int      # the pool's active problems when they were chosen
+
+  def to_tree(self) -> dict[str, Any]:
+    """NumPy arrays and scalars for the checkpoint (the completions' text is not kept)."""
+    s = self.scored
+    return dict(step=np.int32(self.step), version=np.int32(self.version),
+                chosen=np.asarray(self.chosen, np.int32),
+                active_problems=np.int32(self.active_problems),
+                prompts=s.prompts_GP, prompt_mask=s.prompt_mask_GP, tokens=s.rollouts.tokens,
+                logprobs=s.rollouts.logprobs, mask=s.rollouts.mask,
+                finished=s.rollouts.finished, rewards=s.rewards_GN,
+                verifier=np.asarray([s.verifier_timeouts, s.verifier_errors], np.int32),
+                timings=np.asarray([s.timings.get(k, 0.0) for k in metrics.TIMED_PHASES],
+                                   np.float32))
+
+  @classmethod
+  def from_tree(cls, tree: dict[str, Any]) -> "Generated":
+    a = {k: np.asarray(v) for k, v in tree.items()}
+    rollouts = sampler.Rollouts(tokens=a["tokens"], logprobs=a["logprobs"], mask=a["mask"],
+                                finished=a["finished"])
+    scored = rollout.ScoredRollouts(a["prompts"], a["prompt_mask"], rollouts, a["rewards"],
+                                    completions=[], verifier_timeouts=int(a["verifier"][0]),
+                                    verifier_errors=int(a["verifier"][1]),
+                                    timings=dict(zip(metrics.TIMED_PHASES,
+                                                     a["timings"].tolist())))
+    return cls(step=int(a["step"]), version=int(a["version"]), chosen=a["chosen"],
+               scored=scored, active_problems=int(a["active_problems"]))
+
+
+def staleness_metrics(generated: Generated, learner_version: int, max_staleness: int
+                      ) -> dict[str, Any]:
+  """`train/staleness_max` and `train/staleness_histogram` (rollouts trained with each
+  staleness 0..k: how many updates older than the learner's the sampling policy was)."""
+  staleness = learner_version - generated.version
+  if not 0 <= staleness <= max_staleness:
+    raise AssertionError(f"step {generated.step}: rollouts of version {generated.version} "
+                         f"trained at version {learner_version}, beyond rl.max_staleness="
+                         f"{max_staleness}")
+  histogram = [0] * (max_staleness + 1)
+  histogram[staleness] = int(generated.scored.rewards_GN.size)
+  return {"train/staleness_max": staleness, "train/staleness_histogram": histogram}
+
+
+class Generator:
+  """Samples the batch of each step with the version `source_version` names.
+
+  `publish(version, params)` hands the generator the learner's newest parameters; every
+  step that version samples is queued on one host thread, in step order, so sampling
+  overlaps the learner's update of the steps before. The parameters are copied first:
+  the update donates (overwrites) the learner's. `take(step)` waits for that step's batch.
+  `sample_step(step, params) -> Generated` chooses, samples and grades one step.
+  """
+
+  def __init__(self, sample_step: Callable[[int, int, Any], Generated], *, max_staleness: int,
+               mode: str, num_steps: int, queued: list[Generated] = ()):
+    if max_staleness < 1:
+      raise ValueError(f"rl.max_staleness={max_staleness}: the generator runs ahead by >= 1")
+    self._sample_step = sample_step
+    self._k, self._mode, self._num_steps = max_staleness, mode, num_steps
+    self._batches: dict[int, concurrent.futures.Future] = {}
+    for generated in queued:
+      done = concurrent.futures.Future()
+      done.set_result(generated)
+      self._batches[generated.step] = done
+    self._next = max((g.step + 1 for g in queued), default=0)
+    self._thread = concurrent.futures.ThreadPoolExecutor(
+        max_workers=1, thread_name_prefix="isojax-generator")
+
+  def publish(self, version: int, params: Any) -> None:
+    """Queues every step not yet queued whose sampling version is at most `version`."""
+    snapshot = None
+    while (self._next < self._num_steps
+           and source_version(self._next, self._k, self._mode) <= version):
+      if snapshot is None:
+        snapshot = jax.tree.map(jnp.copy, params)
+      self._batches[self._next] = self._thread.submit(self._sample_step, self._next, version,
+                                                      snapshot)
+      self._next += 1
+
+  def take(self, step: int) -> tuple[Generated, float]:
+    """The batch of `step` (removed from the queue) and the seconds waited for it."""
+    if step not in self._batches:
+      raise RuntimeError(f"step {step} was never queued: publish its sampling version "
+                         f"{source_version(step, self._k, self._mode)} first")
+    start = time.perf_counter()
+    generated = self._batches.pop(step).result()
+    return generated, time.perf_counter() - start
+
+  def queued(self) -> list[Generated]:
+    """The batches sampled but not yet taken, in step order (waits for those in flight)."""
+    return [self._batches[s].result() for s in sorted(self._batches)]
+
+  def close(self) -> None:
+    self._thread.shutdown(wait=True, cancel_futures=True)
+
+
+def queue_tree(batches: list[Generated]) -> dict[str, Any]:
+  """The checkpoint item of the queued batches (`restore_queue` reads it back)."""
+  return {f"step_{g.step}": g.to_tree() for g in batches}
+
+
+def restore_queue(tree: dict[str, Any] | None) -> list[Generated]:
+  return sorted((Generated.from_tree(v) for v in (tree or {}).values()), key=lambda g: g.step)

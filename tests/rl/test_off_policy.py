@@ -1,0 +1,208 @@
+"""Off-policy generation (rl.max_staleness): the schedule, the generator, the loop
+against a reference that keeps old parameter versions, resume after SIGKILL, and the
+ratio taken against the sampler's log-probs."""
+
+import importlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from isojax import config_lib, run_dir, tasks, train
+from isojax.models import hf_checkpoint, sharding
+from isojax.models import tokenizer as tokenizer_lib
+from isojax.rl import off_policy, rollout, update
+from isojax.rl import step as rl_step
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.parametrize("k,mode,expected", [
+    (0, "pipeline", [0, 1, 2, 3, 4, 5, 6]),
+    (2, "pipeline", [0, 0, 0, 1, 2, 3, 4]),
+    (1, "pipeline", [0, 0, 1, 2, 3, 4, 5]),
+    (3, "ppo_off_policy", [0, 0, 0, 3, 3, 3, 6]),
+    (1, "ppo_off_policy", [0, 1, 2, 3, 4, 5, 6]),
+])
+def test_source_version_follows_scalerl_schedules(k, mode, expected):
+  assert [off_policy.source_version(s, k, mode) for s in range(7)] == expected
+
+
+def _fake_generated(step, version, params):
+  scored = rollout.ScoredRollouts(
+      np.zeros((2, 3), np.int32), np.ones((2, 3), bool), None,
+      np.full((2, 4), float(params["w"].sum()), np.float32), [])
+  return off_policy.Generated(step, version, np.arange(2), scored, active_problems=2)
+
+
+@pytest.mark.parametrize("k,mode", [(2, "pipeline"), (3, "ppo_off_policy")])
+def test_generator_samples_each_step_with_its_version_from_a_copy(k, mode):
+  calls = []
+
+  def sample_step(step, version, params):
+    calls.append((step, version))
+    time.sleep(0.01)  # still sampling when the learner moves on
+    return _fake_generated(step, version, params)
+
+  num_steps = 7
+  gen = off_policy.Generator(sample_step, max_staleness=k, mode=mode, num_steps=num_steps)
+  params = {"w": jnp.zeros(3)}
+  for step in range(num_steps):
+    gen.publish(step, params)
+    got, _ = gen.take(step)
+    # Sampled by the parameters of its version: version v holds w = v everywhere.
+    assert got.version == off_policy.source_version(step, k, mode)
+    assert got.scored.rewards_GN[0, 0] == 3 * got.version
+    assert 0 <= step - got.version <= k
+    params = jax.jit(lambda p: {"w": p["w"] + 1}, donate_argnums=0)(params)  # donated
+  gen.close()
+  assert [c[0] for c in calls] == list(range(num_steps))  # in step order, each once
+
+
+def test_generator_resumes_from_its_queue_and_refuses_an_unqueued_step():
+  queued = [_fake_generated(s, 0, {"w": jnp.zeros(1)}) for s in (3, 4)]
+  calls = []
+  gen = off_policy.Generator(lambda s, v, p: calls.append(s) or _fake_generated(s, v, p),
+                             max_staleness=2, mode="pipeline", num_steps=6, queued=queued)
+  with pytest.raises(RuntimeError, match="step 5 was never queued"):
+    gen.take(5)
+  gen.publish(3, {"w": jnp.ones(1)})
+  assert [g.step for g in gen.queued()] == [3, 4, 5] and calls == [5]
+  gen.close()
+
+
+def test_staleness_metrics_histogram_and_bound():
+  g = _fake_generated(5, 3, {"w": jnp.zeros(1)})
+  assert off_policy.staleness_metrics(g, 5, 2) == {
+      "train/staleness_max": 2, "train/staleness_histogram": [0, 0, 8]}
+  with pytest.raises(AssertionError, match="beyond rl.max_staleness=1"):
+    off_policy.staleness_metrics(g, 5, 1)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("max_staleness", -1, "rl.max_staleness=-1"),
+    ("max_staleness", True, "rl.max_staleness=True"),
+    ("off_policy", "async", "rl.off_policy='async'"),
+])
+def test_bad_off_policy_fields_are_named(field, value, message):
+  config = _micro(num_steps=2)
+  config.rl[field] = value
+  with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+    config_lib.resolve(config)
+
+
+def _micro(**overrides):
+  config = importlib.import_module("isojax.configs.hard").get_config("micro")
+  config.update(overrides)
+  config.eval.train_problems = 0
+  return config
+
+
+def _parts(config):
+  """What train.run builds before its loop, built here step by step."""
+  config = config_lib.resolve(config)
+  mesh = sharding.make_mesh(config.mesh)
+  path = train.policy_path(config)
+  tok = tokenizer_lib.load_tokenizer(path)
+  train_problems, _, book, _ = train.load_task(config, tok)
+  verifier = tasks.make_verifier(config.task)
+  graphdef, params = nnx.split(hf_checkpoint.load_model(path, mesh, **config.model))
+  tx, _ = update.make_optimizer(config)
+  opt_state = jax.jit(tx.init, out_shardings=update.opt_state_shardings(tx, params, mesh))(
+      params)
+  ref = jax.tree.map(jnp.copy, params) if config.rl.log_kl_to_base else None
+  learner = rl_step.Learner(config, mesh, graphdef, params, opt_state, ref, tx)
+  return config, tok, train_problems, book, verifier, graphdef, learner
+
+
+@pytest.mark.parametrize("k,mode", [(2, "pipeline"), (2, "ppo_off_policy")])
+def test_off_policy_run_equals_a_loop_that_keeps_old_versions(tmp_path, k, mode):
+  """train.run with rl.max_staleness = k against a plain loop that keeps every
+  parameter version and samples step s with version source_version(s)."""
+  config = _micro(num_steps=5)
+  config.rl.update(max_staleness=k, off_policy=mode)
+  train.run(config, str(tmp_path / "run"))
+  logged = [r for r in run_dir.read_metrics(str(tmp_path / "run")) if r["step"] > 0]
+
+  config, tok, problems, book, verifier, graphdef, learner = _parts(config)
+  sample_key, _, shuffle_key, select_key = jax.random.split(jax.random.key(config.seed), 4)
+  versions = [jax.tree.map(jnp.copy, learner.params)]
+  n, b_p = config.rollouts_per_problem, config.problems_per_batch
+  expected = []
+  for step in range(config.num_steps):
+    ids = train.problems_for_step(config.seed, step, len(problems), b_p)
+    scored = rollout.generate(graphdef, versions[off_policy.source_version(step, k, mode)],
+                              tok, book, [problems[i] for i in ids], verifier, n=n,
+                              rng=jax.random.fold_in(sample_key, step),
+                              sampling=config.sampling)
+    result = learner.step(scored, select_rng=jax.random.fold_in(select_key, step),
+                          shuffle_rng=jax.random.fold_in(shuffle_key, step))
+    versions.append(jax.tree.map(jnp.copy, learner.params))
+    expected.append((float(scored.rewards_GN.mean()), float(result.stats["loss"]),
+                     float(result.stats["grad_norm"])))
+  assert [(r["train/reward"], r["train/loss"], r["train/grad_norm"]) for r in logged] == expected
+  assert [r["train/staleness_max"] for r in logged] == [
+      s - off_policy.source_version(s, k, mode) for s in range(config.num_steps)]
+  # The ratios are taken against the sampler: nothing is left for truncated IS.
+  assert all(r["train/tis/mean_abs_logp_diff"] == 0 for r in logged)
+
+
+def test_ratio_takes_the_sampler_log_probs_of_a_stale_batch():
+  """A batch sampled by version 0 trained by version 1: PPO-clip's loss with the ratio
+  pi_1 / pi_0 (token mean), against NumPy."""
+  config = _micro(num_steps=2)
+  config.rl.update(max_staleness=1, kl_coef=0.0, log_kl_to_base=False, tis_threshold=2.0,
+                   policy_loss="ppo_clip", aggregation="token_mean", advantage="grpo")
+  config, tok, problems, book, verifier, graphdef, learner = _parts(config)
+  v0 = jax.tree.map(jnp.copy, learner.params)
+  scored = rollout.generate(graphdef, v0, tok, book, problems[:config.problems_per_batch],
+                            verifier, n=config.rollouts_per_problem, rng=jax.random.key(7),
+                            sampling=config.sampling)
+  assert 0 < scored.rewards_GN.mean() < 1
+  # Version 1: every weight moved, so pi_1 differs from pi_0 on every token.
+  v1 = jax.tree.map(lambda x: x * 1.2 if jnp.issubdtype(x.dtype, jnp.floating) else x, v0)
+  learner.params = jax.tree.map(jnp.copy, v1)
+  stats = learner.step(scored, select_rng=jax.random.key(0), shuffle_rng=jax.random.key(1)).stats
+
+  tokens, mask = rollout.sequences(scored, config.rollouts_per_problem)
+  logp1 = np.asarray(update.score(graphdef, v1, tokens, mask, prompt_len=scored.prompt_len,
+                                  temperature=config.sampling.temperature))
+  logp0 = scored.rollouts.logprobs
+  valid = scored.rollouts.mask
+  r = scored.rewards_GN
+  adv = ((r - r.mean(1, keepdims=True)) / (r.std(1, ddof=0, keepdims=True) + 1e-6)).reshape(-1)
+  ratio = np.exp(np.where(valid, logp1 - logp0, 0.0))
+  eps = config.rl.clip_eps  # ppo_clip: symmetric
+  per_token = -np.minimum(ratio * adv[:, None], np.clip(ratio, 1 - eps, 1 + eps) * adv[:, None])
+  want = (per_token * valid).sum() / valid.sum()
+  assert abs(np.abs(np.log(ratio[valid])).max()) > 0.05  # the batch is really stale
+  np.testing.assert_allclose(stats["loss"], want, rtol=2e-4, atol=1e-6)
+
+
+@pytest.mark.slow("two runs of isojax.main, one killed by SIGKILL mid-run")
+def test_resume_after_sigkill_is_bit_identical(tmp_path):
+  flags = ["--config=configs/hard.py:micro", "--config.num_steps=10",
+           "--config.checkpoint_every=2", "--config.rl.max_staleness=2",
+           "--config.eval.train_problems=0"]
+  main = lambda workdir: subprocess.Popen(
+      [sys.executable, "-m", "isojax.main", *flags, f"--workdir={workdir}"], cwd=ROOT,
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  full, killed = tmp_path / "full", tmp_path / "killed"
+  assert main(full).wait(timeout=600) == 0
+  proc = main(killed)
+  first = killed / "checkpoints" / "2"
+  while not first.exists() and proc.poll() is None:
+    time.sleep(0.02)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait(timeout=60)
+  assert not (killed / "checkpoints" / "10").exists(), "the run ended before it was killed"
+  assert main(killed).wait(timeout=600) == 0
+  strip = lambda w: [run_dir.without_timings(r) for r in run_dir.read_metrics(str(w))]
+  assert strip(killed) == strip(full)
