@@ -111,6 +111,14 @@ def base_config() -> ml_collections.ConfigDict:
       decode_block=0,        # > 0: attend over the generated cache in blocks of this many
                              # tokens, only the filled ones; 0: the whole cache each step
       stop_token_ids=(),     # ids that end a rollout besides the checkpoint's EOS ids
+      # Forced interruptions (ScaleRL): a rollout that has not generated think_end_text
+      # within think_budget tokens gets interruption_text written in by the sampler
+      # (context, not actions) and may then generate answer_budget more tokens.
+      think_budget=0,        # 0: off
+      answer_budget=0,
+      interruption_text=("Okay, time is up. Let me stop thinking and formulate a final "
+                         "answer now. </think>"),
+      think_end_text="</think>",
   ))
 
   c.rl = ml_collections.ConfigDict(dict(

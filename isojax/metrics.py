@@ -36,6 +36,7 @@ TRAIN_PASS1_COUNTS = "train/pass@1_counts"         # behind TRAIN_PASS1_HISTOGRA
 PER_PROBLEM_COUNTS = (VAL_CORRECT_COUNTS, TRAIN_PASS1_COUNTS)
 TRAIN_ACTIVE_PROBLEMS = "train/active_problems"    # after No-Positive-Resampling
 TRAIN_TRUNCATED = "train/truncated_fraction"       # rollouts that hit max_new_tokens
+TRAIN_INTERRUPTED = "train/interrupted_fraction"   # rollouts given the interruption text
 TRAIN_VERIFIER_TIMEOUTS = "train/verifier_timeouts"  # completions cut off (scored 0)
 TRAIN_VERIFIER_ERRORS = "train/verifier_errors"      # completions whose grading failed
 TRAIN_SHAPED_REWARD = "train/shaped_reward"        # what the update optimises (rl.overlong)

@@ -118,6 +118,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   mesh = sharding.make_mesh(config.mesh)
   path = policy_path(config)
   tok = tokenizer_lib.load_tokenizer(path, extra_stop_ids=tuple(config.sampling.stop_token_ids))
+  rollout.interruption(config.sampling, tok)  # its text must fit the tokenizer: fail fast
   train_problems, val_problems, book, skipped = load_task(config, tok)
   verifier = tasks.make_verifier(config.task)
 

@@ -102,7 +102,8 @@ def build_train_batch(config: ml_collections.ConfigDict, scored: rollout.ScoredR
   zero_var_G = np.asarray(advantages_lib.zero_variance_groups(jnp.asarray(rewards_GM)))
   keep_pg, keep_reg = _filter_masks(config.rl.zero_variance_filter, zero_var_G, m)
   tokens, mask = rollout.sequences(scored, config.rollouts_per_problem)
-  response_mask = scored.rollouts.mask[rows]
+  # The policy's own tokens: forced interruption text is context (in `mask`), not action.
+  response_mask = scored.rollouts.actions[rows]
   batch = update.TrainBatch(
       tokens=tokens[rows], mask=mask[rows], response_mask=response_mask,
       sampler_logp=scored.rollouts.logprobs[rows],

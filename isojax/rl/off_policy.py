@@ -72,7 +72,7 @@ class Generated:
                 active_problems=np.int32(self.active_problems),
                 prompts=s.prompts_GP, prompt_mask=s.prompt_mask_GP, tokens=s.rollouts.tokens,
                 logprobs=s.rollouts.logprobs, mask=s.rollouts.mask,
-                finished=s.rollouts.finished, rewards=s.rewards_GN,
+                finished=s.rollouts.finished, forced=s.rollouts.forced, rewards=s.rewards_GN,
                 verifier=np.asarray([s.verifier_timeouts, s.verifier_errors], np.int32),
                 timings=np.asarray([s.timings.get(k, 0.0) for k in metrics.TIMED_PHASES],
                                    np.float32))
@@ -81,7 +81,7 @@ class Generated:
   def from_tree(cls, tree: dict[str, Any]) -> "Generated":
     a = {k: np.asarray(v) for k, v in tree.items()}
     rollouts = sampler.Rollouts(tokens=a["tokens"], logprobs=a["logprobs"], mask=a["mask"],
-                                finished=a["finished"])
+                                finished=a["finished"], forced=a["forced"])
     scored = rollout.ScoredRollouts(a["prompts"], a["prompt_mask"], rollouts, a["rewards"],
                                     completions=[], verifier_timeouts=int(a["verifier"][0]),
                                     verifier_errors=int(a["verifier"][1]),

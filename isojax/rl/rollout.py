@@ -106,7 +106,8 @@ def sample(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Seq
   per_call, num_calls = call_plan(len(problems), n, sampling.max_rollouts_per_call, shards)
   rows = np.resize(np.arange(len(problems)), per_call * num_calls)  # pad by repetition
   spec = sample_spec(sampling, n=n, rollouts_per_call=per_call * n, shards=shards,
-                     stop_ids=tok.eos_ids, pad_id=tok.pad_id, temperature=temperature)
+                     stop_ids=tok.eos_ids, pad_id=tok.pad_id, temperature=temperature,
+                     interruption=interruption(sampling, tok))
   parts = []
   with contextlib.ExitStack() as stack:
     if mesh is not None:
@@ -150,16 +151,51 @@ def call_plan(num_problems: int, n: int, max_rollouts_per_call: int, shards: int
   return per_call, -(-num_problems // per_call)
 
 
+def interruption(sampling: ml_collections.ConfigDict, tok: TextTokenizer
+                 ) -> sampler.Interruption | None:
+  """`sampling`'s forced interruption in token ids (None when `think_budget` is 0).
+
+  Raises, naming the field, when the interruption text holds a stop id (it would end
+  the rollout) or does not fit between the budgets and `max_new_tokens`.
+  """
+  if not sampling.think_budget:
+    return None
+  def encode(field: str) -> tuple[int, ...]:
+    text = sampling[field]
+    try:
+      ids = tuple(tok.encode(text, add_bos=False))
+    except Exception as e:  # pylint: disable=broad-except  # tokenizers raises bare Exception
+      raise ValueError(f"sampling.{field}={text!r} cannot be written with the policy's "
+                       f"tokenizer: {e}") from None
+    if not ids or tok.decode(ids, skip_special_tokens=False) != text:
+      raise ValueError(f"sampling.{field}={text!r} does not round-trip through the policy's "
+                       f"tokenizer (it decodes {ids} to {tok.decode(ids)!r})")
+    return ids
+
+  text_ids, end_ids = encode("interruption_text"), encode("think_end_text")
+  if set(text_ids) & set(tok.eos_ids):
+    raise ValueError(f"sampling.interruption_text={sampling.interruption_text!r} encodes to "
+                     f"a stop id of the tokenizer ({sorted(set(text_ids) & set(tok.eos_ids))})")
+  cut = sampler.Interruption(sampling.think_budget, text_ids, sampling.answer_budget, end_ids)
+  if cut.end > sampling.max_new_tokens:
+    raise ValueError(
+        f"sampling.think_budget={cut.think_budget} + the interruption text's {len(text_ids)} "
+        f"tokens + sampling.answer_budget={cut.answer_budget} exceed "
+        f"sampling.max_new_tokens={sampling.max_new_tokens}")
+  return cut
+
+
 def sample_spec(sampling: ml_collections.ConfigDict, *, n: int, rollouts_per_call: int,
                 shards: int, stop_ids: tuple[int, ...], pad_id: int,
-                temperature: float | None = None) -> sampler.SampleSpec:
+                temperature: float | None = None,
+                interruption: sampler.Interruption | None = None) -> sampler.SampleSpec:
   """The sampler's settings for one call of `rollouts_per_call` rollouts from
   `config.sampling`, the tokenizer's stop and pad ids and the call's device shards.
 
   `sampling.decode_slots` (0: lockstep decoding) and `sampling.decode_slots_min` (0: the
   slots never shrink) are each rounded up to a multiple of `shards`; more slots than the
   call's rollouts would only decode empty rows. `temperature` overrides
-  `sampling.temperature` (evaluation).
+  `sampling.temperature` (evaluation). `interruption` is `interruption(sampling, tok)`.
   """
   def per_call(slots: int, limit: int) -> int:
     return -(-min(slots, limit) // shards) * shards if slots else 0
@@ -171,7 +207,7 @@ def sample_spec(sampling: ml_collections.ConfigDict, *, n: int, rollouts_per_cal
       top_p=float(sampling.top_p), weights_dtype=sampling.weights_dtype or None,
       dtype=sampling.dtype or None, num_slots=num_slots,
       min_slots=per_call(sampling.decode_slots_min, num_slots),
-      decode_block=sampling.decode_block)
+      decode_block=sampling.decode_block, interruption=interruption)
 
 
 def generate(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Sequence[Problem],

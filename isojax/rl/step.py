@@ -114,6 +114,8 @@ def step_metrics(config: ml_collections.ConfigDict, result: StepResult, *,
       metrics.TRAIN_VERIFIER_TIMEOUTS: scored.verifier_timeouts,
       metrics.TRAIN_VERIFIER_ERRORS: scored.verifier_errors,
   }
+  if config.sampling.think_budget:
+    values[metrics.TRAIN_INTERRUPTED] = float(np.mean(scored.rollouts.interrupted))
   if config.rl.overlong != "reward":
     values[metrics.TRAIN_SHAPED_REWARD] = float(
         rl_batch.training_rewards(config, scored).mean())

@@ -41,10 +41,20 @@ class Rollouts:
   logprobs: jax.Array   # [B, T] float32 sampler log-probs of `tokens`, 0 where masked
   mask: jax.Array       # [B, T] bool, True on generated tokens (stop token included)
   finished: jax.Array   # [B] bool, emitted a stop token (False: truncated at T)
+  forced: jax.Array     # [B, T] bool, the interruption text written by the sampler
+                        # (context, not actions: log-prob 0, outside the loss)
 
   @property
   def lengths(self) -> jax.Array:  # [B]
     return self.mask.sum(axis=-1)
+
+  @property
+  def actions(self) -> jax.Array:  # [B, T] bool: tokens the policy chose
+    return self.mask & ~self.forced
+
+  @property
+  def interrupted(self) -> jax.Array:  # [B] bool: reached the thinking budget
+    return self.forced.any(axis=-1)
 
 
 @flax.struct.dataclass
@@ -56,6 +66,47 @@ class _LoopState:
   done: jax.Array        # [B] bool, a stop token already emitted before `step`
   cache: DecodeCache
   rng: jax.Array
+  thinking: jax.Array    # [B] bool, no end-of-thinking marker yet (forced interruptions)
+  interrupted: jax.Array  # [B] bool, the interruption text was forced in
+
+
+@dataclasses.dataclass(frozen=True)
+class Interruption:
+  """ScaleRL's forced interruption: a rollout still thinking after `think_budget` tokens
+  gets `text_ids` written in by the sampler, then at most `answer_budget` more tokens.
+  "Still thinking": `think_end_ids` (e.g. the ids of "</think>") not yet generated."""
+  think_budget: int
+  text_ids: tuple[int, ...]
+  answer_budget: int
+  think_end_ids: tuple[int, ...]
+
+  @property
+  def end(self) -> int:
+    """The length at which an interrupted rollout stops."""
+    return self.think_budget + len(self.text_ids) + self.answer_budget
+
+  def force(self, position, interrupted, token, logp):
+    """(token, logp) with the interruption text written where `position` (the index of
+    the token being chosen) falls in its window on an `interrupted` row; log-prob 0."""
+    offset = position - self.think_budget
+    window = interrupted & (offset >= 0) & (offset < len(self.text_ids))
+    text = jnp.asarray(self.text_ids, jnp.int32)[jnp.clip(offset, 0, len(self.text_ids) - 1)]
+    return jnp.where(window, text, token), jnp.where(window, 0.0, logp)
+
+  def ends_thinking(self, tokens, position):
+    """Whether the `think_end_ids` end at `position` (an index into the last axis of
+    `tokens` [..., T], broadcast against `tokens`' leading axes)."""
+    size = len(self.think_end_ids)
+    position = jnp.broadcast_to(position, tokens.shape[:-1])
+    at = position[..., None] - (size - 1) + jnp.arange(size)
+    found = jnp.take_along_axis(tokens, jnp.clip(at, 0, tokens.shape[-1] - 1), axis=-1)
+    return jnp.all((found == jnp.asarray(self.think_end_ids, jnp.int32)) & (at >= 0), axis=-1)
+
+  def forced_mask(self, interrupted_B, t: int):
+    """[B, T]: where the interruption text lies on each interrupted row."""
+    positions = jnp.arange(t)
+    return interrupted_B[:, None] & (positions >= self.think_budget) & (
+        positions < self.think_budget + len(self.text_ids))
 
 
 def filter_logits(logits_BV: jax.Array, *, top_k: int, top_p: float) -> jax.Array:
@@ -235,6 +286,7 @@ class SampleSpec:
   num_slots: int = 0                     # > 0: continuous batching in this many rows
   min_slots: int = 0                     # > 0: halve the slots down to this many
   decode_block: int = 0                  # > 0: attend over filled cache blocks only
+  interruption: Interruption | None = None  # forced interruptions; None: off
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
@@ -253,7 +305,7 @@ def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, spec: SampleSpec) -
   `decode_block` > 0 attends over the generated cache in blocks of that many tokens, only
   those holding tokens yet (`decode.decode_step`'s `cache_block`); the same samples.
   """
-  n, max_new_tokens, pad_id = spec.n, spec.max_new_tokens, spec.pad_id
+  n, max_new_tokens, pad_id, cut = spec.n, spec.max_new_tokens, spec.pad_id, spec.interruption
   choose = functools.partial(_choose, temperature=spec.temperature, top_k=spec.top_k,
                              top_p=spec.top_p)
   stop_ids_K = jnp.asarray(tuple(spec.stop_ids), jnp.int32)
@@ -270,20 +322,29 @@ def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, spec: SampleSpec) -
     return _decode_continuous(
         model, blocks, prefix, first_logits_GV, prompt_len_B, rng, n=n,
         num_slots=spec.num_slots, min_slots=spec.min_slots, max_new_tokens=max_new_tokens,
-        choose=choose, stop_ids_K=stop_ids_K, pad_id=pad_id, decode_block=spec.decode_block)
+        choose=choose, stop_ids_K=stop_ids_K, pad_id=pad_id, decode_block=spec.decode_block,
+        interruption=cut)
 
   def body(s: _LoopState) -> _LoopState:
     rng, key = jax.random.split(s.rng)
     token, logp = choose(s.logits, key)
+    interrupted, thinking = s.interrupted, s.thinking
+    if cut:
+      interrupted = interrupted | ((s.step == cut.think_budget) & thinking & ~s.done)
+      token, logp = cut.force(s.step, interrupted, token, logp)
     token = jnp.where(s.done, pad_id, token)
     logp = jnp.where(s.done, 0.0, logp)
     tokens = s.tokens.at[:, s.step].set(token)
     logprobs = s.logprobs.at[:, s.step].set(logp)
+    done = s.done | jnp.isin(token, stop_ids_K)
+    if cut:
+      thinking = thinking & ~cut.ends_thinking(tokens, s.step)
+      done = done | (interrupted & (s.step + 1 >= cut.end))
     logits, cache = decode.decode_step(model, token, prompt_len_B + s.step, s.step, prefix,
                                        s.cache, blocks=blocks, cache_block=spec.decode_block)
     return _LoopState(step=s.step + 1, logits=sharding.constrain(logits, ("batch", "vocab")),
-                      tokens=tokens, logprobs=logprobs,
-                      done=s.done | jnp.isin(token, stop_ids_K), cache=cache, rng=rng)
+                      tokens=tokens, logprobs=logprobs, done=done, cache=cache, rng=rng,
+                      thinking=thinking, interrupted=interrupted)
 
   def cond(s: _LoopState):
     return (s.step < max_new_tokens) & ~jnp.all(s.done)
@@ -296,22 +357,30 @@ def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, spec: SampleSpec) -
       logprobs=rows(jnp.zeros((b, max_new_tokens), jnp.float32)),
       done=sharding.constrain(jnp.zeros((b,), bool), ("batch",)),
       cache=decode.init_cache(model, b, max_new_tokens),
-      rng=rng)
+      rng=rng, thinking=jnp.ones((b,), bool), interrupted=jnp.zeros((b,), bool))
   final = jax.lax.while_loop(cond, body, init)
-  return _rollouts(final.tokens, final.logprobs, final.step, stop_ids_K, pad_id)
+  written = final.step
+  if cut:  # an interrupted row ends at its answer budget, whatever the others do
+    written = jnp.where(final.interrupted, jnp.minimum(written, cut.end), written)
+  return _rollouts(final.tokens, final.logprobs, written, stop_ids_K, pad_id,
+                   final.interrupted, cut)
 
 
-def _rollouts(tokens_BT, logprobs_BT, written, stop_ids_K, pad_id) -> Rollouts:
-  """Masks each row after its first stop token and from position `written` ([] or [B]) on."""
-  t = tokens_BT.shape[1]
+def _rollouts(tokens_BT, logprobs_BT, written, stop_ids_K, pad_id, interrupted_B=None,
+              interruption: Interruption | None = None) -> Rollouts:
+  """Masks each row after its first stop token and from position `written` ([] or [B]) on;
+  marks the interruption text of the `interrupted_B` rows as forced."""
+  b, t = tokens_BT.shape
   was_written = jnp.arange(t) < jnp.asarray(written)[..., None]
   # A token is generated iff no stop token came strictly before it.
   is_stop = jnp.isin(tokens_BT, stop_ids_K) & was_written
   stops_before = jnp.cumsum(is_stop, axis=-1) - is_stop
   mask = (stops_before == 0) & was_written
+  forced = (interruption.forced_mask(interrupted_B, t) & mask if interruption
+            else jnp.zeros((b, t), bool))
   return Rollouts(tokens=jnp.where(mask, tokens_BT, pad_id),
                   logprobs=jnp.where(mask, logprobs_BT, 0.0), mask=mask,
-                  finished=jnp.any(is_stop, axis=-1))
+                  finished=jnp.any(is_stop, axis=-1), forced=forced)
 
 
 @flax.struct.dataclass
@@ -326,6 +395,8 @@ class _Slots:
   lengths: jax.Array    # [D, R] int32 tokens written per rollout
   cache: DecodeCache    # L x [D * S, K, H, T] keys, L x [D * S, K, T, H] values
   rng: jax.Array
+  thinking: jax.Array     # [D, R] bool, no end-of-thinking marker yet
+  interrupted: jax.Array  # [D, R] bool, the interruption text was forced in
 
 
 def _refill(rollout_S, position_S, token_S, finished_S, queue_R, queued, taken, first_R):
@@ -365,7 +436,7 @@ def _compact(st: _Slots, slots: int, empty: int) -> _Slots:
 
 def _decode_continuous(model, blocks, prefix, first_logits_GV, prompt_len_B, rng, *, n, num_slots,
                        min_slots, max_new_tokens, choose, stop_ids_K, pad_id,
-                       decode_block) -> Rollouts:
+                       decode_block, interruption: Interruption | None = None) -> Rollouts:
   """Continuous batching: `num_slots` decode rows refilled as rollouts finish.
 
   The first token of every rollout is drawn from its prompt's prefill logits up front.
@@ -424,15 +495,28 @@ def _decode_continuous(model, blocks, prefix, first_logits_GV, prompt_len_B, rng
     token, logp = token.reshape(d, slots), logp.reshape(d, slots)
     # Empty slots (rollout r) decode a dummy row and write nowhere.
     put = jax.vmap(lambda a, i, j, v: a.at[i, j].set(v, mode="drop"))
-    finished = (st.rollout < r) & (jnp.isin(token, stop_ids_K) | (st.position + 2 >= t))
-    lengths = jax.vmap(lambda a, i, v: a.at[i].set(v, mode="drop"))(
-        st.lengths, jnp.where(finished, st.rollout, r), st.position + 2)
+    set_rows = jax.vmap(lambda a, i, v: a.at[i].set(v, mode="drop"))
+    busy, chosen_at = st.rollout < r, st.position + 1   # [D, S]
+    thinking, interrupted = st.thinking, st.interrupted
+    if interruption:
+      slot_interrupted = by_shard(interrupted, st.rollout) | (
+          (chosen_at == interruption.think_budget) & by_shard(thinking, st.rollout) & busy)
+      token, logp = interruption.force(chosen_at, slot_interrupted, token, logp)
+      interrupted = set_rows(interrupted, st.rollout, slot_interrupted)
+    finished = busy & (jnp.isin(token, stop_ids_K) | (chosen_at + 1 >= t))
+    if interruption:
+      finished = finished | (busy & slot_interrupted & (chosen_at + 1 >= interruption.end))
+    tokens = put(st.tokens, st.rollout, chosen_at, token)
+    if interruption:
+      ended = interruption.ends_thinking(by_shard(tokens, st.rollout), chosen_at)
+      thinking = set_rows(thinking, st.rollout, by_shard(thinking, st.rollout) & ~ended)
+    lengths = set_rows(st.lengths, jnp.where(finished, st.rollout, r), chosen_at + 1)
     rollout, position, token_next, taken = jax.vmap(_refill)(
         st.rollout, st.position, token, finished, queue, queued, st.taken, first_DR)
     return _Slots(rollout=rollout, position=position, token=token_next, taken=taken,
-                  tokens=put(st.tokens, st.rollout, st.position + 1, token),
-                  logprobs=put(st.logprobs, st.rollout, st.position + 1, logp), lengths=lengths,
-                  cache=cache, rng=rng)
+                  tokens=tokens, logprobs=put(st.logprobs, st.rollout, chosen_at, logp),
+                  lengths=lengths, cache=cache, rng=rng, thinking=thinking,
+                  interrupted=interrupted)
 
   def running_until(fewer: int):
     """Loop condition: a slot is busy, and (fewer > 0) the shards cannot move to fewer."""
@@ -443,17 +527,21 @@ def _decode_continuous(model, blocks, prefix, first_logits_GV, prompt_len_B, rng
       return jnp.any(busy_D > 0) & ~jnp.all((st.taken >= queued) & (busy_D <= fewer))
     return cond
 
+  thinking = jnp.ones((d, r), bool)
+  if interruption:  # a one-token marker may be the first token
+    thinking = ~interruption.ends_thinking(tokens, 0)
   st = _Slots(rollout=rollout, position=jnp.zeros((d, s), jnp.int32),
               token=by_shard(first_DR, rollout), taken=jnp.minimum(queued, s),
               tokens=tokens, logprobs=logprobs, lengths=jnp.ones((d, r), jnp.int32),
-              cache=decode.init_cache(model, num_slots, t), rng=rng)
+              cache=decode.init_cache(model, num_slots, t), rng=rng, thinking=thinking,
+              interrupted=jnp.zeros((d, r), bool))
   levels = slot_levels(s, -(-min_slots // d))
   for fewer in levels[1:]:
     st = _compact(jax.lax.while_loop(running_until(fewer), body, st), fewer, r)
   final = jax.lax.while_loop(running_until(0), body, st)
   unshard = lambda x: x.reshape(b, *x.shape[2:])
   return _rollouts(unshard(final.tokens), unshard(final.logprobs), unshard(final.lengths),
-                   stop_ids_K, pad_id)
+                   stop_ids_K, pad_id, unshard(final.interrupted), interruption)
 
 
 def prefix_cache_for_rollouts(prefix: PrefixCache, n: int) -> PrefixCache:

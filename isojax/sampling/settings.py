@@ -50,6 +50,10 @@ class SamplingSettings(validation.Section):
   decode_slots_min: int
   decode_block: int
   stop_token_ids: tuple[int, ...]
+  think_budget: int
+  answer_budget: int
+  interruption_text: str
+  think_end_text: str
 
   def __post_init__(self):
     if not self.temperature >= 0:
@@ -75,6 +79,28 @@ class SamplingSettings(validation.Section):
     stop = self.stop_token_ids
     if isinstance(stop, int) or not all(is_int(i) and i >= 0 for i in stop):
       raise ValueError(f"sampling.stop_token_ids={stop!r}: expected a tuple of token ids >= 0")
+    self._check_interruption()
+
+  def _check_interruption(self) -> None:
+    """The rules of forced interruptions that need no tokenizer (`rollout.interruption`
+    checks the token counts)."""
+    validation.non_negative_int("sampling.think_budget", self.think_budget, "0: off")
+    validation.non_negative_int("sampling.answer_budget", self.answer_budget,
+                                "tokens after the interruption text")
+    if not self.think_budget:
+      return
+    for field in ("interruption_text", "think_end_text"):
+      if not isinstance(getattr(self, field), str) or not getattr(self, field):
+        raise ValueError(f"sampling.{field}={getattr(self, field)!r}: expected a non-empty "
+                         "string with sampling.think_budget > 0")
+    if not self.answer_budget:
+      raise ValueError("sampling.answer_budget=0 with sampling.think_budget > 0: an "
+                       "interrupted rollout needs >= 1 token to answer")
+    if self.think_budget + self.answer_budget >= self.max_new_tokens:
+      raise ValueError(
+          f"sampling.think_budget={self.think_budget} + sampling.answer_budget="
+          f"{self.answer_budget} must leave room for the interruption text within "
+          f"sampling.max_new_tokens={self.max_new_tokens}")
 
   @classmethod
   def from_config(cls, sampling: Mapping[str, Any]) -> SamplingSettings:

@@ -44,7 +44,8 @@ def test_option_trains_one_step(field, value):
   rollouts = sampler.Rollouts(tokens=rng.integers(3, 11, (g * n, t)).astype(np.int32),
                               logprobs=-rng.uniform(1, 3, (g * n, t)).astype(np.float32),
                               mask=np.array([[1, 1, 1], [1, 1, 0]] * n, bool),
-                              finished=np.array([False, True] * n))
+                              finished=np.array([False, True] * n),
+                              forced=np.zeros((g * n, t), bool))
   scored = rollout.ScoredRollouts(
       prompts_GP=np.full((g, p), 4, np.int32), prompt_mask_GP=np.ones((g, p), bool),
       rollouts=rollouts, rewards_GN=np.array([[1, 0, 0, 1], [0, 1, 0, 0]], np.float32),

@@ -13,15 +13,17 @@ from isojax.rl import rollout, update
 from isojax.sampling import sampler
 
 
-def _scored(rewards_GN, t=3, p=2):
+def _scored(rewards_GN, t=3, p=2, forced=None):
   g, n = rewards_GN.shape
   b = g * n
+  forced = np.zeros((b, t), bool) if forced is None else forced
   tokens = np.arange(b * t).reshape(b, t) + 3  # unique rows, to identify selections
   return rollout.ScoredRollouts(
       prompts_GP=np.full((g, p), 5, np.int32), prompt_mask_GP=np.ones((g, p), bool),
       rollouts=sampler.Rollouts(tokens=jnp.asarray(tokens),
                                 logprobs=-jnp.arange(b * t, dtype=jnp.float32).reshape(b, t),
-                                mask=jnp.ones((b, t), bool), finished=jnp.ones((b,), bool)),
+                                mask=jnp.ones((b, t), bool), finished=jnp.ones((b,), bool),
+                                forced=jnp.asarray(forced)),
       rewards_GN=np.asarray(rewards_GN, np.float32), completions=[""] * b)
 
 
@@ -154,3 +156,19 @@ def test_truncated_rollouts_earn_zero_in_the_batch():
   r = np.array([0, 1, 0, 0, 1, 0], np.float32)
   np.testing.assert_allclose(np.asarray(batch.advantages[:6]),
                              (r - r.mean()) / (r.std() + 1e-6), rtol=1e-5)
+
+
+def test_forced_interruption_tokens_are_context_not_actions():
+  """The interruption text stays in the attention mask but leaves the loss mask, on the
+  rows PODS keeps."""
+  rewards = np.array([[1, 1, 1, 0, 1, 1], [0, 0, 1, 0, 0, 0]], np.float32)
+  forced = np.zeros((12, 3), bool)
+  forced[[1, 3, 8], 1] = True
+  scored = _scored(rewards, forced=forced)
+  config = _config(downsample="max_variance", train_rollouts_per_problem=2)
+  batch, _ = rl_batch.build_train_batch(config, scored, select_rng=jax.random.key(0))
+  full_tokens, _ = rollout.sequences(scored, 6)
+  rows = [int(np.flatnonzero((full_tokens == r).all(axis=1))[0]) for r in np.asarray(batch.tokens)]
+  np.testing.assert_array_equal(np.asarray(batch.response_mask), ~forced[rows])
+  np.testing.assert_array_equal(np.asarray(batch.mask)[:, 2:], True)
+  assert forced[rows].any()  # a kept row carries forced tokens

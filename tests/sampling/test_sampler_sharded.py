@@ -6,12 +6,11 @@ The multi-device test runs a child Python with XLA_FLAGS set before JAX starts.
 import threading
 
 import jax
-import ml_collections
 import numpy as np
 import pytest
 from flax import nnx
 
-from isojax import tasks
+from isojax import config_lib, tasks
 from isojax.models.transformer import ModelConfig, Transformer
 from isojax.rl import rollout
 from isojax.sampling import sampler
@@ -109,10 +108,9 @@ def test_calls_of_max_rollouts_cover_every_problem_in_order(decode_slots, decode
   rng = np.random.default_rng(4)
   book = prompts.PromptBook({p: tuple(rng.integers(3, 24, size=2 + i % 3)) for i, p in
                              enumerate(problems)}, pad_id=0, max_len=16)
-  sampling = ml_collections.ConfigDict(dict(
-      max_new_tokens=6, temperature=1.0, top_k=0, top_p=1.0, max_rollouts_per_call=4,
-      weights_dtype="", dtype="", decode_slots=decode_slots, decode_slots_min=decode_slots_min,
-      decode_block=0))
+  sampling = config_lib.base_config().sampling
+  sampling.update(max_new_tokens=6, temperature=1.0, max_rollouts_per_call=4,
+                  decode_slots=decode_slots, decode_slots_min=decode_slots_min)
   key = jax.random.key(9)
   got = rollout.sample(graphdef, params, _Tokenizer(), book, problems,
                        tasks.PerItemVerifier(lambda text, p: 0.0), n=2, rng=key,
@@ -230,9 +228,8 @@ def test_decoding_and_grading_run_on_the_host_thread():
     assert release.wait(timeout=60), "grading did not wait for the caller"
     seen.append(threading.current_thread().name)
     return float(problem.answer)
-  sampling = ml_collections.ConfigDict(dict(
-      max_new_tokens=4, temperature=1.0, top_k=0, top_p=1.0, max_rollouts_per_call=0,
-      weights_dtype="", dtype="", decode_slots=0, decode_slots_min=0, decode_block=0))
+  sampling = config_lib.base_config().sampling
+  sampling.update(max_new_tokens=4, temperature=1.0)
   pending = rollout.sample(graphdef, params, _Tokenizer(), book, problems,
                            tasks.PerItemVerifier(reward), n=2, rng=jax.random.key(0),
                            sampling=sampling)
