@@ -15,6 +15,10 @@ Sections (runs go under --out and are reused: rerunning the command resumes it):
          AVX2 run, and its wall time -> isa.md.
   pods   `launch.compare` of PODS (configs/pods.py) against vanilla GRPO
          (configs/pods.py:grpo) for each seed -> pods.md.
+  off_policy  configs/hard.py synchronous against off-policy generation
+         (`rl.max_staleness`, PipelineRL-k and PPO-off-policy-k) for each seed: final
+         `val/avg@4`, gain, staleness, what the update waited for its rollouts, wall
+         time -> off_policy.md and img/off_policy.png.
   study  `launch.study` (profile, every sweep of the paper, analyses, findings) at
          --study_budget rollouts per sweep -> study.md (the findings table) and the
          study's plots in img/.
@@ -49,12 +53,17 @@ from absl import app, flags, logging
 from isojax import cpu_isa, metrics, run_dir, storage
 from launch import compare
 
-SECTIONS = ("demos", "isa", "pods", "study")
+SECTIONS = ("demos", "isa", "pods", "off_policy", "study")
 # XLA:CPU instruction-set caps the isa section compares (`cpu_isa`): native is none.
 ISA_CAPS = (cpu_isa.NATIVE, "AVX2", "AVX", "SSE4_2")
 # (name, config): the demos every user runs first.
 DEMOS = (("hard", "configs/hard.py"), ("easy", "configs/easy.py"),
          ("reasoning", "configs/reasoning.py"))
+# (name, flags) of the off_policy section's settings of configs/hard.py.
+OFF_POLICY = (("synchronous", ()),
+              *((f"pipeline, k = {k}", (f"--config.rl.max_staleness={k}",)) for k in (1, 2, 4, 8)),
+              ("ppo_off_policy, k = 4", ("--config.rl.max_staleness=4",
+                                          "--config.rl.off_policy=ppo_off_policy")))
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING_FILE = "reproduce_timing.json"  # a run's wall time as this command measured it
 
@@ -306,6 +315,85 @@ def run_pods(out: str, results: str, seeds: Sequence[str], steps: int, command: 
   return _write(results, "pods.md", "PODS against vanilla GRPO", command, wall_s, body)
 
 
+def off_policy_summary(workdir: str) -> dict[str, Any]:
+  """`summarize_run` plus the mean staleness and the seconds a step waited for rollouts."""
+  summary = summarize_run(workdir)
+  steps = [r for r in run_dir.read_metrics(workdir)
+           if r[run_dir.STEP] > 0 and metrics.TRAIN_REWARD in r]
+  mean = lambda key: float(np.mean([r.get(key, 0.0) for r in steps]))
+  waited = [r.get(metrics.TIME_ROLLOUT_WAIT, r.get("time/sample_s", 0.0) +
+                  r.get("time/grade_wait_s", 0.0)) for r in steps]
+  summary.update(staleness=mean("train/staleness_max"), rollout_wait_s=float(np.mean(waited)),
+                 step_s=mean(metrics.TIME_STEP), update_s=mean("time/update_s"),
+                 wall_curve=[(r[run_dir.WALL_S], r[metrics.val_avg(4)])
+                             for r in run_dir.read_metrics(workdir) if metrics.val_avg(4) in r])
+  return summary
+
+
+def off_policy_table(runs: dict[str, list[dict[str, Any]]]) -> str:
+  """Markdown: a row per setting, its seeds side by side."""
+  avg = metrics.val_avg(4)
+  lines = ["| setting | final `val/avg@4` per seed | mean | gain / SE per seed | mean "
+           "staleness | waited for rollouts per step | update per step | step | wall time "
+           "per run |", "|---|---|---|---|---|---|---|---|---|"]
+  for name, rows in runs.items():
+    finals = [r["final"][avg] for r in rows]
+    per_run = lambda key: format_seconds(float(np.mean([r[key] for r in rows])))
+    lines.append(
+        f"| {name} | {', '.join(f'{v:.3f}' for v in finals)} | {np.mean(finals):.3f} | "
+        f"{', '.join(_in_se(r) for r in rows)} | "
+        f"{np.mean([r['staleness'] for r in rows]):.1f} | "
+        f"{np.mean([r['rollout_wait_s'] for r in rows]):.3f} s | "
+        f"{np.mean([r['update_s'] for r in rows]):.3f} s | "
+        f"{np.mean([r['step_s'] for r in rows]):.3f} s | {per_run('wall_s')} |")
+  return "\n".join(lines)
+
+
+def plot_off_policy(runs: dict[str, list[dict[str, Any]]], path: str) -> None:
+  """Mean `val/avg@4` over seeds against the update step and the run's wall seconds."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(9, 3.4))
+  for name, rows in runs.items():
+    steps = [s for s, _ in rows[0]["curve"]]
+    by_step.plot(steps, np.mean([[v for _, v in r["curve"]] for r in rows], axis=0),
+                 marker=".", label=name)
+    seconds = np.mean([[t for t, _ in r["wall_curve"]] for r in rows], axis=0)
+    by_time.plot(seconds, np.mean([[v for _, v in r["wall_curve"]] for r in rows], axis=0),
+                 marker=".", label=name)
+  by_step.set(xlabel="update step", ylabel="val/avg@4 (mean over seeds)")
+  by_time.set(xlabel="wall seconds of the run (steps and evaluations)")
+  by_step.legend(fontsize=7)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def run_off_policy(out: str, results: str, seeds: Sequence[str], command: str) -> str:
+  wall_s, runs = 0.0, {}
+  for index, (name, extra) in enumerate(OFF_POLICY):
+    runs[name] = []
+    for seed in seeds:
+      workdir = os.path.join(out, "off_policy", f"setting{index}_s{seed}")
+      logging.info("off_policy %s, seed %s -> %s", name, seed, workdir)
+      wall_s += _run_main("configs/hard.py", workdir, seed, extra)
+      runs[name].append(off_policy_summary(workdir))
+  plot_off_policy(runs, os.path.join(results, "img", "off_policy.png"))
+  body = "\n".join([
+      "`configs/hard.py` (200 steps, n = 16, B_p = 16) from the shipped base model, "
+      "synchronous and with off-policy generation (`rl.max_staleness` = k; `pipeline`: "
+      "step s sampled by the policy of step s - k; `ppo_off_policy`: one policy samples "
+      "k successive steps). Sampling runs on a host thread beside the update, on the "
+      "same devices (here the CPU's cores). Waited for rollouts: the seconds a step "
+      "spent before its batch was ready (synchronous: sampling and grading); step: its "
+      "mean duration.", "", off_policy_table(runs), "",
+      "![val/avg@4 against step and wall time](img/off_policy.png)", ""])
+  return _write(results, "off_policy.md", "Off-policy generation against the synchronous "
+                "loop", command, wall_s, body)
+
+
 def run_study(out: str, results: str, budget: int, command: str) -> str:
   study_dir = os.path.join(out, f"study_C{budget}")
   # launch.study resumes; its elapsed time adds up over the invocations that ran it.
@@ -364,6 +452,8 @@ def main(argv):
     run_isa(out, results, command)
   if "pods" in _SECTIONS.value:
     run_pods(out, results, _SEEDS.value, _PODS_STEPS.value, command)
+  if "off_policy" in _SECTIONS.value:
+    run_off_policy(out, results, _SEEDS.value, command)
   if "study" in _SECTIONS.value:
     run_study(out, results, _STUDY_BUDGET.value, command)
 

@@ -10,7 +10,8 @@ import pytest
 from launch import reproduce
 
 
-def _write_run(path, *, seed, counts, num_samples=8, num_steps=4, wall_s=12.5):
+def _write_run(path, *, seed, counts, num_samples=8, num_steps=4, wall_s=12.5,
+               step_line=None):
   """A finished run's config.json and metrics.jsonl: evaluations at steps 0 and num_steps."""
   os.makedirs(path)
   with open(os.path.join(path, "config.json"), "w") as f:
@@ -26,7 +27,7 @@ def _write_run(path, *, seed, counts, num_samples=8, num_steps=4, wall_s=12.5):
                   "train/pass@1_histogram": [3 - step // num_steps, 1, step // num_steps]})
     if step < num_steps:
       lines.append({"step": step + 1, "rollouts": 8, "tokens": 40, "wall_s": 1.0,
-                    "train/reward": 0.5})
+                    "train/reward": 0.5, **(step_line or {})})
   with open(os.path.join(path, "metrics.jsonl"), "w") as f:
     f.write("\n".join(json.dumps(r) for r in lines) + "\n")
 
@@ -135,3 +136,22 @@ def test_isa_table_names_where_each_cap_departs(tmp_path):
   assert rows[0].split("|")[5:7] == [" none ", " none "]
   assert rows[1].startswith("| AVX | ")
   assert rows[1].split("|")[5:7] == [" 4 ", " 4 "]  # the final evaluation, both columns
+
+
+def test_off_policy_table_and_plot_from_synthetic_runs(tmp_path):
+  counts = (np.arange(16) % 3, np.arange(16) % 5)
+  timing = {"time/step_s": 2.0, "time/update_s": 0.5}
+  _write_run(tmp_path / "sync", seed=0, counts=counts,
+             step_line=dict(timing, **{"time/sample_s": 1.0, "time/grade_wait_s": 0.25}))
+  _write_run(tmp_path / "k2", seed=0, counts=counts[::-1], wall_s=8.0, step_line=dict(
+      timing, **{"time/rollout_wait_s": 0.125, "train/staleness_max": 2}))
+  runs = {name: [reproduce.off_policy_summary(str(tmp_path / d))]
+          for name, d in (("synchronous", "sync"), ("pipeline, k = 2", "k2"))}
+  rows = [[c.strip() for c in line.strip("|").split("|")]
+          for line in reproduce.off_policy_table(runs).splitlines()[2:]]
+  assert rows[0][:7] == ["synchronous", f"{counts[1].mean() / 8:.3f}",
+                         f"{counts[1].mean() / 8:.3f}", reproduce._in_se(runs["synchronous"][0]),
+                         "0.0", "1.250 s", "0.500 s"]
+  assert rows[1][4:6] == ["2.0", "0.125 s"] and rows[1][8] == "8 s"
+  reproduce.plot_off_policy(runs, str(tmp_path / "img" / "off_policy.png"))
+  assert os.path.getsize(tmp_path / "img" / "off_policy.png") > 1000
