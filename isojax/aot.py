@@ -177,37 +177,51 @@ def _measure(name: str, lower, resident: int, inputs: str) -> ProgramMemory:
 
 def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
           prompt_len: int) -> list[ProgramMemory]:
-  """Compiles sample, score and train_step of one step of `config` for `devices`."""
+  """Compiles sample, score and train_step of one step of `config` for `devices`.
+
+  With `mesh.rollout_fraction` > 0 the sampler is compiled for its own devices (the
+  generator's mesh) and score and train_step for the learner's, each program's bytes
+  per chip of its own slice. Off-policy runs on shared devices (`rl.max_staleness` > 0,
+  no split) hold the generator's copy of the weights beside the learner's: it counts as
+  resident in every program.
+  """
   config = config_lib.resolve(config)
-  mesh = sharding.make_mesh(config.mesh, devices)
+  mesh, rollout_mesh = sharding.make_meshes(config.mesh, devices)
+  sample_mesh = mesh if rollout_mesh is None else rollout_mesh
   n, m, b_p = (config.rollouts_per_problem, config_lib.train_rollouts_per_problem(config),
                config.problems_per_batch)
   p, t = prompt_len, config.sampling.max_new_tokens
   graphdef, abstract = nnx.split(transformer.abstract_model(model_cfg))
-  params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                        abstract, sharding.state_shardings(abstract, mesh))
+  placed = lambda tree, shardings: jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+  params = placed(abstract, sharding.state_shardings(abstract, mesh))
+  sample_params = placed(abstract, sharding.state_shardings(abstract, sample_mesh))
   tx, _ = update.make_optimizer(config)
-  opt_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                           jax.eval_shape(tx.init, params),
-                           update.opt_state_shardings(tx, params, mesh))
+  opt_state = placed(jax.eval_shape(tx.init, params),
+                     update.opt_state_shardings(tx, params, mesh))
   settings = update.UpdateSettings.from_config(config, group_size=m, prompt_len=p)
   keep_reference = config.rl.kl_coef > 0 or config.rl.log_kl_to_base
   param_bytes, opt_bytes = _chip_bytes(params), _chip_bytes(opt_state)
   ref_bytes = param_bytes if keep_reference else 0
+  # The generator's weights beside the learner's (off-policy on shared devices).
+  snapshot_bytes = param_bytes if config.rl.max_staleness and rollout_mesh is None else 0
   key = jax.eval_shape(jax.random.key, 0)
-  key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=sharding.replicated(mesh))
+  key_on = lambda mesh: jax.ShapeDtypeStruct(key.shape, key.dtype,
+                                             sharding=sharding.replicated(mesh))
+  on = lambda mesh, what: ("" if rollout_mesh is None else
+                           f" on the {mesh.devices.size} {what} chips")
 
   # One sampler call as `rollout.sample` makes it: whole groups, each device the same
   # number, at most sampling.max_rollouts_per_call rollouts; under the mesh.
   groups, _ = rollout.call_plan(b_p, n, config.sampling.max_rollouts_per_call,
-                                sharding.batch_shards(mesh))
+                                sharding.batch_shards(sample_mesh))
 
   spec = rollout.sample_spec(config.sampling, n=n, rollouts_per_call=groups * n,
-                             shards=sharding.batch_shards(mesh),
+                             shards=sharding.batch_shards(sample_mesh),
                              stop_ids=(model_cfg.vocab_size - 1,), pad_id=0)
   sample = lambda: sampler.sample.lower(
-      graphdef, params, _spec((groups, p), jnp.int32, mesh), _spec((groups, p), bool, mesh),
-      key, spec)
+      graphdef, sample_params, _spec((groups, p), jnp.int32, sample_mesh),
+      _spec((groups, p), bool, sample_mesh), key_on(sample_mesh), spec)
   decoding = (f", {spec.num_slots} decode slots" if spec.num_slots else "") + (
       f" halving down to {spec.min_slots}" if spec.min_slots else "") + (
       f", {config.sampling.dtype} activations and caches" if config.sampling.dtype else "")
@@ -223,21 +237,26 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
       tokens=_spec((b, p + t), jnp.int32, mesh), mask=_spec((b, p + t), bool, mesh),
       response_mask=row(bool), sampler_logp=row(f32), old_logp=row(f32), ref_logp=row(f32),
       advantages=_spec((b,), f32, mesh), keep_pg=_spec((b,), bool, mesh),
-      keep_reg=_spec((b,), bool, mesh), shuffle_rng=key)
+      keep_reg=_spec((b,), bool, mesh), shuffle_rng=key_on(mesh))
   train_step = lambda: update.train_step.lower(graphdef, params, opt_state, batch, tx=tx,
                                                settings=settings)
   split = (f"micro-batches of {settings.micro_batch_size or 'all'}, LM head chunks of "
            f"{settings.logprob_chunk_size or 'all'}")
   # While one copy of the weights is an argument the other (and Adam's state) waits.
-  # Lowered under the mesh, as isojax runs them: activations take their logical axes.
+  # Lowered under their meshes, as isojax runs them: activations take their logical axes.
+  with jax.set_mesh(sample_mesh):
+    sampled = _measure(
+        "sample", sample,
+        0 if rollout_mesh is not None else opt_bytes + ref_bytes + snapshot_bytes,
+        f"{groups} prompts [{groups}, {p}] x {n} rollouts of {t} tokens{decoding}"
+        f"{on(sample_mesh, 'sampling')}")
   with jax.set_mesh(mesh):
-    return [_measure("sample", sample, opt_bytes + ref_bytes,
-                     f"{groups} prompts [{groups}, {p}] x {n} rollouts of {t} tokens"
-                     f"{decoding}"),
-            _measure("score", score, opt_bytes + ref_bytes, f"[{b}, {p + t}] tokens, {split}"),
-            _measure("train_step", train_step, ref_bytes,
+    return [sampled,
+            _measure("score", score, opt_bytes + ref_bytes + snapshot_bytes,
+                     f"[{b}, {p + t}] tokens, {split}{on(mesh, 'learner')}"),
+            _measure("train_step", train_step, ref_bytes + snapshot_bytes,
                      f"[{b}, {p + t}] tokens, {settings.num_minibatches} minibatch(es), "
-                     f"{split}, remat {model_cfg.remat}")]
+                     f"{split}, remat {model_cfg.remat}{on(mesh, 'learner')}")]
 
 
 def format_table(results: list[ProgramMemory], hbm: int | None) -> str:

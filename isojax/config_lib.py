@@ -185,8 +185,10 @@ def base_config() -> ml_collections.ConfigDict:
       train_problems=128,    # training problems in the pass@1 histogram; 0 disables
   ))
 
-  # Logical mesh: -1 fills with the remaining devices.
-  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  # Logical mesh: -1 fills with the remaining devices. With rollout_fraction > 0 (and
+  # rl.max_staleness > 0) that share of the devices only samples, on its own mesh
+  # (data-parallel, `tensor` as here), and the axes above span the rest.
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, rollout_fraction=0.0))
 
   c.checkpoint_every = 20
   # Newest checkpoints kept: with 2 or more, a run whose latest checkpoint is damaged
@@ -389,6 +391,10 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   rl_settings.OptimSettings.from_config(as_dict["optim"])
   evaluation = eval_settings.EvalSettings.from_config(as_dict["eval"])
   rl.check_allocation(n, b_p, sampling.max_new_tokens)
+  mesh = model_settings.MeshSettings.from_config(as_dict["mesh"])
+  if mesh.rollout_fraction and not rl.max_staleness:
+    raise ValueError(f"mesh.rollout_fraction={mesh.rollout_fraction} needs rl.max_staleness > "
+                     "0: devices that only sample would idle through every synchronous update")
   for what, group in (("rollouts_per_problem", n), ("eval.num_samples", evaluation.num_samples)):
     if 0 < sampling.max_rollouts_per_call < group:
       raise ValueError(f"sampling.max_rollouts_per_call={sampling.max_rollouts_per_call} is "

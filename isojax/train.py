@@ -9,6 +9,7 @@ checkpoint, loop. The problem order and every random key are functions of
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging as std_logging
 import time
 
@@ -115,7 +116,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   n, b_p, num_steps = config.rollouts_per_problem, config.problems_per_batch, config.num_steps
   eval_at = eval_settings.EvalSettings.from_config(config.eval).steps(num_steps)  # a function of config: resumes agree
   # ==================== Mesh, tokenizer and task (fail fast, before any write) ====
-  mesh = sharding.make_mesh(config.mesh)
+  mesh, rollout_mesh = sharding.make_meshes(config.mesh)  # rollout_mesh: None (colocated)
   path = policy_path(config)
   tok = tokenizer_lib.load_tokenizer(path, extra_stop_ids=tuple(config.sampling.stop_token_ids))
   rollout.interruption(config.sampling, tok)  # its text must fit the tokenizer: fail fast
@@ -208,7 +209,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   if config.rl.max_staleness:
     generator = off_policy.Generator(
         sample_step, max_staleness=config.rl.max_staleness, mode=config.rl.off_policy,
-        num_steps=num_steps, queued=off_policy.restore_queue(restored and restored.queue))
+        num_steps=num_steps, queued=off_policy.restore_queue(restored and restored.queue),
+        snapshot=None if rollout_mesh is None else functools.partial(sharding.on_mesh,
+                                                                      mesh=rollout_mesh))
 
   def save() -> None:
     # The queued batches first: waiting for them leaves the pool as they left it.

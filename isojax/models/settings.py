@@ -35,3 +35,17 @@ class ModelSettings(validation.Section):
     validation.non_negative_int("model.attention_chunk", self.attention_chunk,
                                 "0: all queries at once")
 
+
+@dataclasses.dataclass(frozen=True)
+class MeshSettings(validation.Section):
+  """`config.mesh`: the learner's (data, fsdp, tensor) axis sizes, checked against the
+  devices by `sharding.mesh_shape`, and the share of devices that only sample."""
+  data: int
+  fsdp: int
+  tensor: int
+  rollout_fraction: float
+
+  def __post_init__(self):
+    if isinstance(self.rollout_fraction, bool) or not 0 <= self.rollout_fraction < 1:
+      raise ValueError(f"mesh.rollout_fraction={self.rollout_fraction!r}: expected in [0, 1) "
+                       "(0: sampling shares the learner's devices)")

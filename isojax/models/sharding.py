@@ -68,6 +68,33 @@ def make_mesh(axis_sizes: Mapping[str, int], devices=None) -> Mesh:
   return Mesh(device_grid(shape, devices), MESH_AXES)
 
 
+def make_meshes(mesh_config: Mapping[str, Any], devices=None) -> tuple[Mesh, Mesh | None]:
+  """(learner mesh, generator mesh): `mesh_config["rollout_fraction"]` of `devices` (the
+  last ones) sample on a data-parallel mesh with the learner's `tensor` size, the rest
+  form the learner's (data, fsdp, tensor) mesh; (mesh, None) when the fraction is 0."""
+  devices = list(jax.devices() if devices is None else devices)
+  fraction = float(mesh_config.get("rollout_fraction", 0.0))
+  if not fraction:
+    return make_mesh(mesh_config, devices), None
+  sampling = round(fraction * len(devices))
+  if not 0 < sampling < len(devices):
+    raise ValueError(f"mesh.rollout_fraction={fraction} of {len(devices)} devices gives "
+                     f"{sampling} sampling devices: both sides need at least one")
+  tensor = int(mesh_config["tensor"])
+  if sampling % tensor:
+    raise ValueError(f"mesh.rollout_fraction={fraction}: {sampling} sampling devices are not "
+                     f"divisible by mesh.tensor={tensor}")
+  learner = make_mesh(mesh_config, devices[:len(devices) - sampling])
+  generator = make_mesh(dict(data=-1, fsdp=1, tensor=tensor), devices[len(devices) - sampling:])
+  return learner, generator
+
+
+def on_mesh(tree: Any, mesh: Mesh) -> Any:
+  """`tree`'s arrays moved onto `mesh` with the same partition specs (a device-to-device
+  resharding transfer)."""
+  return jax.device_put(tree, jax.tree.map(lambda x: NamedSharding(mesh, x.sharding.spec), tree))
+
+
 def device_grid(shape: tuple[int, ...], devices: list) -> np.ndarray:
   """`devices` as a `shape` array (data, fsdp, tensor) that follows the interconnect.
 

@@ -110,16 +110,20 @@ class Generator:
 
   `publish(version, params)` hands the generator the learner's newest parameters; every
   step that version samples is queued on one host thread, in step order, so sampling
-  overlaps the learner's update of the steps before. The parameters are copied first:
-  the update donates (overwrites) the learner's. `take(step)` waits for that step's batch.
-  `sample_step(step, params) -> Generated` chooses, samples and grades one step.
+  overlaps the learner's update of the steps before. The parameters are copied first,
+  by `snapshot` (default: a copy on the same devices; `sharding.on_mesh` to sample on
+  devices of their own): the update donates (overwrites) the learner's. `take(step)`
+  waits for that step's batch. `sample_step(step, version, params) -> Generated`
+  chooses, samples and grades one step.
   """
 
   def __init__(self, sample_step: Callable[[int, int, Any], Generated], *, max_staleness: int,
-               mode: str, num_steps: int, queued: list[Generated] = ()):
+               mode: str, num_steps: int, queued: list[Generated] = (),
+               snapshot: Callable[[Any], Any] | None = None):
     if max_staleness < 1:
       raise ValueError(f"rl.max_staleness={max_staleness}: the generator runs ahead by >= 1")
     self._sample_step = sample_step
+    self._snapshot = snapshot or (lambda params: jax.tree.map(jnp.copy, params))
     self._k, self._mode, self._num_steps = max_staleness, mode, num_steps
     self._batches: dict[int, concurrent.futures.Future] = {}
     for generated in queued:
@@ -136,7 +140,7 @@ class Generator:
     while (self._next < self._num_steps
            and source_version(self._next, self._k, self._mode) <= version):
       if snapshot is None:
-        snapshot = jax.tree.map(jnp.copy, params)
+        snapshot = self._snapshot(params)
       self._batches[self._next] = self._thread.submit(self._sample_step, self._next, version,
                                                       snapshot)
       self._next += 1

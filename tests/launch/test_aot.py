@@ -168,3 +168,37 @@ def test_known_models_have_their_published_sizes():
   sizes = [math.prod(x.shape) for x in jax.tree.leaves(transformer.abstract_model(cfg))]
   assert sum(sizes) == 7_615_616_512  # Qwen2.5-7B's model card: 7.61B
   assert aot.model_config(hard.get_config("paper"), "qwen2.5-1.5b").tie_embeddings
+
+
+@pytest.mark.slow("compiles every program of a step for eight fake devices")
+def test_cpu8_split_compiles_the_sampler_and_the_learner_on_their_own_chips(model_dir):
+  """mesh.rollout_fraction = 0.5: the sampler on 4 data-parallel chips holds whole
+  weights and nothing else; score and train_step on 4 fsdp chips hold quarters."""
+  code = f"""
+    import dataclasses, json
+    from isojax.configs import hard
+    from isojax import aot
+    aot.prepare_backend("cpu:8")
+    config = hard.get_config("micro")
+    config.base_model.path = {model_dir!r}
+    config.mesh.update(data=1, fsdp=-1, tensor=1, rollout_fraction=0.5)
+    config.rl.max_staleness = 2
+    results = aot.check(config, aot.topology_devices("cpu:8"), aot.model_config(config), 16)
+    print(json.dumps([dataclasses.asdict(r) for r in results]))
+  """
+  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  got = {r["name"]: r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
+  assert not any(r["error"] for r in got.values())
+  on_embed = 2 * V * D + L * (D * N * H + 2 * D * K * H + N * H * D + 3 * D * F)
+  whole = L * (N * H + 2 * K * H + 2 * D) + D
+  params4 = 4 * (on_embed // 4 + whole)            # one of 4 fsdp shards
+  full = 4 * (on_embed + whole)                    # replicated on each sampling chip
+  # sample: whole weights, its prompts [4 groups split over 4 chips] and the key.
+  assert full <= got["sample"]["argument"] <= full + 4 // 4 * P * 5 + 16
+  assert got["sample"]["resident"] == 0
+  assert got["score"]["argument"] == params4 + B * (P + T) * (4 + 1) // 4
+  assert got["train_step"]["resident"] == params4   # the reference copy only
+  assert "on the 4 sampling chips" in got["sample"]["inputs"]
+  assert "on the 4 learner chips" in got["train_step"]["inputs"]

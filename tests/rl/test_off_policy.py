@@ -3,6 +3,7 @@ against a reference that keeps old parameter versions, resume after SIGKILL, and
 ratio taken against the sampler's log-probs."""
 
 import importlib
+import json
 import os
 import signal
 import subprocess
@@ -206,3 +207,63 @@ def test_resume_after_sigkill_is_bit_identical(tmp_path):
   assert main(killed).wait(timeout=600) == 0
   strip = lambda w: [run_dir.without_timings(r) for r in run_dir.read_metrics(str(w))]
   assert strip(killed) == strip(full)
+
+
+def test_sampling_on_devices_of_its_own(on_8_devices):
+  """mesh.rollout_fraction = 0.5 on 8 devices: the generator thread samples on the last
+  4, evaluation and the update run on the first 4; every step trains B_p * n rollouts
+  at most k updates stale."""
+  out = on_8_devices("""
+    import json, threading
+    import jax
+    from isojax import run_dir, train
+    from isojax.configs import scalerl
+    from isojax.models import sharding
+    from isojax.rl import rollout
+
+    learner, generator = sharding.make_meshes(dict(data=-1, fsdp=1, tensor=1,
+                                                   rollout_fraction=0.5))
+    ids = lambda mesh: sorted(d.id for d in mesh.devices.flat)
+    moved = sharding.on_mesh({"w": jax.device_put(jax.numpy.ones(8), jax.sharding.NamedSharding(
+        learner, jax.sharding.PartitionSpec("data")))}, generator)
+    placed = sorted(d.id for d in moved["w"].devices())
+    calls = []
+    original = rollout.sample
+    def spy(graphdef, params, *args, **kwargs):
+      calls.append((threading.current_thread().name.startswith("isojax-generator"),
+                    ids(rollout.params_mesh(params))))
+      return original(graphdef, params, *args, **kwargs)
+    rollout.sample = spy
+    config = scalerl.get_config("micro")
+    config.update(num_steps=4)
+    config.rl.max_staleness = 2
+    config.mesh.rollout_fraction = 0.5
+    config.eval.train_problems = 0
+    train.run(config, "run")
+    lines = [r for r in run_dir.read_metrics("run") if r["step"] > 0]
+    print(json.dumps(dict(learner=ids(learner), generator=ids(generator), placed=placed,
+                          calls=calls, b=config.problems_per_batch * config.rollouts_per_problem,
+                          histograms=[r["train/staleness_histogram"] for r in lines])))
+  """)
+  got = json.loads(out.strip().splitlines()[-1])
+  assert got["learner"] == [0, 1, 2, 3] and got["generator"] == [4, 5, 6, 7]
+  assert got["placed"] == [4, 5, 6, 7]
+  on_generator = [d for thread, d in got["calls"] if thread]
+  on_main = [d for thread, d in got["calls"] if not thread]
+  assert len(on_generator) == 4 and all(d == [4, 5, 6, 7] for d in on_generator)
+  assert on_main and all(d == [0, 1, 2, 3] for d in on_main)  # evaluation
+  assert got["histograms"] == [[got["b"], 0, 0], [0, got["b"], 0], [0, 0, got["b"]],
+                               [0, 0, got["b"]]]
+
+
+def test_placement_errors_are_named():
+  config = _micro(num_steps=2)
+  config.mesh.rollout_fraction = 0.5
+  with pytest.raises(ValueError, match=r"mesh.rollout_fraction=0.5 needs rl.max_staleness"):
+    config_lib.resolve(config)
+  config.mesh.rollout_fraction = 1.0
+  with pytest.raises(ValueError, match=r"mesh.rollout_fraction=1.0: expected in \[0, 1\)"):
+    config_lib.resolve(config)
+  with pytest.raises(ValueError, match="gives 0 sampling devices"):
+    sharding.make_meshes(dict(data=-1, fsdp=1, tensor=1, rollout_fraction=0.4),
+                         jax.devices()[:1])
