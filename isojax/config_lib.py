@@ -157,9 +157,12 @@ def base_config() -> ml_collections.ConfigDict:
       # from a policy up to max_staleness updates old, so sampling runs beside the
       # update; 0 samples each step with the policy it updates (synchronous). The
       # schedule: "pipeline" samples step s with version max(0, s - k); "ppo_off_policy"
-      # samples steps v..v+k-1 with version v (v a multiple of k).
+      # samples steps v..v+k-1 with version v (v a multiple of k); "pipeline_in_flight"
+      # samples without pause, switching to the newest weights every in_flight_tokens
+      # tokens, and drops batches older than k (not reproducible).
       max_staleness=0,
       off_policy="pipeline",
+      in_flight_tokens=16,
   ))
 
   c.optim = ml_collections.ConfigDict(dict(
@@ -391,6 +394,10 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   rl_settings.OptimSettings.from_config(as_dict["optim"])
   evaluation = eval_settings.EvalSettings.from_config(as_dict["eval"])
   rl.check_allocation(n, b_p, sampling.max_new_tokens)
+  if rl.max_staleness and rl.off_policy == "pipeline_in_flight" and sampling.decode_slots:
+    raise ValueError(f"rl.off_policy='pipeline_in_flight' switches weights between lockstep "
+                     f"decode segments: set sampling.decode_slots=0 (got "
+                     f"{sampling.decode_slots})")
   mesh = model_settings.MeshSettings.from_config(as_dict["mesh"])
   if mesh.rollout_fraction and not rl.max_staleness:
     raise ValueError(f"mesh.rollout_fraction={mesh.rollout_fraction} needs rl.max_staleness > "

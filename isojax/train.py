@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging as std_logging
+import threading
 import time
 
 import jax
@@ -41,6 +42,7 @@ class Counters:
   tokens: int = 0
   wall_s: float = 0.0
   collapse_streak: int = 0  # steps in a row with zero reward and gradient (rl/guard.py)
+  batches: int = 0          # rollout batches consumed: trained, or dropped as too stale
 
 
 def problems_for_step(seed: int, step: int, num_problems: int, batch: int) -> np.ndarray:
@@ -205,13 +207,35 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       pool.update(np.repeat(chosen, n), scored.rewards_GN.reshape(-1))
     return off_policy.Generated(step, version, chosen, scored, active_problems())
 
+  snapshot = (None if rollout_mesh is None
+              else functools.partial(sharding.on_mesh, mesh=rollout_mesh))
   generator = None
-  if config.rl.max_staleness:
+  if config.rl.max_staleness and config.rl.off_policy == "pipeline_in_flight":
+    pool_lock = threading.Lock()  # the generator chooses while the learner records
+
+    def sample_batch(index: int, in_flight: rollout.InFlight) -> off_policy.Generated:
+      with pool_lock:
+        chosen, active = choose(index), active_problems()
+      scored = rollout.generate(graphdef, None, tok, book, [train_problems[i] for i in chosen],
+                                verifier, n=n, rng=jax.random.fold_in(sample_key, index),
+                                sampling=config.sampling, in_flight=in_flight)
+      return off_policy.Generated(index, int(scored.versions_B2[:, 0].min()), chosen, scored,
+                                  active)
+
+    def consumed(generated: off_policy.Generated) -> None:
+      counters.batches += 1
+      if pool is not None:
+        with pool_lock:
+          pool.update(np.repeat(generated.chosen, n), generated.scored.rewards_GN.reshape(-1))
+
+    generator = off_policy.InFlightGenerator(
+        sample_batch, max_staleness=config.rl.max_staleness, first_batch=counters.batches,
+        in_flight_tokens=config.rl.in_flight_tokens, consumed=consumed, snapshot=snapshot)
+  elif config.rl.max_staleness:
     generator = off_policy.Generator(
         sample_step, max_staleness=config.rl.max_staleness, mode=config.rl.off_policy,
         num_steps=num_steps, queued=off_policy.restore_queue(restored and restored.queue),
-        snapshot=None if rollout_mesh is None else functools.partial(sharding.on_mesh,
-                                                                      mesh=rollout_mesh))
+        snapshot=snapshot)
 
   def save() -> None:
     # The queued batches first: waiting for them leaves the pool as they left it.
@@ -258,10 +282,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       if pool is not None:
         pool.update(np.repeat(chosen, n), scored.rewards_GN.reshape(-1))
       active, rollout_wait_s = active_problems(), None
+      counters.batches += 1
     else:  # off-policy: the batch was sampled ahead, by an older policy version
       generator.publish(step, learner.params)
       generated, rollout_wait_s = generator.take(step)
       scored, prefetched, active = generated.scored, None, generated.active_problems
+      if config.rl.off_policy != "pipeline_in_flight":
+        counters.batches += 1
     update_start = time.time()
     result = learner.step(scored, select_rng=jax.random.fold_in(select_key, step),
                           shuffle_rng=jax.random.fold_in(shuffle_key, step),
@@ -270,7 +297,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
                                    step_s=time.time() - step_start,
                                    rollout_wait_s=rollout_wait_s)
     counters.step += 1
-    counters.rollouts += n * b_p
+    counters.rollouts += n * b_p + (generated.dropped if generator else 0)  # dropped: sampled
     counters.tokens += scored.num_tokens
     counters.wall_s += time.time() - step_start
     values = rl_step.step_metrics(

@@ -63,7 +63,10 @@ DEMOS = (("hard", "configs/hard.py"), ("easy", "configs/easy.py"),
 OFF_POLICY = (("synchronous", ()),
               *((f"pipeline, k = {k}", (f"--config.rl.max_staleness={k}",)) for k in (1, 2, 4, 8)),
               ("ppo_off_policy, k = 4", ("--config.rl.max_staleness=4",
-                                          "--config.rl.off_policy=ppo_off_policy")))
+                                          "--config.rl.off_policy=ppo_off_policy")),
+              ("pipeline_in_flight, k = 4", ("--config.rl.max_staleness=4",
+                                             "--config.rl.off_policy=pipeline_in_flight",
+                                             "--config.rl.in_flight_tokens=2")))
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING_FILE = "reproduce_timing.json"  # a run's wall time as this command measured it
 
@@ -385,7 +388,9 @@ def run_off_policy(out: str, results: str, seeds: Sequence[str], command: str) -
       "`configs/hard.py` (200 steps, n = 16, B_p = 16) from the shipped base model, "
       "synchronous and with off-policy generation (`rl.max_staleness` = k; `pipeline`: "
       "step s sampled by the policy of step s - k; `ppo_off_policy`: one policy samples "
-      "k successive steps). Sampling runs on a host thread beside the update, on the "
+      "k successive steps; `pipeline_in_flight`: free-running, the newest weights read "
+      "every 2 tokens, batches older than k dropped; its runs depend on timing). "
+      "Sampling runs on a host thread beside the update, on the "
       "same devices (here the CPU's cores). Waited for rollouts: the seconds a step "
       "spent before its batch was ready (synchronous: sampling and grading); step: its "
       "mean duration.", "", off_policy_table(runs), "",

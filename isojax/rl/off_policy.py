@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import queue
+import threading
 import time
 from typing import Any, Callable
 
@@ -63,6 +65,13 @@ class Generated:
   chosen: np.ndarray        # [B_p] int, training-problem ids
   scored: rollout.ScoredRollouts
   active_problems: int      # the pool's active problems when they were chosen
+  dropped: int = 0          # rollouts dropped as too stale before this batch (in flight)
+
+  def oldest_B(self) -> np.ndarray:
+    """[B] the version that began each rollout."""
+    versions = self.scored.versions_B2
+    return (np.full(self.scored.rewards_GN.size, self.version) if versions is None
+            else versions[:, 0])
 
   def to_tree(self) -> dict[str, Any]:
     """NumPy arrays and scalars for the checkpoint (the completions' text is not kept)."""
@@ -93,16 +102,23 @@ class Generated:
 
 def staleness_metrics(generated: Generated, learner_version: int, max_staleness: int
                       ) -> dict[str, Any]:
-  """`train/staleness_max` and `train/staleness_histogram` (rollouts trained with each
-  staleness 0..k: how many updates older than the learner's the sampling policy was)."""
-  staleness = learner_version - generated.version
-  if not 0 <= staleness <= max_staleness:
-    raise AssertionError(f"step {generated.step}: rollouts of version {generated.version} "
-                         f"trained at version {learner_version}, beyond rl.max_staleness="
-                         f"{max_staleness}")
-  histogram = [0] * (max_staleness + 1)
-  histogram[staleness] = int(generated.scored.rewards_GN.size)
-  return {"train/staleness_max": staleness, "train/staleness_histogram": histogram}
+  """A trained batch's staleness: how many updates older than the learner's the policy
+  that began each rollout was. `train/staleness_max`, `train/staleness_histogram` (the
+  rollouts by staleness 0..k); in flight also `train/spanning_fraction` (rollouts whose
+  tokens come from more than one version) and `train/dropped_rollouts`."""
+  staleness_B = learner_version - generated.oldest_B()
+  if staleness_B.min() < 0 or staleness_B.max() > max_staleness:
+    raise AssertionError(f"step {generated.step}: rollouts begun by versions "
+                         f"{sorted(set(generated.oldest_B().tolist()))} trained at version "
+                         f"{learner_version}, beyond rl.max_staleness={max_staleness}")
+  out = {"train/staleness_max": int(staleness_B.max()),
+         "train/staleness_histogram": np.bincount(staleness_B, minlength=max_staleness + 1
+                                                  ).tolist()}
+  versions = generated.scored.versions_B2
+  if versions is not None:
+    out["train/spanning_fraction"] = float(np.mean(versions[:, 1] > versions[:, 0]))
+    out["train/dropped_rollouts"] = generated.dropped
+  return out
 
 
 class Generator:
@@ -160,6 +176,88 @@ class Generator:
 
   def close(self) -> None:
     self._thread.shutdown(wait=True, cancel_futures=True)
+
+
+class InFlightGenerator:
+  """PipelineRL as it runs free: generation never waits for an update.
+
+  A host thread samples batch after batch (`sample_batch(index, in_flight)`), each call
+  reading the newest published weights every `in_flight_tokens` tokens, so one rollout
+  may span several versions; finished batches queue for the learner, at most
+  `max_staleness` of them (the thread waits only when the queue is full). `take`
+  returns the next batch whose every rollout was begun by a version at most k updates
+  old, dropping (and counting, in `Generated.dropped`) the batches before it that are
+  older; `consumed(generated)` is called for each batch taken or dropped, on the
+  learner's thread. The batches a run trains depend on timing: not reproducible. On
+  resume nothing queued is restored: sampling restarts from the restored weights at
+  the batch after the last one consumed, so no rollout is counted twice.
+  """
+
+  def __init__(self, sample_batch: Callable[[int, rollout.InFlight], Generated], *,
+               max_staleness: int, first_batch: int, in_flight_tokens: int,
+               consumed: Callable[[Generated], None] = lambda generated: None,
+               snapshot: Callable[[Any], Any] | None = None):
+    self._sample_batch, self._k, self._consumed = sample_batch, max_staleness, consumed
+    self._snapshot = snapshot or (lambda params: jax.tree.map(jnp.copy, params))
+    self._in_flight = rollout.InFlight(self._weights, in_flight_tokens)
+    self._next = first_batch
+    self._latest: tuple[int, Any] | None = None
+    self._lock = threading.Lock()
+    self._queue: queue.Queue = queue.Queue(maxsize=max_staleness)
+    self._stop = threading.Event()
+    self._thread: threading.Thread | None = None
+    self._error: BaseException | None = None
+
+  def _weights(self) -> tuple[int, Any]:
+    with self._lock:
+      return self._latest
+
+  def publish(self, version: int, params: Any) -> None:
+    """The learner's newest weights; the generator switches to them at its next segment."""
+    snapshot = self._snapshot(params)
+    with self._lock:
+      self._latest = (version, snapshot)
+    if self._thread is None:
+      self._thread = threading.Thread(target=self._run, name="isojax-generator", daemon=True)
+      self._thread.start()
+
+  def _run(self) -> None:
+    try:
+      while not self._stop.is_set():
+        generated = self._sample_batch(self._next, self._in_flight)
+        self._next += 1
+        while not self._stop.is_set():
+          try:
+            self._queue.put(generated, timeout=0.1)
+            break
+          except queue.Full:
+            continue
+    except BaseException as e:  # pylint: disable=broad-except  # re-raised by take()
+      self._error = e
+
+  def take(self, learner_version: int) -> tuple[Generated, float]:
+    """The next batch at most k updates stale, and the seconds waited for it."""
+    start, dropped = time.perf_counter(), 0
+    while True:
+      try:
+        generated = self._queue.get(timeout=0.1)
+      except queue.Empty:
+        if self._error is not None:
+          raise RuntimeError("the generator thread failed") from self._error
+        continue
+      self._consumed(generated)
+      if learner_version - generated.oldest_B().min() <= self._k:
+        return dataclasses.replace(generated, dropped=dropped), time.perf_counter() - start
+      dropped += generated.scored.rewards_GN.size
+
+  def queued(self) -> list[Generated]:
+    """Nothing queued is saved in flight: a resumed run samples afresh (see above)."""
+    return []
+
+  def close(self) -> None:
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join()
 
 
 def queue_tree(batches: list[Generated]) -> dict[str, Any]:

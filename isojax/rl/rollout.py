@@ -14,7 +14,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import time
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import ml_collections
@@ -37,6 +37,8 @@ class ScoredRollouts:
   verifier_timeouts: int = 0
   verifier_errors: int = 0
   timings: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds, by phase
+  versions_B2: np.ndarray | None = None  # [B, 2] int: oldest, newest policy version of
+                                         # each rollout's tokens (in-flight sampling only)
 
   @property
   def num_tokens(self) -> int:
@@ -60,6 +62,7 @@ class Pending:
   graded: concurrent.futures.Future  # of (completions, Grades, timings)
   n: int
   sample_s: float                    # dispatch until the rollouts were on the host
+  versions_B2: np.ndarray | None = None
 
   @property
   def prompt_len(self) -> int:
@@ -72,7 +75,8 @@ class Pending:
     timings = dict(timings, sample_s=self.sample_s, grade_wait_s=time.perf_counter() - start)
     return ScoredRollouts(self.prompts_GP, self.prompt_mask_GP, self.rollouts,
                           np.asarray(grades.rewards, np.float32).reshape(g, self.n),
-                          completions, grades.timeouts, grades.errors, timings)
+                          completions, grades.timeouts, grades.errors, timings,
+                          self.versions_B2)
 
 
 # One host thread decodes and grades, in submission order, beside the device work.
@@ -90,16 +94,58 @@ def _decode_and_grade(tok: TextTokenizer, tokens_BT: np.ndarray, problems: Seque
                                    grade_s=time.perf_counter() - decoded)
 
 
+@dataclasses.dataclass(frozen=True)
+class InFlight:
+  """Weights that may change while a call decodes (PipelineRL's in-flight updates):
+  `weights()` gives the newest (version, params); they are read again every `segment`
+  tokens, and the tokens after take the new policy (the cache keeps the old weights')."""
+  weights: Callable[[], tuple[int, Any]]
+  segment: int
+
+
+def _decode_in_flight(graphdef, in_flight: InFlight, prompts, mask, rng,
+                      spec: sampler.SampleSpec) -> tuple[sampler.Rollouts, np.ndarray]:
+  """One lockstep call whose weights may change between segments; the rollouts and the
+  [B, 2] (oldest, newest) version of each rollout's tokens.
+
+  A token's version is that of the weights that computed the logits it was drawn from:
+  token 0 the prefill's, token p the weights of the segment that ran step p - 1.
+  """
+  first_version, params = in_flight.weights()
+  decoding = sampler.start(graphdef, params, prompts, mask, rng, spec)
+  starts, versions = [], []  # each segment's first step and its weights' version
+  while True:
+    step = int(decoding.step)
+    if step >= spec.max_new_tokens or sharding.to_host(decoding.done).all():
+      break
+    version, params = in_flight.weights()
+    starts.append(step)
+    versions.append(version)
+    decoding = sampler.advance(graphdef, params, decoding, step + in_flight.segment, spec)
+  rollouts = sampler.finish(decoding, spec)
+  lengths_B = sharding.to_host(rollouts.lengths)
+  # The segment that ran step L - 2 computed the logits of the last token (L >= 2).
+  segment_B = np.searchsorted(starts, lengths_B - 2, side="right") - 1
+  newest_B = np.where(lengths_B >= 2, np.asarray(versions + [first_version])[segment_B],
+                      first_version)
+  return rollouts, np.stack([np.full_like(newest_B, first_version), newest_B], axis=1)
+
+
 def sample(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Sequence[Problem],
            verifier: Verifier, *, n: int, rng: jax.Array, sampling: ml_collections.ConfigDict,
-           temperature: float | None = None) -> Pending:
+           temperature: float | None = None, in_flight: InFlight | None = None) -> Pending:
   """Samples n rollouts per problem; decoding and grading go on on the host thread.
 
   Runs on the mesh the parameters live on, each device decoding its share of the
   problems, in calls of at most `sampling.max_rollouts_per_call` rollouts (0: one
-  call) so that one call's decode cache fits; see `call_plan`.
+  call) so that one call's decode cache fits; see `call_plan`. With `in_flight`
+  (lockstep decoding only) the weights come from it, and may change between segments
+  of a call: `params` is ignored and `Pending.versions_B2` says which versions wrote
+  each rollout.
   """
   start = time.perf_counter()
+  if in_flight is not None:
+    params = in_flight.weights()[1]
   prompts, mask = book.batch(problems)
   mesh = params_mesh(params)
   shards = sharding.batch_shards(mesh)
@@ -108,7 +154,7 @@ def sample(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Seq
   spec = sample_spec(sampling, n=n, rollouts_per_call=per_call * n, shards=shards,
                      stop_ids=tok.eos_ids, pad_id=tok.pad_id, temperature=temperature,
                      interruption=interruption(sampling, tok))
-  parts = []
+  parts, versions = [], []
   with contextlib.ExitStack() as stack:
     if mesh is not None:
       stack.enter_context(jax.set_mesh(mesh))
@@ -119,12 +165,19 @@ def sample(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Seq
         batch = sharding.shard_batch(batch, mesh)
       # Call 0 uses `rng` itself: a step sampled in one call draws what it always did.
       call_rng = jax.random.fold_in(rng, call) if call else rng
-      parts.append(sampler.sample(graphdef, params, *batch, call_rng, spec))
+      if in_flight is None:
+        parts.append(sampler.sample(graphdef, params, *batch, call_rng, spec))
+      else:
+        part, versions_B2 = _decode_in_flight(graphdef, in_flight, *batch, call_rng, spec)
+        parts.append(part)
+        versions.append(versions_B2)
   host = [jax.tree.map(sharding.to_host, part) for part in parts]
   rollouts = jax.tree.map(lambda *xs: np.concatenate(xs)[:len(problems) * n], *host)
+  versions_B2 = np.concatenate(versions)[:len(problems) * n] if versions else None
   graded = _HOST_WORK.submit(_decode_and_grade, tok, rollouts.tokens,
                              [problems[i // n] for i in range(len(rollouts.tokens))], verifier)
-  return Pending(prompts, mask, rollouts, graded, n, sample_s=time.perf_counter() - start)
+  return Pending(prompts, mask, rollouts, graded, n, sample_s=time.perf_counter() - start,
+                 versions_B2=versions_B2)
 
 
 def params_mesh(params) -> jax.sharding.Mesh | None:
@@ -212,10 +265,11 @@ def sample_spec(sampling: ml_collections.ConfigDict, *, n: int, rollouts_per_cal
 
 def generate(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Sequence[Problem],
              verifier: Verifier, *, n: int, rng: jax.Array, sampling: ml_collections.ConfigDict,
-             temperature: float | None = None) -> ScoredRollouts:
+             temperature: float | None = None, in_flight: InFlight | None = None
+             ) -> ScoredRollouts:
   """`sample` and wait for the grades."""
   return sample(graphdef, params, tok, book, problems, verifier, n=n, rng=rng,
-                sampling=sampling, temperature=temperature).result()
+                sampling=sampling, temperature=temperature, in_flight=in_flight).result()
 
 
 def sequences(scored: ScoredRollouts | Pending, n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -22,7 +22,7 @@ OVERLONG_MODES = ("reward", "zero", "dapo")
 LR_SCALING_RULES = ("constant", "sqrt", "linear")
 # Which policy version samples each step's rollouts when rl.max_staleness > 0
 # (`isojax.rl.off_policy.source_version`).
-OFF_POLICY_MODES = ("pipeline", "ppo_off_policy")
+OFF_POLICY_MODES = ("pipeline", "ppo_off_policy", "pipeline_in_flight")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +53,7 @@ class RLSettings(validation.Section):
   logprob_chunk_size: int
   max_staleness: int
   off_policy: str
+  in_flight_tokens: int
 
   def __post_init__(self):
     for field, choices in names.CHOICES.items():
@@ -61,6 +62,7 @@ class RLSettings(validation.Section):
     validation.choice("rl.off_policy", self.off_policy, OFF_POLICY_MODES)
     validation.non_negative_int("rl.max_staleness", self.max_staleness,
                                 "0: sample each step with the policy it updates")
+    validation.positive_int("rl.in_flight_tokens", self.in_flight_tokens)
     validation.positive_int("rl.num_minibatches", self.num_minibatches)
     validation.positive_int("rl.num_epochs", self.num_epochs)
     validation.non_negative_int("rl.train_rollouts_per_problem",

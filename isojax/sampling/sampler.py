@@ -305,25 +305,102 @@ def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, spec: SampleSpec) -
   `decode_block` > 0 attends over the generated cache in blocks of that many tokens, only
   those holding tokens yet (`decode.decode_step`'s `cache_block`); the same samples.
   """
-  n, max_new_tokens, pad_id, cut = spec.n, spec.max_new_tokens, spec.pad_id, spec.interruption
-  choose = functools.partial(_choose, temperature=spec.temperature, top_k=spec.top_k,
-                             top_p=spec.top_p)
-  stop_ids_K = jnp.asarray(tuple(spec.stop_ids), jnp.int32)
+  model = _call_model(graphdef, state, spec)
+  if spec.num_slots:
+    first_logits_GV, prefix, prompt_len_B = _prefill(model, prompts_GP, prompt_mask_GP, spec.n)
+    return _decode_continuous(
+        model, decode.layer_blocks(model), prefix, first_logits_GV, prompt_len_B, rng,
+        n=spec.n, num_slots=spec.num_slots, min_slots=spec.min_slots,
+        max_new_tokens=spec.max_new_tokens, choose=_chooser(spec), stop_ids_K=_stop_ids(spec),
+        pad_id=spec.pad_id, decode_block=spec.decode_block, interruption=spec.interruption)
+  return _finish(_advance(model, _start(model, prompts_GP, prompt_mask_GP, rng, spec), spec),
+                 spec)
+
+
+@flax.struct.dataclass
+class Decoding:
+  """A lockstep sampler call in progress: `start`, then `advance` (any number of times,
+  each with the weights of its choice), then `finish`."""
+  loop: _LoopState
+  prefix: PrefixCache
+  prompt_len_B: jax.Array  # [B] int32
+
+  @property
+  def step(self) -> jax.Array:  # [] int32: tokens generated per row so far
+    return self.loop.step
+
+  @property
+  def done(self) -> jax.Array:  # [B] bool
+    return self.loop.done
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
+def start(graphdef, state, prompts_GP, prompt_mask_GP, rng, spec: SampleSpec) -> Decoding:
+  """Prefills the prompts with `state`'s weights; no token is chosen yet (lockstep only)."""
+  if spec.num_slots:
+    raise ValueError("sampler.start/advance decode in lockstep: spec.num_slots must be 0")
+  return _start(_call_model(graphdef, state, spec), prompts_GP, prompt_mask_GP, rng, spec)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "spec"), donate_argnames=("decoding",))
+def advance(graphdef, state, decoding: Decoding, until, spec: SampleSpec) -> Decoding:
+  """Decodes with `state`'s weights until every row is done or `until` tokens are written.
+
+  The cache of the tokens before keeps what earlier weights wrote (as in PipelineRL):
+  switching weights between calls changes the policy from the next token on.
+  """
+  return _advance(_call_model(graphdef, state, spec), decoding, spec, until)
+
+
+@functools.partial(jax.jit, static_argnames=("spec",))
+def finish(decoding: Decoding, spec: SampleSpec) -> Rollouts:
+  return _finish(decoding, spec)
+
+
+def _call_model(graphdef, state, spec: SampleSpec):
+  """The model one call decodes with: weights cast to `weights_dtype`, activations in `dtype`."""
   model = nnx.merge(graphdef, _cast_floats(state, spec.weights_dtype))
-  model = model.with_dtype(spec.dtype) if spec.dtype else model
-  g = prompts_GP.shape[0]
-  b = g * n
+  return model.with_dtype(spec.dtype) if spec.dtype else model
+
+
+def _chooser(spec: SampleSpec):
+  return functools.partial(_choose, temperature=spec.temperature, top_k=spec.top_k,
+                           top_p=spec.top_p)
+
+
+def _stop_ids(spec: SampleSpec) -> jax.Array:
+  return jnp.asarray(tuple(spec.stop_ids), jnp.int32)
+
+
+def _prefill(model, prompts_GP, prompt_mask_GP, n: int):
+  """(first logits [G, V], the shared prompt cache, prompt lengths [G * n])."""
   prompts_GP = sharding.constrain(prompts_GP, ("batch", None))
   prompt_mask_GP = sharding.constrain(prompt_mask_GP, ("batch", None))
   first_logits_GV, prefix = decode.prefill(model, prompts_GP, prompt_mask_GP)
-  blocks = decode.layer_blocks(model)  # once, outside the decode loops
-  prompt_len_B = jnp.repeat(prompt_mask_GP.sum(-1), n).astype(jnp.int32)
-  if spec.num_slots:
-    return _decode_continuous(
-        model, blocks, prefix, first_logits_GV, prompt_len_B, rng, n=n,
-        num_slots=spec.num_slots, min_slots=spec.min_slots, max_new_tokens=max_new_tokens,
-        choose=choose, stop_ids_K=stop_ids_K, pad_id=pad_id, decode_block=spec.decode_block,
-        interruption=cut)
+  return first_logits_GV, prefix, jnp.repeat(prompt_mask_GP.sum(-1), n).astype(jnp.int32)
+
+
+def _start(model, prompts_GP, prompt_mask_GP, rng, spec: SampleSpec) -> Decoding:
+  n, t = spec.n, spec.max_new_tokens
+  first_logits_GV, prefix, prompt_len_B = _prefill(model, prompts_GP, prompt_mask_GP, n)
+  b = prompts_GP.shape[0] * n
+  rows = lambda x: sharding.constrain(x, ("batch", None))
+  loop = _LoopState(
+      step=jnp.zeros((), jnp.int32),
+      logits=sharding.constrain(jnp.repeat(first_logits_GV, n, axis=0), ("batch", "vocab")),
+      tokens=rows(jnp.full((b, t), spec.pad_id, jnp.int32)),
+      logprobs=rows(jnp.zeros((b, t), jnp.float32)),
+      done=sharding.constrain(jnp.zeros((b,), bool), ("batch",)),
+      cache=decode.init_cache(model, b, t),
+      rng=rng, thinking=jnp.ones((b,), bool), interrupted=jnp.zeros((b,), bool))
+  return Decoding(loop, prefix, prompt_len_B)
+
+
+def _advance(model, d: Decoding, spec: SampleSpec, until=None) -> Decoding:
+  """The lockstep decode loop from `d`, to the end (`until` None) or `until` tokens."""
+  cut, pad_id, choose, stop_ids_K = spec.interruption, spec.pad_id, _chooser(spec), _stop_ids(spec)
+  blocks = decode.layer_blocks(model)  # once, outside the decode loop
+  prefix, prompt_len_B = d.prefix, d.prompt_len_B
 
   def body(s: _LoopState) -> _LoopState:
     rng, key = jax.random.split(s.rng)
@@ -347,22 +424,18 @@ def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, spec: SampleSpec) -
                       thinking=thinking, interrupted=interrupted)
 
   def cond(s: _LoopState):
-    return (s.step < max_new_tokens) & ~jnp.all(s.done)
+    running = (s.step < spec.max_new_tokens) & ~jnp.all(s.done)
+    return running if until is None else running & (s.step < until)
 
-  rows = lambda x: sharding.constrain(x, ("batch", None))
-  init = _LoopState(
-      step=jnp.zeros((), jnp.int32),
-      logits=sharding.constrain(jnp.repeat(first_logits_GV, n, axis=0), ("batch", "vocab")),
-      tokens=rows(jnp.full((b, max_new_tokens), pad_id, jnp.int32)),
-      logprobs=rows(jnp.zeros((b, max_new_tokens), jnp.float32)),
-      done=sharding.constrain(jnp.zeros((b,), bool), ("batch",)),
-      cache=decode.init_cache(model, b, max_new_tokens),
-      rng=rng, thinking=jnp.ones((b,), bool), interrupted=jnp.zeros((b,), bool))
-  final = jax.lax.while_loop(cond, body, init)
+  return d.replace(loop=jax.lax.while_loop(cond, body, d.loop))
+
+
+def _finish(d: Decoding, spec: SampleSpec) -> Rollouts:
+  final, cut = d.loop, spec.interruption
   written = final.step
   if cut:  # an interrupted row ends at its answer budget, whatever the others do
     written = jnp.where(final.interrupted, jnp.minimum(written, cut.end), written)
-  return _rollouts(final.tokens, final.logprobs, written, stop_ids_K, pad_id,
+  return _rollouts(final.tokens, final.logprobs, written, _stop_ids(spec), spec.pad_id,
                    final.interrupted, cut)
 
 

@@ -267,3 +267,79 @@ def test_placement_errors_are_named():
   with pytest.raises(ValueError, match="gives 0 sampling devices"):
     sharding.make_meshes(dict(data=-1, fsdp=1, tensor=1, rollout_fraction=0.4),
                          jax.devices()[:1])
+
+
+def test_in_flight_generator_drops_and_counts_batches_too_stale():
+  """A generator far faster than the learner: its queue fills with batches begun by old
+  versions; `take` skips those more than k updates old, counting their rollouts, and
+  every batch taken or dropped is handed to `consumed` once, in order."""
+  k, consumed = 1, []
+
+  def sample_batch(index, in_flight):
+    version, _ = in_flight.weights()
+    g = _fake_generated(index, version, {"w": jnp.zeros(1)})
+    g.scored.versions_B2 = np.full((8, 2), version)
+    return g
+
+  gen = off_policy.InFlightGenerator(sample_batch, max_staleness=k, first_batch=5,
+                                     in_flight_tokens=4, consumed=consumed.append)
+  trained = []
+  for version in range(6):
+    gen.publish(version, {"w": jnp.zeros(1)})
+    got, _ = gen.take(version)
+    assert version - got.oldest_B().min() <= k
+    trained.append(got)
+    time.sleep(0.05)  # the learner is slow: the generator refills its queue meanwhile
+  gen.close()
+  assert [g.step for g in consumed] == list(range(5, 5 + len(consumed)))
+  dropped = [g for g in consumed if g.step not in {t.step for t in trained}]
+  assert dropped and sum(t.dropped for t in trained) == 8 * len(dropped)
+
+
+def test_in_flight_generator_reraises_the_generator_error():
+  def failing(index, in_flight):
+    raise ValueError("sampler broke")
+  gen = off_policy.InFlightGenerator(failing, max_staleness=1, first_batch=0,
+                                     in_flight_tokens=4)
+  gen.publish(0, {"w": jnp.zeros(1)})
+  with pytest.raises(RuntimeError, match="generator thread failed") as info:
+    gen.take(0)
+  assert "sampler broke" in str(info.value.__cause__)
+  gen.close()
+
+
+def test_in_flight_pipeline_on_devices_of_its_own(on_8_devices):
+  """rl.off_policy=pipeline_in_flight, 4 devices sampling and 4 learning: no trained
+  rollout begun more than k updates before, B_p * n rollouts per step, every dropped
+  rollout counted in `rollouts`; a resumed run counts nothing twice."""
+  out = on_8_devices("""
+    import json, shutil
+    from isojax import run_dir, train
+    from isojax.configs import scalerl
+    config = scalerl.get_config("micro")
+    config.update(num_steps=8, checkpoint_every=4)
+    config.rl.update(max_staleness=2, off_policy="pipeline_in_flight", in_flight_tokens=1)
+    config.mesh.rollout_fraction = 0.5
+    config.eval.train_problems = 0
+    train.run(config, "run")
+    first = run_dir.read_metrics("run")
+    shutil.rmtree("run/checkpoints/8")
+    train.run(config, "run")
+    print(json.dumps(dict(first=first, resumed=run_dir.read_metrics("run"),
+                          b=config.problems_per_batch * config.rollouts_per_problem)))
+  """)
+  got = json.loads(out.strip().splitlines()[-1])
+  b = got["b"]
+  for lines in (got["first"], got["resumed"]):
+    steps = [r for r in lines if r["step"] > 0]
+    assert [r["step"] for r in steps] == list(range(1, 9))
+    assert all(sum(r["train/staleness_histogram"]) == b for r in steps)
+    assert all(len(r["train/staleness_histogram"]) == 3 for r in steps)  # 0..k
+    assert all(r["train/staleness_max"] <= 2 for r in steps)
+    # Cumulative rollouts: each trained batch and each dropped rollout, once.
+    total = 0
+    for r in steps:
+      total += b + r["train/dropped_rollouts"]
+      assert r["rollouts"] == total
+  # The lines up to the checkpoint at step 4 are kept as they were.
+  assert got["resumed"][:5] == got["first"][:5]
