@@ -93,7 +93,9 @@ def environment() -> dict[str, Any]:
       return ""
   import jax  # pylint: disable=g-import-not-at-top
   return dict(commit=git("rev-parse", "--short=12", "HEAD") or "unknown",
-              dirty=bool(git("status", "--porcelain", "--untracked-files=no")),
+              # The results being written are no uncommitted change of the code.
+              dirty=bool(git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                             ":(exclude)docs/results")),
               cpu=cpu_isa.cpu_model(), cpus=os.cpu_count(), host_isa=cpu_isa.host_isa(),
               isa=cpu_isa.effective_isa(), accelerator=_accelerator(jax),
               jax=jax.__version__, python=platform.python_version(),
