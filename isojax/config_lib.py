@@ -128,7 +128,13 @@ def base_config() -> ml_collections.ConfigDict:
       clip_eps=0.2,
       clip_eps_high=0.28,    # DAPO's upper clip
       cispo_eps_max=4.0,     # CISPO's IS-weight cap
-      tis_threshold=2.0,     # truncated IS cap C_tis; <= 0 disables
+      # Sampler/trainer mismatch correction: rho = pi_trainer / pi_sampler per token or
+      # per sequence (the product, or geometric mean, of its token ratios); "truncate"
+      # weighs by min(rho, c), "mask" by rho inside [1/c, c] and drops the rest.
+      tis_threshold=2.0,     # c > 1; <= 0 disables
+      is_level="token",      # token | sequence
+      is_mode="truncate",    # truncate | mask
+      is_sequence_ratio="product",  # product | geometric (is_level=sequence)
       aggregation="token_mean",
       kl_coef=0.0,
       kl_form="k3",

@@ -1,4 +1,4 @@
-"""Policy losses, loss aggregation, KL and entropy regularisers, and truncated IS.
+"""Policy losses, loss aggregation, KL and entropy regularisers, and IS corrections.
 
 The recipes isojax implements (GRPO, DAPO, Dr.GRPO, GSPO, ScaleRL's CISPO) differ
 in a few small formulas: the per-token surrogate, how token losses are averaged, and
@@ -23,6 +23,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from isojax.rl import settings as rl_settings
 
 sg = jax.lax.stop_gradient
 
@@ -254,7 +256,7 @@ def aggregation_weights(name: str, mask_BT: jax.Array, *, group_size: int,
 
 
 # --------------------------------------------------------------------------------
-# Regularisers and truncated importance sampling.
+# Regularisers and the sampler/trainer importance correction.
 # --------------------------------------------------------------------------------
 
 
@@ -297,38 +299,75 @@ def token_entropy(logits_BTV: jax.Array) -> jax.Array:
   return -jnp.sum(p_BTV * safe_logp_BTV, axis=-1)
 
 
-def truncated_is_weights(trainer_logp_BT: jax.Array, sampler_logp_BT: jax.Array,
-                         mask_BT: jax.Array, threshold: float | None,
-                         ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Stop-gradient weights min(pi_trainer / pi_sampler, threshold), [B, T].
+def importance_weights(trainer_logp_BT: jax.Array, sampler_logp_BT: jax.Array,
+                       mask_BT: jax.Array, threshold: float | None, *, level: str = "token",
+                       mode: str = "truncate", sequence_ratio: str = "product",
+                       ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Stop-gradient weights [B, T] correcting the sampler/trainer mismatch, and its stats.
 
-  They correct the mismatch between the sampler's and the trainer's numerics by
-  multiplying the per-token loss. A threshold of None or <= 0 disables truncated IS
-  (all weights 1); the mismatch statistics are computed either way. Weights are 1
-  where mask is 0.
+  The ratio rho = pi_trainer / pi_sampler is taken per token (`level="token"`) or per
+  sequence (`"sequence"`: the product of its token ratios, or their geometric mean with
+  `sequence_ratio="geometric"`, carried by each of its tokens). `mode="truncate"` (TIS)
+  weighs by min(rho, c); `mode="mask"` (masked IS) weighs by rho where 1/c <= rho <= c
+  and drops the token or sequence (weight 0) elsewhere. c = `threshold`; None or <= 0
+  disables the correction (every weight 1) and the statistics are computed either way.
+  Weights are 1 where mask is 0. The caller multiplies the per-token loss by them.
 
-  stats over valid tokens: tis/mean_weight, tis/truncated_fraction (ratio above the
-  threshold; 0 when disabled), tis/max_abs_logp_diff, tis/mean_abs_logp_diff.
+  stats: tis/mean_weight (over valid tokens); tis/truncated_fraction and
+  tis/masked_fraction (of valid tokens at token level, of sequences with a valid token
+  at sequence level; 0 unless that mode is on); tis/max_abs_logp_diff and
+  tis/mean_abs_logp_diff (|log pi_trainer - log pi_sampler| over valid tokens);
+  tis/sequence_kl (KL(pi_sampler || pi_trainer) of a sequence, the k3 estimate summed
+  over its tokens, averaged over sequences with a valid token).
   """
   if trainer_logp_BT.shape != sampler_logp_BT.shape or trainer_logp_BT.shape != mask_BT.shape:
     raise ValueError(
         f"trainer_logp_BT {trainer_logp_BT.shape}, sampler_logp_BT "
         f"{sampler_logp_BT.shape} and mask_BT {mask_BT.shape} must have the same shape")
+  for field, value, choices in (("is_level", level, rl_settings.IS_LEVELS),
+                                ("is_mode", mode, rl_settings.IS_MODES),
+                                ("is_sequence_ratio", sequence_ratio,
+                                 rl_settings.IS_SEQUENCE_RATIOS)):
+    if value not in choices:
+      raise ValueError(f"rl.{field}={value!r}: expected one of {choices}")
   valid_BT = mask_BT.astype(bool)
   diff_BT = sg(jnp.where(valid_BT, trainer_logp_BT - sampler_logp_BT, 0.0))
-  ratio_BT = jnp.exp(diff_BT)
+  has_token_B = jnp.any(valid_BT, axis=1)
+  if level == "token":
+    log_ratio_BT, unit_BT = diff_BT, valid_BT
+  else:
+    log_ratio_B = jnp.sum(diff_BT, axis=1)
+    if sequence_ratio == "geometric":
+      log_ratio_B = log_ratio_B / jnp.maximum(jnp.sum(valid_BT, axis=1), 1)
+    log_ratio_BT = jnp.broadcast_to(log_ratio_B[:, None], diff_BT.shape)
+    unit_BT = has_token_B[:, None]  # one unit per sequence: its first column
+    unit_BT = unit_BT & (jnp.arange(diff_BT.shape[1]) == 0)[None, :]
+  # Capped in log space: a long sequence's product of ratios may overflow float32.
+  ratio_BT = jnp.exp(jnp.minimum(log_ratio_BT, 80.0))
   if threshold is None:
-    weights_BT = jnp.ones_like(ratio_BT)
-    truncated_BT = jnp.zeros(ratio_BT.shape, bool)
+    enabled = jnp.asarray(False)
+    threshold = 1.0
   else:
     enabled = jnp.asarray(threshold) > 0
+  if mode == "truncate":
     weights_BT = jnp.where(enabled, jnp.minimum(ratio_BT, threshold), 1.0)
     truncated_BT = enabled & (ratio_BT > threshold)
+    masked_BT = jnp.zeros(ratio_BT.shape, bool)
+  else:
+    inside_BT = (ratio_BT >= 1.0 / threshold) & (ratio_BT <= threshold)
+    weights_BT = jnp.where(enabled, jnp.where(inside_BT, ratio_BT, 0.0), 1.0)
+    truncated_BT = jnp.zeros(ratio_BT.shape, bool)
+    masked_BT = enabled & ~inside_BT
+  weights_BT = jnp.where(valid_BT, weights_BT, 1.0)
   abs_diff_BT = jnp.abs(diff_BT)
+  # k3 of KL(sampler || trainer) from the sampler's tokens: rho - 1 - log rho per token.
+  seq_kl_B = jnp.sum(jnp.expm1(diff_BT) - diff_BT, axis=1)
   stats = {
       "tis/mean_weight": jnp.where(jnp.any(valid_BT), _masked_mean(weights_BT, valid_BT), 1.0),
-      "tis/truncated_fraction": _masked_mean(truncated_BT.astype(jnp.float32), valid_BT),
+      "tis/truncated_fraction": _masked_mean(truncated_BT.astype(jnp.float32), unit_BT),
+      "tis/masked_fraction": _masked_mean(masked_BT.astype(jnp.float32), unit_BT),
       "tis/max_abs_logp_diff": _masked_max(abs_diff_BT, valid_BT, 0.0),
       "tis/mean_abs_logp_diff": _masked_mean(abs_diff_BT, valid_BT),
+      "tis/sequence_kl": _masked_mean(seq_kl_B, has_token_B),
   }
   return weights_BT, stats

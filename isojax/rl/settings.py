@@ -23,6 +23,10 @@ LR_SCALING_RULES = ("constant", "sqrt", "linear")
 # Which policy version samples each step's rollouts when rl.max_staleness > 0
 # (`isojax.rl.off_policy.source_version`).
 OFF_POLICY_MODES = ("pipeline", "ppo_off_policy", "pipeline_in_flight")
+# The sampler/trainer importance correction (`isojax.rl.losses.importance_weights`).
+IS_LEVELS = ("token", "sequence")
+IS_MODES = ("truncate", "mask")
+IS_SEQUENCE_RATIOS = ("product", "geometric")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +39,9 @@ class RLSettings(validation.Section):
   clip_eps_high: float
   cispo_eps_max: float
   tis_threshold: float
+  is_level: str
+  is_mode: str
+  is_sequence_ratio: str
   aggregation: str
   kl_coef: float
   kl_form: str
@@ -60,6 +67,12 @@ class RLSettings(validation.Section):
       validation.choice(f"rl.{field}", getattr(self, field), choices)
     validation.choice("rl.overlong", self.overlong, OVERLONG_MODES)
     validation.choice("rl.off_policy", self.off_policy, OFF_POLICY_MODES)
+    validation.choice("rl.is_level", self.is_level, IS_LEVELS)
+    validation.choice("rl.is_mode", self.is_mode, IS_MODES)
+    validation.choice("rl.is_sequence_ratio", self.is_sequence_ratio, IS_SEQUENCE_RATIOS)
+    if 0 < self.tis_threshold <= 1:
+      raise ValueError(f"rl.tis_threshold={self.tis_threshold}: expected > 1 (the cap of the "
+                       "truncated weights; masked IS keeps ratios in [1/c, c]) or <= 0 (off)")
     validation.non_negative_int("rl.max_staleness", self.max_staleness,
                                 "0: sample each step with the policy it updates")
     validation.positive_int("rl.in_flight_tokens", self.in_flight_tokens)

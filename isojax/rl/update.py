@@ -77,6 +77,9 @@ class UpdateSettings:
   logprob_chunk_size: int = 0   # response positions per LM-head chunk; 0: unchunked
   log_entropy: bool = True      # compute train/entropy even when entropy_coef == 0
   log_kl: bool = True           # compute train/kl even when kl_coef == 0 (ref_logp given)
+  is_level: str = "token"       # the importance correction (losses.importance_weights)
+  is_mode: str = "truncate"
+  is_sequence_ratio: str = "product"
 
   @property
   def need_entropy(self) -> bool:
@@ -100,7 +103,8 @@ class UpdateSettings:
                tis_threshold=rl.tis_threshold, num_minibatches=rl.num_minibatches,
                num_epochs=rl.num_epochs, micro_batch_size=rl.micro_batch_size,
                logprob_chunk_size=rl.logprob_chunk_size,
-               log_entropy=True, log_kl=bool(rl.log_kl_to_base))  # runs always log train/entropy
+               log_entropy=True, log_kl=bool(rl.log_kl_to_base), is_level=rl.is_level,
+               is_mode=rl.is_mode, is_sequence_ratio=rl.is_sequence_ratio)  # runs always log train/entropy
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation,
@@ -202,6 +206,14 @@ def _weights(mb: TrainBatch, s: UpdateSettings):
           agg(mb.response_mask & mb.keep_reg[:, None]))
 
 
+def _importance_weights(mb: TrainBatch, s: UpdateSettings):
+  """The sampler/trainer correction of `mb`'s tokens: trainer log-probs before the update
+  (`old_logp`) against the sampler's, per token or per sequence."""
+  return losses.importance_weights(mb.old_logp, mb.sampler_logp, mb.response_mask,
+                                   s.tis_threshold, level=s.is_level, mode=s.is_mode,
+                                   sequence_ratio=s.is_sequence_ratio)
+
+
 def _weighted_loss(params, graphdef, mb: TrainBatch, w_pg_BT, w_reg_BT, s: UpdateSettings):
   """The share of rows `mb` in their minibatch's loss, and their (logp, entropy) [b, T].
 
@@ -219,8 +231,7 @@ def _weighted_loss(params, graphdef, mb: TrainBatch, w_pg_BT, w_reg_BT, s: Updat
       s.policy_loss, logp_BT=logp_BT, old_logp_BT=mb.old_logp, advantages_B=mb.advantages,
       mask_BT=pg_mask_BT, clip_eps=s.clip_eps, clip_eps_high=s.clip_eps_high,
       cispo_eps_max=s.cispo_eps_max)
-  tis_w_BT, _ = losses.truncated_is_weights(mb.old_logp, mb.sampler_logp, valid_BT,
-                                            s.tis_threshold)
+  tis_w_BT, _ = _importance_weights(mb, s)
   # Masked before weighting, as `losses.aggregate` does: padding may hold inf.
   total = lambda w_BT, x_BT, mask_BT: jnp.sum(w_BT * jnp.where(mask_BT, x_BT, 0.0))
   loss = total(w_pg_BT, pg_BT * tis_w_BT, pg_mask_BT)
@@ -243,8 +254,7 @@ def _stats(mb: TrainBatch, logp_BT, entropy_BT, loss, s: UpdateSettings) -> dict
       s.policy_loss, logp_BT=logp_BT, old_logp_BT=mb.old_logp, advantages_B=mb.advantages,
       mask_BT=valid_BT & mb.keep_pg[:, None], clip_eps=s.clip_eps,
       clip_eps_high=s.clip_eps_high, cispo_eps_max=s.cispo_eps_max)
-  _, tis_stats = losses.truncated_is_weights(mb.old_logp, mb.sampler_logp, valid_BT,
-                                             s.tis_threshold)
+  _, tis_stats = _importance_weights(mb, s)
   stats = dict(pg_stats, **tis_stats, loss=loss)
   n_valid = jnp.maximum(valid_BT.sum(), 1)
   valid_mean = lambda x_BT: jnp.where(valid_BT, x_BT, 0).sum() / n_valid

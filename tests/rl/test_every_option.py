@@ -1,5 +1,7 @@
 """Every registered option is reachable from a config field and trains one step."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -22,6 +24,12 @@ OPTIONS = [(field, name) if i == 0 else pytest.param(
            for field, names in _REGISTRIES.items() for i, name in enumerate(names)]
 
 
+def _tiny_policy():
+  cfg = ModelConfig(vocab_size=11, num_layers=1, embed_dim=16, num_heads=2, num_kv_heads=1,
+                    head_dim=8, mlp_dim=16)
+  return nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+
+
 def _config(field, value):
   c = config_lib.base_config()
   c.rollouts_per_problem, c.problems_per_batch, c.num_steps = 4, 2, 1
@@ -36,9 +44,7 @@ def _config(field, value):
 @pytest.mark.parametrize("field,value", OPTIONS)
 def test_option_trains_one_step(field, value):
   config = _config(field, value)
-  cfg = ModelConfig(vocab_size=11, num_layers=1, embed_dim=16, num_heads=2, num_kv_heads=1,
-                    head_dim=8, mlp_dim=16)
-  graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+  graphdef, params = _tiny_policy()
   rng = np.random.default_rng(0)
   g, n, p, t = 2, 4, 2, 3
   rollouts = sampler.Rollouts(tokens=rng.integers(3, 11, (g * n, t)).astype(np.int32),
@@ -67,7 +73,8 @@ def test_option_trains_one_step(field, value):
 
 
 @pytest.mark.parametrize("field", ["advantage", "policy_loss", "aggregation", "kl_form",
-                                   "zero_variance_filter", "downsample", "advantages_on"])
+                                   "zero_variance_filter", "downsample", "advantages_on",
+                                   "is_level", "is_mode", "is_sequence_ratio"])
 def test_unknown_option_is_a_clear_error(field):
   c = config_lib.base_config()
   c.num_steps = 1
@@ -95,3 +102,48 @@ def test_pods_with_a_single_rollout():
   c.rl.update(downsample="random", advantage="drgrpo")
   with pytest.raises(ValueError, match="PODS needs n > 1"):
     config_lib.resolve(c)
+
+
+@pytest.mark.parametrize("threshold", [0.5, 1.0])
+def test_importance_threshold_at_most_one_is_an_error(threshold):
+  c = config_lib.base_config()
+  c.num_steps = 1
+  c.rl.tis_threshold = threshold
+  with pytest.raises(ValueError, match=f"rl.tis_threshold={threshold}: expected > 1"):
+    config_lib.resolve(c)
+
+
+@pytest.mark.parametrize("level,mode", [("token", "truncate"), ("sequence", "truncate"),
+                                        ("sequence", "mask"), ("token", "mask")])
+def test_importance_correction_enters_the_update_loss(level, mode):
+  """The update's loss against NumPy: with old = trainer log-probs the PPO ratio is 1, so
+  each token's loss is -A_i times its correction weight, averaged over valid tokens."""
+  config = _config("is_level", level)
+  config.rl.update(is_mode=mode, kl_coef=0.0, entropy_coef=0.0, num_minibatches=1,
+                   tis_threshold=1.5)
+  graphdef, params = _tiny_policy()
+  b, p, t = 4, 2, 3
+  rng = np.random.default_rng(3)
+  tokens = rng.integers(3, 11, (b, p + t)).astype(np.int32)
+  mask = np.ones((b, p + t), bool)
+  response = np.array([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]], bool)
+  mask[:, p:] = response
+  logp = np.asarray(update.score(graphdef, params, tokens, mask, prompt_len=p, temperature=0.6))
+  shift = np.array([[0.1, -0.2, 0.3], [0.6, 0.0, 0.0], [-0.9, 0.0, 0.0], [0.05, 0.05, 0.1]])
+  sampler_logp = (logp - shift).astype(np.float32)  # trainer - sampler = shift
+  adv = np.array([1.0, -0.5, 2.0, -1.0], np.float32)
+  settings = dataclasses.replace(update.UpdateSettings.from_config(
+      config, group_size=2, prompt_len=p), log_kl=False)
+  batch = update.TrainBatch(tokens=tokens, mask=mask, response_mask=response,
+                            sampler_logp=sampler_logp, old_logp=logp, ref_logp=logp,
+                            advantages=adv, keep_pg=np.ones(b, bool),
+                            keep_reg=np.ones(b, bool), shuffle_rng=jax.random.key(0))
+  loss, stats = update.loss_fn(params, graphdef, batch, settings)
+  ratio = np.exp(np.where(response, shift, 0.0))
+  if level == "sequence":
+    ratio = np.broadcast_to(np.prod(ratio, axis=1, keepdims=True), ratio.shape)
+  w = np.minimum(ratio, 1.5) if mode == "truncate" else np.where(
+      (ratio >= 1 / 1.5) & (ratio <= 1.5), ratio, 0.0)
+  expected = np.sum(-adv[:, None] * w * response) / response.sum()
+  np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
+  assert 0 < float(stats["tis/mean_weight"]) != 1.0

@@ -401,37 +401,103 @@ def test_token_entropy_bf16_large_and_masked_logits():
   assert np.all(np.isfinite(grad))
 
 
-def np_tis(trainer, sampler, mask, threshold):
+def np_importance(trainer, sampler, mask, threshold, level="token", mode="truncate",
+                  sequence_ratio="product"):
+  """The correction written with loops over sequences and tokens."""
   valid = mask > 0
-  ratio = np.exp(trainer - sampler)
   on = threshold is not None and threshold > 0
-  weights = np.where(valid, np.minimum(ratio, threshold) if on else 1.0, 1.0)
+  weights = np.ones_like(trainer)
+  truncated, masked, seq_kl = [], [], []
+  for i in range(trainer.shape[0]):
+    tokens = [t for t in range(trainer.shape[1]) if valid[i, t]]
+    if not tokens:
+      continue
+    diffs = [trainer[i, t] - sampler[i, t] for t in tokens]
+    seq_kl.append(sum(np.exp(d) - 1 - d for d in diffs))
+    if level == "token":
+      ratios = {t: np.exp(d) for t, d in zip(tokens, diffs)}
+    else:
+      log_ratio = sum(diffs) / (len(diffs) if sequence_ratio == "geometric" else 1)
+      ratios = {t: np.exp(log_ratio) for t in tokens}
+    units = list(ratios.values()) if level == "token" else [ratios[tokens[0]]]
+    truncated += [on and mode == "truncate" and r > threshold for r in units]
+    masked += [on and mode == "mask" and not 1 / threshold <= r <= threshold for r in units]
+    for t, r in ratios.items():
+      if on and mode == "truncate":
+        weights[i, t] = min(r, threshold)
+      elif on:
+        weights[i, t] = r if 1 / threshold <= r <= threshold else 0.0
   diff = np.abs(trainer - sampler)[valid]
   stats = {"tis/mean_weight": weights[valid].mean(),
-           "tis/truncated_fraction": (ratio[valid] > threshold).mean() if on else 0.0,
+           "tis/truncated_fraction": np.mean(truncated),
+           "tis/masked_fraction": np.mean(masked),
            "tis/max_abs_logp_diff": diff.max(),
-           "tis/mean_abs_logp_diff": diff.mean()}
+           "tis/mean_abs_logp_diff": diff.mean(),
+           "tis/sequence_kl": np.mean(seq_kl)}
   return weights, stats
+
+
+def _mismatched_logps(seed=2, shape=(4, 5), noise=0.8):
+  rng = np.random.default_rng(seed)
+  trainer = rng.normal(-1, 1, size=shape)
+  sampler = trainer + rng.normal(0, noise, size=shape)
+  mask = (rng.random(shape) < 0.7).astype(np.float32)
+  mask[0, 1] = 1.0
+  mask[-1] = 0.0  # a sequence with no valid token
+  sampler[mask == 0] = -np.inf  # padding garbage must not leak
+  return trainer, sampler, mask
 
 
 @pytest.mark.parametrize("threshold", [2.0, 1.1, None, 0.0, -1.0])
 def test_truncated_is_weights_match_numpy(threshold):
-  rng = np.random.default_rng(2)
-  trainer = rng.normal(-1, 1, size=(4, 5))
-  sampler = trainer + rng.normal(0, 0.8, size=(4, 5))
-  mask = (rng.random((4, 5)) < 0.7).astype(np.float32)
-  sampler[mask == 0] = -np.inf  # padding garbage must not leak
-  weights, stats = losses.truncated_is_weights(
+  trainer, sampler, mask = _mismatched_logps()
+  weights, stats = losses.importance_weights(
       jnp.asarray(trainer, jnp.float32), jnp.asarray(sampler, jnp.float32),
       jnp.asarray(mask), threshold)
-  ref_w, ref_stats = np_tis(trainer, sampler, mask, threshold)
+  ref_w, ref_stats = np_importance(trainer, sampler, mask, threshold)
   np.testing.assert_allclose(weights, ref_w, rtol=1e-5)
   for key, value in ref_stats.items():
-    np.testing.assert_allclose(stats[key], value, rtol=1e-5, err_msg=key)
+    np.testing.assert_allclose(stats[key], value, rtol=1e-5, atol=1e-7, err_msg=key)
   if threshold is not None and threshold > 0:
     assert 0 < ref_stats["tis/truncated_fraction"] < 1
   else:
     assert np.all(np.asarray(weights) == 1)
+
+
+@pytest.mark.parametrize("level,mode,sequence_ratio", [
+    ("token", "mask", "product"), ("sequence", "truncate", "product"),
+    ("sequence", "truncate", "geometric"), ("sequence", "mask", "product"),
+    ("sequence", "mask", "geometric")])
+def test_sequence_and_masked_importance_weights_match_numpy(level, mode, sequence_ratio):
+  trainer, sampler, mask = _mismatched_logps(seed=5, shape=(8, 6), noise=0.4)
+  threshold = 1.5
+  weights, stats = jax.jit(functools.partial(
+      losses.importance_weights, level=level, mode=mode, sequence_ratio=sequence_ratio))(
+          jnp.asarray(trainer, jnp.float32), jnp.asarray(sampler, jnp.float32),
+          jnp.asarray(mask), threshold)
+  ref_w, ref_stats = np_importance(trainer, sampler, mask, threshold, level, mode,
+                                   sequence_ratio)
+  np.testing.assert_allclose(weights, ref_w, rtol=1e-5)
+  for key, value in ref_stats.items():
+    np.testing.assert_allclose(stats[key], value, rtol=1e-5, atol=1e-7, err_msg=key)
+  # The seed gives rows on both sides of the threshold: the test can fail either way.
+  fraction = ref_stats["tis/masked_fraction" if mode == "mask" else "tis/truncated_fraction"]
+  assert 0 < fraction < 1
+  if level == "sequence":  # one weight per sequence
+    for row_w, row_mask in zip(np.asarray(weights), mask):
+      assert len(set(row_w[row_mask > 0].round(6))) <= 1
+
+
+def test_sequence_ratio_of_a_long_sequence_does_not_overflow():
+  trainer = jnp.full((1, 400), 0.0)
+  sampler = jnp.full((1, 400), -0.5)  # product of ratios e^200: beyond float32
+  w, stats = losses.importance_weights(trainer, sampler, jnp.ones((1, 400)), 2.0,
+                                       level="sequence")
+  np.testing.assert_allclose(w, 2.0)
+  assert np.isfinite(stats["tis/mean_weight"])
+  w, _ = losses.importance_weights(trainer, sampler, jnp.ones((1, 400)), 2.0,
+                                   level="sequence", mode="mask")
+  np.testing.assert_array_equal(w, 0.0)
 
 
 def test_truncated_is_weights_stop_gradient_and_traced_threshold():
@@ -439,12 +505,12 @@ def test_truncated_is_weights_stop_gradient_and_traced_threshold():
   mask = jnp.ones((1, 2))
 
   def weighted(tr):
-    w, _ = losses.truncated_is_weights(tr, sampler, mask, 2.0)
+    w, _ = losses.importance_weights(tr, sampler, mask, 2.0)
     return jnp.sum(w * tr)
 
   # With a stop-gradient the gradient is the weights themselves.
   np.testing.assert_allclose(jax.grad(weighted)(trainer), [[np.exp(-0.5), 2.0]], rtol=1e-6)
-  jitted = jax.jit(losses.truncated_is_weights)
+  jitted = jax.jit(losses.importance_weights)
   w_on, _ = jitted(trainer, sampler, mask, 2.0)
   w_off, stats = jitted(trainer, sampler, mask, 0.0)
   np.testing.assert_allclose(w_on, [[np.exp(-0.5), 2.0]], rtol=1e-6)
