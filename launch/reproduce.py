@@ -51,6 +51,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from isojax import cpu_isa, metrics, run_dir, storage
+from isojax.planner import sigmoid_fit
 from launch import compare
 
 SECTIONS = ("demos", "isa", "pods", "off_policy", "study")
@@ -331,8 +332,33 @@ def off_policy_summary(workdir: str) -> dict[str, Any]:
   summary.update(staleness=mean("train/staleness_max"), rollout_wait_s=float(np.mean(waited)),
                  step_s=mean(metrics.TIME_STEP), update_s=mean("time/update_s"),
                  wall_curve=[(r[run_dir.WALL_S], r[metrics.val_avg(4)])
-                             for r in run_dir.read_metrics(workdir) if metrics.val_avg(4) in r])
+                             for r in run_dir.read_metrics(workdir) if metrics.val_avg(4) in r],
+                 rollout_curve=[(r[run_dir.ROLLOUTS], r[metrics.val_avg(4)])
+                                for r in run_dir.read_metrics(workdir)
+                                if metrics.val_avg(4) in r])
   return summary
+
+
+def fit_setting(rows: list[dict[str, Any]]) -> sigmoid_fit.SigmoidFit:
+  """ScaleRL's sigmoid R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) through the seeds'
+  mean `val/avg@4` against the rollouts sampled (C), bounded to [0, 1]."""
+  compute = [c for c, _ in rows[0]["rollout_curve"]]
+  values = np.mean([[v for _, v in r["rollout_curve"]] for r in rows], axis=0)
+  return sigmoid_fit.fit_sigmoid(compute, values, lower=0.0, upper=1.0)
+
+
+def off_policy_fits(runs: dict[str, list[dict[str, Any]]]) -> str:
+  """Markdown: each setting's compute-performance sigmoid (A, B, C_mid)."""
+  lines = ["| setting | R0 | A (asymptote) | B (efficiency) | C_mid (rollouts) | rmse |",
+           "|---|---|---|---|---|---|"]
+  for name, rows in runs.items():
+    fit = fit_setting(rows)
+    if fit.flat:
+      lines.append(f"| {name} | {fit.r0:.3f} | no significant rise | | | {fit.rmse:.4f} |")
+      continue
+    lines.append(f"| {name} | {fit.r0:.3f} | {fit.a:.3f} +- {fit.a_stderr:.3f} | {fit.b:.2f} | "
+                 f"{fit.c_mid:,.0f} | {fit.rmse:.4f} |")
+  return "\n".join(lines)
 
 
 def off_policy_table(runs: dict[str, list[dict[str, Any]]]) -> str:
@@ -396,6 +422,12 @@ def run_off_policy(out: str, results: str, seeds: Sequence[str], command: str) -
       "same devices (here the CPU's cores). Waited for rollouts: the seconds a step "
       "spent before its batch was ready (synchronous: sampling and grading); step: its "
       "mean duration.", "", off_policy_table(runs), "",
+      "Compute-performance fits (ScaleRL's sigmoid, `isojax.planner.sigmoid_fit`) of the "
+      "seeds' mean `val/avg@4` against the rollouts sampled (C = 0 to "
+      f"{max(c for r in runs.values() for c, _ in r[0]['rollout_curve']):,}): ScaleRL "
+      "found the off-policy setup to move the efficiency (B, C_mid) more than the "
+      "asymptote A.",
+      "", off_policy_fits(runs), "",
       "![val/avg@4 against step and wall time](img/off_policy.png)", ""])
   return _write(results, "off_policy.md", "Off-policy generation against the synchronous "
                 "loop", command, wall_s, body)

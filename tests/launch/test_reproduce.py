@@ -155,3 +155,16 @@ def test_off_policy_table_and_plot_from_synthetic_runs(tmp_path):
   assert rows[1][4:6] == ["2.0", "0.125 s"] and rows[1][8] == "8 s"
   reproduce.plot_off_policy(runs, str(tmp_path / "img" / "off_policy.png"))
   assert os.path.getsize(tmp_path / "img" / "off_policy.png") > 1000
+
+
+def test_off_policy_fit_recovers_a_known_sigmoid():
+  """Two seeds whose mean follows R(C) = 0.1 + 0.3 / (1 + (2000 / C)^1.5) exactly."""
+  compute = np.arange(0, 10001, 500)
+  curve = 0.1 + 0.3 / (1 + (2000 / np.maximum(compute, 1e-9)) ** 1.5)
+  noise = 0.01 * np.sin(compute)
+  rows = [{"rollout_curve": list(zip(compute, curve + sign * noise))} for sign in (1, -1)]
+  fit = reproduce.fit_setting(rows)
+  assert fit.a == pytest.approx(0.4, abs=1e-4) and fit.b == pytest.approx(1.5, abs=1e-3)
+  assert fit.c_mid == pytest.approx(2000, rel=1e-3) and fit.r0 == pytest.approx(0.1, abs=1e-4)
+  table = reproduce.off_policy_fits({"pipeline, k = 2": rows})
+  assert "| pipeline, k = 2 | 0.100 | 0.400 +- " in table and "| 2,000 |" in table
