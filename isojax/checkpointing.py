@@ -32,6 +32,8 @@ from isojax import metrics, run_dir
 FINGERPRINTS = "fingerprints"
 # The item of the rollouts sampled ahead of the update (off-policy runs only).
 QUEUE = "queue"
+# The saved item of PPO's value model: {"params": ..., "opt_state": ...}.
+CRITIC = "critic"
 _UINT = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
 
 
@@ -71,13 +73,16 @@ def manager(directory: epath.PathLike, keep: int) -> ocp.CheckpointManager:
 
 
 def save(ckpt: ocp.CheckpointManager, step: int, *, params: Any, opt_state: Any,
-         counters: dict[str, Any], queue: dict[str, Any] | None = None) -> None:
+         counters: dict[str, Any], queue: dict[str, Any] | None = None,
+         critic: Any = None) -> None:
   """Saves the arrays, and `counters` (JSON) with the arrays' fingerprints added.
 
   `queue` (a tree of NumPy arrays, `off_policy.queue_tree`) holds the batches sampled
-  ahead of the update; it is saved, and fingerprinted, when it is not empty.
+  ahead of the update; it is saved, and fingerprinted, when it is not empty. `critic`
+  (PPO's value model and its optimizer state, `rl.critic`) likewise when given.
   """
-  trees = dict(params=params, opt_state=opt_state, **({QUEUE: queue} if queue else {}))
+  trees = dict(params=params, opt_state=opt_state, **({QUEUE: queue} if queue else {}),
+               **({CRITIC: critic} if critic is not None else {}))
   counters = dict(counters, **{FINGERPRINTS: {k: fingerprint(v) for k, v in trees.items()}})
   ckpt.save(step, args=ocp.args.Composite(
       **{k: ocp.args.StandardSave(v) for k, v in trees.items()},
@@ -108,6 +113,7 @@ class Restored:
   counters: dict[str, Any]       # the JSON saved with them, fingerprints removed
   corrupt: tuple[Failure, ...]   # newer checkpoints that failed, now moved aside
   queue: dict[str, Any] | None = None  # the batches sampled ahead (off-policy runs)
+  critic: Any = None                   # the value model's state (PPO with a critic)
 
 
 def _describe(error: BaseException) -> str:
@@ -122,13 +128,18 @@ def _describe(error: BaseException) -> str:
   return f"{type(error).__name__}: {lines[0] if lines else ''}"[:1000]
 
 
-def _restore(ckpt: ocp.CheckpointManager, step: int, params: Any, opt_state: Any):
-  restored = ckpt.restore(step, args=ocp.args.Composite(
-      params=ocp.args.StandardRestore(params), opt_state=ocp.args.StandardRestore(opt_state),
-      counters=ocp.args.JsonRestore()))
+def _restore(ckpt: ocp.CheckpointManager, step: int, params: Any, opt_state: Any,
+             critic: Any = None):
+  items = dict(params=ocp.args.StandardRestore(params),
+               opt_state=ocp.args.StandardRestore(opt_state), counters=ocp.args.JsonRestore())
+  if critic is not None:
+    items[CRITIC] = ocp.args.StandardRestore(critic)
+  restored = ckpt.restore(step, args=ocp.args.Composite(**items))
   counters = dict(restored.counters)
   saved = counters.pop(FINGERPRINTS, None)  # None: saved before fingerprints existed
   trees = dict(params=restored.params, opt_state=restored.opt_state)
+  if critic is not None:
+    trees[CRITIC] = restored[CRITIC]
   if saved and QUEUE in saved:
     trees[QUEUE] = ckpt.restore(step, args=ocp.args.Composite(
         **{QUEUE: ocp.args.StandardRestore()}))[QUEUE]
@@ -153,17 +164,19 @@ def _move_aside(failure: Failure, corrupt_dir: epath.Path) -> Failure:
 
 
 def restore_newest(ckpt: ocp.CheckpointManager, *, params: Any, opt_state: Any,
-                   corrupt_dir: epath.PathLike, primary: bool = True) -> Restored | None:
+                   corrupt_dir: epath.PathLike, primary: bool = True,
+                   critic: Any = None) -> Restored | None:
   """The newest checkpoint that restores; None when there is none.
 
-  `params` and `opt_state` give the structure, shapes and shardings to restore into.
+  `params`, `opt_state` (and `critic`, when the run has one) give the structure, shapes
+  and shardings to restore into.
   Newer checkpoints that fail are moved into `corrupt_dir` (by the `primary` process)
   once an older one restores. Raises NoRestorableCheckpoint when none does.
   """
   failures = []
   for step in sorted(ckpt.all_steps(), reverse=True):
     try:
-      trees, counters = _restore(ckpt, step, params, opt_state)
+      trees, counters = _restore(ckpt, step, params, opt_state, critic)
     except Exception as e:  # pylint: disable=broad-except  # orbax raises bare Exception
       failures.append(Failure(step, str(epath.Path(ckpt.directory) / str(step)), _describe(e)))
       logging.error("checkpoint step %d (%s) does not restore: %s", step,
@@ -176,7 +189,7 @@ def restore_newest(ckpt: ocp.CheckpointManager, *, params: Any, opt_state: Any,
         multihost_utils.sync_global_devices("isojax: corrupt checkpoints moved aside")
       ckpt.reload()
     return Restored(step, trees["params"], trees["opt_state"], counters, tuple(failures),
-                    trees.get(QUEUE))
+                    trees.get(QUEUE), trees.get(CRITIC))
   if failures:
     raise NoRestorableCheckpoint(
         f"no checkpoint in {ckpt.directory} restores (nothing was moved; if the model or "

@@ -169,6 +169,27 @@ def base_config() -> ml_collections.ConfigDict:
       max_staleness=0,
       off_policy="pipeline",
       in_flight_tokens=16,
+      # DAPO's dynamic sampling (isojax.rl.dynamic_sampling): sample further rounds of
+      # B_p problems until B_p groups have non-zero reward variance, or the cap of rounds
+      # is reached (then the rest of the batch is left out of the loss). Every sampled
+      # rollout counts in `rollouts`.
+      dynamic_sampling=False,
+      dynamic_sampling_max_rounds=8,
+      # advantage="gae" (PPO with a critic): discount and GAE's lambda over the tokens of
+      # a response whose outcome reward arrives on its last token.
+      gamma=1.0,
+      gae_lambda=1.0,
+  ))
+
+  # PPO's value model (`isojax.rl.critic`), built when rl.advantage == "gae": a decoder
+  # with a scalar value head, initialised from the policy's weights ("" path) or loaded
+  # from a checkpoint directory with the policy's vocabulary.
+  c.critic = ml_collections.ConfigDict(dict(
+      path="",
+      train_trunk=True,      # False: only the value head learns
+      learning_rate=1e-4,    # its own AdamW (the rest of `optim` as the policy's)
+      warmup_steps=0,        # RL steps at the start that train the critic alone
+      value_clip=0.2,        # PPO value clipping around the values before the update; 0: off
   ))
 
   c.optim = ml_collections.ConfigDict(dict(
@@ -398,6 +419,7 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   sampling = sampling_settings.SamplingSettings.from_config(as_dict["sampling"])
   rl = rl_settings.RLSettings.from_config(as_dict["rl"])
   rl_settings.OptimSettings.from_config(as_dict["optim"])
+  rl_settings.CriticSettings.from_config(as_dict["critic"])
   evaluation = eval_settings.EvalSettings.from_config(as_dict["eval"])
   rl.check_allocation(n, b_p, sampling.max_new_tokens)
   if rl.max_staleness and rl.off_policy == "pipeline_in_flight" and sampling.decode_slots:

@@ -26,7 +26,11 @@ from isojax import (checkpointing, config_lib, eval_settings, evaluation, metric
                     metrics, run_dir, tasks)
 from isojax.models import hf_checkpoint, sharding
 from isojax.models import tokenizer as tokenizer_lib
-from isojax.rl import guard, off_policy, problem_pool, rollout, update
+from isojax.rl import (advantages, dynamic_sampling, guard, off_policy, problem_pool, rollout,
+                       update)
+from isojax.rl import batch as rl_batch
+from isojax.rl import critic as critic_lib
+from isojax.rl import names
 from isojax.rl import step as rl_step
 from isojax.tasks import demo_bases, prompts
 
@@ -122,6 +126,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   path = policy_path(config)
   tok = tokenizer_lib.load_tokenizer(path, extra_stop_ids=tuple(config.sampling.stop_token_ids))
   rollout.interruption(config.sampling, tok)  # its text must fit the tokenizer: fail fast
+  critic_lib.check_vocabulary(config, path)   # a loaded critic reads the policy's tokens
   train_problems, val_problems, book, skipped = load_task(config, tok)
   verifier = tasks.make_verifier(config.task)
 
@@ -145,14 +150,19 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   tx, schedule = update.make_optimizer(config)
   opt_state = jax.jit(tx.init, out_shardings=update.opt_state_shardings(tx, params, mesh))(
       params)
+  critic = (critic_lib.create(config, mesh, graphdef, params)
+            if config.rl.advantage == names.GAE else None)  # PPO's value model
   counters = Counters()
   # The newest checkpoint that restores; newer ones that do not are moved aside.
   restored = checkpointing.restore_newest(
       ckpt, params=params, opt_state=opt_state,
-      corrupt_dir=run_dir.corrupt_checkpoint_dir(workdir), primary=primary)
+      corrupt_dir=run_dir.corrupt_checkpoint_dir(workdir), primary=primary,
+      critic=critic.checkpoint_tree() if critic else None)
   resume_step = restored.step if restored else None
   if restored is not None:
     params, opt_state = restored.params, restored.opt_state
+    if critic is not None:
+      critic.params, critic.opt_state = restored.critic["params"], restored.critic["opt_state"]
     counters = Counters(**restored.counters["counters"])
     if pool is not None:
       pool = problem_pool.ProblemPool.from_dict(
@@ -163,7 +173,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   writer = run_dir.MetricsWriter(workdir, resume_step=resume_step, enabled=primary)
   viewers = metric_writers.create(config.metric_writers, workdir, resume_step=resume_step,
                                   enabled=primary, run_config=config.to_dict())
-  learner = rl_step.Learner(config, mesh, graphdef, params, opt_state, ref_params, tx)
+  learner = rl_step.Learner(config, mesh, graphdef, params, opt_state, ref_params, tx, critic)
   del params, opt_state  # the learner owns (and donates) them from here on
 
   rng = jax.random.key(config.seed)
@@ -197,15 +207,39 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   def active_problems() -> int:
     return len(train_problems) if pool is None else int(pool.active_ids().size)
 
-  def sample_step(step: int, version: int, params) -> off_policy.Generated:
-    """Off-policy runs: the batch of `step`, sampled by `params` (policy `version`)."""
-    chosen = choose(step)
+  def draw(step: int, params, round_index: int) -> tuple[np.ndarray, rollout.ScoredRollouts]:
+    """Round `round_index` of the problems of `step`, sampled by `params` and graded."""
+    step_key = jax.random.fold_in(sample_key, step)
+    if round_index == 0:
+      chosen, key = choose(step), step_key
+    else:  # dynamic sampling's further rounds
+      key = jax.random.fold_in(step_key, round_index)
+      chosen = (dynamic_sampling.extra_problems(config.seed, step, round_index,
+                                                len(train_problems), b_p) if pool is None
+                else pool.sample(np.random.default_rng([config.seed, step, round_index]), b_p))
     scored = rollout.generate(graphdef, params, tok, book, [train_problems[i] for i in chosen],
-                              verifier, n=n, rng=jax.random.fold_in(sample_key, step),
-                              sampling=config.sampling)
+                              verifier, n=n, rng=key, sampling=config.sampling)
     if pool is not None:
       pool.update(np.repeat(chosen, n), scored.rewards_GN.reshape(-1))
-    return off_policy.Generated(step, version, chosen, scored, active_problems())
+    return chosen, scored
+
+  def collect(step: int, params) -> dynamic_sampling.Collected:
+    """The groups `step` trains on: one round, or rounds until B_p carry a signal."""
+    if not config.rl.dynamic_sampling:
+      chosen, scored = draw(step, params, 0)
+      return dynamic_sampling.Collected(chosen, scored, scored.rewards_GN.size, rounds=1)
+    return dynamic_sampling.collect(
+        functools.partial(draw, step, params), problems_per_batch=b_p,
+        max_rounds=config.rl.dynamic_sampling_max_rounds,
+        informative=lambda scored: ~advantages.zero_variance_groups(
+            rl_batch.training_rewards(config, scored)))
+
+  def sample_step(step: int, version: int, params) -> off_policy.Generated:
+    """Off-policy runs: the batch of `step`, sampled by `params` (policy `version`)."""
+    collected = collect(step, params)
+    return off_policy.Generated(step, version, collected.chosen, collected.scored,
+                                active_problems(), generated=collected.generated_rollouts,
+                                rounds=collected.rounds)
 
   snapshot = (None if rollout_mesh is None
               else functools.partial(sharding.on_mesh, mesh=rollout_mesh))
@@ -243,7 +277,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     checkpointing.save(ckpt, counters.step, params=learner.params, opt_state=learner.opt_state,
                        counters=dict(counters=dataclasses.asdict(counters), pool={
                            k: v.tolist() for k, v in pool.to_dict().items()} if pool else None),
-                       queue=queue)
+                       queue=queue,
+                       critic=learner.critic.checkpoint_tree() if learner.critic else None)
 
   def stop(event: dict) -> None:
     """Logs the guard's `event` and ends the run, leaving the last checkpoint to resume."""
@@ -271,7 +306,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   while counters.step < num_steps:
     step_start = time.time()
     step = counters.step
-    if generator is None:  # synchronous: sample with the policy this step updates
+    sampling_values = {}
+    if generator is None and config.rl.dynamic_sampling:  # rounds until B_p informative
+      collected = collect(step, learner.params)
+      scored, prefetched, active, rollout_wait_s = (collected.scored, None, active_problems(),
+                                                    None)
+      generated_rollouts = collected.generated_rollouts
+      sampling_values = dynamic_sampling.metrics(collected.generated_rollouts, collected.rounds)
+      counters.batches += 1
+    elif generator is None:  # synchronous: sample with the policy this step updates
       chosen = choose(step)
       problems = [train_problems[i] for i in chosen]
       pending = rollout.sample(graphdef, learner.params, tok, book, problems, verifier, n=n,
@@ -281,29 +324,35 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       scored = pending.result()
       if pool is not None:
         pool.update(np.repeat(chosen, n), scored.rewards_GN.reshape(-1))
-      active, rollout_wait_s = active_problems(), None
+      active, rollout_wait_s, generated_rollouts = active_problems(), None, n * b_p
       counters.batches += 1
     else:  # off-policy: the batch was sampled ahead, by an older policy version
       generator.publish(step, learner.params)
       generated, rollout_wait_s = generator.take(step)
       scored, prefetched, active = generated.scored, None, generated.active_problems
+      generated_rollouts = generated.generated + generated.dropped  # dropped: sampled too
+      if config.rl.dynamic_sampling:
+        sampling_values = dynamic_sampling.metrics(generated.generated, generated.rounds)
       if config.rl.off_policy != "pipeline_in_flight":
         counters.batches += 1
     update_start = time.time()
     result = learner.step(scored, select_rng=jax.random.fold_in(select_key, step),
                           shuffle_rng=jax.random.fold_in(shuffle_key, step),
-                          prefetched=prefetched)
+                          prefetched=prefetched,
+                          # the critic's warm-up: its steps leave the policy as it is
+                          train_policy=critic is None or step >= config.critic.warmup_steps)
     timings = metrics.step_timings(scored.timings, update_s=time.time() - update_start,
                                    step_s=time.time() - step_start,
                                    rollout_wait_s=rollout_wait_s)
     counters.step += 1
-    counters.rollouts += n * b_p + (generated.dropped if generator else 0)  # dropped: sampled
+    counters.rollouts += generated_rollouts
     counters.tokens += scored.num_tokens
     counters.wall_s += time.time() - step_start
     values = rl_step.step_metrics(
         config, result,
         learning_rate=schedule(step * config.rl.num_minibatches * config.rl.num_epochs),
         active_problems=active, has_reference=learner.ref_params is not None)
+    values.update(sampling_values)
     if generator:
       values.update(off_policy.staleness_metrics(generated, step, config.rl.max_staleness))
     diverged = guard.non_finite(values, step=counters.step,

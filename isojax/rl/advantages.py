@@ -106,3 +106,53 @@ def zero_variance_groups(rewards_GN: jax.Array) -> jax.Array:
   if rewards_GN.ndim != 2:
     raise ValueError(f"rewards_GN has shape {rewards_GN.shape}: expected [G, N]")
   return jnp.all(rewards_GN == rewards_GN[:, :1], axis=1)
+
+
+# --------------------------------------------------------------------------------
+# Generalised advantage estimation (PPO with a critic, `rl.advantage=gae`): per token,
+# from a value model's estimates; not a group estimator, so n = 1 is allowed.
+# --------------------------------------------------------------------------------
+
+
+def gae(rewards_B: jax.Array, values_BT: jax.Array, mask_BT: jax.Array, *, gamma: float,
+        lam: float) -> tuple[jax.Array, jax.Array]:
+  """(advantages [B, T], returns [B, T]) of outcome-rewarded responses, 0 off the mask.
+
+  The reward of row b arrives on its last valid token; every other step earns 0 and
+  the state after the last token is terminal (value 0). Over the valid tokens of a row
+  t_0 < t_1 < ... (positions where mask is 0, padding or forced context, are skipped):
+    delta_i = r_i + gamma * V(t_{i+1}) - V(t_i)
+    A(t_i)  = delta_i + gamma * lam * A(t_{i+1}),   returns = A + V.
+  """
+  rewards_B = jnp.asarray(rewards_B, jnp.float32)
+  values_BT = jnp.asarray(values_BT, jnp.float32)
+  valid_BT = jnp.asarray(mask_BT, bool)
+  if values_BT.shape != valid_BT.shape or rewards_B.shape != values_BT.shape[:1]:
+    raise ValueError(f"rewards_B {rewards_B.shape}, values_BT {values_BT.shape} and mask_BT "
+                     f"{valid_BT.shape}: expected [B], [B, T], [B, T]")
+  values_BT = jnp.where(valid_BT, values_BT, 0.0)
+
+  def back(carry, xs):  # from the last position to the first
+    next_value_B, next_adv_B, seen_B = carry
+    value_B, valid_B = xs
+    reward_B = jnp.where(seen_B, 0.0, rewards_B)  # the row's last valid token: its reward
+    delta_B = reward_B + gamma * next_value_B - value_B
+    adv_B = delta_B + gamma * lam * next_adv_B
+    carry = (jnp.where(valid_B, value_B, next_value_B), jnp.where(valid_B, adv_B, next_adv_B),
+             seen_B | valid_B)
+    return carry, jnp.where(valid_B, adv_B, 0.0)
+
+  zeros_B = jnp.zeros_like(rewards_B)
+  _, adv_TB = jax.lax.scan(back, (zeros_B, zeros_B, jnp.zeros(rewards_B.shape, bool)),
+                           (values_BT.T, valid_BT.T), reverse=True)
+  adv_BT = adv_TB.T
+  return adv_BT, jnp.where(valid_BT, adv_BT + values_BT, 0.0)
+
+
+def whiten(x_BT: jax.Array, mask_BT: jax.Array, *, eps: float = 1e-6) -> jax.Array:
+  """(x - mean) / (std + eps) over the valid tokens of the batch; 0 off the mask."""
+  valid_BT = jnp.asarray(mask_BT, bool)
+  count = jnp.maximum(valid_BT.sum(), 1)
+  mean = jnp.where(valid_BT, x_BT, 0.0).sum() / count
+  var = jnp.where(valid_BT, jnp.square(x_BT - mean), 0.0).sum() / count
+  return jnp.where(valid_BT, (x_BT - mean) / (jnp.sqrt(var) + eps), 0.0)

@@ -8,6 +8,8 @@ masks. The training loop calls `build_train_batch` once per step.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -15,7 +17,7 @@ import numpy as np
 
 from isojax import config_lib
 from isojax.rl import advantages as advantages_lib
-from isojax.rl import downsampling, rollout, update
+from isojax.rl import downsampling, names, rollout, update
 
 def dapo_overlong_penalty(lengths_B: np.ndarray, max_new_tokens: int,
                           cache_tokens: int) -> np.ndarray:
@@ -75,18 +77,25 @@ def selected_rows(config: ml_collections.ConfigDict, rewards_GN: np.ndarray, *,
   n, m = config.rollouts_per_problem, config_lib.train_rollouts_per_problem(config)
   rewards_GN = jnp.asarray(rewards_GN)
   g = rewards_GN.shape[0]
+  group_advantages = functools.partial(_group_advantages, rl.advantage, eps=rl.advantage_eps)
   if rl.downsample == "none":
-    adv_GM = advantages_lib.compute_advantages(rl.advantage, rewards_GN, eps=rl.advantage_eps)
-    return np.arange(g * n), np.asarray(adv_GM), np.asarray(rewards_GN)
+    return np.arange(g * n), np.asarray(group_advantages(rewards_GN)), np.asarray(rewards_GN)
   idx_GM = downsampling.select_rollouts(rl.downsample, rewards_GN, m, rng=select_rng)
   rows = (np.arange(g)[:, None] * n + np.asarray(idx_GM)).reshape(-1)
   rewards_GM = downsampling.gather_groups(rewards_GN, idx_GM)
   if rl.advantages_on == "generated":  # decoupled baseline: statistics from all n
-    adv_GM = downsampling.gather_groups(advantages_lib.compute_advantages(
-        rl.advantage, rewards_GN, eps=rl.advantage_eps), idx_GM)
+    adv_GM = downsampling.gather_groups(group_advantages(rewards_GN), idx_GM)
   else:
-    adv_GM = advantages_lib.compute_advantages(rl.advantage, rewards_GM, eps=rl.advantage_eps)
+    adv_GM = group_advantages(rewards_GM)
   return rows, np.asarray(adv_GM), np.asarray(rewards_GM)
+
+
+def _group_advantages(name: str, rewards_GN: jax.Array, *, eps: float) -> jax.Array:
+  """A group estimator's advantages [G, N]; zeros for GAE, whose per-token advantages
+  the learner computes from the critic's values (`isojax.rl.critic`)."""
+  if name == names.GAE:
+    return jnp.zeros(jnp.shape(rewards_GN), jnp.float32)
+  return advantages_lib.compute_advantages(name, rewards_GN, eps=eps)
 
 
 def build_train_batch(config: ml_collections.ConfigDict, scored: rollout.ScoredRollouts, *,
@@ -100,7 +109,10 @@ def build_train_batch(config: ml_collections.ConfigDict, scored: rollout.ScoredR
   rows, adv_GM, rewards_GM = selected_rows(config, training_rewards(config, scored),
                                            select_rng=select_rng)
   zero_var_G = np.asarray(advantages_lib.zero_variance_groups(jnp.asarray(rewards_GM)))
-  keep_pg, keep_reg = _filter_masks(config.rl.zero_variance_filter, zero_var_G, m)
+  # Under dynamic sampling the only zero-variance groups fill a batch the rounds could not
+  # complete: they leave every loss term, so the step trains on what there is.
+  keep_pg, keep_reg = _filter_masks(
+      "all" if config.rl.dynamic_sampling else config.rl.zero_variance_filter, zero_var_G, m)
   tokens, mask = rollout.sequences(scored, config.rollouts_per_problem)
   # The policy's own tokens: forced interruption text is context (in `mask`), not action.
   response_mask = scored.rollouts.actions[rows]
@@ -110,5 +122,5 @@ def build_train_batch(config: ml_collections.ConfigDict, scored: rollout.ScoredR
       old_logp=np.zeros(response_mask.shape, np.float32),
       ref_logp=np.zeros(response_mask.shape, np.float32),
       advantages=adv_GM.reshape(-1), keep_pg=keep_pg, keep_reg=keep_reg,
-      shuffle_rng=None)
+      shuffle_rng=None, rewards=np.asarray(rewards_GM, np.float32).reshape(-1))
   return batch, zero_var_G

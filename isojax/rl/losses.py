@@ -58,26 +58,25 @@ def _clipped_surrogate(ratio_BT, adv_B1, low, high):
   return -jnp.minimum(unclipped_BT, clipped_BT), active_BT
 
 
-def ppo_clip(logp_BT, old_logp_BT, advantages_B, mask_BT, *, clip_eps, clip_eps_high,
+def ppo_clip(logp_BT, old_logp_BT, advantages_BT, mask_BT, *, clip_eps, clip_eps_high,
              cispo_eps_max):
   """GRPO's PPO-clip on the token ratio pi_theta / pi_old, symmetric eps."""
   del clip_eps_high, cispo_eps_max
   ratio_BT = jnp.exp(jnp.where(mask_BT, logp_BT - old_logp_BT, 0.0))
-  loss_BT, active_BT = _clipped_surrogate(ratio_BT, advantages_B[:, None], clip_eps, clip_eps)
+  loss_BT, active_BT = _clipped_surrogate(ratio_BT, advantages_BT, clip_eps, clip_eps)
   return loss_BT, active_BT, ratio_BT
 
 
-def dapo(logp_BT, old_logp_BT, advantages_B, mask_BT, *, clip_eps, clip_eps_high,
+def dapo(logp_BT, old_logp_BT, advantages_BT, mask_BT, *, clip_eps, clip_eps_high,
          cispo_eps_max):
   """DAPO's clip-higher: ratio clipped to [1 - clip_eps, 1 + clip_eps_high]."""
   del cispo_eps_max
   ratio_BT = jnp.exp(jnp.where(mask_BT, logp_BT - old_logp_BT, 0.0))
-  loss_BT, active_BT = _clipped_surrogate(
-      ratio_BT, advantages_B[:, None], clip_eps, clip_eps_high)
+  loss_BT, active_BT = _clipped_surrogate(ratio_BT, advantages_BT, clip_eps, clip_eps_high)
   return loss_BT, active_BT, ratio_BT
 
 
-def cispo(logp_BT, old_logp_BT, advantages_B, mask_BT, *, clip_eps, clip_eps_high,
+def cispo(logp_BT, old_logp_BT, advantages_BT, mask_BT, *, clip_eps, clip_eps_high,
           cispo_eps_max):
   """ScaleRL's CISPO: -sg(min(ratio, eps_max)) * A * logp.
 
@@ -87,11 +86,11 @@ def cispo(logp_BT, old_logp_BT, advantages_B, mask_BT, *, clip_eps, clip_eps_hig
   del clip_eps, clip_eps_high
   ratio_BT = jnp.exp(jnp.where(mask_BT, logp_BT - old_logp_BT, 0.0))
   weight_BT = sg(jnp.minimum(ratio_BT, cispo_eps_max))
-  loss_BT = -weight_BT * advantages_B[:, None] * logp_BT
+  loss_BT = -weight_BT * advantages_BT * logp_BT
   return loss_BT, ratio_BT > cispo_eps_max, ratio_BT
 
 
-def gspo(logp_BT, old_logp_BT, advantages_B, mask_BT, *, clip_eps, clip_eps_high,
+def gspo(logp_BT, old_logp_BT, advantages_BT, mask_BT, *, clip_eps, clip_eps_high,
          cispo_eps_max):
   """GSPO in its GSPO-token form, clipped with symmetric `clip_eps`.
 
@@ -111,7 +110,7 @@ def gspo(logp_BT, old_logp_BT, advantages_B, mask_BT, *, clip_eps, clip_eps_high
       jnp.sum(mask_f, axis=1), 1)
   seq_ratio_B1 = jnp.exp(seq_log_ratio_B)[:, None]
   ratio_BT = sg(seq_ratio_B1) * jnp.exp(logp_BT - sg(logp_BT))
-  loss_BT, active_BT = _clipped_surrogate(ratio_BT, advantages_B[:, None], clip_eps, clip_eps)
+  loss_BT, active_BT = _clipped_surrogate(ratio_BT, advantages_BT, clip_eps, clip_eps)
   return loss_BT, active_BT, ratio_BT
 
 
@@ -129,6 +128,9 @@ def policy_loss(name: str, *, logp_BT: jax.Array, old_logp_BT: jax.Array,
                 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Per-token loss [B, T] to minimise (0 where mask is 0) and scalar diagnostics.
 
+  `advantages_B` holds one advantage per sequence [B] (the group estimators) or one per
+  token [B, T] (GAE).
+
   stats (over valid tokens, stop-gradient):
     clip_fraction  fraction of tokens where the clip (PPO, DAPO, GSPO) or the IS
                    truncation (CISPO: ratio > cispo_eps_max) is active
@@ -142,16 +144,19 @@ def policy_loss(name: str, *, logp_BT: jax.Array, old_logp_BT: jax.Array,
     raise ValueError(
         f"logp_BT {logp_BT.shape}, old_logp_BT {old_logp_BT.shape} and mask_BT "
         f"{mask_BT.shape} must have the same [B, T] shape")
-  if advantages_B.shape != logp_BT.shape[:1]:
-    raise ValueError(
-        f"advantages_B has shape {advantages_B.shape}: expected [{logp_BT.shape[0]}]")
+  if advantages_B.shape not in (logp_BT.shape[:1], logp_BT.shape):
+    raise ValueError(f"advantages_B has shape {advantages_B.shape}: expected "
+                     f"[{logp_BT.shape[0]}] (one per sequence) or {list(logp_BT.shape)} "
+                     "(one per token, GAE)")
+  advantages_BT = jnp.broadcast_to(
+      advantages_B[:, None] if advantages_B.ndim == 1 else advantages_B, logp_BT.shape)
   valid_BT = mask_BT.astype(bool)
   # Padding may hold any log-prob (even -inf); zero it so no inf/NaN reaches the
   # value or the gradient of valid tokens.
   logp_BT = jnp.where(valid_BT, logp_BT, 0.0)
   old_logp_BT = jnp.where(valid_BT, old_logp_BT, 0.0)
   loss_BT, active_BT, ratio_BT = POLICY_LOSSES[name](
-      logp_BT, old_logp_BT, advantages_B, valid_BT, clip_eps=clip_eps,
+      logp_BT, old_logp_BT, advantages_BT, valid_BT, clip_eps=clip_eps,
       clip_eps_high=clip_eps_high, cispo_eps_max=cispo_eps_max)
   loss_BT = jnp.where(valid_BT, loss_BT, 0.0)
   ratio_BT = sg(ratio_BT)

@@ -7,6 +7,9 @@ equal its tuple, so the config layer (`config_lib.resolve`) and the planner can 
 """
 
 ADVANTAGES = ("grpo", "drgrpo", "batch_norm", "rloo")
+# PPO's generalised advantage estimation from a critic's values (`isojax.rl.critic`):
+# per token, not from the group, so it has no place in the group-estimator registry.
+GAE = "gae"
 POLICY_LOSSES = ("ppo_clip", "dapo", "cispo", "gspo")
 AGGREGATIONS = ("token_mean", "sequence_mean", "constant", "prompt_mean")
 KL_FORMS = ("k1", "k2", "k3")
@@ -16,7 +19,7 @@ ADVANTAGES_ON = ("selected", "generated")
 
 # config.rl field -> the names it may take.
 CHOICES = {
-    "advantage": ADVANTAGES,
+    "advantage": (*ADVANTAGES, GAE),
     "policy_loss": POLICY_LOSSES,
     "aggregation": AGGREGATIONS,
     "kl_form": KL_FORMS,

@@ -66,6 +66,11 @@ class Generated:
   scored: rollout.ScoredRollouts
   active_problems: int      # the pool's active problems when they were chosen
   dropped: int = 0          # rollouts dropped as too stale before this batch (in flight)
+  generated: int = 0        # rollouts sampled for it (dynamic sampling's rounds); 0: B_p * n
+  rounds: int = 1           # dynamic sampling's rounds
+
+  def __post_init__(self):
+    self.generated = self.generated or int(self.scored.rewards_GN.size)
 
   def oldest_B(self) -> np.ndarray:
     """[B] the version that began each rollout."""
@@ -83,6 +88,7 @@ class Generated:
                 logprobs=s.rollouts.logprobs, mask=s.rollouts.mask,
                 finished=s.rollouts.finished, forced=s.rollouts.forced, rewards=s.rewards_GN,
                 verifier=np.asarray([s.verifier_timeouts, s.verifier_errors], np.int32),
+                sampling=np.asarray([self.generated, self.rounds], np.int64),
                 timings=np.asarray([s.timings.get(k, 0.0) for k in metrics.TIMED_PHASES],
                                    np.float32))
 
@@ -97,7 +103,8 @@ class Generated:
                                     timings=dict(zip(metrics.TIMED_PHASES,
                                                      a["timings"].tolist())))
     return cls(step=int(a["step"]), version=int(a["version"]), chosen=a["chosen"],
-               scored=scored, active_problems=int(a["active_problems"]))
+               scored=scored, active_problems=int(a["active_problems"]),
+               generated=int(a["sampling"][0]), rounds=int(a["sampling"][1]))
 
 
 def staleness_metrics(generated: Generated, learner_version: int, max_staleness: int

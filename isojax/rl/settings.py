@@ -61,6 +61,10 @@ class RLSettings(validation.Section):
   max_staleness: int
   off_policy: str
   in_flight_tokens: int
+  dynamic_sampling: bool
+  dynamic_sampling_max_rounds: int
+  gamma: float
+  gae_lambda: float
 
   def __post_init__(self):
     for field, choices in names.CHOICES.items():
@@ -76,6 +80,15 @@ class RLSettings(validation.Section):
     validation.non_negative_int("rl.max_staleness", self.max_staleness,
                                 "0: sample each step with the policy it updates")
     validation.positive_int("rl.in_flight_tokens", self.in_flight_tokens)
+    for field in ("gamma", "gae_lambda"):
+      if not 0 <= getattr(self, field) <= 1:
+        raise ValueError(f"rl.{field}={getattr(self, field)}: expected in [0, 1]")
+    validation.boolean("rl.dynamic_sampling", self.dynamic_sampling)
+    validation.positive_int("rl.dynamic_sampling_max_rounds", self.dynamic_sampling_max_rounds)
+    if self.dynamic_sampling and self.max_staleness and self.off_policy == "pipeline_in_flight":
+      raise ValueError("rl.dynamic_sampling with rl.off_policy='pipeline_in_flight': the "
+                       "free-running generator samples one round per batch; use 'pipeline' "
+                       "or 'ppo_off_policy'")
     validation.positive_int("rl.num_minibatches", self.num_minibatches)
     validation.positive_int("rl.num_epochs", self.num_epochs)
     validation.non_negative_int("rl.train_rollouts_per_problem",
@@ -89,6 +102,11 @@ class RLSettings(validation.Section):
       raise ValueError("rl.entropy_coef > 0 needs rl.kl_coef > 0: entropy is never used "
                        "without the KL anchor (the IsoCompute easy recipe)")
 
+
+  @property
+  def uses_critic(self) -> bool:
+    """PPO with a learned value function: GAE advantages from `config.critic`."""
+    return self.advantage == names.GAE
 
   @property
   def ratio_to_sampler(self) -> bool:
@@ -111,6 +129,9 @@ class RLSettings(validation.Section):
     if not 1 <= m <= n:
       raise ValueError(f"rl.train_rollouts_per_problem={m}: expected 1 <= m <= "
                        f"rollouts_per_problem={n}")
+    if self.dynamic_sampling and n == 1:
+      raise ValueError("rl.dynamic_sampling with rollouts_per_problem=1: a group of one "
+                       "rollout never has reward variance to sample for")
     group = n if self.advantages_on == "generated" else m
     if group == 1 and self.advantage in GROUP_ESTIMATORS:
       field = "rollouts_per_problem" if m == n else "rl.train_rollouts_per_problem"
@@ -133,6 +154,25 @@ class RLSettings(validation.Section):
       raise ValueError(
           f"rl.overlong='dapo' needs 0 < rl.overlong_cache_tokens <= sampling.max_new_tokens="
           f"{max_new_tokens}; got {self.overlong_cache_tokens}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticSettings(validation.Section):
+  """`config.critic`: PPO's value model, used when `rl.advantage` is `gae`."""
+  path: str
+  train_trunk: bool
+  learning_rate: float
+  warmup_steps: int
+  value_clip: float
+
+  def __post_init__(self):
+    validation.boolean("critic.train_trunk", self.train_trunk)
+    validation.non_negative_int("critic.warmup_steps", self.warmup_steps,
+                                "steps that train the critic alone; 0: none")
+    if not self.learning_rate > 0:
+      raise ValueError(f"critic.learning_rate={self.learning_rate}: expected > 0")
+    if not self.value_clip >= 0:
+      raise ValueError(f"critic.value_clip={self.value_clip}: expected >= 0 (0: unclipped)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,6 +21,7 @@ from jax.sharding import Mesh
 from isojax import config_lib, metrics
 from isojax.models import sharding
 from isojax.rl import batch as rl_batch
+from isojax.rl import critic as critic_lib
 from isojax.rl import rollout, update
 
 
@@ -41,6 +42,7 @@ class Learner:
   opt_state: Any
   ref_params: Any       # None when neither rl.kl_coef nor rl.log_kl_to_base needs it
   tx: optax.GradientTransformation
+  critic: critic_lib.Critic | None = None  # PPO's value model (rl.advantage == "gae")
 
   @functools.cached_property
   def settings(self) -> update.UpdateSettings:
@@ -81,17 +83,29 @@ class Learner:
                           pending.prompt_len)
 
   def step(self, scored: rollout.ScoredRollouts, *, select_rng: jax.Array,
-           shuffle_rng: jax.Array, prefetched=None) -> StepResult:
-    """Advantages, PODS and masks (rl/batch.py), log-probs, then one train_step."""
+           shuffle_rng: jax.Array, prefetched=None, train_policy: bool = True) -> StepResult:
+    """Advantages, PODS and masks (rl/batch.py), log-probs, then one train_step; with a
+    critic, GAE advantages from its values first and its own update after.
+
+    `train_policy` False (the critic's warm-up) computes the policy's loss and stats but
+    leaves the policy and its optimizer as they are.
+    """
     batch, zero_var_G = rl_batch.build_train_batch(self.config, scored, select_rng=select_rng)
     batch = sharding.shard_batch(batch, self.mesh)
     old_logp, ref_logp = prefetched or self.log_probs(batch.tokens, batch.mask,
                                                       scored.prompt_len, batch.sampler_logp)
     batch = batch.replace(old_logp=old_logp, ref_logp=ref_logp, shuffle_rng=shuffle_rng)
+    settings = dataclasses.replace(self.settings, prompt_len=scored.prompt_len,
+                                   frozen=not train_policy)
     with jax.set_mesh(self.mesh):  # activations pinned to their logical axes
+      if self.critic is not None:
+        targets = self.critic.targets(batch, scored.prompt_len, self.config)
+        batch = batch.replace(advantages=targets.advantages)
       self.params, self.opt_state, stats = update.train_step(
-          self.graphdef, self.params, self.opt_state, batch, tx=self.tx,
-          settings=dataclasses.replace(self.settings, prompt_len=scored.prompt_len))
+          self.graphdef, self.params, self.opt_state, batch, tx=self.tx, settings=settings)
+      if self.critic is not None:
+        stats = dict(stats, **self.critic.update(
+            targets, jax.random.fold_in(shuffle_rng, 1), scored.prompt_len, self.config))
     return StepResult(scored, zero_var_G, jax.device_get(stats))
 
 

@@ -53,6 +53,7 @@ class TrainBatch:
   keep_pg: jax.Array        # [B] bool: policy-gradient term applies
   keep_reg: jax.Array       # [B] bool: KL / entropy terms apply
   shuffle_rng: jax.Array    # [] key: minibatch order per epoch
+  rewards: jax.Array | None = None  # [B] float32 training rewards (GAE's outcome reward)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +81,8 @@ class UpdateSettings:
   is_level: str = "token"       # the importance correction (losses.importance_weights)
   is_mode: str = "truncate"
   is_sequence_ratio: str = "product"
+  frozen: bool = False          # compute the loss and its stats, apply no update (the
+                                # critic's warm-up steps)
 
   @property
   def need_entropy(self) -> bool:
@@ -133,7 +136,7 @@ def opt_state_shardings(tx: optax.GradientTransformation, params, mesh):
       transform_non_params=lambda _: jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
 
 
-def _num_micro_batches(rows: int, micro_batch_size: int, what: str, why: str = "") -> int:
+def num_micro_batches(rows: int, micro_batch_size: int, what: str, why: str = "") -> int:
   """How many micro-batches of `micro_batch_size` rollouts cover `rows` rollouts.
 
   0, or a size of at least `rows`, means one pass over all of them: the setting caps
@@ -150,7 +153,7 @@ def _num_micro_batches(rows: int, micro_batch_size: int, what: str, why: str = "
   return rows // micro_batch_size
 
 
-def _split_micro(tree, k: int):
+def split_micro(tree, k: int):
   """[B, ...] -> [k, B / k, ...]; micro-batch j holds rows j, j + k, j + 2k, ...
 
   Strided rather than contiguous: the reshape keeps the data-parallel sharding of the
@@ -171,8 +174,8 @@ def _rows_on_batch(x: jax.Array, axis: int) -> jax.Array:
   return sharding.constrain(x, tuple(names))
 
 
-def _merge_micro(tree):
-  """Inverse of `_split_micro`: [k, B / k, ...] -> [B, ...] in the original row order."""
+def merge_micro(tree):
+  """Inverse of `split_micro`: [k, B / k, ...] -> [B, ...] in the original row order."""
   return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(-1, *x.shape[2:]), tree)
 
 
@@ -192,10 +195,10 @@ def score(graphdef, state, tokens_BS, mask_BS, *, prompt_len: int, temperature: 
     return logprobs.response_logp(model, *xs, prompt_len=prompt_len, temperature=temperature,
                                   chunk_size=chunk_size)[0]
 
-  k = _num_micro_batches(tokens_BS.shape[0], micro_batch_size, "the rollout batch")
+  k = num_micro_batches(tokens_BS.shape[0], micro_batch_size, "the rollout batch")
   if k == 1:
     return logp((tokens_BS, mask_BS))
-  return _merge_micro(jax.lax.map(logp, _split_micro((tokens_BS, mask_BS), k)))
+  return merge_micro(jax.lax.map(logp, split_micro((tokens_BS, mask_BS), k)))
 
 
 def _weights(mb: TrainBatch, s: UpdateSettings):
@@ -280,7 +283,7 @@ def minibatch_grads(params, graphdef, mb: TrainBatch, s: UpdateSettings):
   each micro-batch hands back its log-probs and entropy [b, T] for the diagnostics.
   """
   rows = mb.advantages.shape[0]
-  k = _num_micro_batches(rows, s.micro_batch_size, "the minibatch",
+  k = num_micro_batches(rows, s.micro_batch_size, "the minibatch",
                          f" (the rollout batch over rl.num_minibatches={s.num_minibatches})")
   if k == 1:
     (_, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, graphdef, mb, s)
@@ -295,23 +298,27 @@ def minibatch_grads(params, graphdef, mb: TrainBatch, s: UpdateSettings):
   carry = (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32))
   # Rows only: the weights already hold the minibatch's normalisers, and no term
   # needs a micro-batch to hold whole groups.
-  micro = _split_micro((mb.replace(shuffle_rng=None), *_weights(mb, s)), k)
+  micro = split_micro((mb.replace(shuffle_rng=None), *_weights(mb, s)), k)
   (grads, loss), aux = jax.lax.scan(accumulate, carry, micro)
-  logp_BT, entropy_BT = _merge_micro(aux)
+  logp_BT, entropy_BT = merge_micro(aux)
   return grads, _stats(mb, logp_BT, entropy_BT, loss, s)
 
 
-def _split_minibatches(batch: TrainBatch, num: int, group_size: int, rng) -> TrainBatch:
-  """[B, ...] -> [num, B / num, ...], whole groups per minibatch, groups shuffled."""
+def split_minibatches(batch, num: int, group_size: int, rng):
+  """[B, ...] -> [num, B / num, ...], whole groups per minibatch, groups shuffled.
+
+  `batch` is a struct dataclass of [B, ...] fields (a `TrainBatch` or the critic's
+  `ValueBatch`) and a `shuffle_rng`; None fields stay None.
+  """
   per_sequence = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)
-                  if f.name != "shuffle_rng"}
-  b = batch.advantages.shape[0]
+                  if f.name != "shuffle_rng" and getattr(batch, f.name) is not None}
+  b = batch.tokens.shape[0]
   groups = b // group_size
   order = jax.random.permutation(rng, groups) if num > 1 else jnp.arange(groups)
   rows = (order[:, None] * group_size + jnp.arange(group_size)).reshape(-1)
   split = {k: _rows_on_batch(v[rows].reshape(num, b // num, *v.shape[1:]), axis=1)
            for k, v in per_sequence.items()}
-  return TrainBatch(**split, shuffle_rng=jnp.broadcast_to(rng, (num,) + rng.shape))
+  return batch.replace(**split, shuffle_rng=jnp.broadcast_to(rng, (num,) + rng.shape))
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "tx", "settings"),
@@ -322,12 +329,14 @@ def train_step(graphdef, params, opt_state, batch: TrainBatch, *,
   def one_update(carry, mb):
     params, opt_state = carry
     grads, stats = minibatch_grads(params, graphdef, mb, settings)
-    updates, opt_state = tx.update(grads, opt_state, params)
     stats["grad_norm"] = optax.tree.norm(grads)
+    if settings.frozen:
+      return (params, opt_state), stats
+    updates, opt_state = tx.update(grads, opt_state, params)
     return (optax.apply_updates(params, updates), opt_state), stats
 
   def one_epoch(carry, rng):
-    mbs = _split_minibatches(batch, settings.num_minibatches, settings.group_size, rng)
+    mbs = split_minibatches(batch, settings.num_minibatches, settings.group_size, rng)
     return jax.lax.scan(one_update, carry, mbs)
 
   rngs = jax.random.split(batch.shuffle_rng, settings.num_epochs)

@@ -14,13 +14,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
-from isojax import config_lib, run_dir, tasks, train
-from isojax.models import hf_checkpoint, sharding
-from isojax.models import tokenizer as tokenizer_lib
+from isojax import config_lib, run_dir, train
+from isojax.models import sharding
 from isojax.rl import off_policy, rollout, update
-from isojax.rl import step as rl_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -106,25 +103,8 @@ def _micro(**overrides):
   return config
 
 
-def _parts(config):
-  """What train.run builds before its loop, built here step by step."""
-  config = config_lib.resolve(config)
-  mesh = sharding.make_mesh(config.mesh)
-  path = train.policy_path(config)
-  tok = tokenizer_lib.load_tokenizer(path)
-  train_problems, _, book, _ = train.load_task(config, tok)
-  verifier = tasks.make_verifier(config.task)
-  graphdef, params = nnx.split(hf_checkpoint.load_model(path, mesh, **config.model))
-  tx, _ = update.make_optimizer(config)
-  opt_state = jax.jit(tx.init, out_shardings=update.opt_state_shardings(tx, params, mesh))(
-      params)
-  ref = jax.tree.map(jnp.copy, params) if config.rl.log_kl_to_base else None
-  learner = rl_step.Learner(config, mesh, graphdef, params, opt_state, ref, tx)
-  return config, tok, train_problems, book, verifier, graphdef, learner
-
-
 @pytest.mark.parametrize("k,mode", [(2, "pipeline"), (2, "ppo_off_policy")])
-def test_off_policy_run_equals_a_loop_that_keeps_old_versions(tmp_path, k, mode):
+def test_off_policy_run_equals_a_loop_that_keeps_old_versions(tmp_path, k, mode, run_parts):
   """train.run with rl.max_staleness = k against a plain loop that keeps every
   parameter version and samples step s with version source_version(s)."""
   config = _micro(num_steps=5)
@@ -132,7 +112,7 @@ def test_off_policy_run_equals_a_loop_that_keeps_old_versions(tmp_path, k, mode)
   train.run(config, str(tmp_path / "run"))
   logged = [r for r in run_dir.read_metrics(str(tmp_path / "run")) if r["step"] > 0]
 
-  config, tok, problems, book, verifier, graphdef, learner = _parts(config)
+  config, tok, problems, book, verifier, graphdef, learner = run_parts(config)
   sample_key, _, shuffle_key, select_key = jax.random.split(jax.random.key(config.seed), 4)
   versions = [jax.tree.map(jnp.copy, learner.params)]
   n, b_p = config.rollouts_per_problem, config.problems_per_batch
@@ -155,13 +135,13 @@ def test_off_policy_run_equals_a_loop_that_keeps_old_versions(tmp_path, k, mode)
   assert all(r["train/tis/mean_abs_logp_diff"] == 0 for r in logged)
 
 
-def test_ratio_takes_the_sampler_log_probs_of_a_stale_batch():
+def test_ratio_takes_the_sampler_log_probs_of_a_stale_batch(run_parts):
   """A batch sampled by version 0 trained by version 1: PPO-clip's loss with the ratio
   pi_1 / pi_0 (token mean), against NumPy."""
   config = _micro(num_steps=2)
   config.rl.update(max_staleness=1, kl_coef=0.0, log_kl_to_base=False, tis_threshold=2.0,
                    policy_loss="ppo_clip", aggregation="token_mean", advantage="grpo")
-  config, tok, problems, book, verifier, graphdef, learner = _parts(config)
+  config, tok, problems, book, verifier, graphdef, learner = run_parts(config)
   v0 = jax.tree.map(jnp.copy, learner.params)
   scored = rollout.generate(graphdef, v0, tok, book, problems[:config.problems_per_batch],
                             verifier, n=config.rollouts_per_problem, rng=jax.random.key(7),

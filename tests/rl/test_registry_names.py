@@ -30,7 +30,7 @@ def test_modes_are_the_names():
 
 
 @pytest.mark.parametrize("field, accepted", [
-    ("advantage", ["batch_norm", "drgrpo", "grpo", "rloo"]),
+    ("advantage", ["batch_norm", "drgrpo", "gae", "grpo", "rloo"]),
     ("policy_loss", ["cispo", "dapo", "gspo", "ppo_clip"]),
     ("aggregation", ["constant", "prompt_mean", "sequence_mean", "token_mean"]),
     ("kl_form", ["k1", "k2", "k3"]),
