@@ -19,6 +19,9 @@ Sections (runs go under --out and are reused: rerunning the command resumes it):
          (`rl.max_staleness`, PipelineRL-k and PPO-off-policy-k) for each seed: final
          `val/avg@4`, gain, staleness, what the update waited for its rollouts, wall
          time -> off_policy.md and img/off_policy.png.
+  algorithms  configs/ppo.py and configs/dapo.py for each of --seeds (as the demos),
+         and the RQ4 sweep (configs/sweep_algorithms.py: CISPO, PODS, PPO) through
+         `launch.study` at --study_budget rollouts -> algorithms.md.
   study  `launch.study` (profile, every sweep of the paper, analyses, findings) at
          --study_budget rollouts per sweep -> study.md (the findings table) and the
          study's plots in img/.
@@ -54,12 +57,14 @@ from isojax import cpu_isa, metrics, run_dir, storage
 from isojax.planner import sigmoid_fit
 from launch import compare
 
-SECTIONS = ("demos", "isa", "pods", "off_policy", "study")
+SECTIONS = ("demos", "isa", "pods", "off_policy", "algorithms", "study")
 # XLA:CPU instruction-set caps the isa section compares (`cpu_isa`): native is none.
 ISA_CAPS = (cpu_isa.NATIVE, "AVX2", "AVX", "SSE4_2")
 # (name, config): the demos every user runs first.
 DEMOS = (("hard", "configs/hard.py"), ("easy", "configs/easy.py"),
          ("reasoning", "configs/reasoning.py"))
+# (name, config): the algorithm presets beside GRPO's demos.
+ALGORITHMS = (("ppo", "configs/ppo.py"), ("dapo", "configs/dapo.py"))
 # (name, flags) of the off_policy section's settings of configs/hard.py.
 OFF_POLICY = (("synchronous", ()),
               *((f"pipeline, k = {k}", (f"--config.rl.max_staleness={k}",)) for k in (1, 2, 4, 8)),
@@ -433,33 +438,74 @@ def run_off_policy(out: str, results: str, seeds: Sequence[str], command: str) -
                 "loop", command, wall_s, body)
 
 
-def run_study(out: str, results: str, budget: int, command: str) -> str:
-  study_dir = os.path.join(out, f"study_C{budget}")
-  # launch.study resumes; its elapsed time adds up over the invocations that ran it.
+def _launch_study(study_dir: str, budget: int, sweeps: Sequence[str] = ()) -> tuple[str, float]:
+  """`launch.study` into `study_dir` (resumed if there); its findings table and the
+  elapsed seconds over every invocation that ran it."""
   timing = os.path.join(study_dir, TIMING_FILE)
   before = storage.read_json(timing)["wall_s"] if os.path.isfile(timing) else 0.0
   start = time.time()
   proc = subprocess.run([sys.executable, "-m", "launch.study", f"--out={study_dir}",
-                         f"--budget_rollouts={budget}"], cwd=REPO_ROOT)
+                         f"--budget_rollouts={budget}",
+                         *([f"--sweeps={','.join(sweeps)}"] if sweeps else [])], cwd=REPO_ROOT)
   wall_s = before + time.time() - start
   storage.write_json(timing, dict(wall_s=wall_s))
   if proc.returncode:
     raise SystemExit(f"launch.reproduce: launch.study failed (exit {proc.returncode}); "
                      f"rerun to resume it in {study_dir}")
   with open(os.path.join(study_dir, "findings.md")) as f:
-    findings = f.read()
+    return f.read(), wall_s
+
+
+def _study_images(study_dir: str, results: str, prefix: str) -> list[str]:
+  """Each sweep's metric-vs-compute plot copied into results/img; their Markdown links."""
   images = []
   for name in sorted(os.listdir(study_dir)):
     png = os.path.join(study_dir, name, "metric_vs_compute.png")
     if os.path.isfile(png):
-      target = os.path.join(results, "img", f"study_{name}_metric_vs_compute.png")
+      target = os.path.join(results, "img", f"{prefix}_{name}_metric_vs_compute.png")
       os.makedirs(os.path.dirname(target), exist_ok=True)
       shutil.copyfile(png, target)
       images.append(f"![{name}](img/{os.path.basename(target)})")
+  return images
+
+
+def run_study(out: str, results: str, budget: int, command: str) -> str:
+  study_dir = os.path.join(out, f"study_C{budget}")
+  findings, wall_s = _launch_study(study_dir, budget)
+  images = _study_images(study_dir, results, "study")
   body = "\n".join([f"`launch.study` at C = {budget:,} rollouts per sweep, from the shipped "
                     "arithmetic base model.", "", findings.strip(), "", *images, ""])
   return _write(results, "study.md", "The study: the paper's findings on the tiny default",
                 command, wall_s, body)
+
+
+def run_algorithms(out: str, results: str, seeds: Sequence[str], budget: int,
+                   command: str) -> str:
+  """The PPO and DAPO presets over seeds, and the RQ4 sweep (GRPO's n*(C) under CISPO,
+  PODS and PPO) through `launch.study` at `budget` rollouts."""
+  wall_s, runs = 0.0, {}
+  for name, config in ALGORITHMS:
+    runs[name] = []
+    for seed in seeds:
+      workdir = os.path.join(out, "algorithms", f"{name}_s{seed}")
+      logging.info("algorithm %s, seed %s -> %s", name, seed, workdir)
+      wall_s += _run_main(config, workdir, seed)
+      runs[name].append(summarize_run(workdir))
+  study_dir = os.path.join(out, f"algorithms_C{budget}")
+  findings, sweep_s = _launch_study(study_dir, budget, ["configs/sweep_algorithms.py"])
+  images = _study_images(study_dir, results, "algorithms")
+  body = "\n".join([
+      "The presets as shipped, from the shipped arithmetic base model, one run per RL seed "
+      "(`--config.seed`); columns as in [demos.md](demos.md). `configs/ppo.py`: PPO with a "
+      "critic (GAE), n = 4, B_p = 64. `configs/dapo.py`: clip-higher, token mean, overlong "
+      "shaping and dynamic sampling (its `rollouts` count every round).", "",
+      demo_table(runs), "",
+      f"The RQ4 sweep (`configs/sweep_algorithms.py`: the hard split, B_p = 16, n from 2 to "
+      f"64 at C = {budget:,} rollouts, each algorithm in its own sweep) through "
+      "`launch.study`; its findings rows (n*'s rise over the compute frontier, with a "
+      "bootstrap interval, per algorithm):", "", findings.strip(), "", *images, ""])
+  return _write(results, "algorithms.md", "The algorithm presets and RQ4", command,
+                wall_s + sweep_s, body)
 
 
 def _write(results: str, name: str, title: str, command: str, wall_s: float,
@@ -493,6 +539,8 @@ def main(argv):
     run_pods(out, results, _SEEDS.value, _PODS_STEPS.value, command)
   if "off_policy" in _SECTIONS.value:
     run_off_policy(out, results, _SEEDS.value, command)
+  if "algorithms" in _SECTIONS.value:
+    run_algorithms(out, results, _SEEDS.value, _STUDY_BUDGET.value, command)
   if "study" in _SECTIONS.value:
     run_study(out, results, _STUDY_BUDGET.value, command)
 

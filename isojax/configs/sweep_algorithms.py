@@ -1,5 +1,5 @@
-r"""Algorithm robustness (paper RQ4): the iso-compute sweep of the hard split with CISPO
-and with PODS instead of the PPO-clip GRPO of configs/sweep_hard.py.
+r"""Algorithm robustness (paper RQ4): the iso-compute sweep of the hard split with CISPO,
+with PODS and with PPO (a critic) instead of the PPO-clip GRPO of configs/sweep_hard.py.
 
   python -m launch.sweep --config=configs/sweep_algorithms.py --out=/tmp/isojax/algorithms
 
@@ -9,6 +9,8 @@ C = 16,384 rollouts (6 allocations, the B_p = 16 half of the hard sweep) per var
   cispo  rl.policy_loss = cispo (ScaleRL's loss: truncated IS weight times log-prob)
   pods   generate n, train on m = max(2, n / 4) chosen by max-variance down-sampling
          (n = 2: m = n, plain GRPO)
+  ppo    rl.advantage = gae: per-token advantages from a learned value model (GAE,
+         gamma = lambda = 1) instead of the group's rewards
 
 The experiment bootstraps each variant's n* rise (doublings over the frontier), its
 best@4 / worst@4 slopes and interference statistic; the findings table sets them
@@ -28,5 +30,6 @@ def get_config(arg=None):
   c.variants = ml_collections.ConfigDict(dict(
       cispo=dict(overrides=dict(rl=dict(policy_loss="cispo"))),
       pods=dict(train_fraction=0.25, overrides=dict(rl=dict(downsample="max_variance"))),
+      ppo=dict(overrides=dict(rl=dict(advantage="gae"))),
   ))
   return sweep_hard.with_preset(c, arg)

@@ -61,11 +61,14 @@ def test_decoupled_variants():
 
 def test_algorithm_variants():
   runs = _plan("configs/sweep_algorithms.py")
-  assert {n.split("/")[0] for n in runs} == {"cispo", "pods"}
+  assert {n.split("/")[0] for n in runs} == {"cispo", "pods", "ppo"}
   for name, r in runs.items():
     n = _alloc(r)[1]
     if name.startswith("cispo/"):
       assert r.config["rl"]["policy_loss"] == "cispo" and r.config["rl"]["downsample"] == "none"
+    elif name.startswith("ppo/"):
+      assert r.config["rl"]["advantage"] == "gae" and r.config["rl"]["downsample"] == "none"
+      assert r.config["rl"]["policy_loss"] == "ppo_clip"
     else:
       m = r.config["rl"]["train_rollouts_per_problem"]
       assert r.config["rl"]["downsample"] == "max_variance"

@@ -192,7 +192,7 @@ def test_sweep_analysis_writes_variant_analyses_experiment_and_findings(tmp_path
   from isojax.sweeps import plan as sweep_plan
 
   true_best = {}
-  for variant, sat, c_mid in (("cispo", 16, 164.0), ("pods", 4, 410.0)):
+  for variant, sat, c_mid in (("cispo", 16, 164.0), ("pods", 4, 410.0), ("ppo", 8, 250.0)):
     curves = synthetic.paper_like_curves((16,), (2, 4, 8, 16, 32), n_saturation=sat,
                                          c_mid_base=c_mid)
     synthetic.write_sweep(str(tmp_path / "algorithms" / "runs" / variant), curves,
@@ -204,21 +204,23 @@ def test_sweep_analysis_writes_variant_analyses_experiment_and_findings(tmp_path
   sweep = sweep_plan.load_config_file("configs/sweep_algorithms.py:micro")
   sweep.bootstrap_resamples = 30
   summary = sweep_plan.analyze(str(tmp_path / "algorithms"), sweep)
-  for variant in ("cispo", "pods"):
+  for variant in ("cispo", "pods", "ppo"):
     assert (tmp_path / "algorithms" / variant / "analysis.json").is_file()
     assert (tmp_path / "algorithms" / variant / "worst@4" / "analysis.json").is_file()
   written = json.loads((tmp_path / "algorithms" / "experiment.json").read_text())
   direct = experiments.analyze_experiment(str(tmp_path / "algorithms" / "runs"), "algorithms",
-                                          ["cispo", "pods"], num_resamples=30)
+                                          ["cispo", "pods", "ppo"], num_resamples=30)
   assert {k: e["value"] for k, e in written["effects"].items()} == pytest.approx(
       {k: e["value"] for k, e in direct["effects"].items()}, nan_ok=True)
   assert (tmp_path / "algorithms" / "experiment.png").stat().st_size > 10_000
-  # n* saturates at 16 (cispo) and 4 (pods): the frontier ends at the true winners.
-  assert true_best == {"cispo": 4.0, "pods": 2.0}
+  # n* saturates at 16 (cispo), 4 (pods), 8 (ppo): the frontier ends at the true winners.
+  assert true_best == {"cispo": 4.0, "pods": 2.0, "ppo": 3.0}
   assert written["effects"]["log2_n_star_end_cispo"]["value"] == true_best["cispo"]
   assert written["effects"]["log2_n_star_end_pods"]["value"] == true_best["pods"]
+  assert written["effects"]["log2_n_star_end_ppo"]["value"] == true_best["ppo"]
   assert "n_star_rise_cispo" in sweep_plan.format_analysis(summary)
   out = subprocess.run([sys.executable, "-m", "launch.findings", f"--study={tmp_path}"],
                        capture_output=True, text=True, check=True).stdout
   assert "| 8 | the n*(C) trend holds with other RL algorithms | algorithms/cispo |" in out
   assert "| 8 | the n*(C) trend holds with other RL algorithms | algorithms/pods |" in out
+  assert "| 8 | the n*(C) trend holds with other RL algorithms | algorithms/ppo |" in out

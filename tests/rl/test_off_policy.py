@@ -323,3 +323,14 @@ def test_in_flight_pipeline_on_devices_of_its_own(on_8_devices):
       assert r["rollouts"] == total
   # The lines up to the checkpoint at step 4 are kept as they were.
   assert got["resumed"][:5] == got["first"][:5]
+
+
+def test_scalerl_sync_variant_is_the_recipe_with_synchronous_generation():
+  from isojax.configs import scalerl  # pylint: disable=import-outside-toplevel
+  for preset in ("", "micro"):
+    full = scalerl.get_config(preset or None).to_dict()
+    sync = scalerl.get_config(f"{preset},sync" if preset else "sync").to_dict()
+    assert full["rl"].pop("max_staleness") == 8 and sync["rl"].pop("max_staleness") == 0
+    assert full == sync
+  with pytest.raises(ValueError, match="at most one preset"):
+    scalerl.get_config("micro,paper")

@@ -62,7 +62,7 @@ import importlib, sys
 import isojax.planner
 from isojax import config_lib
 from isojax.planner import prescribe
-for name in ("hard", "easy", "reasoning", "pods", "scalerl"):
+for name in ("hard", "easy", "reasoning", "pods", "scalerl", "ppo", "dapo"):
   config = config_lib.resolve(importlib.import_module(f"isojax.configs.{name}").get_config())
 hard = importlib.import_module("isojax.configs.hard").get_config()
 grid = prescribe.sweep(65536, hard, max_batch_rollouts=1024, problems_range=(8, 16),
