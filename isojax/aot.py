@@ -5,12 +5,17 @@ Compiles ahead of time, for the chips of --topology (v5p-64, v5p-128, v5e-256, w
 step as `isojax.train` calls them: the sampler (`sampling.sampler.sample`, one call of
 at most `sampling.max_rollouts_per_call` rollouts), the old / reference log-prob pass
 (`rl.update.score`, one program run once or twice) and the update
-(`rl.update.train_step`). Everything is lowered from
+(`rl.update.train_step`); with `rl.advantage=gae` also PPO's critic, its value pass
+(`rl.critic.values`) and its update (`rl.critic.critic_step`). Everything is lowered from
 `jax.ShapeDtypeStruct`s carrying the run's NamedShardings, so no weight is allocated.
 It prints each program's per-chip memory (XLA's `memory_analysis`) plus the train
 state that stays on the chips while it runs (`resident`: optimizer state, reference
-weights), against the chip's HBM, and exits non-zero naming the program, its numbers
-and the config fields that shrink it when one does not fit.
+weights, the critic and its optimizer state), against the chip's HBM, and exits non-zero
+naming the program, its numbers and the config fields that shrink it when one does not
+fit. Beside the bytes, each program's model FLOPs per run over all chips: 2 per
+weight per token forward and 6 forward and backward (a frozen critic trunk: 2), times
+the update's epochs; embedding lookups, attention scores and recomputation are not
+counted (XLA's own cost analysis counts a loop's body once, so it cannot say this).
 
 Model shapes come from --model (a known Hugging Face config), else from
 `base_model.path`/config.json, else from the shipped demo base model the run would load.
@@ -33,7 +38,8 @@ from flax import nnx
 
 from isojax import config_lib
 from isojax.models import hf_checkpoint, sharding, transformer
-from isojax.rl import rollout, update
+from isojax.rl import critic as critic_lib
+from isojax.rl import names, rollout, update
 from isojax.sampling import sampler
 
 GIB = 1 << 30
@@ -60,6 +66,9 @@ REMEDIES = {
     "score": "rl.micro_batch_size, rl.logprob_chunk_size, model.attention_chunk",
     "train_step": "rl.micro_batch_size, rl.logprob_chunk_size, model.remat, "
                   "model.attention_chunk",
+  "values": "rl.micro_batch_size, model.attention_chunk, critic.path (a smaller critic)",
+  "critic_step": "rl.micro_batch_size, model.remat, model.attention_chunk, "
+                 "critic.train_trunk=False, critic.path (a smaller critic)",
 }
 
 
@@ -74,6 +83,7 @@ class ProgramMemory:
   resident: int = 0   # train state on the chip that is not an argument
   error: str = ""
   inputs: str = ""    # the shapes it was compiled for
+  flops: float = 0.0  # model FLOPs of one run, all chips together
 
   @property
   def total(self) -> int:
@@ -131,6 +141,29 @@ def hbm_bytes(devices: list, hbm_gib: float | None = None) -> int | None:
     return gib * GIB if gib else None
 
 
+def critic_model_config(config: ml_collections.ConfigDict, policy_cfg):
+  """The critic's `ModelConfig`: the policy's, or that of `critic.path`/config.json."""
+  path = config.critic.path
+  if not path:
+    return policy_cfg
+  if not os.path.isfile(os.path.join(path, "config.json")):
+    raise ValueError(f"critic.path={path}: no config.json")
+  return hf_checkpoint.model_config_from_hf(
+      hf_checkpoint.read_hf_config(path), source=os.path.join(path, "config.json"),
+      **config.model)
+
+
+def weight_counts(state) -> tuple[int, int]:
+  """(weights every token passes, LM-head weights) of a model's state: the embedding
+  table is a lookup, not a matmul (with tied embeddings it is the head)."""
+  counts = {"body": 0, "embed": 0, "head": 0}
+  for path, leaf in nnx.to_flat_state(state):
+    name = path[1] if path[0] == "trunk" else path[0]   # a critic's decoder is its trunk
+    part = {"lm_head": "head", "embed": "embed"}.get(name, "body")
+    counts[part] += math.prod(leaf.shape)
+  return counts["body"], counts["head"] or counts["embed"]
+
+
 def model_config(config: ml_collections.ConfigDict, model: str | None = None):
   """The `ModelConfig` of --model, of base_model.path, or of the shipped demo model."""
   if model:
@@ -161,7 +194,7 @@ def _chip_bytes(tree) -> int:
              for x in jax.tree.leaves(tree))
 
 
-def _measure(name: str, lower, resident: int, inputs: str) -> ProgramMemory:
+def _measure(name: str, lower, resident: int, inputs: str, flops: float) -> ProgramMemory:
   logging.info("compiling %s: %s", name, inputs)
   try:
     stats = lower().compile().memory_analysis()
@@ -169,10 +202,10 @@ def _measure(name: str, lower, resident: int, inputs: str) -> ProgramMemory:
     if "RESOURCE_EXHAUSTED" not in str(e):
       raise
     return ProgramMemory(name, resident=resident, error=str(e).strip().splitlines()[0],
-                         inputs=inputs)
+                         inputs=inputs, flops=flops)
   return ProgramMemory(name, stats.argument_size_in_bytes, stats.output_size_in_bytes,
                        stats.alias_size_in_bytes, stats.temp_size_in_bytes, resident,
-                       inputs=inputs)
+                       inputs=inputs, flops=flops)
 
 
 def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
@@ -183,7 +216,10 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
   generator's mesh) and score and train_step for the learner's, each program's bytes
   per chip of its own slice. Off-policy runs on shared devices (`rl.max_staleness` > 0,
   no split) hold the generator's copy of the weights beside the learner's: it counts as
-  resident in every program.
+  resident in every program. With `rl.advantage=gae` the critic's values and
+  critic_step are compiled on the learner's chips too; the critic's weights and
+  optimizer state are resident in every program of those chips, the policy's in the
+  critic's.
   """
   config = config_lib.resolve(config)
   mesh, rollout_mesh = sharding.make_meshes(config.mesh, devices)
@@ -205,6 +241,22 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
   ref_bytes = param_bytes if keep_reference else 0
   # The generator's weights beside the learner's (off-policy on shared devices).
   snapshot_bytes = param_bytes if config.rl.max_staleness and rollout_mesh is None else 0
+  # PPO's critic on the learner's chips: its weights and Adam state stay there.
+  uses_critic = config.rl.advantage == names.GAE
+  if uses_critic:
+    critic_graphdef, critic_abstract = critic_lib.abstract(critic_model_config(config,
+                                                                               model_cfg))
+    critic_params = placed(critic_abstract, sharding.state_shardings(critic_abstract, mesh))
+    critic_tx = critic_lib.make_optimizer(config)
+    critic_opt = jax.eval_shape(critic_tx.init, critic_params)
+    opt_placement = critic_lib.opt_state_shardings(critic_tx, critic_params, mesh,
+                                                   config.critic.train_trunk)
+    if isinstance(opt_placement, jax.sharding.Sharding):  # one placement for every leaf
+      opt_placement = jax.tree.map(lambda _: opt_placement, critic_opt)
+    critic_opt = placed(critic_opt, opt_placement)
+    critic_bytes = _chip_bytes(critic_params) + _chip_bytes(critic_opt)
+  else:
+    critic_bytes = 0
   key = jax.eval_shape(jax.random.key, 0)
   key_on = lambda mesh: jax.ShapeDtypeStruct(key.shape, key.dtype,
                                              sharding=sharding.replicated(mesh))
@@ -233,42 +285,91 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
       micro_batch_size=settings.micro_batch_size, chunk_size=settings.logprob_chunk_size)
 
   f32, row = jnp.float32, lambda dtype: _spec((b, t), dtype, mesh)
+  tokens, mask = _spec((b, p + t), jnp.int32, mesh), _spec((b, p + t), bool, mesh)
   batch = update.TrainBatch(
-      tokens=_spec((b, p + t), jnp.int32, mesh), mask=_spec((b, p + t), bool, mesh),
-      response_mask=row(bool), sampler_logp=row(f32), old_logp=row(f32), ref_logp=row(f32),
-      advantages=_spec((b,), f32, mesh), keep_pg=_spec((b,), bool, mesh),
-      keep_reg=_spec((b,), bool, mesh), shuffle_rng=key_on(mesh))
+      tokens=tokens, mask=mask, response_mask=row(bool), sampler_logp=row(f32),
+      old_logp=row(f32), ref_logp=row(f32),
+      # GAE: one advantage per token, and the outcome rewards the critic's returns use
+      advantages=row(f32) if uses_critic else _spec((b,), f32, mesh),
+      keep_pg=_spec((b,), bool, mesh), keep_reg=_spec((b,), bool, mesh),
+      shuffle_rng=key_on(mesh), rewards=_spec((b,), f32, mesh) if uses_critic else None)
   train_step = lambda: update.train_step.lower(graphdef, params, opt_state, batch, tx=tx,
                                                settings=settings)
   split = (f"micro-batches of {settings.micro_batch_size or 'all'}, LM head chunks of "
            f"{settings.logprob_chunk_size or 'all'}")
+  # Model FLOPs: 2 per weight per token forward, 6 with the backward pass; the LM head
+  # sees only the response positions; the sampler prefills each prompt once.
+  body, head = weight_counts(abstract)
+  epochs = config.rl.num_epochs
+  flops = dict(sample=2 * (body * groups * p + (body + head) * groups * n * t),  # one call
+               score=2 * (body * b * (p + t) + head * b * t),
+               train_step=6 * epochs * (body * b * (p + t) + head * b * t))
   # While one copy of the weights is an argument the other (and Adam's state) waits.
   # Lowered under their meshes, as isojax runs them: activations take their logical axes.
   with jax.set_mesh(sample_mesh):
     sampled = _measure(
         "sample", sample,
-        0 if rollout_mesh is not None else opt_bytes + ref_bytes + snapshot_bytes,
+        0 if rollout_mesh is not None else (opt_bytes + ref_bytes + snapshot_bytes
+                                            + critic_bytes),
         f"{groups} prompts [{groups}, {p}] x {n} rollouts of {t} tokens{decoding}"
-        f"{on(sample_mesh, 'sampling')}")
+        f"{on(sample_mesh, 'sampling')}", flops["sample"])
   with jax.set_mesh(mesh):
-    return [sampled,
-            _measure("score", score, opt_bytes + ref_bytes + snapshot_bytes,
-                     f"[{b}, {p + t}] tokens, {split}{on(mesh, 'learner')}"),
-            _measure("train_step", train_step, ref_bytes + snapshot_bytes,
-                     f"[{b}, {p + t}] tokens, {settings.num_minibatches} minibatch(es), "
-                     f"{split}, remat {model_cfg.remat}{on(mesh, 'learner')}")]
+    results = [
+        sampled,
+        _measure("score", score, opt_bytes + ref_bytes + snapshot_bytes + critic_bytes,
+                 f"[{b}, {p + t}] tokens, {split}{on(mesh, 'learner')}", flops["score"]),
+        _measure("train_step", train_step, ref_bytes + snapshot_bytes + critic_bytes,
+                 f"[{b}, {p + t}] tokens, {settings.num_minibatches} minibatch(es), "
+                 f"{split}, remat {model_cfg.remat}{on(mesh, 'learner')}",
+                 flops["train_step"])]
+    if uses_critic:
+      results += _critic_programs(config, critic_graphdef, critic_params, critic_opt,
+                                  critic_tx, tokens, mask, batch, settings,
+                                  param_bytes + opt_bytes + ref_bytes + snapshot_bytes,
+                                  weight_counts(critic_abstract)[0],
+                                  on(mesh, "learner"))
+  return results
+
+
+def _critic_programs(config, graphdef, params, opt_state, tx, tokens, mask,
+                     batch: update.TrainBatch, settings: update.UpdateSettings,
+                     resident: int, body: int, where: str) -> list[ProgramMemory]:
+  """The critic's value pass and update, lowered from `critic_lib`'s jitted functions
+  with the policy's state (`resident` bytes) waiting beside them."""
+  b, s = tokens.shape
+  p = settings.prompt_len
+  c = config.critic
+  values = lambda: critic_lib.values.lower(graphdef, params, tokens, mask, prompt_len=p,
+                                           micro_batch_size=settings.micro_batch_size)
+  f32_BT = batch.old_logp   # a [B, T] float32 placed like every response row
+  value_batch = critic_lib.ValueBatch(tokens, mask, batch.response_mask, old_values=f32_BT,
+                                      returns=f32_BT, shuffle_rng=batch.shuffle_rng)
+  critic_settings = critic_lib.CriticSettings.from_config(
+      config, group_size=settings.group_size, prompt_len=p)
+  step = lambda: critic_lib.critic_step.lower(graphdef, params, opt_state, value_batch,
+                                              tx=tx, settings=critic_settings)
+  trunk = "trained" if c.train_trunk else "frozen (head only)"
+  per_token = 6 if c.train_trunk else 2   # a frozen trunk runs forward only
+  return [
+      _measure("values", values, resident, f"[{b}, {s}] tokens, micro-batches of "
+               f"{settings.micro_batch_size or 'all'}{where}", 2 * body * b * s),
+      _measure("critic_step", step, resident,
+               f"[{b}, {s}] tokens, {settings.num_minibatches} minibatch(es), trunk "
+               f"{trunk}{where}", per_token * config.rl.num_epochs * body * b * s)]
 
 
 def format_table(results: list[ProgramMemory], hbm: int | None) -> str:
-  """Per-chip memory of each program in GiB (MiB when everything is under 1 GiB)."""
+  """Per-chip memory of each program in GiB (MiB when everything is under 1 GiB) and its
+  model FLOPs over all chips."""
   unit, name = (GIB, "GiB") if max([r.total for r in results] + [hbm or 0]) >= GIB else (
       1 << 20, "MiB")
-  head = ("program", "argument", "output", "alias", "temp", "resident", "total")
+  head = ("program", "argument", "output", "alias", "temp", "resident", "total", "FLOPs")
   lines = [f"{head[0]:<12}" + "".join(f"{h:>10}" for h in head[1:]) + f"  ({name} per chip; "
-           + (f"HBM {hbm / unit:.2f})" if hbm else "HBM unknown)")]
+           + (f"HBM {hbm / unit:.2f}; " if hbm else "HBM unknown; ") + "FLOPs of one run)"]
   for r in results:
     cells = (r.argument, r.output, r.alias, r.temp, r.resident, r.total)
-    lines.append(f"{r.name:<12}" + ("".join(f"{c / unit:10.2f}" for c in cells) if not r.error
+    lines.append(f"{r.name:<12}" + ("".join(f"{c / unit:10.2f}" for c in cells)
+                                    + f"{r.flops:10.3g}" if not r.error
                                     else f"  XLA: {r.error}"))
   return "\n".join(lines + [f"  {r.name}: {r.inputs}" for r in results])
 

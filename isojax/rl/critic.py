@@ -30,7 +30,7 @@ import optax
 from flax import nnx
 
 from isojax import config_lib
-from isojax.models import hf_checkpoint, sharding
+from isojax.models import hf_checkpoint, sharding, transformer
 from isojax.models.transformer import Transformer
 from isojax.rl import advantages as advantages_lib
 from isojax.rl import update
@@ -77,6 +77,28 @@ def build(config: ml_collections.ConfigDict, mesh, policy_graphdef, policy_param
   return graphdef, nnx.state(model)
 
 
+def abstract(model_cfg: transformer.ModelConfig) -> tuple[Any, Any]:
+  """(graphdef, state) of a critic on a trunk of `model_cfg`, shapes only (nothing
+  initialised): what `build` makes, for `launch.aot`."""
+  def make():
+    trunk = Transformer(model_cfg, rngs=nnx.Rngs(0))
+    if hasattr(trunk, "lm_head"):
+      del trunk.lm_head
+    with nnx.use_eager_sharding(False):
+      return ValueModel(trunk, rngs=nnx.Rngs(0))
+
+  with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
+    return nnx.split(nnx.eval_shape(make))
+
+
+def opt_state_shardings(tx: optax.GradientTransformation, params, mesh, train_trunk: bool):
+  """Where `tx.init(params)` lives: beside the parameters (`update.opt_state_shardings`);
+  with a frozen trunk only the head has moments (D + 1 numbers each), replicated."""
+  if train_trunk:
+    return update.opt_state_shardings(tx, params, mesh)
+  return sharding.replicated(mesh)
+
+
 def check_vocabulary(config: ml_collections.ConfigDict, policy_path: str) -> None:
   """A critic loaded from `critic.path` reads the policy's tokens: same vocabulary size.
 
@@ -110,11 +132,9 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
 
 
 def init_optimizer(tx: optax.GradientTransformation, params, mesh, train_trunk: bool):
-  """`tx.init(params)` placed like the parameters (`update.opt_state_shardings`); with a
-  frozen trunk only the head has moments (D + 1 numbers each), which are replicated."""
-  if train_trunk:
-    return jax.jit(tx.init, out_shardings=update.opt_state_shardings(tx, params, mesh))(params)
-  return jax.jit(tx.init, out_shardings=sharding.replicated(mesh))(params)
+  """`tx.init(params)` placed by `opt_state_shardings`."""
+  return jax.jit(tx.init, out_shardings=opt_state_shardings(tx, params, mesh, train_trunk))(
+      params)
 
 
 @flax.struct.dataclass

@@ -202,3 +202,62 @@ def test_cpu8_split_compiles_the_sampler_and_the_learner_on_their_own_chips(mode
   assert got["train_step"]["resident"] == params4   # the reference copy only
   assert "on the 4 sampling chips" in got["sample"]["inputs"]
   assert "on the 4 learner chips" in got["train_step"]["inputs"]
+
+
+@pytest.mark.slow("compiles every program of a PPO step for eight fake devices")
+def test_cpu8_ppo_compiles_the_critic_with_hand_counted_bytes_and_flops(model_dir):
+  """rl.advantage=gae: values and critic_step are compiled on the learner's chips; the
+  critic (the policy's decoder without its LM head, plus a D -> 1 head) and its Adam
+  state stay resident in the policy's programs, the policy's state in the critic's.
+  With critic.train_trunk=False Adam holds the head's moments only, replicated."""
+  code = f"""
+    import dataclasses, json
+    from isojax.configs import hard
+    from isojax import aot
+    aot.prepare_backend("cpu:8")
+    out = []
+    for train_trunk in (True, False):
+      config = hard.get_config("micro")
+      config.base_model.path = {model_dir!r}
+      config.mesh.update(data=1, fsdp=-1, tensor=1)
+      config.rl.advantage = "gae"
+      config.critic.train_trunk = train_trunk
+      results = aot.check(config, aot.topology_devices("cpu:8"), aot.model_config(config), 16)
+      out.append([dataclasses.asdict(r) for r in results])
+    print(json.dumps(out))
+  """
+  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  trained, frozen = [{r["name"]: r for r in run}
+                     for run in json.loads(proc.stdout.strip().splitlines()[-1])]
+  assert list(trained) == ["sample", "score", "train_step", "values", "critic_step"]
+  assert not any(r["error"] for r in [*trained.values(), *frozen.values()])
+  config = hard.get_config("micro")
+  epochs = config.rl.num_epochs
+  params = _param_bytes_per_chip()
+  opt = 2 * params + 2 * 4
+  # The critic: no LM head (V x D on the embed axis); a [D, 1] kernel split over the
+  # embed axis and a replicated bias.
+  critic = params - 4 * V * D // FSDP + 4 * (D // FSDP + 1)
+  critic_opt = 2 * critic + 2 * 4
+  head_opt = 2 * 4 * (D + 1) + 2 * 4
+  assert trained["score"]["resident"] == opt + params + critic + critic_opt
+  assert trained["train_step"]["resident"] == params + critic + critic_opt
+  assert frozen["train_step"]["resident"] == params + critic + head_opt
+  assert trained["values"]["resident"] == trained["critic_step"]["resident"] == (
+      params + opt + params)  # the policy, its Adam state, the reference copy
+  assert trained["values"]["argument"] == critic + B * (P + T) * (4 + 1) // FSDP
+  assert 0 <= trained["critic_step"]["argument"] - critic - critic_opt <= (
+      B // FSDP * ((P + T) * 5 + T * (1 + 2 * 4)) + 8)
+  assert 0 <= frozen["critic_step"]["argument"] - critic - head_opt <= (
+      B // FSDP * ((P + T) * 5 + T * (1 + 2 * 4)) + 8)
+  # FLOPs: weights every token meets (layers, norms, biases; the critic's head too).
+  layers = L * (D * N * H + 2 * D * K * H + N * H * D + 3 * D * F
+                + N * H + 2 * K * H + 2 * D) + D
+  critic_body = layers + D + 1
+  assert trained["values"]["flops"] == 2 * critic_body * B * (P + T)
+  assert trained["critic_step"]["flops"] == 6 * epochs * critic_body * B * (P + T)
+  assert frozen["critic_step"]["flops"] == 2 * epochs * critic_body * B * (P + T)
+  assert trained["train_step"]["flops"] == 6 * epochs * (layers * B * (P + T) + V * D * B * T)
+  assert "trunk frozen" in frozen["critic_step"]["inputs"]
