@@ -4,7 +4,9 @@ r"""Runs one isojax RL job.
   python -m isojax.main --config=configs/easy.py:paper --workdir=... \
       --config.rollouts_per_problem=16
 
-Rerunning the same command on the same workdir resumes from the last checkpoint.
+Rerunning the same command on the same workdir resumes from the last checkpoint. A
+SIGTERM (a preemption) saves the step the run reached and exits 0; a second run on a
+workdir that a live run holds exits 1 naming the holder.
 Multi-host runs initialise `jax.distributed` from the ISOJAX_* environment variables
 that the generated cluster scripts set (see `isojax.distributed`).
 """
@@ -17,12 +19,16 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from isojax import config_lib, distributed, train
+from isojax import config_lib, distributed, preemption, train, workdir_lock
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/hard.py", "Config file, optionally with a preset: file.py:preset.",
     lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/isojax/run", "Run directory.")
+_FORCE_UNLOCK = flags.DEFINE_bool(
+    "force_unlock", False, "Take the workdir from the run that holds it (a stale lease "
+    "of a crashed run on an object store, or a lock a lost machine left on a shared "
+    "filesystem).")
 
 
 def main(argv):
@@ -32,7 +38,13 @@ def main(argv):
   if distributed.initialize():  # before anything touches a device
     logging.info("jax.distributed initialised: process %d of %d",
                  jax.process_index(), jax.process_count())
-  final = train.run(_CONFIG.value, _WORKDIR.value)
+  try:
+    final = train.run(_CONFIG.value, _WORKDIR.value, force_unlock=_FORCE_UNLOCK.value)
+  except preemption.Preempted as e:
+    logging.warning("%s", e)  # exit status 0: a scheduler requeues, a rerun resumes
+    return
+  except workdir_lock.WorkdirLocked as e:
+    raise SystemExit(f"isojax.main: error: {e}") from None
   logging.info("final evaluation: %s", final)
 
 

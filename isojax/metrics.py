@@ -47,6 +47,7 @@ TASK_SKIPPED_PREFIX = "task/skipped/"              # rows dropped at load time, 
 EVENT_NON_FINITE = "non_finite"            # loss, gradients or parameters; the run stops
 EVENT_COLLAPSE = "collapse"                # zero reward and gradient for guard.collapse_steps
 EVENT_CHECKPOINT_CORRUPT = "checkpoint_corrupt"  # moved aside; an older one restored
+EVENT_PREEMPTED = "preempted"              # SIGTERM: this step saved, the run stopped
 
 VAL_PREFIX = "val/"
 VAL_TRUNCATED = "val/truncated_fraction"

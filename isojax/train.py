@@ -8,6 +8,7 @@ checkpoint, loop. The problem order and every random key are functions of
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging as std_logging
@@ -23,7 +24,7 @@ from absl import logging
 from flax import nnx
 
 from isojax import (checkpointing, config_lib, eval_settings, evaluation, metric_writers,
-                    metrics, run_dir, tasks)
+                    metrics, preemption, run_dir, tasks, workdir_lock)
 from isojax.models import hf_checkpoint, sharding
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.rl import (advantages, dynamic_sampling, guard, off_policy, problem_pool, rollout,
@@ -113,9 +114,23 @@ class _DropLibraryInfo(std_logging.Filter):
     return record.levelno >= std_logging.WARNING or "orbax" not in record.pathname
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Trains; returns the last evaluation's metrics (without the per-problem counts)."""
+def run(config: ml_collections.ConfigDict, workdir: str, *, force_unlock: bool = False
+        ) -> dict[str, float]:
+  """Trains; returns the last evaluation's metrics (without the per-problem counts).
+
+  The workdir is locked for the run (`workdir_lock`: one writer, `force_unlock` takes
+  over a stale lock). A SIGTERM stops the run at the next step boundary with that step
+  saved and raises `preemption.Preempted`; rerunning resumes it exactly.
+  """
   config = config_lib.resolve(config)
+  # Only the first process writes; the others share its workdir.
+  with (workdir_lock.hold(workdir, force=force_unlock) if jax.process_index() == 0
+        else contextlib.nullcontext()), preemption.Notice() as notice:
+    return _run(config, workdir, notice)
+
+
+def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Notice
+         ) -> dict[str, float]:
   handler = logging.get_absl_handler()
   if not any(isinstance(f, _DropLibraryInfo) for f in handler.filters):
     handler.addFilter(_DropLibraryInfo())
@@ -295,15 +310,40 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
                                    "resumes" if last is not None else
                                    "No checkpoint was saved yet: a rerun starts afresh"))
 
+  def preempt() -> None:
+    """Saves the step reached (if it is not saved yet), flushes and ends the run."""
+    step, last = counters.step, ckpt.latest_step()
+    if step > 0 and last != step:
+      save()
+      last = step
+    where = (f"a rerun resumes at step {last} from {run_dir.checkpoint_dir(workdir)}"
+             if last is not None else "nothing was saved yet: a rerun starts afresh")
+    message = f"preempted after {step} steps (SIGTERM): {where}"
+    if last is not None:
+      record({run_dir.EVENT: metrics.EVENT_PREEMPTED, "message": message})
+    if bar is not None:
+      bar.close()
+    viewers.close()
+    ckpt.wait_until_finished()
+    ckpt.close()
+    if generator:
+      generator.close()
+    raise preemption.Preempted(message)
+
   # ==================== Loop ====================
   for failure in restored.corrupt if restored else ():
     record(failure.event())
+  bar = None  # the progress bar, from the first step on
+  if notice.reached(counters.step):  # during start-up: before the step-0 evaluation
+    preempt()
   last_eval = run_eval() if counters.step == 0 else {}
   if counters.step == 0:
     record(dict(last_eval, **{metrics.TASK_SKIPPED_PREFIX + k: v for k, v in skipped.items()}))
   bar = tqdm.tqdm(total=num_steps, initial=counters.step, desc="RL steps", unit="step",
                   dynamic_ncols=True, disable=None if primary else True)
   while counters.step < num_steps:
+    if counters.step > (resume_step or 0) and notice.reached(counters.step):
+      preempt()
     step_start = time.time()
     step = counters.step
     sampling_values = {}

@@ -70,6 +70,9 @@ _PARTITION = flags.DEFINE_string("slurm_partition", "", "slurm: partition.")
 _ACCOUNT = flags.DEFINE_string("slurm_account", "", "slurm: account.")
 _MAX_PARALLEL = flags.DEFINE_integer("slurm_max_parallel", 0, "slurm: array throttle "
                                      "(at most this many runs at once; 0: no limit).")
+_SIGNAL_S = flags.DEFINE_integer("slurm_signal_s", 300, "slurm: SIGTERM each run this many "
+                                 "seconds before the time limit, so it saves the step it "
+                                 "reached (0: no signal).")
 
 
 def _cluster(manifest, out_dir: str) -> None:
@@ -78,7 +81,7 @@ def _cluster(manifest, out_dir: str) -> None:
     options = cluster_scripts.SlurmOptions(
         nodes=_NODES.value, gpus_per_node=_GPUS.value, cpus_per_task=_CPUS.value,
         time=_TIME.value, partition=_PARTITION.value, account=_ACCOUNT.value,
-        max_parallel=_MAX_PARALLEL.value)
+        max_parallel=_MAX_PARALLEL.value, signal_s=_SIGNAL_S.value)
     written = cluster_scripts.write_slurm(manifest["name"], out_dir, plans, _REPO.value,
                                           _PYTHON.value, options)
     how = f"submit with: sbatch {written[-1]}"

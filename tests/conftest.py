@@ -12,6 +12,7 @@ The `slow` marker takes the longest tests out of the fast tier
 (`python -m pytest -q -n 2 -m "not slow" tests`); each says why it is slow.
 """
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -32,6 +33,9 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 from isojax import cpu_isa  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 cpu_isa.pin()
+# pylint: disable=g-import-not-at-top,wrong-import-position,wrong-import-order
+from etils.epath import backend as epath_backend
+from fsspec.implementations import memory
 
 
 @pytest.fixture
@@ -46,6 +50,36 @@ def on_8_devices(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc.stdout
   return run
+
+
+class _FakeGCS(memory.MemoryFileSystem):
+  """gs:// in memory; appending raises, since GCS objects cannot be appended to."""
+  protocol = ("gs", "gcs")
+  store, pseudo_dirs = {}, [""]
+
+  def __init__(self, *args, finalize_on_close=None, **kwargs):
+    del finalize_on_close  # a gcsfs option epath passes
+    super().__init__(*args, **kwargs)
+
+  def _open(self, path, mode="rb", **kwargs):
+    if "a" in mode:
+      raise NotImplementedError("object stores cannot append")
+    return super()._open(path, mode, **kwargs)
+
+
+@pytest.fixture
+def fake_gcs(monkeypatch):
+  if importlib.util.find_spec("tensorflow") is not None:
+    pytest.skip("epath sends gs:// to tf.io.gfile when TensorFlow is installed")
+  registry = sys.modules["fsspec.registry"]._registry  # pylint: disable=protected-access
+  for name in _FakeGCS.protocol:
+    monkeypatch.setitem(registry, name, _FakeGCS)  # restored after the test
+  # pylint: disable-next=protected-access
+  epath_backend.fsspec_backend._get_filesystem.cache_clear()
+  _FakeGCS.store.clear()
+  _FakeGCS.pseudo_dirs[:] = [""]
+  yield _FakeGCS.store
+  epath_backend.fsspec_backend._get_filesystem.cache_clear()  # pylint: disable=protected-access
 
 
 def pytest_configure(config):

@@ -43,6 +43,8 @@ class SlurmOptions:
   partition: str = ""
   account: str = ""
   max_parallel: int = 0        # array throttle (%N); 0: no limit
+  signal_s: int = 300          # SIGTERM this long before the time limit (the run saves
+                               # its step and exits 0); 0: none
 
 
 def runs_list(plans: Sequence[str]) -> str:
@@ -56,6 +58,8 @@ def slurm_script(name: str, out_dir: str, num_runs: int, repo_dir: str, python: 
     raise ValueError("a SLURM array needs at least one run")
   if options.nodes < 1:
     raise ValueError(f"nodes={options.nodes}: expected >= 1")
+  if options.signal_s < 0:
+    raise ValueError(f"signal_s={options.signal_s}: expected >= 0 (0: no signal)")
   if storage.is_uri(out_dir):
     raise ValueError(f"out_dir={out_dir}: SLURM writes the task logs there (--output), "
                      "which needs a path every node mounts, not an object-store URI")
@@ -70,6 +74,8 @@ def slurm_script(name: str, out_dir: str, num_runs: int, repo_dir: str, python: 
     sbatch.append(f"--gpus-per-node={options.gpus_per_node}")
   if options.cpus_per_task:
     sbatch.append(f"--cpus-per-task={options.cpus_per_task}")
+  if options.signal_s:  # isojax.main saves the step it reached on SIGTERM
+    sbatch.append(f"--signal=TERM@{options.signal_s}")
   for flag, value in (("time", options.time), ("partition", options.partition),
                       ("account", options.account)):
     if value:

@@ -6,7 +6,8 @@ the manifest current. Finished runs are never relaunched; anything else is relau
 with the same command, which resumes from the run's last checkpoint. A lock file held
 by the run's process (inherited by it, so it outlives a killed launcher) keeps two
 launchers from running the same run at once. Failed runs are recorded and the others
-go on.
+go on; a run that was preempted (SIGTERM: it saved its step and exited 0) is pending,
+resumed by the next launch.
 """
 
 from __future__ import annotations
@@ -25,12 +26,15 @@ import tqdm
 from absl import logging
 
 import isojax
-from isojax import configs, storage
+from isojax import configs, metrics, run_dir, storage
 from isojax.sweeps import plan as sweep_plan
 from isojax.sweeps.plan import DONE, FAILED, PENDING, RUNNING
 
 LOCK_FILE = ".lock"
 LOG_FILE = "log.txt"
+# How long a stopped launcher waits for each run to finish its step and save it (a run
+# saves on SIGTERM) before it kills the run; the run then resumes from its last save.
+STOP_GRACE_S = 300
 
 # The directory the running isojax package was imported from.
 _IMPORT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(isojax.__file__)))
@@ -186,7 +190,7 @@ def run_local(out_dir: str, manifest: dict[str, Any], *, workers: int,
       a.proc.terminate()
     for a in active:
       try:
-        a.proc.wait(timeout=30)
+        a.proc.wait(timeout=STOP_GRACE_S)
       except subprocess.TimeoutExpired:
         a.proc.kill()
         a.proc.wait()
@@ -238,6 +242,8 @@ def _finish(out_dir: str, a: _Active) -> None:
                finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
   if code == 0 and final is not None:
     entry.update(state=DONE, final=final, error=None)
+  elif code == 0 and _preempted(workdir):
+    entry.update(state=PENDING, final=None, error=None)
   else:
     log_path = os.path.join(workdir, LOG_FILE)
     reason = (f"exit status {code}" if code else
@@ -246,8 +252,19 @@ def _finish(out_dir: str, a: _Active) -> None:
                  _log_tail(log_path))
 
 
+def _preempted(workdir: str) -> bool:
+  """The run's last event says it stopped on a preemption notice."""
+  try:
+    events = run_dir.read_events(workdir)
+  except run_dir.RunFormatError:
+    return False
+  return bool(events) and events[-1].get(run_dir.EVENT) == metrics.EVENT_PREEMPTED
+
+
 def _finish_line(entry: dict[str, Any], count: int, total: int) -> str:
   head = f"[{count}/{total}] {entry['name']} {entry['state']} in {entry['wall_s']:.1f} s"
   if entry["state"] == DONE:
     return f"{head}: {sweep_plan.format_final(entry['final'])}"
+  if entry["state"] == PENDING:
+    return f"{head}: preempted; the next launch resumes it"
   return f"{head} (exit status {entry['returncode']}; see {entry['error'].splitlines()[0]})"

@@ -1,52 +1,18 @@
 """Run, split, sweep and analysis I/O through `isojax.storage`, on a local directory and
-on a gs:// bucket (an in-memory fsspec filesystem standing in for gcsfs, which, like
-GCS, cannot append): the same code, the same files."""
+on a gs:// bucket (`fake_gcs` of conftest.py: an in-memory fsspec filesystem standing in
+for gcsfs, which, like GCS, cannot append): the same code, the same files."""
 
-import importlib.util
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
-from etils.epath import backend as epath_backend
-from fsspec.implementations import memory
 
 from isojax import config_lib, run_dir, storage
 from isojax.planner import analysis, plots, synthetic
 from isojax.tasks import splits
 from isojax.tasks.problem import Problem
 from isojax.sweeps import plan as sweep_plan
-
-
-class _FakeGCS(memory.MemoryFileSystem):
-  """gs:// in memory; appending raises, since GCS objects cannot be appended to."""
-  protocol = ("gs", "gcs")
-  store, pseudo_dirs = {}, [""]
-
-  def __init__(self, *args, finalize_on_close=None, **kwargs):
-    del finalize_on_close  # a gcsfs option epath passes
-    super().__init__(*args, **kwargs)
-
-  def _open(self, path, mode="rb", **kwargs):
-    if "a" in mode:
-      raise NotImplementedError("object stores cannot append")
-    return super()._open(path, mode, **kwargs)
-
-
-@pytest.fixture
-def fake_gcs(monkeypatch):
-  if importlib.util.find_spec("tensorflow") is not None:
-    pytest.skip("epath sends gs:// to tf.io.gfile when TensorFlow is installed")
-  registry = sys.modules["fsspec.registry"]._registry  # pylint: disable=protected-access
-  for name in _FakeGCS.protocol:
-    monkeypatch.setitem(registry, name, _FakeGCS)  # restored after the test
-  # pylint: disable-next=protected-access
-  epath_backend.fsspec_backend._get_filesystem.cache_clear()
-  _FakeGCS.store.clear()
-  _FakeGCS.pseudo_dirs[:] = [""]
-  yield _FakeGCS.store
-  epath_backend.fsspec_backend._get_filesystem.cache_clear()  # pylint: disable=protected-access
 
 
 @pytest.fixture(params=["local", "gs"])

@@ -82,7 +82,8 @@ def test_slurm_script_text(slurm):
   out, proc, plans, text = slurm
   assert len(plans) == 3
   assert re.search(r"^#SBATCH --array=0-2$", text, re.M)  # one task per run
-  for option in ("--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=8", "--time=01:00:00"):
+  for option in ("--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=8", "--time=01:00:00",
+                 "--signal=TERM@300"):
     assert re.search(rf"^#SBATCH {re.escape(option)}$", text, re.M), option
   assert "srun " in text and "--ntasks-per-node=1" in text.split("srun ", 1)[1]
   assert "scontrol show hostnames \"$SLURM_JOB_NODELIST\"" in text

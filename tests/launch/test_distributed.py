@@ -2,6 +2,8 @@
 
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -100,3 +102,59 @@ def test_two_cpu_processes_initialise_from_the_environment(tmp_path):
   if any("collective_error" in r for r in results):
     pytest.skip(f"CPU collectives unavailable here: {results[0].get('collective_error')}")
   assert all(r["gathered"] == [10, 11] for r in results)
+
+
+def _start_two(workdir, num_steps: int) -> list[subprocess.Popen]:
+  coordinator = f"localhost:{_free_port()}"
+  procs = []
+  for process_id in range(2):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ISOJAX_")}
+    env.update(ISOJAX_COORDINATOR=coordinator, ISOJAX_NUM_PROCESSES="2",
+               ISOJAX_PROCESS_ID=str(process_id), JAX_PLATFORMS="cpu")
+    procs.append(subprocess.Popen(
+        [sys.executable, "-m", "isojax.main", "--config=configs/easy.py:micro",
+         f"--workdir={workdir}", f"--config.num_steps={num_steps}",
+         "--config.checkpoint_every=100", "--config.log_every=1",
+         "--config.eval.train_problems=0"],
+        cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+  return procs
+
+
+def _wait(procs) -> list[str]:
+  errs = []
+  for proc in procs:
+    try:
+      _, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+      for p in procs:
+        p.kill()
+      pytest.fail("the two processes did not finish within 300 s")
+    assert proc.returncode == 0, err[-3000:]
+    errs.append(err)
+  return errs
+
+
+@pytest.mark.slow("two jax.distributed processes train, are preempted and resume")
+def test_sigterm_to_one_host_stops_both_at_the_same_step_saved(tmp_path):
+  """JAX's preemption service: process 1 alone gets the SIGTERM; both processes stop at
+  one step, that step is saved, both exit 0, and the rerun of both completes the run."""
+  import time  # pylint: disable=g-import-not-at-top
+  from isojax import run_dir  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / "run"
+  procs = _start_two(workdir, num_steps=20)
+  deadline = time.time() + 240
+  while time.time() < deadline and all(p.poll() is None for p in procs):
+    if run_dir.metrics_path(str(workdir)).exists() and any(
+        r["step"] >= 2 for r in run_dir.read_metrics(str(workdir))):
+      break
+    time.sleep(0.1)
+  procs[1].send_signal(signal.SIGTERM)
+  errs = _wait(procs)
+  steps = [int(re.search(r"preempted after (\d+) steps", err).group(1)) for err in errs]
+  assert steps[0] == steps[1] and 2 <= steps[0] < 20, steps
+  assert os.listdir(run_dir.checkpoint_dir(str(workdir))) == [str(steps[0])]
+  (event,) = run_dir.read_events(str(workdir))
+  assert event["step"] == steps[0]
+
+  _wait(_start_two(workdir, num_steps=20))
+  assert [r["step"] for r in run_dir.read_metrics(str(workdir))] == list(range(21))

@@ -1,0 +1,226 @@
+"""Save on preemption and one writer per workdir: SIGTERM mid-run saves the step reached
+and the rerun ends exactly as an uninterrupted run; a held workdir refuses a second run."""
+
+import dataclasses
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from isojax import metrics, preemption, run_dir, train, workdir_lock
+from isojax.rl import batch as rl_batch
+from isojax.sweeps import plan as sweep_plan
+from isojax.sweeps import runner
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _micro():
+  # The easy recipe's KL and entropy terms move the parameters at every step.
+  config = importlib.import_module("isojax.configs.easy").get_config("micro")
+  config.update(dict(num_steps=4, checkpoint_every=2, log_every=1))
+  config.eval.train_problems = 0
+  return config
+
+
+def _metrics(workdir):
+  return [run_dir.without_timings(r) for r in run_dir.read_metrics(str(workdir))]
+
+
+def _params(workdir, step):
+  ckpt = ocp.CheckpointManager(run_dir.checkpoint_dir(str(workdir)))
+  restored = ckpt.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore()))
+  ckpt.close()
+  return [np.asarray(x) for x in jax.tree.leaves(restored.params)]
+
+
+def _signal_at_update(monkeypatch, update: int, count: int = 1):
+  """SIGTERM (`count` times) to this process while update `update` (1-based) is built."""
+  build, calls = rl_batch.build_train_batch, []
+
+  def build_and_signal(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == update:
+      for _ in range(count):
+        os.kill(os.getpid(), signal.SIGTERM)
+    return build(*args, **kwargs)
+
+  monkeypatch.setattr(rl_batch, "build_train_batch", build_and_signal)
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("preempt") / "full"
+  train.run(_micro(), str(workdir))
+  return workdir
+
+
+def test_sigterm_saves_the_step_reached_and_the_rerun_matches(full_run, tmp_path,
+                                                               monkeypatch):
+  """Two SIGTERMs during step 3 (the second while it finishes and saves): the run ends
+  after step 3 with step 3 saved, off the checkpoint_every=2 grid; the rerun resumes
+  there and ends with the uninterrupted run's metrics and weights, bit for bit."""
+  workdir = tmp_path / "preempted"
+  _signal_at_update(monkeypatch, 3, count=2)
+  with pytest.raises(preemption.Preempted, match="preempted after 3 steps .* a rerun "
+                     "resumes at step 3"):
+    train.run(_micro(), str(workdir))
+  assert sorted(os.listdir(run_dir.checkpoint_dir(str(workdir)))) == ["2", "3"]
+  (event,) = run_dir.read_events(str(workdir))
+  assert event["event"] == metrics.EVENT_PREEMPTED and event["step"] == 3
+  assert _metrics(workdir) == _metrics(full_run)[:4]   # step 0 (eval) and steps 1-3
+  assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is removed
+
+  monkeypatch.undo()
+  train.run(_micro(), str(workdir))
+  assert _metrics(workdir) == _metrics(full_run)
+  for got, want in zip(_params(workdir, 4), _params(full_run, 4), strict=True):
+    np.testing.assert_array_equal(got, want)
+
+
+def test_sigterm_before_the_first_step_saves_nothing_and_says_so(tmp_path, monkeypatch):
+  load = train.load_task
+
+  def load_and_signal(*args, **kwargs):  # during start-up, before anything compiles
+    os.kill(os.getpid(), signal.SIGTERM)
+    return load(*args, **kwargs)
+
+  monkeypatch.setattr(train, "load_task", load_and_signal)
+  with pytest.raises(preemption.Preempted, match="after 0 steps .* nothing was saved yet"):
+    train.run(_micro(), str(tmp_path / "early"))
+  assert not os.listdir(run_dir.checkpoint_dir(str(tmp_path / "early")))
+  assert run_dir.read_events(str(tmp_path / "early")) == []
+
+
+def test_main_exits_0_on_sigterm_with_the_step_saved(tmp_path):
+  """The real signal to `python -m isojax.main`: exit status 0 (not 143), a line saying
+  where the run resumes, and a checkpoint of that step."""
+  workdir = tmp_path / "run"
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "isojax.main", "--config=configs/easy.py:micro",
+       f"--workdir={workdir}", "--config.num_steps=50", "--config.checkpoint_every=50",
+       "--config.log_every=1", "--config.eval.train_problems=0"],
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 240
+  while time.time() < deadline and proc.poll() is None:
+    lines = (run_dir.read_metrics(str(workdir))
+             if run_dir.metrics_path(str(workdir)).exists() else [])
+    if any(r["step"] >= 1 for r in lines):
+      break
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=240)
+  assert proc.returncode == 0, err[-3000:]
+  (event,) = run_dir.read_events(str(workdir))
+  step = event["step"]
+  assert 1 <= step < 50 and f"preempted after {step} steps (SIGTERM)" in err
+  assert os.listdir(run_dir.checkpoint_dir(str(workdir))) == [str(step)]
+  assert run_dir.read_metrics(str(workdir))[-1]["step"] == step
+
+
+def test_the_sweep_runner_keeps_a_preempted_run_pending(tmp_path):
+  """Exit 0 short of num_steps is pending after a preemption event, failed without."""
+  for name, events in (("preempted", [metrics.EVENT_PREEMPTED]), ("short", [])):
+    workdir = tmp_path / "runs" / name
+    writer = run_dir.MetricsWriter(str(workdir))
+    writer.write({"step": 3, "rollouts": 48, "tokens": 100, "wall_s": 1.0,
+                  "val/avg@4": 0.5})
+    for event in events:
+      writer.write({"step": 3, "rollouts": 48, "tokens": 100, "wall_s": 1.0,
+                    "event": event, "message": "preempted"})
+    entry = dict(name=name, num_steps=4, state=sweep_plan.RUNNING)
+    os.makedirs(workdir, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    active = runner._Active(entry, proc, open(workdir / "l", "w"),  # pylint: disable=protected-access
+                            open(workdir / runner.LOG_FILE, "w"), time.time())
+    os.makedirs(sweep_plan.run_dir_of(str(tmp_path), name), exist_ok=True)
+    runner._finish(str(tmp_path), active)  # pylint: disable=protected-access
+    want = sweep_plan.PENDING if events else sweep_plan.FAILED
+    assert entry["state"] == want, entry
+
+
+# ---------------------------------------------------------------- one writer per workdir
+
+_HOLDER = """
+import sys, time
+from isojax import workdir_lock
+with workdir_lock.hold(sys.argv[1]):
+  print("held", flush=True)
+  time.sleep(600)
+"""
+
+
+def test_a_held_workdir_refuses_a_second_run_naming_the_holder(tmp_path):
+  workdir = str(tmp_path / "run")
+  holder = subprocess.Popen([sys.executable, "-c", _HOLDER, workdir], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    start = time.time()
+    proc = subprocess.run(
+        [sys.executable, "-m", "isojax.main", "--config=configs/easy.py:micro",
+         f"--workdir={workdir}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert f"pid {holder.pid}" in proc.stderr and "--force_unlock" in proc.stderr
+    assert time.time() - start < 60  # before loading or compiling anything
+    assert not os.path.exists(run_dir.config_path(workdir))  # nothing written
+  finally:
+    holder.kill()  # SIGKILL: the kernel releases the lock
+    holder.wait()
+  with workdir_lock.hold(workdir) as owner:
+    assert owner.pid == os.getpid()
+    with pytest.raises(workdir_lock.WorkdirLocked, match=f"pid {os.getpid()}"):
+      with workdir_lock.hold(workdir):
+        pass
+  with workdir_lock.hold(workdir):  # released on exit
+    pass
+
+
+def test_force_unlock_takes_a_held_local_workdir(tmp_path):
+  workdir = str(tmp_path / "run")
+  with workdir_lock.hold(workdir):
+    with workdir_lock.hold(workdir, force=True) as second:
+      # The first holder's lock is on a file that is no longer the workdir's.
+      with pytest.raises(workdir_lock.WorkdirLocked, match=f"pid {second.pid}"):
+        with workdir_lock.hold(workdir):
+          pass
+      with open(os.path.join(workdir, workdir_lock.LOCK_FILE)) as f:
+        assert json.load(f)["token"] == second.token
+
+
+def test_object_store_leases_expire_renew_and_release(fake_gcs):
+  del fake_gcs
+  workdir = "gs://bucket/run"
+  path = workdir + "/" + workdir_lock.LEASE_FILE
+  from isojax import storage  # pylint: disable=g-import-not-at-top
+  with workdir_lock.hold(workdir, lease_s=0.3) as owner:
+    first = storage.read_json(path)
+    assert first["token"] == owner.token
+    with pytest.raises(workdir_lock.WorkdirLocked, match=f"pid {os.getpid()}.*renewed"):
+      with workdir_lock.hold(workdir, lease_s=60):
+        pass
+    time.sleep(0.5)
+    assert storage.read_json(path)["heartbeat"] > first["heartbeat"]  # renewed
+  assert not storage.path(path).exists()  # released
+
+  # A crashed holder: its lease is not renewed and expires.
+  stale = dataclasses.asdict(workdir_lock.Owner("lost-host", 7, "2026-01-01T00:00:00",
+                                                "dead", time.time() - 10))
+  storage.write_json(path, stale)
+  with pytest.raises(workdir_lock.WorkdirLocked, match="host lost-host, pid 7"):
+    with workdir_lock.hold(workdir, lease_s=60):
+      pass
+  with workdir_lock.hold(workdir, lease_s=5) as owner:  # not renewed for 10 s > 5 s
+    assert storage.read_json(path)["token"] == owner.token
+  storage.write_json(path, dict(stale, heartbeat=time.time()))
+  with workdir_lock.hold(workdir, force=True, lease_s=60) as owner:
+    assert storage.read_json(path)["token"] == owner.token
