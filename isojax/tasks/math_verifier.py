@@ -11,6 +11,13 @@ and is counted, and the rest of the batch is unaffected. The workers start by
 "forkserver" (or "spawn"), never "fork": the parent runs JAX, whose threads make a
 forked child unsafe.
 
+A pool that cannot work raises `VerifierPoolError` with the reason, never hangs or
+scores zeros: a new pool must answer a ping within `STARTUP_TIMEOUT_S`, a batch that
+loses its pool (every worker dead) raises, and a batch not graded within its
+per-completion timeouts (plus start-up) raises. The usual cause is a script that
+grades without an `if __name__ == "__main__":` guard: forkserver and spawn workers
+re-import the caller's main module, which then starts grading again inside them.
+
 The final answer is the content of the last `\\boxed{...}` in a completion, or the
 capture group of a caller's regex (`<answer>(.*?)</answer>`); no answer scores 0.
 """
@@ -20,6 +27,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import logging
+import math
 import multiprocessing
 import os
 import re
@@ -46,6 +54,16 @@ _EXPR = (math_verify.ExprExtractionConfig(),)
 _SIGNAL_TIMEOUT_S = 5
 
 _START_METHODS = ("forkserver", "spawn")  # in order of preference; never "fork"
+# A new pool's workers must answer within this; a batch may take its per-completion
+# timeouts (in rounds of `workers`) plus this.
+STARTUP_TIMEOUT_S = 30.0
+_GUARD_HINT = ("workers started by forkserver or spawn re-import the main module, so a "
+               "script that grades must keep its work under "
+               "`if __name__ == \"__main__\":`")
+
+
+class VerifierPoolError(RuntimeError):
+  """The grading pool cannot grade: it did not start, lost every worker, or stalled."""
 
 
 # --------------------------------------------------------------------------- parsing
@@ -186,8 +204,14 @@ def _start_context():
   return multiprocessing.get_context(method)
 
 
+def _ready() -> int:
+  """What a new pool's workers answer to show they started (and imported this module)."""
+  return os.getpid()
+
+
 def _collect(futures: Sequence[concurrent.futures.Future]) -> problem_lib.Grades:
-  """Grades from finished per-completion futures: timeouts and raises score 0."""
+  """Grades from finished per-completion futures: timeouts and raises score 0; a pool
+  that broke (every worker gone) raises `VerifierPoolError` instead."""
   rewards_B = np.zeros(len(futures), np.float32)
   timeouts = errors = 0
   for i, future in enumerate(futures):
@@ -196,6 +220,8 @@ def _collect(futures: Sequence[concurrent.futures.Future]) -> problem_lib.Grades
     except TimeoutError:  # pebble killed the worker after timeout_s
       timeouts += 1
       continue
+    except concurrent.futures.process.BrokenProcessPool as e:
+      raise VerifierPoolError(f"the math grading pool broke ({e!r}); {_GUARD_HINT}") from e
     except Exception as e:  # pylint: disable=broad-except  # incl. ProcessExpired, cancel
       errors += 1
       if errors == 1:  # one line per batch is enough to diagnose, not a flood
@@ -230,10 +256,27 @@ class MathVerifier(problem_lib.Verifier):
     self._lock = threading.Lock()
 
   def _get_pool(self) -> pebble.ProcessPool:
+    """The pool, started on first use and checked: its workers must answer a ping."""
     with self._lock:
       if self._pool is None:
-        self._pool = pebble.ProcessPool(max_workers=self.workers, context=_start_context())
+        context = _start_context()
+        pool = pebble.ProcessPool(max_workers=self.workers, context=context)
+        try:
+          pool.schedule(_ready).result(timeout=STARTUP_TIMEOUT_S)
+        except BaseException as e:  # pylint: disable=broad-except  # any failure: say why
+          pool.stop()
+          pool.join()
+          reason = (f"no answer within {STARTUP_TIMEOUT_S:.0f} s" if isinstance(
+              e, concurrent.futures.TimeoutError) else repr(e))
+          raise VerifierPoolError(
+              f"the math grading pool ({self.workers} {context.get_start_method()} "
+              f"workers) did not start: {reason}; {_GUARD_HINT}") from e
+        self._pool = pool
       return self._pool
+
+  def _deadline_s(self, count: int) -> float:
+    """How long `count` completions may take: every timeout in rounds of `workers`."""
+    return self.timeout_s * math.ceil(count / self.workers) + STARTUP_TIMEOUT_S
 
   def grade_async(self, completions: Sequence[str],
                   problems: Sequence[problem_lib.Problem]) -> concurrent.futures.Future:
@@ -248,20 +291,44 @@ class MathVerifier(problem_lib.Verifier):
     futures = [pool.schedule(self.grade_fn, args=(c, p.answer, self.pattern),
                              timeout=self.timeout_s)
                for c, p in zip(completions, problems)]
-    # The last future to finish assembles the batch, on pebble's result thread: no
-    # thread of our own per batch, and nothing blocks the caller.
+    # The last future to finish assembles the batch, on pebble's result thread: nothing
+    # blocks the caller. A timer fails the batch if the pool stalls past its deadline.
     remaining, lock = [len(futures)], threading.Lock()
+    deadline_s = self._deadline_s(len(futures))
+
+    def settle(set_outcome) -> None:
+      with lock:
+        if result.done():
+          return
+        set_outcome()
 
     def on_done(_):
       with lock:
         remaining[0] -= 1
         last = remaining[0] == 0
       if last:
+        timer.cancel()
         try:
-          result.set_result(_collect(futures))
+          grades = _collect(futures)
         except BaseException as e:  # pylint: disable=broad-except  # surfaced by .result()
-          result.set_exception(e)
+          error = e
+          settle(lambda: result.set_exception(error))
+          self.close()  # a broken pool: the next batch starts (and checks) a new one
+          return
+        settle(lambda: result.set_result(grades))
 
+    def on_deadline():
+      settle(lambda: result.set_exception(VerifierPoolError(
+          f"grading {len(futures)} completions did not finish within {deadline_s:.0f} s "
+          f"({self.timeout_s:g} s each on {self.workers} workers, plus "
+          f"{STARTUP_TIMEOUT_S:.0f} s): the pool stalled; {_GUARD_HINT}")))
+      for future in futures:
+        future.cancel()
+      threading.Thread(target=self.close, daemon=True).start()
+
+    timer = threading.Timer(deadline_s, on_deadline)
+    timer.daemon = True
+    timer.start()
     for future in futures:
       future.add_done_callback(on_done)
     return result

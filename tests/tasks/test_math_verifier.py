@@ -3,7 +3,10 @@ survives completions whose grading hangs, raises or kills its worker."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
+import subprocess
+import sys
 import time
 
 import hypothesis
@@ -270,3 +273,71 @@ def test_pool_starts_lazily_and_close_releases_it():
     assert v.grade([_box("0.5")], [Problem("p", "1/2")]).rewards.tolist() == [1.0]
     assert v._pool is not None  # pylint: disable=protected-access
   assert v._pool is None  # pylint: disable=protected-access
+
+
+_UNGUARDED = """
+from isojax.tasks import math_verifier
+from isojax.tasks.problem import Problem
+v = math_verifier.MathVerifier(timeout_s=2, workers=2)
+g = v.grade(["\\\\boxed{{2}}"] * {n}, [Problem("1 + 1", "2")] * {n})
+print("graded", g.rewards.mean(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("n", [100, 400])  # zeros and a silent hang, before the checks
+def test_an_unguarded_script_raises_within_seconds_naming_the_guard(tmp_path, n):
+  script = tmp_path / "grade.py"  # no `if __name__ == "__main__":`
+  script.write_text(_UNGUARDED.format(n=n))
+  start = time.monotonic()
+  proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                        text=True, timeout=120)
+  assert time.monotonic() - start < 30
+  assert proc.returncode != 0 and "graded" not in proc.stdout
+  assert "VerifierPoolError: the math grading pool" in proc.stderr, proc.stderr[-2000:]
+  assert 'if __name__ == "__main__":' in proc.stderr
+
+
+class _SilentPool:
+  """A pool whose tasks never run (a stalled pool): futures that never complete."""
+
+  def __init__(self, *args, **kwargs):
+    del args, kwargs
+    self.stopped = False
+
+  def schedule(self, *args, **kwargs):
+    del args, kwargs
+    return concurrent.futures.Future()
+
+  def stop(self):
+    self.stopped = True
+
+  def join(self):
+    pass
+
+
+def test_a_pool_that_never_answers_fails_to_start(monkeypatch):
+  monkeypatch.setattr(math_verifier, "STARTUP_TIMEOUT_S", 0.5)
+  monkeypatch.setattr(math_verifier.pebble, "ProcessPool", _SilentPool)
+  start = time.monotonic()
+  with pytest.raises(math_verifier.VerifierPoolError, match="did not start: no answer "
+                     "within 0 s"):
+    math_verifier.MathVerifier(workers=2).grade([_box("1")], [Problem("p", "1")])
+  assert time.monotonic() - start < 5
+
+
+def test_a_stalled_batch_raises_at_its_deadline(monkeypatch):
+  """4 completions, 2 workers, 0.2 s each: the batch may take 2 x 0.2 s plus the
+  start-up allowance (0.5 s here), then it raises and the pool is stopped."""
+  monkeypatch.setattr(math_verifier, "STARTUP_TIMEOUT_S", 0.5)
+  v = math_verifier.MathVerifier(timeout_s=0.2, workers=2)
+  pool = v._pool = _SilentPool()  # pylint: disable=protected-access  # already started
+  start = time.monotonic()
+  future = v.grade_async([_box("1")] * 4, [Problem("p", "1")] * 4)
+  with pytest.raises(math_verifier.VerifierPoolError, match="4 completions did not finish "
+                     "within 1 s"):
+    future.result(timeout=10)
+  assert 0.85 < time.monotonic() - start < 5
+  deadline = time.monotonic() + 5
+  while not pool.stopped and time.monotonic() < deadline:
+    time.sleep(0.01)
+  assert pool.stopped and v._pool is None  # pylint: disable=protected-access
