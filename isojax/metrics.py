@@ -41,6 +41,7 @@ TRAIN_VERIFIER_TIMEOUTS = "train/verifier_timeouts"  # completions cut off (scor
 TRAIN_VERIFIER_ERRORS = "train/verifier_errors"      # completions whose grading failed
 TRAIN_SHAPED_REWARD = "train/shaped_reward"        # what the update optimises (rl.overlong)
 TASK_SKIPPED_PREFIX = "task/skipped/"              # rows dropped at load time, by reason
+TASK_SKIPPED_ROWS_PREFIX = "task/skipped_rows/"    # the first few of them, "<file> row <i>"
 
 # Events: metrics.jsonl rows with an `event` key (run_dir.EVENT) and a `message`,
 # which run_dir.read_metrics leaves out and run_dir.read_events returns.

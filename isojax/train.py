@@ -14,6 +14,7 @@ import functools
 import logging as std_logging
 import threading
 import time
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -70,8 +71,9 @@ def policy_path(config: ml_collections.ConfigDict) -> str:
 
 def load_task(config: ml_collections.ConfigDict, tok: tokenizer_lib.TextTokenizer
               ) -> tuple[list[tasks.Problem], list[tasks.Problem], prompts.PromptBook,
-                         dict[str, int]]:
-  """Train / validation problems with their rendered prompts; what was skipped, by reason.
+                         dict[str, int], dict[str, list[str]]]:
+  """Train / validation problems with their rendered prompts; what was skipped, by
+  reason, and the first few skipped rows of each reason the loader names.
 
   Fails (before anything is written or compiled) when too few problems remain.
   """
@@ -95,7 +97,7 @@ def load_task(config: ml_collections.ConfigDict, tok: tokenizer_lib.TextTokenize
   if not val_problems:
     raise ValueError(f"task {config.task.name!r} has no validation problems"
                      f"{f' (skipped {skipped})' if skipped else ''}")
-  return train_problems, val_problems, book, skipped
+  return train_problems, val_problems, book, skipped, data.skipped_rows
 
 
 def _check_resume(workdir: str, config: ml_collections.ConfigDict) -> None:
@@ -118,19 +120,24 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, force_unlock: bool =
         ) -> dict[str, float]:
   """Trains; returns the last evaluation's metrics (without the per-problem counts).
 
-  The workdir is locked for the run (`workdir_lock`: one writer, `force_unlock` takes
-  over a stale lock). A SIGTERM stops the run at the next step boundary with that step
-  saved and raises `preemption.Preempted`; rerunning resumes it exactly.
+  The workdir is locked for the run once the inputs are checked (`workdir_lock`: one
+  writer; `force_unlock` takes over a stale lock). A SIGTERM stops the run at the next
+  step boundary with that step saved and raises `preemption.Preempted`; rerunning
+  resumes it exactly.
   """
   config = config_lib.resolve(config)
-  # Only the first process writes; the others share its workdir.
-  with (workdir_lock.hold(workdir, force=force_unlock) if jax.process_index() == 0
-        else contextlib.nullcontext()), preemption.Notice() as notice:
-    return _run(config, workdir, notice)
+  with contextlib.ExitStack() as stack:
+    notice = stack.enter_context(preemption.Notice())
+
+    def hold_workdir() -> None:
+      if jax.process_index() == 0:  # the one writer; the other processes share its workdir
+        stack.enter_context(workdir_lock.hold(workdir, force=force_unlock))
+
+    return _run(config, workdir, notice, hold_workdir)
 
 
-def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Notice
-         ) -> dict[str, float]:
+def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Notice,
+         hold_workdir: Callable[[], None]) -> dict[str, float]:
   handler = logging.get_absl_handler()
   if not any(isinstance(f, _DropLibraryInfo) for f in handler.filters):
     handler.addFilter(_DropLibraryInfo())
@@ -142,10 +149,11 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
   tok = tokenizer_lib.load_tokenizer(path, extra_stop_ids=tuple(config.sampling.stop_token_ids))
   rollout.interruption(config.sampling, tok)  # its text must fit the tokenizer: fail fast
   critic_lib.check_vocabulary(config, path)   # a loaded critic reads the policy's tokens
-  train_problems, val_problems, book, skipped = load_task(config, tok)
+  train_problems, val_problems, book, skipped, skipped_rows = load_task(config, tok)
   verifier = tasks.make_verifier(config.task)
 
   # ==================== Run directory and checkpoints ====================
+  hold_workdir()  # before anything is read from or written to it
   ckpt = checkpointing.manager(run_dir.checkpoint_dir(workdir), keep=config.checkpoint_keep)
   if ckpt.latest_step() is not None:
     _check_resume(workdir, config)
@@ -338,7 +346,8 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
     preempt()
   last_eval = run_eval() if counters.step == 0 else {}
   if counters.step == 0:
-    record(dict(last_eval, **{metrics.TASK_SKIPPED_PREFIX + k: v for k, v in skipped.items()}))
+    record(dict(last_eval, **{metrics.TASK_SKIPPED_PREFIX + k: v for k, v in skipped.items()},
+                **{metrics.TASK_SKIPPED_ROWS_PREFIX + k: v for k, v in skipped_rows.items()}))
   bar = tqdm.tqdm(total=num_steps, initial=counters.step, desc="RL steps", unit="step",
                   dynamic_ncols=True, disable=None if primary else True)
   while counters.step < num_steps:

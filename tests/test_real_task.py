@@ -30,9 +30,11 @@ QUESTIONS = [(f"Tom has {a} apples and buys {b} more. How many apples does he ha
 
 
 def _gsm8k_file(path):
+  """The QUESTIONS as GSM8K rows, then row 13: an answer without `####` (skipped)."""
   with open(path, "w") as f:
     for q, a in QUESTIONS:
       f.write(json.dumps({"question": q, "answer": f"{a - 1} + 1 = {a}\n#### {a:,}"}) + "\n")
+    f.write(json.dumps({"question": "No marker?", "answer": "just 3"}) + "\n")
   return str(path)
 
 
@@ -82,8 +84,10 @@ def test_prompts_are_what_transformers_renders(setup):
   ckpt, _, data, root = setup
   config = config_lib.resolve(_config(ckpt, data, root))
   tok = tokenizer_lib.load_tokenizer(ckpt)
-  train_problems, val_problems, book, skipped = train.load_task(config, tok)
-  assert skipped == {} and len(train_problems) == 8 and len(val_problems) == 4
+  train_problems, val_problems, book, skipped, skipped_rows = train.load_task(config, tok)
+  assert skipped == {"train/missing_answer": 1}
+  assert skipped_rows == {"train/missing_answer": [f"{data} row 13"]}
+  assert len(train_problems) == 8 and len(val_problems) == 4
   hf_tok = transformers.AutoTokenizer.from_pretrained(ckpt)
   for p in train_problems[:3] + val_problems[:1]:
     messages = [{"role": "system", "content": "You are a careful solver."},
@@ -101,7 +105,7 @@ def test_generation_stops_at_either_eos_id(setup):
   config = config_lib.resolve(_config(ckpt, data, root))
   tok = tokenizer_lib.load_tokenizer(ckpt)
   assert tok.eos_ids == (im_end, endoftext)
-  train_problems, _, book, _ = train.load_task(config, tok)
+  train_problems, _, book, _, _ = train.load_task(config, tok)
   graphdef, params = nnx.split(hf_checkpoint.load_model(ckpt))
   sampling = ml_collections.ConfigDict(dict(config.sampling.to_dict(), temperature=1.0,
                                             max_new_tokens=48))
@@ -129,6 +133,9 @@ def test_math_run_end_to_end(setup, tmp_path):
   final = train.run(_config(ckpt, data, root), str(tmp_path / "run"))
   lines = run_dir.read_metrics(str(tmp_path / "run"))
   assert [l["step"] for l in lines] == [0, 1, 2]
+  # The first line says what the loader skipped, and where.
+  assert lines[0]["task/skipped/train/missing_answer"] == 1
+  assert lines[0]["task/skipped_rows/train/missing_answer"] == [f"{data} row 13"]
   for key in ("train/verifier_timeouts", "train/verifier_errors", "train/truncated_fraction"):
     assert lines[-1][key] >= 0
   assert 0 <= final["val/avg@2"] <= 1 and 0 <= final["val/truncated_fraction"] <= 1
@@ -157,11 +164,12 @@ def test_long_prompts_are_dropped_and_counted(setup):
   config = _config(ckpt, data, root)
   tok = tokenizer_lib.load_tokenizer(ckpt)
   config.task.max_prompt_tokens = 10_000
-  _, _, book, _ = train.load_task(config_lib.resolve(config), tok)
+  _, _, book, _, _ = train.load_task(config_lib.resolve(config), tok)
   token_lengths = sorted(len(ids) for ids in book.ids.values())
   config.task.max_prompt_tokens = token_lengths[-3]  # the two longest prompts go
   config.problems_per_batch = 2
-  train_problems, val_problems, _, skipped = train.load_task(config_lib.resolve(config), tok)
+  train_problems, val_problems, _, skipped, _ = train.load_task(config_lib.resolve(config),
+                                                                tok)
   longer = sum(l > token_lengths[-3] for l in token_lengths)
-  assert skipped == {"prompt_over_max_prompt_tokens": longer}
+  assert skipped == {"prompt_over_max_prompt_tokens": longer, "train/missing_answer": 1}
   assert len(train_problems) + len(val_problems) == 12 - longer

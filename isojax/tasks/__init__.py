@@ -41,6 +41,8 @@ class TaskData:
   train: list[Problem]
   val: list[Problem]
   skipped: dict[str, int]  # rows dropped at load time, by reason (logged, never silent)
+  # reason -> the first few skipped rows, "<file> row <i>" (files read by the loader)
+  skipped_rows: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
 
 def family(name: str):
@@ -68,7 +70,7 @@ def _load(task: ml_collections.ConfigDict) -> TaskData:
   module = family(task.name)
   if task.name == "math":
     train, val, report = module.load(task)
-    return TaskData(train, val, dict(report.skipped))
+    return TaskData(train, val, dict(report.skipped), dict(report.skipped_rows))
   train, val = module.load(task)
   return TaskData(train, val, {})
 

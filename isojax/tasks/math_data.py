@@ -11,8 +11,9 @@ It reads local data only: `datasets` is put in offline mode and TFDS never downl
 so a run on a machine without Hub access fails at once with the path it could not
 find, instead of stalling on network retries. Rows that cannot be used (no question,
 no answer, a gold answer `math-verify` cannot parse, a repeated question) are skipped
-and counted in a `LoadReport` for the caller to log; a source that yields nothing
-raises.
+and counted in a `LoadReport`, with the first few row numbers of each reason, for the
+caller to log; a source that yields nothing raises, and so does a list-valued cell
+with several values (naming its file and row).
 """
 
 from __future__ import annotations
@@ -25,14 +26,18 @@ from typing import Any, Callable, Iterable, Iterator
 
 import ml_collections
 import numpy as np
+from absl import logging
 
 from isojax.tasks import math_verifier
-from isojax.tasks.math_fields import MAPPINGS, Column, mapping_for
+from isojax.tasks.math_fields import MAPPINGS, Column, MultipleValues, mapping_for
 from isojax.tasks.problem import Problem
 
 # Read by `datasets` when it is imported (lazily, below): local files never need the
 # Hub. `setdefault`, so a person who exported the variable keeps their choice.
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+# Skipped rows named per reason (the rest are counted only).
+EXAMPLES_PER_REASON = 5
 
 # File extension -> `datasets` packaged builder.
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -247,6 +252,8 @@ class LoadReport:
   num_train: int
   num_val: int
   skipped: dict[str, int]  # "<train|val>/<reason>" -> rows skipped for that reason
+  # "<train|val>/<reason>" -> the first EXAMPLES_PER_REASON of them, as "<file> row <i>"
+  skipped_rows: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
 
 def _present(side: tuple[Column, ...], table: _Table, what: str,
@@ -262,24 +269,29 @@ def _present(side: tuple[Column, ...], table: _Table, what: str,
   return present
 
 
-def _first(columns: tuple[Column, ...], row: dict) -> str | None:
+def _first(columns: tuple[Column, ...], row: dict, where: str) -> str | None:
   for column in columns:
-    text = column.extract(row[column.name])
+    try:
+      text = column.extract(row[column.name])
+    except MultipleValues as e:
+      raise ValueError(f"{where}: column {column.name!r} {e}") from None
     if text is not None:
       return text
   return None
 
 
 def _problems(tables: list[_Table], task: ml_collections.ConfigDict, role: str,
-              skipped: dict[str, int], exclude: frozenset[str] = frozenset()
-              ) -> list[Problem]:
+              skipped: dict[str, int], exclude: frozenset[str] = frozenset(),
+              skipped_rows: dict[str, list[str]] | None = None) -> list[Problem]:
   """The usable rows of `tables` in file order, each question once.
 
-  Rows are skipped, and counted in `skipped` under "<role>/<reason>", when they have
-  no question, repeat an earlier question (or one in `exclude`, the validation set),
-  have no answer, or have a gold answer math-verify cannot parse (no completion could
-  ever be graded correct against it). A table that yields nothing raises.
+  Rows are skipped, and counted in `skipped` under "<role>/<reason>" (the first few
+  named in `skipped_rows`, "<file> row <i>" counting from 1), when they have no
+  question, repeat an earlier question (or one in `exclude`, the validation set), have
+  no answer, or have a gold answer math-verify cannot parse (no completion could ever
+  be graded correct against it). A table that yields nothing raises.
   """
+  skipped_rows = {} if skipped_rows is None else skipped_rows
   mapping = mapping_for(task)
   problems, seen = [], set(exclude)
   for table in tables:
@@ -288,20 +300,24 @@ def _problems(tables: list[_Table], task: ml_collections.ConfigDict, role: str,
     counts = dict.fromkeys(("missing_question", "duplicate_question", "in_val",
                             "missing_answer", "unparseable_answer"), 0)
     kept = 0
-    for row in table.rows(tuple(c.name for c in questions + answers)):
-      question = _first(questions, row)
+    for index, row in enumerate(table.rows(tuple(c.name for c in questions + answers)), 1):
+      where = f"{table.name} row {index}"
+      question = _first(questions, row, where)
       # The question is checked first and the gold parsed last: sets like DAPO-Math-17k
       # repeat each problem many times, and parsing is the slow step.
       reason = ("missing_question" if question is None else
                 "in_val" if question in exclude else
                 "duplicate_question" if question in seen else None)
       if reason is None:
-        answer = _first(answers, row)
+        answer = _first(answers, row, where)
         reason = ("missing_answer" if answer is None else
                   "unparseable_answer" if math_verifier.parse_gold(answer) is None
                   else None)
       if reason is not None:
         counts[reason] += 1
+        named = skipped_rows.setdefault(f"{role}/{reason}", [])
+        if len(named) < EXAMPLES_PER_REASON:
+          named.append(where)
         continue
       seen.add(question)
       problems.append(Problem(prompt=question, answer=answer, difficulty=0, meta=""))
@@ -349,16 +365,25 @@ def load(task: ml_collections.ConfigDict
   """
   validate(task)
   skipped: dict[str, int] = {}
+  rows: dict[str, list[str]] = {}
   train_tables = _train_tables(task)
   val_tables = _val_tables(task)
   if val_tables is None:
-    train, val = _hold_out(_problems(train_tables, task, "train", skipped),
-                           task.num_val, task.seed)
+    pool = _problems(train_tables, task, "train", skipped, skipped_rows=rows)
+    train, val = _hold_out(pool, task.num_val, task.seed)
+    logging.info("task math: no validation source (task.val_files, task.val_split): "
+                 "held out task.num_val=%d of the %d usable problems of %s as validation "
+                 "(seed %d); %d remain for training", len(val), len(pool),
+                 ", ".join(t.name for t in train_tables), task.seed, len(train))
   else:
-    all_val = _problems(val_tables, task, "val", skipped)
+    all_val = _problems(val_tables, task, "val", skipped, skipped_rows=rows)
     val = [all_val[i] for i in _subset(task.num_val, len(all_val), task.seed, stream=0)]
     # Every question of the validation source is kept out of training, capped or not.
     train = _problems(train_tables, task, "train", skipped,
-                      exclude=frozenset(p.prompt for p in all_val))
+                      exclude=frozenset(p.prompt for p in all_val), skipped_rows=rows)
   train = [train[i] for i in _subset(task.num_train, len(train), task.seed, stream=1)]
-  return train, val, LoadReport(len(train), len(val), skipped)
+  for reason, named in rows.items():
+    more = skipped[reason] - len(named)
+    logging.warning("task math: skipped %d row(s) for %s: %s%s", skipped[reason], reason,
+                    ", ".join(named), f" and {more} more" if more else "")
+  return train, val, LoadReport(len(train), len(val), skipped, rows)

@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any, Callable
 
 import ml_collections
+import numpy as np
 
 from isojax.tasks import math_verifier
 
@@ -27,8 +28,22 @@ _DAPO_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".
 # ------------------------------------------------------------------ cell extractors
 
 
+class MultipleValues(ValueError):
+  """A list-valued cell with more than one value: which one is the answer is unknown."""
+
+
 def _text(value: Any) -> str | None:
-  """A cell as stripped text; numbers (JSON / Parquet ints) become their decimal text."""
+  """A cell as stripped text; numbers (JSON / Parquet ints) become their decimal text.
+
+  A list (OlympiadBench's `final_answer: ["2"]`; Parquet gives NumPy arrays) stands for
+  its one element; an empty list is no value; several raise `MultipleValues`.
+  """
+  if isinstance(value, np.ndarray):
+    value = value.tolist()
+  if isinstance(value, (list, tuple)):
+    if len(value) > 1:
+      raise MultipleValues(f"holds {len(value)} values {list(value)[:4]}; expected one")
+    value = value[0] if value else None
   if isinstance(value, bytes):  # TFDS `Text` features decode to bytes
     value = value.decode("utf-8")
   if isinstance(value, (int, float)) and not isinstance(value, bool):

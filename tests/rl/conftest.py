@@ -19,7 +19,7 @@ def _run_parts(config):
   mesh = sharding.make_mesh(config.mesh)
   path = train.policy_path(config)
   tok = tokenizer_lib.load_tokenizer(path)
-  train_problems, _, book, _ = train.load_task(config, tok)
+  train_problems, _, book, _, _ = train.load_task(config, tok)
   verifier = tasks.make_verifier(config.task)
   graphdef, params = nnx.split(hf_checkpoint.load_model(path, mesh, **config.model))
   tx, _ = update.make_optimizer(config)

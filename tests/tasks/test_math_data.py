@@ -267,6 +267,48 @@ def test_bad_rows_are_skipped_and_counted(tmp_path):
   assert sorted(pairs(train + val)) == [("Good one?", "1"), ("Good two?", "\\frac{1}{3}")]
   assert report.skipped == {"train/missing_question": 2, "train/missing_answer": 2,
                             "train/unparseable_answer": 1, "train/duplicate_question": 1}
+  path = tmp_path / "t.jsonl"
+  assert report.skipped_rows == {"train/missing_question": [f"{path} row 2", f"{path} row 3"],
+                                 "train/missing_answer": [f"{path} row 4", f"{path} row 5"],
+                                 "train/unparseable_answer": [f"{path} row 6"],
+                                 "train/duplicate_question": [f"{path} row 7"]}
+
+
+def test_only_the_first_skipped_rows_are_named_and_the_log_says_how_many(tmp_path, caplog):
+  rows = [dict(q=f"Q{i}?", a="") for i in range(8)] + [dict(q="Fine?", a="2"),
+                                                       dict(q="Good?", a="3")]
+  task = make_task(question_field="q", answer_field="a", num_val=1,
+                   train_files=write(rows, tmp_path / "t", "jsonl"))
+  with caplog.at_level("INFO"):
+    _, _, report = math_data.load(task)
+  path = tmp_path / "t.jsonl"
+  assert report.skipped_rows["train/missing_answer"] == [f"{path} row {i}" for i in range(1, 6)]
+  assert report.skipped["train/missing_answer"] == 8
+  assert (f"skipped 8 row(s) for train/missing_answer: {path} row 1, {path} row 2, "
+          f"{path} row 3, {path} row 4, {path} row 5 and 3 more") in caplog.text
+  # One file and no validation source: the split it made is logged.
+  assert (f"held out task.num_val=1 of the 2 usable problems of {path} as validation"
+          in caplog.text)
+
+
+@pytest.mark.parametrize("file_type", ["jsonl", "parquet"])
+def test_a_list_valued_answer_takes_its_one_element(tmp_path, file_type):
+  """OlympiadBench's `final_answer: ["2"]`: one element is the answer; none is missing."""
+  rows = [dict(q="One?", a=["2"]), dict(q="Half?", a=["\\frac{1}{2}"]), dict(q="None?", a=[])]
+  task = make_task(question_field="q", answer_field="a", num_val=1,
+                   train_files=write(rows, tmp_path / "t", file_type))
+  train, val, report = math_data.load(task)
+  assert sorted(pairs(train + val)) == [("Half?", "\\frac{1}{2}"), ("One?", "2")]
+  assert report.skipped == {"train/missing_answer": 1}
+
+
+def test_a_list_with_several_answers_is_an_error_naming_the_row(tmp_path):
+  rows = [dict(q="One?", a=["2"]), dict(q="Two?", a=["2", "3"])]
+  task = make_task(question_field="q", answer_field="a", num_val=1,
+                   train_files=write(rows, tmp_path / "t", "jsonl"))
+  with pytest.raises(ValueError, match=r"t\.jsonl row 2: column 'a' holds 2 values "
+                     r"\['2', '3'\]; expected one"):
+    math_data.load(task)
 
 
 def test_a_gsm8k_answer_without_the_marker_is_skipped(tmp_path):
