@@ -47,6 +47,8 @@ setup(
         # Install torch first (`pip install torch==2.13.0` gives the CPU build here).
         "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100",
                  "transformers>=5.23,<6", "torch>=2.4",
+                 # LoRA's adapter export is checked by loading it with PEFT.
+                 "peft>=0.17,<1",
                  "datasets>=3.0,<6", "tensorflow-datasets>=4.9.7,<5", "array_record>=0.7",
                  "reasoning-gym>=0.1.23,<0.2",
                  # TensorBoard's reader checks the event files; nbclient runs the colabs.

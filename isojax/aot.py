@@ -13,7 +13,8 @@ state that stays on the chips while it runs (`resident`: optimizer state, refere
 weights, the critic and its optimizer state), against the chip's HBM, and exits non-zero
 naming the program, its numbers and the config fields that shrink it when one does not
 fit. Beside the bytes, each program's model FLOPs per run over all chips: 2 per
-weight per token forward and 6 forward and backward (a frozen critic trunk: 2), times
+weight per token forward and 6 forward and backward (4 for weights that LoRA freezes;
+a frozen critic trunk: 2), times
 the update's epochs; embedding lookups, attention scores and recomputation are not
 counted (XLA's own cost analysis counts a loop's body once, so it cannot say this).
 
@@ -37,7 +38,7 @@ from absl import logging
 from flax import nnx
 
 from isojax import config_lib
-from isojax.models import hf_checkpoint, sharding, transformer
+from isojax.models import hf_checkpoint, lora, sharding, transformer
 from isojax.rl import critic as critic_lib
 from isojax.rl import names, rollout, update
 from isojax.sampling import sampler
@@ -49,8 +50,10 @@ TOPOLOGIES = {
     "v5p-128": dict(topology_name="v5:4x4x4", chip_config_name="megacore", wrap=(True,) * 3),
     "v5e-256": dict(topology_name="v5e:16x16", chip_config_name="default",
                     wrap=(True, True, False)),
+    "v5e-8": dict(topology_name="v5e:2x4", chip_config_name="default", wrap=(False,) * 3),
+    "v6e-8": dict(topology_name="v6e:2x4", chip_config_name="default", wrap=(False,) * 3),
 }
-HBM_GIB = {"TPU v5": 95, "TPU v5 lite": 16}  # per chip, by device_kind (v5p, v5e)
+HBM_GIB = {"TPU v5": 95, "TPU v5 lite": 16, "TPU v6 lite": 32}  # per chip (v5p, v5e, v6e)
 _QWEN2 = dict(model_type="qwen2", rope_theta=1e6, rms_norm_eps=1e-6, hidden_act="silu")
 HF_CONFIGS = {  # Hugging Face config.json fields that fix the parameter shapes
     "qwen2.5-7b": dict(_QWEN2, num_hidden_layers=28, hidden_size=3584, num_attention_heads=28,
@@ -232,13 +235,17 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
   params = placed(abstract, sharding.state_shardings(abstract, mesh))
   sample_params = placed(abstract, sharding.state_shardings(abstract, sample_mesh))
+  # LoRA: the update trains (and Adam holds) the adapters; the base is read, not donated.
+  trained, frozen = lora.split(params) if model_cfg.lora.enabled else (params, None)
   tx, _ = update.make_optimizer(config)
-  opt_state = placed(jax.eval_shape(tx.init, params),
-                     update.opt_state_shardings(tx, params, mesh))
+  opt_state = placed(jax.eval_shape(tx.init, trained),
+                     update.opt_state_shardings(tx, trained, mesh))
   settings = update.UpdateSettings.from_config(config, group_size=m, prompt_len=p)
   keep_reference = config.rl.kl_coef > 0 or config.rl.log_kl_to_base
   param_bytes, opt_bytes = _chip_bytes(params), _chip_bytes(opt_state)
-  ref_bytes = param_bytes if keep_reference else 0
+  # The reference: a copy of the weights, or with LoRA the base itself (zero adapters).
+  ref_bytes = (_chip_bytes(trained) if frozen is not None else param_bytes
+               ) if keep_reference else 0
   # The generator's weights beside the learner's (off-policy on shared devices).
   snapshot_bytes = param_bytes if config.rl.max_staleness and rollout_mesh is None else 0
   # PPO's critic on the learner's chips: its weights and Adam state stay there.
@@ -293,8 +300,8 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
       advantages=row(f32) if uses_critic else _spec((b,), f32, mesh),
       keep_pg=_spec((b,), bool, mesh), keep_reg=_spec((b,), bool, mesh),
       shuffle_rng=key_on(mesh), rewards=_spec((b,), f32, mesh) if uses_critic else None)
-  train_step = lambda: update.train_step.lower(graphdef, params, opt_state, batch, tx=tx,
-                                               settings=settings)
+  train_step = lambda: update.train_step.lower(graphdef, trained, opt_state, batch, tx=tx,
+                                               settings=settings, frozen=frozen)
   split = (f"micro-batches of {settings.micro_batch_size or 'all'}, LM head chunks of "
            f"{settings.logprob_chunk_size or 'all'}")
   # Model FLOPs: 2 per weight per token forward, 6 with the backward pass; the LM head
@@ -303,7 +310,9 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
   epochs = config.rl.num_epochs
   flops = dict(sample=2 * (body * groups * p + (body + head) * groups * n * t),  # one call
                score=2 * (body * b * (p + t) + head * b * t),
-               train_step=6 * epochs * (body * b * (p + t) + head * b * t))
+               # LoRA: no weight gradients for the frozen base, 4 FLOPs per weight
+               train_step=(6 if frozen is None else 4) * epochs * (body * b * (p + t)
+                                                                   + head * b * t))
   # While one copy of the weights is an argument the other (and Adam's state) waits.
   # Lowered under their meshes, as isojax runs them: activations take their logical axes.
   with jax.set_mesh(sample_mesh):
@@ -320,7 +329,9 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
                  f"[{b}, {p + t}] tokens, {split}{on(mesh, 'learner')}", flops["score"]),
         _measure("train_step", train_step, ref_bytes + snapshot_bytes + critic_bytes,
                  f"[{b}, {p + t}] tokens, {settings.num_minibatches} minibatch(es), "
-                 f"{split}, remat {model_cfg.remat}{on(mesh, 'learner')}",
+                 f"{split}, remat {model_cfg.remat}"
+                 f"{f', LoRA rank {model_cfg.lora.rank}' if frozen is not None else ''}"
+                 f"{on(mesh, 'learner')}",
                  flops["train_step"])]
     if uses_critic:
       results += _critic_programs(config, critic_graphdef, critic_params, critic_opt,

@@ -94,6 +94,10 @@ def base_config() -> ml_collections.ConfigDict:
       fp32_lm_head=True,     # logits in float32 (ScaleRL)
       remat="none",          # none | full | a models.settings.REMAT_POLICIES name
       attention_chunk=0,     # queries per attention block (memory [B, N, chunk, S]); 0: all
+      # Low-rank adapters (models/lora.py): rank 0 trains every weight; rank r > 0 trains
+      # only A [in, r] and B [r, out] beside each target projection, scaled by alpha / r.
+      lora=ml_collections.ConfigDict(dict(
+          rank=0, alpha=16.0, targets=model_settings.LORA_TARGETS, dropout=0.0)),
   ))
 
   c.sampling = ml_collections.ConfigDict(dict(
@@ -426,6 +430,9 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     raise ValueError(f"rl.off_policy='pipeline_in_flight' switches weights between lockstep "
                      f"decode segments: set sampling.decode_slots=0 (got "
                      f"{sampling.decode_slots})")
+  if as_dict["model"]["lora"]["rank"] and rl.uses_critic:
+    raise ValueError("model.lora.rank > 0 with rl.advantage='gae': the critic would train a "
+                     "full copy of the policy's weights; use a group advantage with LoRA")
   mesh = model_settings.MeshSettings.from_config(as_dict["mesh"])
   if mesh.rollout_fraction and not rl.max_staleness:
     raise ValueError(f"mesh.rollout_fraction={mesh.rollout_fraction} needs rl.max_staleness > "

@@ -26,7 +26,7 @@ from flax import nnx
 
 from isojax import (checkpointing, config_lib, eval_settings, evaluation, metric_writers,
                     metrics, preemption, run_dir, tasks, workdir_lock)
-from isojax.models import hf_checkpoint, sharding
+from isojax.models import hf_checkpoint, lora, sharding
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.rl import (advantages, dynamic_sampling, guard, off_policy, problem_pool, rollout,
                        update)
@@ -164,26 +164,33 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
   # ==================== Model ====================
   policy = hf_checkpoint.load_model(path, mesh, **config.model)
   graphdef, params = nnx.split(policy)
+  # LoRA: only the adapters train, are held by the optimizer and are checkpointed; the
+  # base weights stay as loaded and are the reference policy (its B matrices at zero).
+  use_lora = config.model.lora.rank > 0
+  trained, base = lora.split(params) if use_lora else (params, None)
   keep_reference = config.rl.kl_coef > 0 or config.rl.log_kl_to_base
-  ref_params = jax.tree.map(jnp.copy, params) if keep_reference else None
+  ref_params = None
+  if keep_reference:
+    ref_params = lora.disabled(params) if use_lora else jax.tree.map(jnp.copy, params)
   pool = (problem_pool.ProblemPool(len(train_problems), threshold=config.rl.retire_pass_rate)
           if config.rl.retire_pass_rate > 0 else None)
 
   # ==================== Optimizer and restore ====================
   tx, schedule = update.make_optimizer(config)
-  opt_state = jax.jit(tx.init, out_shardings=update.opt_state_shardings(tx, params, mesh))(
-      params)
+  opt_state = jax.jit(tx.init, out_shardings=update.opt_state_shardings(tx, trained, mesh))(
+      trained)
   critic = (critic_lib.create(config, mesh, graphdef, params)
             if config.rl.advantage == names.GAE else None)  # PPO's value model
   counters = Counters()
   # The newest checkpoint that restores; newer ones that do not are moved aside.
   restored = checkpointing.restore_newest(
-      ckpt, params=params, opt_state=opt_state,
+      ckpt, params=trained, opt_state=opt_state,
       corrupt_dir=run_dir.corrupt_checkpoint_dir(workdir), primary=primary,
       critic=critic.checkpoint_tree() if critic else None)
   resume_step = restored.step if restored else None
   if restored is not None:
-    params, opt_state = restored.params, restored.opt_state
+    opt_state = restored.opt_state
+    params = lora.merge(restored.params, base) if use_lora else restored.params
     if critic is not None:
       critic.params, critic.opt_state = restored.critic["params"], restored.critic["opt_state"]
     counters = Counters(**restored.counters["counters"])
@@ -197,7 +204,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
   viewers = metric_writers.create(config.metric_writers, workdir, resume_step=resume_step,
                                   enabled=primary, run_config=config.to_dict())
   learner = rl_step.Learner(config, mesh, graphdef, params, opt_state, ref_params, tx, critic)
-  del params, opt_state  # the learner owns (and donates) them from here on
+  del params, opt_state, trained  # the learner owns (and donates) them from here on
 
   rng = jax.random.key(config.seed)
   sample_key, eval_key, shuffle_key, select_key = jax.random.split(rng, 4)
@@ -297,7 +304,9 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
   def save() -> None:
     # The queued batches first: waiting for them leaves the pool as they left it.
     queue = off_policy.queue_tree(generator.queued()) if generator else None
-    checkpointing.save(ckpt, counters.step, params=learner.params, opt_state=learner.opt_state,
+    checkpointing.save(ckpt, counters.step,
+                       params=lora.split(learner.params)[0] if use_lora else learner.params,
+                       opt_state=learner.opt_state,
                        counters=dict(counters=dataclasses.asdict(counters), pool={
                            k: v.tolist() for k, v in pool.to_dict().items()} if pool else None),
                        queue=queue,

@@ -25,7 +25,9 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
+from isojax.models import lora as lora_lib
 from isojax.models import sharding as sharding_lib
+from isojax.models.settings import LoraSettings
 from isojax.models.transformer import ModelConfig, Transformer, abstract_model
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -38,11 +40,14 @@ _MODULE_NAMES = {"attn": "self_attn", "mlp": "mlp", "input_norm": "input_layerno
 # Our leaf names -> (Hugging Face leaf name, whether the matrix is transposed):
 # Flax kernels are [in, out], torch Linear weights are [out, in].
 _LEAF_NAMES = {"kernel": ("weight", True), "bias": ("bias", False), "weight": ("weight", False)}
+# The checkpoint's own weights: every parameter but LoRA adapters (a subclass of Param).
+_BASE = nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))
 
 
 def model_config_from_hf(hf: dict[str, Any], *, dtype: str = "float32",
                          fp32_lm_head: bool = True, remat: str = "none",
-                         attention_chunk: int = 0, source: str = "config.json") -> ModelConfig:
+                         attention_chunk: int = 0, lora: Any = None,
+                         source: str = "config.json") -> ModelConfig:
   """The architecture of a config.json plus the compute options of `config.model`."""
   model_type = hf.get("model_type")
   if model_type not in SUPPORTED_MODEL_TYPES:
@@ -72,6 +77,7 @@ def model_config_from_hf(hf: dict[str, Any], *, dtype: str = "float32",
       fp32_lm_head=fp32_lm_head,
       remat=remat,
       attention_chunk=attention_chunk,
+      lora=LoraSettings() if lora is None else LoraSettings.from_config(lora),
   )
 
 
@@ -197,18 +203,20 @@ def read_hf_config(path: str) -> dict[str, Any]:
 
 
 def load_model(path: str, mesh=None, *, dtype: str = "float32", fp32_lm_head: bool = True,
-               remat: str = "none", attention_chunk: int = 0) -> Transformer:
+               remat: str = "none", attention_chunk: int = 0, lora: Any = None) -> Transformer:
   """Builds the model described by `path/config.json` with its weights, on `mesh`.
 
   Every device reads only its own block of each tensor straight from safetensors
   (`jax.make_array_from_callback`), so the host never holds a whole stacked
-  parameter, let alone the model.
+  parameter, let alone the model. With `lora` (`config.model.lora`, rank > 0) the
+  adapters start fresh (B = 0: the loaded model's outputs, unchanged).
   """
   cfg = model_config_from_hf(read_hf_config(path), dtype=dtype, fp32_lm_head=fp32_lm_head,
-                             remat=remat, attention_chunk=attention_chunk,
+                             remat=remat, attention_chunk=attention_chunk, lora=lora,
                              source=os.path.join(path, "config.json"))
   mesh = mesh or sharding_lib.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
   graphdef, abstract_state = nnx.split(abstract_model(cfg))
+  _, abstract_state = lora_lib.split(abstract_state)  # the base: from the checkpoint
   flat_abstract = dict(nnx.to_flat_state(abstract_state))
   flat_shardings = dict(nnx.to_flat_state(sharding_lib.state_shardings(abstract_state, mesh)))
   tensors = _Tensors(path)
@@ -218,7 +226,10 @@ def load_model(path: str, mesh=None, *, dtype: str = "float32", fp32_lm_head: bo
     sharding = sharding.get_value() if hasattr(sharding, "get_value") else sharding
     flat_abstract[key] = var.replace(jax.make_array_from_callback(
         var.shape, sharding, functools.partial(_read_block, tensors, key, cfg.num_layers)))
-  return nnx.merge(graphdef, nnx.from_flat_state(flat_abstract))
+  base = nnx.from_flat_state(flat_abstract)
+  if not cfg.lora.enabled:
+    return nnx.merge(graphdef, base)
+  return nnx.merge(graphdef, lora_lib.init_adapters(cfg, mesh), base)
 
 
 def _check_tensors(path: str, tensors: _Tensors, flat_abstract: dict, cfg: ModelConfig) -> None:
@@ -258,7 +269,7 @@ def _read_block(tensors: _Tensors, key: tuple, num_layers: int,
 
 def _hf_tensors(model: Transformer) -> dict[str, np.ndarray]:
   out = {}
-  for key, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+  for key, var in nnx.to_flat_state(nnx.state(model, _BASE)):
     value = np.asarray(jax.device_get(var[...]), np.float32)
     per_layer = list(value) if _is_stacked(key) else [value]
     for layer, tensor in enumerate(per_layer):
@@ -270,6 +281,10 @@ def _hf_tensors(model: Transformer) -> dict[str, np.ndarray]:
 def save_model(model: Transformer, path: str, *, eos_token_id: int, bos_token_id: int,
                pad_token_id: int) -> None:
   """Writes config.json and model.safetensors (tokenizer files are the caller's)."""
+  if model.cfg.lora.enabled:
+    raise ValueError("the model has LoRA adapters, which a Hugging Face checkpoint cannot "
+                     "hold: save lora.merged_model(model), or the adapters alone with "
+                     "lora.save_peft")
   os.makedirs(path, exist_ok=True)
   hf = hf_config_from_model_config(model.cfg, eos_token_id=eos_token_id,
                                    bos_token_id=bos_token_id, pad_token_id=pad_token_id)

@@ -17,6 +17,50 @@ REMAT_POLICIES = ("everything_saveable", "nothing_saveable", "dots_saveable",
                   "checkpoint_dots_with_no_batch_dims")
 REMAT_CHOICES = ("none", "full") + REMAT_POLICIES
 DTYPES = ("float32", "bfloat16")
+# The projections `model.lora.targets` may name (Hugging Face's module names).
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSettings(validation.Section):
+  """`config.model.lora`: low-rank adapters on the named projections (rank 0: none).
+
+  Hashable (a tuple of targets): it is part of `ModelConfig`, hence of the graphdef.
+  """
+  rank: int = 0
+  alpha: float = 16.0
+  targets: tuple[str, ...] = LORA_TARGETS
+  dropout: float = 0.0
+
+  def __post_init__(self):
+    validation.non_negative_int("model.lora.rank", self.rank, "0: no adapters")
+    if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not (
+        self.alpha > 0):
+      raise ValueError(f"model.lora.alpha={self.alpha!r}: expected a positive number (the "
+                       "adapters' output is scaled by alpha / rank)")
+    targets = tuple(self.targets) if isinstance(self.targets, (list, tuple)) else None
+    if targets is None or (self.rank and not targets):
+      raise ValueError(f"model.lora.targets={self.targets!r}: expected a non-empty list of "
+                       f"{list(LORA_TARGETS)}")
+    unknown = [t for t in targets if t not in LORA_TARGETS]
+    if unknown:
+      raise ValueError(f"model.lora.targets: {unknown} name no layer; expected some of "
+                       f"{list(LORA_TARGETS)}")
+    object.__setattr__(self, "targets", targets)
+    if self.dropout != 0:
+      raise ValueError(f"model.lora.dropout={self.dropout!r}: only 0 is supported (dropout "
+                       "would make the trainer's log-probs differ from the sampler's, "
+                       "which every ratio of the RL losses compares)")
+
+  @property
+  def enabled(self) -> bool:
+    return self.rank > 0
+
+  @classmethod
+  def from_config(cls, section) -> "LoraSettings":
+    if isinstance(section, LoraSettings):
+      return section
+    return validation.from_mapping(cls, section)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,8 +71,10 @@ class ModelSettings(validation.Section):
   fp32_lm_head: bool
   remat: str
   attention_chunk: int
+  lora: LoraSettings = LoraSettings()
 
   def __post_init__(self):
+    object.__setattr__(self, "lora", LoraSettings.from_config(self.lora))
     validation.choice("model.dtype", self.dtype, DTYPES)
     validation.boolean("model.fp32_lm_head", self.fp32_lm_head)
     validation.choice("model.remat", self.remat, REMAT_CHOICES)

@@ -2,7 +2,8 @@
 
 RMSNorm, rotary embeddings (with Llama 3 frequency scaling), grouped-query attention,
 SwiGLU, optional qkv bias (Qwen2.5), optional per-head q/k RMSNorm (Qwen3), tied or
-untied embeddings. Every parameter carries logical axis names (`embed`, `heads`,
+untied embeddings; optional low-rank adapters (LoRA) beside the attention and MLP
+projections (`model.lora`). Every parameter carries logical axis names (`embed`, `heads`,
 `kv_heads`, `mlp`, `vocab`, `head_dim`); `isojax.models.sharding` maps them to mesh axes.
 
 The layers are one `Block` whose parameters are stacked on a leading `layers` axis.
@@ -22,6 +23,7 @@ The decode-time caches and their attention live beside the sampler
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable
 
@@ -52,17 +54,31 @@ class ModelConfig:
   fp32_lm_head: bool = True            # logits computed in float32
   remat: str = "none"                  # none | full | a REMAT_POLICIES name
   attention_chunk: int = 0             # queries per attention block; 0: all at once
+  lora: settings_lib.LoraSettings = settings_lib.LoraSettings()  # rank 0: no adapters
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
       raise ValueError(f"num_heads={self.num_heads} must be a multiple of "
                        f"num_kv_heads={self.num_kv_heads}")
-    self.settings()  # the run-time fields obey `config.model`'s rules
+    object.__setattr__(self, "lora", self.settings().lora)  # validated, and hashable
+    for target in self.lora.targets if self.lora.enabled else ():
+      width = min(self.projection_dims(target))
+      if self.lora.rank > width:
+        raise ValueError(f"model.lora.rank={self.lora.rank}: larger than {target}'s "
+                         f"width {width} (a rank-{width} update is already full rank)")
 
   def settings(self) -> settings_lib.ModelSettings:
     """The run-time fields (`config.model`), validated."""
     return settings_lib.ModelSettings(dtype=self.dtype, fp32_lm_head=self.fp32_lm_head,
-                                      remat=self.remat, attention_chunk=self.attention_chunk)
+                                      remat=self.remat, attention_chunk=self.attention_chunk,
+                                      lora=self.lora)
+
+  def projection_dims(self, name: str) -> tuple[int, int]:
+    """(in, out) of one of a block's projections (`settings.LORA_TARGETS`)."""
+    d, f = self.embed_dim, self.mlp_dim
+    heads, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+    return {"q_proj": (d, heads), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (heads, d),
+            "gate_proj": (d, f), "up_proj": (d, f), "down_proj": (f, d)}[name]
 
 
 # Logical axes of the residual stream [B, S, D]: rows over the data-parallel axes
@@ -70,6 +86,47 @@ class ModelConfig:
 ACTIVATION_AXES = ("batch", None, None)
 def _param(init, names):
   return nnx.with_partitioning(init, names)
+
+
+class LoRA(nnx.Module):
+  """A projection's low-rank update: rows [N, in] -> rows @ A @ B * alpha / rank [N, out].
+
+  A [in, r] starts as PEFT's (uniform within +-1/sqrt(in)); B [r, out] at zero, so the
+  adapted model starts as the base. Both are `nnx.LoRAParam`s, which is how the update
+  and the checkpoints tell them from the frozen base.
+  """
+
+  def __init__(self, in_dim: int, out_dim: int, names: tuple[str, str],
+               lora: settings_lib.LoraSettings, dtype: str, *, rngs: nnx.Rngs):
+    init = nnx.initializers.variance_scaling(1 / 3, "fan_in", "uniform")
+    self.a = nnx.LoRAParam(init(rngs.params(), (in_dim, lora.rank), jnp.float32),
+                           out_sharding=(names[0], None))
+    self.b = nnx.LoRAParam(jnp.zeros((lora.rank, out_dim), jnp.float32),
+                           out_sharding=(None, names[1]))
+    self.scale = lora.alpha / lora.rank
+    self.dtype = dtype
+
+  def __call__(self, rows_NI: jax.Array) -> jax.Array:
+    dt = jnp.dtype(self.dtype)
+    return (rows_NI.astype(dt) @ self.a[...].astype(dt)) @ self.b[...].astype(dt) * self.scale
+
+
+def _adapters(module: nnx.Module, cfg: ModelConfig, names: dict[str, tuple[str, str]],
+              rngs: nnx.Rngs) -> None:
+  """`<projection>_lora` beside each projection of `names` that `cfg.lora` targets
+  (None otherwise); created after the projections, so the base draws no other numbers."""
+  for name, axes in names.items():
+    adapter = None
+    if cfg.lora.enabled and name in cfg.lora.targets:
+      adapter = LoRA(*cfg.projection_dims(name), axes, cfg.lora, cfg.dtype, rngs=rngs)
+    setattr(module, f"{name}_lora", adapter)
+
+
+def _project(module: nnx.Module, name: str, rows_NI: jax.Array) -> jax.Array:
+  """Projection `name` of `module`, plus its adapter when it has one."""
+  out = getattr(module, name)(rows_NI)
+  adapter = getattr(module, f"{name}_lora")
+  return out if adapter is None else out + adapter(rows_NI)
 
 
 class RMSNorm(nnx.Module):
@@ -145,14 +202,16 @@ class Attention(nnx.Module):
     if cfg.qk_norm:
       self.q_norm = RMSNorm(h, cfg.rms_norm_eps, ("head_dim",))
       self.k_norm = RMSNorm(h, cfg.rms_norm_eps, ("head_dim",))
+    _adapters(self, cfg, {"q_proj": ("embed", "heads"), "k_proj": ("embed", "kv_heads"),
+                          "v_proj": ("embed", "kv_heads"), "o_proj": ("heads", "embed")}, rngs)
 
   def qkv(self, x_BSD, rope: Rope):
     cfg = self.cfg
     b, s, d = x_BSD.shape
     rows = x_BSD.reshape(b * s, d)
-    q = self.q_proj(rows).reshape(b, s, cfg.num_heads, cfg.head_dim)
-    k = self.k_proj(rows).reshape(b, s, cfg.num_kv_heads, cfg.head_dim)
-    v = self.v_proj(rows).reshape(b, s, cfg.num_kv_heads, cfg.head_dim)
+    q = _project(self, "q_proj", rows).reshape(b, s, cfg.num_heads, cfg.head_dim)
+    k = _project(self, "k_proj", rows).reshape(b, s, cfg.num_kv_heads, cfg.head_dim)
+    v = _project(self, "v_proj", rows).reshape(b, s, cfg.num_kv_heads, cfg.head_dim)
     if cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     return apply_rope(q, rope), apply_rope(k, rope), v
@@ -226,10 +285,13 @@ class MLP(nnx.Module):
     self.gate_proj = linear(cfg.embed_dim, cfg.mlp_dim, ("embed", "mlp"))
     self.up_proj = linear(cfg.embed_dim, cfg.mlp_dim, ("embed", "mlp"))
     self.down_proj = linear(cfg.mlp_dim, cfg.embed_dim, ("mlp", "embed"))
+    _adapters(self, cfg, {"gate_proj": ("embed", "mlp"), "up_proj": ("embed", "mlp"),
+                          "down_proj": ("mlp", "embed")}, rngs)
 
   def __call__(self, x_BSD):
-    return token_rows(lambda rows: self.down_proj(
-        jax.nn.silu(self.gate_proj(rows)) * self.up_proj(rows)), x_BSD)
+    project = functools.partial(_project, self)
+    return token_rows(lambda rows: project("down_proj", jax.nn.silu(
+        project("gate_proj", rows)) * project("up_proj", rows)), x_BSD)
 
 
 # attention(q [B,S,N,H], k [B,S,K,H], v [B,S,K,H]) -> (output [B,S,N,H], aux): how a
@@ -249,7 +311,8 @@ class Block(nnx.Module):
   def __call__(self, x_BSD, rope: Rope, attention: AttentionFn):
     q, k, v = self.attn.qkv(self.input_norm(x_BSD), rope)
     out_BSNH, aux = attention(q, k, v)
-    x_BSD = x_BSD + token_rows(self.attn.o_proj, out_BSNH.reshape(*out_BSNH.shape[:2], -1))
+    x_BSD = x_BSD + token_rows(functools.partial(_project, self.attn, "o_proj"),
+                               out_BSNH.reshape(*out_BSNH.shape[:2], -1))
     x_BSD = x_BSD + self.mlp(self.post_attn_norm(x_BSD))
     return sharding.constrain(x_BSD, ACTIVATION_AXES), aux
 

@@ -122,9 +122,7 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
   """AdamW at `critic.learning_rate` with the policy's warm-up, betas, decay and clip;
   with a frozen trunk, over the head only (no moments for the trunk)."""
   o = config.optim
-  updates_per_step = config.rl.num_minibatches * config.rl.num_epochs
-  schedule = optax.warmup_constant_schedule(0.0, config.critic.learning_rate,
-                                            max(o.warmup_steps * updates_per_step, 1))
+  schedule = update.warmup_schedule(config, config.critic.learning_rate)
   tx = optax.chain(
       optax.clip_by_global_norm(o.grad_clip_norm) if o.grad_clip_norm else optax.identity(),
       optax.adamw(schedule, b1=o.b1, b2=o.b2, weight_decay=o.weight_decay))

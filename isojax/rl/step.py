@@ -19,7 +19,7 @@ import optax
 from jax.sharding import Mesh
 
 from isojax import config_lib, metrics
-from isojax.models import sharding
+from isojax.models import lora, sharding
 from isojax.rl import batch as rl_batch
 from isojax.rl import critic as critic_lib
 from isojax.rl import rollout, update
@@ -38,8 +38,8 @@ class Learner:
   config: ml_collections.ConfigDict
   mesh: Mesh
   graphdef: Any
-  params: Any
-  opt_state: Any
+  params: Any           # the whole policy (with LoRA: its adapters and the frozen base)
+  opt_state: Any        # of the trained state: every parameter, or the adapters
   ref_params: Any       # None when neither rl.kl_coef nor rl.log_kl_to_base needs it
   tx: optax.GradientTransformation
   critic: critic_lib.Critic | None = None  # PPO's value model (rl.advantage == "gae")
@@ -101,8 +101,12 @@ class Learner:
       if self.critic is not None:
         targets = self.critic.targets(batch, scored.prompt_len, self.config)
         batch = batch.replace(advantages=targets.advantages)
-      self.params, self.opt_state, stats = update.train_step(
-          self.graphdef, self.params, self.opt_state, batch, tx=self.tx, settings=settings)
+      trained, frozen = (lora.split(self.params) if self.config.model.lora.rank
+                         else (self.params, None))
+      trained, self.opt_state, stats = update.train_step(
+          self.graphdef, trained, self.opt_state, batch, tx=self.tx, settings=settings,
+          frozen=frozen)
+      self.params = trained if frozen is None else lora.merge(trained, frozen)
       if self.critic is not None:
         stats = dict(stats, **self.critic.update(
             targets, jax.random.fold_in(shuffle_rng, 1), scored.prompt_len, self.config))

@@ -2,7 +2,8 @@
 
 `train_step(graphdef, params, opt_state, batch)` is a pure function of the model's
 parameter state, the optax state and a `TrainBatch`; both states are donated, so the
-update happens in place on the mesh. Which estimator, loss, aggregation and KL form
+update happens in place on the mesh. With LoRA (`models/lora.py`) `params` are the
+adapters and `frozen` the base weights, which are read, not differentiated or donated. Which estimator, loss, aggregation and KL form
 it uses are names from the config, looked up in the registries of
 `isojax.rl.advantages` / `isojax.rl.losses`; nothing here branches on a recipe.
 
@@ -114,13 +115,20 @@ def make_optimizer(config: ml_collections.ConfigDict) -> tuple[optax.GradientTra
                                                                 optax.Schedule]:
   """AdamW with linear warm-up then constant LR, peak scaled with the rollout batch."""
   o = config.optim
-  updates_per_step = config.rl.num_minibatches * config.rl.num_epochs
-  schedule = optax.warmup_constant_schedule(
-      0.0, config_lib.learning_rate(config), max(o.warmup_steps * updates_per_step, 1))
+  schedule = warmup_schedule(config, config_lib.learning_rate(config))
   tx = optax.chain(
       optax.clip_by_global_norm(o.grad_clip_norm) if o.grad_clip_norm else optax.identity(),
       optax.adamw(schedule, b1=o.b1, b2=o.b2, weight_decay=o.weight_decay))
   return tx, schedule
+
+
+def warmup_schedule(config: ml_collections.ConfigDict, peak: float) -> optax.Schedule:
+  """Linear from 0 to `peak` over `optim.warmup_steps` RL steps' updates, then constant;
+  `warmup_steps=0` is `peak` from the first update on."""
+  updates = config.optim.warmup_steps * config.rl.num_minibatches * config.rl.num_epochs
+  if not updates:
+    return optax.constant_schedule(peak)
+  return optax.warmup_constant_schedule(0.0, peak, updates)
 
 
 def opt_state_shardings(tx: optax.GradientTransformation, params, mesh):
@@ -217,13 +225,18 @@ def _importance_weights(mb: TrainBatch, s: UpdateSettings):
                                    sequence_ratio=s.is_sequence_ratio)
 
 
-def _weighted_loss(params, graphdef, mb: TrainBatch, w_pg_BT, w_reg_BT, s: UpdateSettings):
+def _merge(graphdef, params, frozen):
+  return nnx.merge(graphdef, params) if frozen is None else nnx.merge(graphdef, params, frozen)
+
+
+def _weighted_loss(params, graphdef, mb: TrainBatch, w_pg_BT, w_reg_BT, s: UpdateSettings,
+                   frozen=None):
   """The share of rows `mb` in their minibatch's loss, and their (logp, entropy) [b, T].
 
   Every term is a per-token quantity of one row times a weight that holds the whole
   minibatch's normaliser, so the shares of any split of the minibatch add up to its loss.
   """
-  model = nnx.merge(graphdef, params)
+  model = _merge(graphdef, params, frozen)
   logp_BT, entropy_BT = logprobs.response_logp(
       model, mb.tokens, mb.mask, prompt_len=s.prompt_len, temperature=s.temperature,
       chunk_size=s.logprob_chunk_size, need_entropy=s.need_entropy)
@@ -268,14 +281,15 @@ def _stats(mb: TrainBatch, logp_BT, entropy_BT, loss, s: UpdateSettings) -> dict
   return stats
 
 
-def loss_fn(params, graphdef, mb: TrainBatch, s: UpdateSettings):
+def loss_fn(params, graphdef, mb: TrainBatch, s: UpdateSettings, frozen=None):
   """(loss, stats) of one minibatch in a single pass (no micro-batches)."""
   w_pg_BT, w_reg_BT = _weights(mb, s)
-  loss, (logp_BT, entropy_BT) = _weighted_loss(params, graphdef, mb, w_pg_BT, w_reg_BT, s)
+  loss, (logp_BT, entropy_BT) = _weighted_loss(params, graphdef, mb, w_pg_BT, w_reg_BT, s,
+                                               frozen)
   return loss, _stats(mb, logp_BT, entropy_BT, loss, s)
 
 
-def minibatch_grads(params, graphdef, mb: TrainBatch, s: UpdateSettings):
+def minibatch_grads(params, graphdef, mb: TrainBatch, s: UpdateSettings, frozen=None):
   """(gradient, stats) of one minibatch's loss, accumulated over its micro-batches.
 
   Equal, to float rounding, to the gradient of `loss_fn`; only one micro-batch's
@@ -286,9 +300,10 @@ def minibatch_grads(params, graphdef, mb: TrainBatch, s: UpdateSettings):
   k = num_micro_batches(rows, s.micro_batch_size, "the minibatch",
                          f" (the rollout batch over rl.num_minibatches={s.num_minibatches})")
   if k == 1:
-    (_, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, graphdef, mb, s)
+    (_, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, graphdef, mb, s,
+                                                                    frozen)
     return grads, stats
-  grad_fn = jax.value_and_grad(_weighted_loss, has_aux=True)
+  grad_fn = jax.value_and_grad(functools.partial(_weighted_loss, frozen=frozen), has_aux=True)
 
   def accumulate(carry, micro):
     grads, loss = carry
@@ -324,11 +339,14 @@ def split_minibatches(batch, num: int, group_size: int, rng):
 @functools.partial(jax.jit, static_argnames=("graphdef", "tx", "settings"),
                    donate_argnames=("params", "opt_state"))
 def train_step(graphdef, params, opt_state, batch: TrainBatch, *,
-               tx: optax.GradientTransformation, settings: UpdateSettings):
-  """num_epochs x num_minibatches optimizer updates. Returns (params, opt_state, stats)."""
+               tx: optax.GradientTransformation, settings: UpdateSettings, frozen=None):
+  """num_epochs x num_minibatches optimizer updates. Returns (params, opt_state, stats).
+
+  `frozen`: state merged with `params` into the model but not trained (LoRA's base).
+  """
   def one_update(carry, mb):
     params, opt_state = carry
-    grads, stats = minibatch_grads(params, graphdef, mb, settings)
+    grads, stats = minibatch_grads(params, graphdef, mb, settings, frozen)
     stats["grad_norm"] = optax.tree.norm(grads)
     if settings.frozen:
       return (params, opt_state), stats

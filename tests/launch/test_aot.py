@@ -261,3 +261,50 @@ def test_cpu8_ppo_compiles_the_critic_with_hand_counted_bytes_and_flops(model_di
   assert frozen["critic_step"]["flops"] == 2 * epochs * critic_body * B * (P + T)
   assert trained["train_step"]["flops"] == 6 * epochs * (layers * B * (P + T) + V * D * B * T)
   assert "trunk frozen" in frozen["critic_step"]["inputs"]
+
+
+@pytest.mark.slow("compiles every program of a LoRA step for eight fake devices")
+def test_cpu8_lora_trains_and_holds_only_the_adapters(model_dir):
+  """model.lora.rank = 4: Adam's state is the adapters' (hand-counted), the reference
+  policy is the base itself (zero adapters, not a second copy), and the update reads the
+  base weights as an argument without differentiating them (4 FLOPs per weight)."""
+  code = f"""
+    import dataclasses, json
+    from isojax.configs import hard
+    from isojax import aot
+    aot.prepare_backend("cpu:8")
+    config = hard.get_config("micro")
+    config.base_model.path = {model_dir!r}
+    config.mesh.update(data=1, fsdp=-1, tensor=1)
+    config.model.lora.rank = 4
+    results = aot.check(config, aot.topology_devices("cpu:8"), aot.model_config(config), 16)
+    print(json.dumps([dataclasses.asdict(r) for r in results]))
+  """
+  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  got = {r["name"]: r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
+  assert not any(r["error"] for r in got.values())
+  r = 4
+  # Per layer and projection, A [in, r] split on its first axis when that is `embed`,
+  # B [r, out] on its second: q, k, v, gate, up read `embed`; o, down write it.
+  dims = {"q": (D, N * H), "k": (D, K * H), "v": (D, K * H), "o": (N * H, D),
+          "gate": (D, F), "up": (D, F), "down": (F, D)}
+  adapters = 0
+  for name, (i, o) in dims.items():
+    a_split = FSDP if name in ("q", "k", "v", "gate", "up") else 1
+    b_split = FSDP if name in ("o", "down") else 1
+    adapters += L * 4 * (i * r // a_split + r * o // b_split)
+  params = _param_bytes_per_chip() + adapters
+  adam = 2 * adapters + 2 * 4
+  assert got["train_step"]["resident"] == adapters  # the reference: zero adapters only
+  assert got["score"]["resident"] == adam + adapters
+  batch = B // FSDP * ((P + T) * 5 + T * (1 + 3 * 4) + 4 + 2) + 8
+  assert 0 <= got["train_step"]["argument"] - params - adam <= batch
+  epochs = hard.get_config("micro").rl.num_epochs
+  layers = L * (D * N * H + 2 * D * K * H + N * H * D + 3 * D * F
+                + N * H + 2 * K * H + 2 * D) + D
+  lora_weights = sum(L * r * (i + o) for i, o in dims.values())
+  assert got["train_step"]["flops"] == 4 * epochs * (
+      (layers + lora_weights) * B * (P + T) + V * D * B * T)
+  assert "LoRA rank 4" in got["train_step"]["inputs"]

@@ -6,7 +6,7 @@ import pytest
 from flax import nnx
 
 from isojax import config_lib, tasks, train
-from isojax.models import hf_checkpoint, sharding
+from isojax.models import hf_checkpoint, lora, sharding
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.rl import step as rl_step
 from isojax.rl import update
@@ -22,10 +22,14 @@ def _run_parts(config):
   train_problems, _, book, _, _ = train.load_task(config, tok)
   verifier = tasks.make_verifier(config.task)
   graphdef, params = nnx.split(hf_checkpoint.load_model(path, mesh, **config.model))
+  use_lora = config.model.lora.rank > 0
+  trained = lora.split(params)[0] if use_lora else params
   tx, _ = update.make_optimizer(config)
-  opt_state = jax.jit(tx.init, out_shardings=update.opt_state_shardings(tx, params, mesh))(
-      params)
-  ref = jax.tree.map(jnp.copy, params) if config.rl.log_kl_to_base else None
+  opt_state = jax.jit(tx.init, out_shardings=update.opt_state_shardings(tx, trained, mesh))(
+      trained)
+  ref = None
+  if config.rl.log_kl_to_base:
+    ref = lora.disabled(params) if use_lora else jax.tree.map(jnp.copy, params)
   learner = rl_step.Learner(config, mesh, graphdef, params, opt_state, ref, tx)
   return config, tok, train_problems, book, verifier, graphdef, learner
 

@@ -1,0 +1,90 @@
+r"""Exports a run's trained policy as a Hugging Face checkpoint, or its LoRA adapters.
+
+  python -m launch.export --workdir=/tmp/isojax/lora --out=/tmp/policy
+  python -m launch.export --workdir=/tmp/isojax/lora --out=/tmp/adapter --format=peft
+  python -m launch.export --workdir=/tmp/isojax/hard --out=/tmp/policy --step=100
+
+Reads the run's config.json, loads its base policy (`base_model.path` or the shipped
+demo base) and restores the parameters of checkpoint --step (default: the newest).
+`--format=hf` writes config.json, model.safetensors and the base's tokenizer files,
+which `transformers.AutoModelForCausalLM.from_pretrained` loads (a LoRA run's adapters
+merged into the weights: W + A @ B * alpha / rank). `--format=peft` writes the adapters
+alone in PEFT's layout (`peft.PeftModel.from_pretrained(base, OUT)`): LoRA runs only.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+from absl import app, flags
+from flax import nnx
+
+from isojax import config_lib, run_dir
+from isojax.models import hf_checkpoint, lora
+from isojax.tasks import demo_bases
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "The run directory.", required=True)
+_OUT = flags.DEFINE_string("out", None, "The directory to write.", required=True)
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest).")
+_FORMAT = flags.DEFINE_enum("format", "hf", ["hf", "peft"], "hf: a merged Hugging Face "
+                            "checkpoint; peft: LoRA adapters in PEFT's layout.")
+# What a checkpoint directory holds besides its weights (copied from the base).
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                    "chat_template.jinja", "generation_config.json", "vocab.json",
+                    "merges.txt")
+
+
+def restored_policy(workdir: str, step: int | None = None):
+  """(model, base checkpoint path, step): the run's policy with checkpoint `step`'s
+  parameters (the adapters of a LoRA run, over its base)."""
+  config = config_lib.resolve(ml_collections.ConfigDict(run_dir.read_config(workdir)))
+  path = demo_bases.policy_path(config)
+  model = hf_checkpoint.load_model(path, **config.model)
+  graphdef, params = nnx.split(model)
+  trained, base = lora.split(params) if config.model.lora.rank else (params, None)
+  ckpt = ocp.CheckpointManager(run_dir.checkpoint_dir(workdir))
+  steps = ckpt.all_steps()
+  if not steps or (step is not None and step not in steps):
+    ckpt.close()
+    raise ValueError(f"--workdir={workdir}: no checkpoint "
+                     f"{'at all' if not steps else f'at step {step} (has {sorted(steps)})'}")
+  step = max(steps) if step is None else step
+  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, trained)
+  restored = ckpt.restore(step, args=ocp.args.Composite(
+      params=ocp.args.StandardRestore(abstract))).params
+  ckpt.close()
+  params = restored if base is None else lora.merge(restored, base)
+  return nnx.merge(graphdef, params), path, step
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  try:
+    model, base_path, step = restored_policy(_WORKDIR.value, _STEP.value)
+  except (ValueError, FileNotFoundError) as e:
+    raise SystemExit(f"launch.export: error: {e}") from None
+  out = _OUT.value
+  if _FORMAT.value == "peft":
+    if not model.cfg.lora.enabled:
+      raise SystemExit(f"launch.export: error: --format=peft: the run in {_WORKDIR.value} "
+                       "has no LoRA adapters (model.lora.rank=0); use --format=hf")
+    lora.save_peft(model, out, base_model_name_or_path=base_path)
+  else:
+    hf = hf_checkpoint.read_hf_config(base_path)
+    plain = lora.merged_model(model) if model.cfg.lora.enabled else model
+    hf_checkpoint.save_model(plain, out, eos_token_id=hf.get("eos_token_id"),
+                             bos_token_id=hf.get("bos_token_id"),
+                             pad_token_id=hf.get("pad_token_id"))
+    for name in _TOKENIZER_FILES:
+      if os.path.isfile(os.path.join(base_path, name)):
+        shutil.copyfile(os.path.join(base_path, name), os.path.join(out, name))
+  print(f"wrote {out} ({_FORMAT.value}) from step {step} of {_WORKDIR.value}")
+
+
+if __name__ == "__main__":
+  app.run(main)
