@@ -64,7 +64,8 @@ ISA_CAPS = (cpu_isa.NATIVE, "AVX2", "AVX", "SSE4_2")
 DEMOS = (("hard", "configs/hard.py"), ("easy", "configs/easy.py"),
          ("reasoning", "configs/reasoning.py"))
 # (name, config): the algorithm presets beside GRPO's demos.
-ALGORITHMS = (("ppo", "configs/ppo.py"), ("dapo", "configs/dapo.py"))
+ALGORITHMS = (("ppo", "configs/ppo.py"), ("dapo", "configs/dapo.py"),
+              ("lora", "configs/lora.py"))
 # (name, flags) of the off_policy section's settings of configs/hard.py.
 OFF_POLICY = (("synchronous", ()),
               *((f"pipeline, k = {k}", (f"--config.rl.max_staleness={k}",)) for k in (1, 2, 4, 8)),
@@ -498,7 +499,8 @@ def run_algorithms(out: str, results: str, seeds: Sequence[str], budget: int,
       "The presets as shipped, from the shipped arithmetic base model, one run per RL seed "
       "(`--config.seed`); columns as in [demos.md](demos.md). `configs/ppo.py`: PPO with a "
       "critic (GAE), n = 4, B_p = 64. `configs/dapo.py`: clip-higher, token mean, overlong "
-      "shaping and dynamic sampling (its `rollouts` count every round).", "",
+      "shaping and dynamic sampling (its `rollouts` count every round). `configs/lora.py`: "
+      "the hard recipe training rank-8 LoRA adapters only (LR 1e-3).", "",
       demo_table(runs), "",
       f"The RQ4 sweep (`configs/sweep_algorithms.py`: the hard split, B_p = 16, n from 2 to "
       f"64 at C = {budget:,} rollouts, each algorithm in its own sweep) through "
