@@ -336,7 +336,13 @@ def _write_plan(path: str, config: dict[str, Any]) -> None:
   existing = storage.read_json(path)
   if existing != config:
     old, new = _flatten(existing), _flatten(config)
-    changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    # A field the plan predates is unchanged when the new plan gives it its default:
+    # `from_json` fills absent fields with the defaults, so the run is the same run.
+    defaults = _flatten(json.loads(json.dumps(config_lib.base_config().to_dict())))
+    changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k)
+                     and not (k not in old and k in defaults and new[k] == defaults[k]))
+    if not changed:
+      return
     raise SweepError(
         f"{path}: the run there was planned differently (changed: {', '.join(changed)}); "
         "use a new --out, or delete that run directory to redo it")

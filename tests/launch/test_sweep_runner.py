@@ -121,6 +121,19 @@ def test_a_changed_plan_is_refused_and_worker_env(tmp_path):
   sweep_plan.prepare(_sweep(), out, "local")
   with pytest.raises(sweep_plan.SweepError, match=r"bp4_n2/plan.json.*eval.every"):
     sweep_plan.prepare(_sweep(evals_per_run=2), out, "local")
+  # A plan written before a field existed is the same plan when the field keeps its
+  # default (from_json fills it in); given another value, it is a change.
+  path = os.path.join(out, "runs", "bp4_n2", "plan.json")
+  with open(path) as f:
+    older = json.load(f)
+  del older["model"]["lora"]
+  with open(path, "w") as f:
+    json.dump(older, f)
+  sweep_plan.prepare(_sweep(), out, "local")
+  lora = _sweep()
+  lora.overrides.model = ml_collections.ConfigDict(dict(lora=dict(rank=2)))
+  with pytest.raises(sweep_plan.SweepError, match=r"bp4_n2/plan.json.*model\.lora\.rank"):
+    sweep_plan.prepare(lora, out, "local")
   env = sweep_runner.worker_env(2, "/tmp/cache", base={
       "XLA_FLAGS": "--xla_foo=1", "JAX_COMPILATION_CACHE_DIR": "/tmp/elsewhere"})
   assert env["XLA_FLAGS"] == "--xla_foo=1 --xla_cpu_multi_thread_eigen=false"
