@@ -1,7 +1,7 @@
 """Does one RL step fit in a pod's HBM? Compiles it for the pod on a CPU-only machine.
 
-Compiles ahead of time, for the chips of --topology (v5p-64, v5p-128, v5e-256, with
-`2x` in front for two slices; or cpu:N fake CPU devices), the three programs of one
+Compiles ahead of time, for the chips of --topology (v5p-64, v5p-128, v5e-256, v5e-8,
+v6e-8, with `2x` in front for two slices; or cpu:N fake CPU devices), the programs of one
 step as `isojax.train` calls them: the sampler (`sampling.sampler.sample`, one call of
 at most `sampling.max_rollouts_per_call` rollouts), the old / reference log-prob pass
 (`rl.update.score`, one program run once or twice) and the update

@@ -20,8 +20,8 @@ from isojax.aot import (HF_CONFIGS, check, format_table, hbm_bytes, model_config
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/hard.py", "Run config (file.py[:preset]).", lock_config=True)
-_TOPOLOGY = flags.DEFINE_string("topology", "v5p-64", "v5p-64 | v5p-128 | v5e-256 (2x... "
-                                "for two slices) | cpu:N (N fake CPU devices).")
+_TOPOLOGY = flags.DEFINE_string("topology", "v5p-64", "v5p-64 | v5p-128 | v5e-256 | v5e-8 | "
+                                "v6e-8 (2x... for two slices) | cpu:N (N fake CPU devices).")
 _MODEL = flags.DEFINE_string("model", None, f"Known model shapes: {sorted(HF_CONFIGS)}; "
                              "default: base_model.path/config.json.")
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 512, "Prompt slots P of a batch.")
