@@ -17,15 +17,10 @@ from __future__ import annotations
 import os
 import shutil
 
-import jax
-import ml_collections
-import orbax.checkpoint as ocp
 from absl import app, flags
-from flax import nnx
 
-from isojax import config_lib, run_dir
+from isojax import export
 from isojax.models import hf_checkpoint, lora
-from isojax.tasks import demo_bases
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The run directory.", required=True)
 _OUT = flags.DEFINE_string("out", None, "The directory to write.", required=True)
@@ -38,34 +33,11 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_m
                     "merges.txt")
 
 
-def restored_policy(workdir: str, step: int | None = None):
-  """(model, base checkpoint path, step): the run's policy with checkpoint `step`'s
-  parameters (the adapters of a LoRA run, over its base)."""
-  config = config_lib.resolve(ml_collections.ConfigDict(run_dir.read_config(workdir)))
-  path = demo_bases.policy_path(config)
-  model = hf_checkpoint.load_model(path, **config.model)
-  graphdef, params = nnx.split(model)
-  trained, base = lora.split(params) if config.model.lora.rank else (params, None)
-  ckpt = ocp.CheckpointManager(run_dir.checkpoint_dir(workdir))
-  steps = ckpt.all_steps()
-  if not steps or (step is not None and step not in steps):
-    ckpt.close()
-    raise ValueError(f"--workdir={workdir}: no checkpoint "
-                     f"{'at all' if not steps else f'at step {step} (has {sorted(steps)})'}")
-  step = max(steps) if step is None else step
-  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, trained)
-  restored = ckpt.restore(step, args=ocp.args.Composite(
-      params=ocp.args.StandardRestore(abstract))).params
-  ckpt.close()
-  params = restored if base is None else lora.merge(restored, base)
-  return nnx.merge(graphdef, params), path, step
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   try:
-    model, base_path, step = restored_policy(_WORKDIR.value, _STEP.value)
+    model, base_path, step = export.restored_policy(_WORKDIR.value, _STEP.value)
   except (ValueError, FileNotFoundError) as e:
     raise SystemExit(f"launch.export: error: {e}") from None
   out = _OUT.value

@@ -181,7 +181,7 @@ def test_checkpoints_hold_the_adapters_and_resume_exactly(tmp_path):
   peft = pytest.importorskip("peft")
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
-  from launch import export  # pylint: disable=g-import-not-at-top
+  from isojax import export  # pylint: disable=g-import-not-at-top
   model, base_path, step = export.restored_policy(str(tmp_path / "full"))
   assert step == 4 and np.any(np.asarray(model.layers.attn.q_proj_lora.b[...]))
   tokens, mask = _tokens(model.cfg.vocab_size)

@@ -279,7 +279,7 @@ def test_only_the_first_skipped_rows_are_named_and_the_log_says_how_many(tmp_pat
                                                        dict(q="Good?", a="3")]
   task = make_task(question_field="q", answer_field="a", num_val=1,
                    train_files=write(rows, tmp_path / "t", "jsonl"))
-  with caplog.at_level("INFO"):
+  with caplog.at_level("INFO", logger="absl"):  # absl's logger keeps its own level
     _, _, report = math_data.load(task)
   path = tmp_path / "t.jsonl"
   assert report.skipped_rows["train/missing_answer"] == [f"{path} row {i}" for i in range(1, 6)]
