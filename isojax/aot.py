@@ -254,6 +254,10 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
     critic_graphdef, critic_abstract = critic_lib.abstract(critic_model_config(config,
                                                                                model_cfg))
     critic_params = placed(critic_abstract, sharding.state_shardings(critic_abstract, mesh))
+    critic_frozen = None
+    if config.critic.trunk == "policy":  # the head alone; the policy's weights its trunk
+      critic_params = nnx.State({"head": critic_params["head"]})
+      critic_frozen = critic_lib.policy_trunk(params)
     critic_tx = critic_lib.make_optimizer(config)
     critic_opt = jax.eval_shape(critic_tx.init, critic_params)
     opt_placement = critic_lib.opt_state_shardings(critic_tx, critic_params, mesh,
@@ -334,32 +338,35 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
                  f"{on(mesh, 'learner')}",
                  flops["train_step"])]
     if uses_critic:
-      results += _critic_programs(config, critic_graphdef, critic_params, critic_opt,
-                                  critic_tx, tokens, mask, batch, settings,
+      results += _critic_programs(config, critic_graphdef, critic_params, critic_frozen,
+                                  critic_opt, critic_tx, tokens, mask, batch, settings,
                                   param_bytes + opt_bytes + ref_bytes + snapshot_bytes,
                                   weight_counts(critic_abstract)[0],
                                   on(mesh, "learner"))
   return results
 
 
-def _critic_programs(config, graphdef, params, opt_state, tx, tokens, mask,
+def _critic_programs(config, graphdef, params, frozen, opt_state, tx, tokens, mask,
                      batch: update.TrainBatch, settings: update.UpdateSettings,
                      resident: int, body: int, where: str) -> list[ProgramMemory]:
   """The critic's value pass and update, lowered from `critic_lib`'s jitted functions
-  with the policy's state (`resident` bytes) waiting beside them."""
+  with the policy's state (`resident` bytes) waiting beside them; `frozen`: the policy's
+  weights as the trunk of a head on it (`critic.trunk="policy"`), else None."""
   b, s = tokens.shape
   p = settings.prompt_len
   c = config.critic
   values = lambda: critic_lib.values.lower(graphdef, params, tokens, mask, prompt_len=p,
-                                           micro_batch_size=settings.micro_batch_size)
+                                           micro_batch_size=settings.micro_batch_size,
+                                           frozen=frozen)
   f32_BT = batch.old_logp   # a [B, T] float32 placed like every response row
   value_batch = critic_lib.ValueBatch(tokens, mask, batch.response_mask, old_values=f32_BT,
                                       returns=f32_BT, shuffle_rng=batch.shuffle_rng)
   critic_settings = critic_lib.CriticSettings.from_config(
       config, group_size=settings.group_size, prompt_len=p)
   step = lambda: critic_lib.critic_step.lower(graphdef, params, opt_state, value_batch,
-                                              tx=tx, settings=critic_settings)
-  trunk = "trained" if c.train_trunk else "frozen (head only)"
+                                              tx=tx, settings=critic_settings, frozen=frozen)
+  trunk = ("the policy's (head only)" if frozen is not None else
+           "trained" if c.train_trunk else "frozen (head only)")
   per_token = 6 if c.train_trunk else 2   # a frozen trunk runs forward only
   return [
       _measure("values", values, resident, f"[{b}, {s}] tokens, micro-batches of "

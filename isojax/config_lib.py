@@ -185,10 +185,12 @@ def base_config() -> ml_collections.ConfigDict:
       gae_lambda=1.0,
   ))
 
-  # PPO's value model (`isojax.rl.critic`), built when rl.advantage == "gae": a decoder
-  # with a scalar value head, initialised from the policy's weights ("" path) or loaded
-  # from a checkpoint directory with the policy's vocabulary.
+  # PPO's value model (`isojax.rl.critic`), built when rl.advantage == "gae": a scalar
+  # value head on a decoder of its own, initialised from the policy's weights ("" path)
+  # or loaded from a checkpoint directory with the policy's vocabulary; or on the
+  # policy's own trunk (trunk="policy": no second decoder, only the head learns).
   c.critic = ml_collections.ConfigDict(dict(
+      trunk="own",           # own | policy
       path="",
       train_trunk=True,      # False: only the value head learns
       learning_rate=1e-4,    # its own AdamW (the rest of `optim` as the policy's)
@@ -430,9 +432,11 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     raise ValueError(f"rl.off_policy='pipeline_in_flight' switches weights between lockstep "
                      f"decode segments: set sampling.decode_slots=0 (got "
                      f"{sampling.decode_slots})")
-  if as_dict["model"]["lora"]["rank"] and rl.uses_critic:
-    raise ValueError("model.lora.rank > 0 with rl.advantage='gae': the critic would train a "
-                     "full copy of the policy's weights; use a group advantage with LoRA")
+  if (as_dict["model"]["lora"]["rank"] and rl.uses_critic
+      and as_dict["critic"]["trunk"] == "own"):
+    raise ValueError("model.lora.rank > 0 with rl.advantage='gae' and critic.trunk='own': "
+                     "the critic would train a full copy of the policy's weights; set "
+                     "critic.trunk='policy' (a value head on the policy's trunk)")
   mesh = model_settings.MeshSettings.from_config(as_dict["mesh"])
   if mesh.rollout_fraction and not rl.max_staleness:
     raise ValueError(f"mesh.rollout_fraction={mesh.rollout_fraction} needs rl.max_staleness > "

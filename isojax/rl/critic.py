@@ -6,7 +6,10 @@ policy's family with a scalar head on its final hidden states: initialised from 
 policy's weights (`critic.path` empty) or loaded from a checkpoint directory with the
 policy's vocabulary. Its LM head is dropped (values need none). `critic.train_trunk`
 False trains the head alone: the trunk's activations are cut from the gradient and the
-optimizer holds no state for them.
+optimizer holds no state for them. `critic.trunk="policy"` puts the head on the
+policy's own trunk instead: the critic's state is the head alone, and each step reads
+the policy's current weights as its (frozen, not donated) trunk, so no second decoder
+is held; the policy's loss alone trains the trunk.
 
 V(s_t), the value of response token t's state, is read where the policy reads the
 logits of token t (position P - 1 + t), so values and log-probs line up [B, T].
@@ -61,11 +64,14 @@ class ValueModel(nnx.Module):
 def build(config: ml_collections.ConfigDict, mesh, policy_graphdef, policy_params
           ) -> tuple[Any, Any]:
   """(graphdef, params) of the critic on `mesh`: from `critic.path`, or a copy of the
-  policy's weights; the trunk's LM head removed, a zero value head added."""
+  policy's weights; the trunk's LM head removed, a zero value head added. With
+  `critic.trunk="policy"`, params are the head's alone (`policy_trunk` gives the rest)."""
+  shared = config.critic.trunk == "policy"
   if config.critic.path:
     trunk = hf_checkpoint.load_model(config.critic.path, mesh, **config.model)
   else:
-    trunk = nnx.merge(policy_graphdef, jax.tree.map(jnp.copy, policy_params))
+    trunk = nnx.merge(policy_graphdef, policy_params if shared
+                      else jax.tree.map(jnp.copy, policy_params))
   if hasattr(trunk, "lm_head"):
     del trunk.lm_head
   with nnx.use_eager_sharding(False):
@@ -74,7 +80,15 @@ def build(config: ml_collections.ConfigDict, mesh, policy_graphdef, policy_param
   head = jax.device_put(nnx.state(model.head), sharding.state_shardings(
       nnx.state(model.head), mesh))
   nnx.update(model.head, head)
-  return graphdef, nnx.state(model)
+  state = nnx.state(model)
+  return graphdef, (nnx.State({"head": state["head"]}) if shared else state)
+
+
+def policy_trunk(policy_params):
+  """The policy's state as a critic's trunk (`critic.trunk="policy"`): the same arrays,
+  keyed as `ValueModel` keys them, without the LM head."""
+  return nnx.State({"trunk": nnx.State({k: v for k, v in policy_params.items()
+                                        if k != "lm_head"})})
 
 
 def abstract(model_cfg: transformer.ModelConfig) -> tuple[Any, Any]:
@@ -181,10 +195,16 @@ def value_loss(values_BT: jax.Array, old_values_BT: jax.Array, returns_BT: jax.A
           mask_BT & (clipped_BT > unclipped_BT))
 
 
+def _merge(graphdef, params, frozen):
+  return nnx.merge(graphdef, params) if frozen is None else nnx.merge(graphdef, params, frozen)
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "prompt_len", "micro_batch_size"))
-def values(graphdef, state, tokens_BS, mask_BS, *, prompt_len: int, micro_batch_size: int = 0):
-  """V [B, T] of every response token's state (no gradient), micro-batched as `score`."""
-  model = nnx.merge(graphdef, state)
+def values(graphdef, state, tokens_BS, mask_BS, *, prompt_len: int, micro_batch_size: int = 0,
+           frozen=None):
+  """V [B, T] of every response token's state (no gradient), micro-batched as `score`.
+  `frozen`: the policy's trunk when the head sits on it (`policy_trunk`)."""
+  model = _merge(graphdef, state, frozen)
   fn = lambda xs: model.values(*xs, prompt_len=prompt_len)
   k = update.num_micro_batches(tokens_BS.shape[0], micro_batch_size, "the rollout batch")
   if k == 1:
@@ -201,9 +221,10 @@ def advantages(rewards_B, old_values_BT, response_mask_BT, *, gamma: float, lam:
   return advantages_lib.whiten(adv_BT, response_mask_BT), returns_BT
 
 
-def _minibatch_loss(params, graphdef, mb: ValueBatch, weights_BT, s: CriticSettings):
+def _minibatch_loss(params, graphdef, mb: ValueBatch, weights_BT, s: CriticSettings,
+                    frozen=None):
   """The share of rows `mb` in their minibatch's token-mean value loss."""
-  model = nnx.merge(graphdef, params)
+  model = _merge(graphdef, params, frozen)
   values_BT = model.values(mb.tokens, mb.mask, prompt_len=s.prompt_len,
                            train_trunk=s.train_trunk)
   loss_BT, clipped_BT = value_loss(values_BT, mb.old_values, mb.returns, mb.response_mask,
@@ -211,10 +232,11 @@ def _minibatch_loss(params, graphdef, mb: ValueBatch, weights_BT, s: CriticSetti
   return jnp.sum(weights_BT * loss_BT), (values_BT, clipped_BT)
 
 
-def _minibatch_grads(params, graphdef, mb: ValueBatch, s: CriticSettings):
+def _minibatch_grads(params, graphdef, mb: ValueBatch, s: CriticSettings, frozen=None):
   """(gradient, stats) of one minibatch's value loss, accumulated over micro-batches."""
   weights_BT = mb.response_mask / jnp.maximum(mb.response_mask.sum(), 1)
-  grad_fn = jax.value_and_grad(_minibatch_loss, has_aux=True)
+  grad_fn = jax.value_and_grad(functools.partial(_minibatch_loss, frozen=frozen),
+                               has_aux=True)
   k = update.num_micro_batches(mb.tokens.shape[0], s.micro_batch_size, "the minibatch")
   if k == 1:
     (loss, (values_BT, clipped_BT)), grads = grad_fn(params, graphdef, mb, weights_BT, s)
@@ -247,11 +269,12 @@ def _minibatch_grads(params, graphdef, mb: ValueBatch, s: CriticSettings):
 @functools.partial(jax.jit, static_argnames=("graphdef", "tx", "settings"),
                    donate_argnames=("params", "opt_state"))
 def critic_step(graphdef, params, opt_state, batch: ValueBatch, *,
-                tx: optax.GradientTransformation, settings: CriticSettings):
-  """num_epochs x num_minibatches critic updates. Returns (params, opt_state, stats)."""
+                tx: optax.GradientTransformation, settings: CriticSettings, frozen=None):
+  """num_epochs x num_minibatches critic updates. Returns (params, opt_state, stats).
+  `frozen`: the policy's trunk when the head sits on it (read, not donated)."""
   def one_update(carry, mb):
     params, opt_state = carry
-    grads, stats = _minibatch_grads(params, graphdef, mb, settings)
+    grads, stats = _minibatch_grads(params, graphdef, mb, settings, frozen)
     updates, opt_state = tx.update(grads, opt_state, params)
     stats["value_grad_norm"] = optax.tree.norm(grads)
     return (optax.apply_updates(params, updates), opt_state), stats
@@ -281,10 +304,12 @@ class Critic:
   tx: optax.GradientTransformation
 
   def targets(self, batch: update.TrainBatch, prompt_len: int,
-              config: ml_collections.ConfigDict) -> Targets:
-    """Values before the update, then GAE advantages and returns of `batch`'s rollouts."""
+              config: ml_collections.ConfigDict, policy_params=None) -> Targets:
+    """Values before the update, then GAE advantages and returns of `batch`'s rollouts.
+    `policy_params`: the policy's state, read as the trunk when the head sits on it."""
     old_values_BT = values(self.graphdef, self.params, batch.tokens, batch.mask,
-                           prompt_len=prompt_len, micro_batch_size=config.rl.micro_batch_size)
+                           prompt_len=prompt_len, micro_batch_size=config.rl.micro_batch_size,
+                           frozen=self.trunk(policy_params))
     adv_BT, returns_BT = advantages(batch.rewards, old_values_BT, batch.response_mask,
                                     gamma=float(config.rl.gamma),
                                     lam=float(config.rl.gae_lambda))
@@ -292,15 +317,29 @@ class Critic:
                                       old_values_BT, returns_BT, shuffle_rng=None))
 
   def update(self, targets: Targets, shuffle_rng: jax.Array, prompt_len: int,
-             config: ml_collections.ConfigDict) -> dict[str, jax.Array]:
+             config: ml_collections.ConfigDict, policy_params=None) -> dict[str, jax.Array]:
     """One `critic_step` on the step's returns; its stats (`value_loss`, ...)."""
     settings = CriticSettings.from_config(
         config, group_size=config_lib.train_rollouts_per_problem(config),
         prompt_len=prompt_len)
     self.params, self.opt_state, stats = critic_step(
         self.graphdef, self.params, self.opt_state,
-        targets.batch.replace(shuffle_rng=shuffle_rng), tx=self.tx, settings=settings)
+        targets.batch.replace(shuffle_rng=shuffle_rng), tx=self.tx, settings=settings,
+        frozen=self.trunk(policy_params))
     return stats
+
+  @property
+  def shares_policy_trunk(self) -> bool:
+    return "trunk" not in self.params
+
+  def trunk(self, policy_params):
+    """The frozen trunk to merge with the head: the policy's (`critic.trunk="policy"`),
+    else None (the critic's params hold their own trunk)."""
+    if not self.shares_policy_trunk:
+      return None
+    if policy_params is None:
+      raise ValueError("a critic on the policy's trunk needs the policy's parameters")
+    return policy_trunk(policy_params)
 
   def checkpoint_tree(self) -> dict[str, Any]:
     return {"params": self.params, "opt_state": self.opt_state}

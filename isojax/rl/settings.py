@@ -156,9 +156,14 @@ class RLSettings(validation.Section):
           f"{max_new_tokens}; got {self.overlong_cache_tokens}")
 
 
+# Where the critic's value head reads its features: a decoder of its own, or the policy's.
+CRITIC_TRUNKS = ("own", "policy")
+
+
 @dataclasses.dataclass(frozen=True)
 class CriticSettings(validation.Section):
   """`config.critic`: PPO's value model, used when `rl.advantage` is `gae`."""
+  trunk: str
   path: str
   train_trunk: bool
   learning_rate: float
@@ -166,7 +171,15 @@ class CriticSettings(validation.Section):
   value_clip: float
 
   def __post_init__(self):
+    validation.choice("critic.trunk", self.trunk, CRITIC_TRUNKS)
     validation.boolean("critic.train_trunk", self.train_trunk)
+    if self.trunk == "policy" and self.path:
+      raise ValueError(f"critic.trunk='policy' reads the policy's own trunk: leave "
+                       f"critic.path empty (got {self.path!r})")
+    if self.trunk == "policy" and self.train_trunk:
+      raise ValueError("critic.trunk='policy' trains the value head only (the policy's "
+                       "loss trains the trunk; a joint loss is not built): set "
+                       "critic.train_trunk=False")
     validation.non_negative_int("critic.warmup_steps", self.warmup_steps,
                                 "steps that train the critic alone; 0: none")
     if not self.learning_rate > 0:

@@ -97,20 +97,25 @@ class Learner:
     batch = batch.replace(old_logp=old_logp, ref_logp=ref_logp, shuffle_rng=shuffle_rng)
     settings = dataclasses.replace(self.settings, prompt_len=scored.prompt_len,
                                    frozen=not train_policy)
+    critic_stats = {}
     with jax.set_mesh(self.mesh):  # activations pinned to their logical axes
       if self.critic is not None:
-        targets = self.critic.targets(batch, scored.prompt_len, self.config)
+        targets = self.critic.targets(batch, scored.prompt_len, self.config, self.params)
         batch = batch.replace(advantages=targets.advantages)
+        update_critic = functools.partial(
+            self.critic.update, targets, jax.random.fold_in(shuffle_rng, 1),
+            scored.prompt_len, self.config)
+        if self.critic.shares_policy_trunk:  # on the trunk its old values were read from,
+          critic_stats = update_critic(self.params)  # before the policy's update donates it
       trained, frozen = (lora.split(self.params) if self.config.model.lora.rank
                          else (self.params, None))
       trained, self.opt_state, stats = update.train_step(
           self.graphdef, trained, self.opt_state, batch, tx=self.tx, settings=settings,
           frozen=frozen)
       self.params = trained if frozen is None else lora.merge(trained, frozen)
-      if self.critic is not None:
-        stats = dict(stats, **self.critic.update(
-            targets, jax.random.fold_in(shuffle_rng, 1), scored.prompt_len, self.config))
-    return StepResult(scored, zero_var_G, jax.device_get(stats))
+      if self.critic is not None and not self.critic.shares_policy_trunk:
+        critic_stats = update_critic()
+    return StepResult(scored, zero_var_G, jax.device_get(dict(stats, **critic_stats)))
 
 
 def step_metrics(config: ml_collections.ConfigDict, result: StepResult, *,

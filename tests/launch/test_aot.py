@@ -216,12 +216,12 @@ def test_cpu8_ppo_compiles_the_critic_with_hand_counted_bytes_and_flops(model_di
     from isojax import aot
     aot.prepare_backend("cpu:8")
     out = []
-    for train_trunk in (True, False):
+    for train_trunk, trunk in ((True, "own"), (False, "own"), (False, "policy")):
       config = hard.get_config("micro")
       config.base_model.path = {model_dir!r}
       config.mesh.update(data=1, fsdp=-1, tensor=1)
       config.rl.advantage = "gae"
-      config.critic.train_trunk = train_trunk
+      config.critic.update(train_trunk=train_trunk, trunk=trunk)
       results = aot.check(config, aot.topology_devices("cpu:8"), aot.model_config(config), 16)
       out.append([dataclasses.asdict(r) for r in results])
     print(json.dumps(out))
@@ -229,8 +229,8 @@ def test_cpu8_ppo_compiles_the_critic_with_hand_counted_bytes_and_flops(model_di
   proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO,
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-4000:]
-  trained, frozen = [{r["name"]: r for r in run}
-                     for run in json.loads(proc.stdout.strip().splitlines()[-1])]
+  trained, frozen, shared = [{r["name"]: r for r in run}
+                             for run in json.loads(proc.stdout.strip().splitlines()[-1])]
   assert list(trained) == ["sample", "score", "train_step", "values", "critic_step"]
   assert not any(r["error"] for r in [*trained.values(), *frozen.values()])
   config = hard.get_config("micro")
@@ -261,6 +261,14 @@ def test_cpu8_ppo_compiles_the_critic_with_hand_counted_bytes_and_flops(model_di
   assert frozen["critic_step"]["flops"] == 2 * epochs * critic_body * B * (P + T)
   assert trained["train_step"]["flops"] == 6 * epochs * (layers * B * (P + T) + V * D * B * T)
   assert "trunk frozen" in frozen["critic_step"]["inputs"]
+  # critic.trunk='policy': the critic holds its head alone; the policy's weights (without
+  # the LM head) are an argument of its programs, not a second resident copy.
+  head = 4 * (D // FSDP + 1)
+  assert shared["train_step"]["resident"] == params + head + head_opt
+  assert shared["values"]["argument"] == (head + params - 4 * V * D // FSDP
+                                          + B * (P + T) * (4 + 1) // FSDP)
+  assert shared["critic_step"]["flops"] == frozen["critic_step"]["flops"]
+  assert "trunk the policy's" in shared["critic_step"]["inputs"]
 
 
 @pytest.mark.slow("compiles every program of a LoRA step for eight fake devices")

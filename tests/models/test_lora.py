@@ -145,8 +145,11 @@ def test_a_rank_above_a_layers_width_and_lora_with_a_critic_are_refused():
   config = hard.get_config("micro")
   config.model.lora.rank = 4
   config.rl.advantage = "gae"
-  with pytest.raises(ValueError, match="model.lora.rank > 0 with rl.advantage='gae'"):
+  with pytest.raises(ValueError, match="model.lora.rank > 0 with rl.advantage='gae' and "
+                     "critic.trunk='own'"):
     config_lib.resolve(config)
+  config.critic.update(trunk="policy", train_trunk=False)  # a head on the policy's trunk
+  assert config_lib.resolve(config).critic.trunk == "policy"
   assert LoraSettings().enabled is False and dataclasses.replace(LoraSettings(), rank=2).enabled
 
 

@@ -15,7 +15,7 @@ from flax import nnx
 from isojax import config_lib, run_dir, train
 from isojax.models import hf_checkpoint, sharding
 from isojax.models.transformer import ModelConfig, Transformer
-from isojax.rl import advantages, critic
+from isojax.rl import advantages, critic, update
 
 
 def np_gae(rewards, values, mask, gamma, lam):
@@ -85,9 +85,9 @@ def _tiny(vocab=11):
   return nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
 
 
-def _critic(train_trunk):
+def _critic(train_trunk, trunk="own"):
   config = config_lib.base_config()
-  config.critic.train_trunk = train_trunk
+  config.critic.update(train_trunk=train_trunk, trunk=trunk)
   config.rl.num_minibatches = 2
   config.optim.warmup_steps = 0
   mesh = sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
@@ -141,6 +141,43 @@ def test_the_critic_gradient_flows_only_where_configured(train_trunk):
   assert float(stats["value_loss"]) <= float(jnp.sum(loss) / response.sum()) + 1e-6
 
 
+def test_a_head_on_the_policy_trunk_reads_and_keeps_the_policy_weights():
+  """critic.trunk='policy': the critic's state is the head alone; its values are the
+  head on the policy's own hidden states; its update changes the head only, holds Adam
+  moments for the head only, and leaves every policy weight's bits (not donated)."""
+  config, c, policy_params = _critic(False, trunk="policy")
+  config.rollouts_per_problem = 2  # 4 rollouts: two groups, one per minibatch
+  assert set(c.params.keys()) == {"head"} and c.shares_policy_trunk
+  c.params["head"]["kernel"][...] = jnp.linspace(-1, 1, 16)[:, None]
+  c.params["head"]["bias"][...] = jnp.array([0.3])
+  rng = np.random.default_rng(2)
+  tokens = rng.integers(0, 11, (4, 7)).astype(np.int32)
+  mask, response = np.ones((4, 7), bool), np.ones((4, 4), bool)
+  got = critic.values(c.graphdef, c.params, tokens, mask, prompt_len=3,
+                      frozen=critic.policy_trunk(policy_params))
+  policy = nnx.merge(_tiny()[0], policy_params)
+  h = policy.final_norm(policy.hidden_states(jnp.asarray(tokens), jnp.asarray(mask)))
+  np.testing.assert_allclose(got, np.asarray(h)[:, 2:-1] @ np.linspace(-1, 1, 16) + 0.3,
+                             rtol=1e-5, atol=1e-5)
+  before_policy = jax.tree.map(np.array, policy_params)
+  before_head = jax.tree.map(np.array, c.params)
+  batch = update.TrainBatch(
+      tokens=tokens, mask=mask, response_mask=response, sampler_logp=None, old_logp=None,
+      ref_logp=None, advantages=None, keep_pg=None, keep_reg=None, shuffle_rng=None,
+      rewards=jnp.array([1.0, 0.0, 1.0, 0.0]))
+  targets = c.targets(batch, 3, config, policy_params)
+  np.testing.assert_allclose(targets.batch.old_values, got)
+  c.update(targets, jax.random.key(0), 3, config, policy_params)
+  for x, y in zip(jax.tree.leaves(before_policy), jax.tree.leaves(policy_params), strict=True):
+    np.testing.assert_array_equal(x, np.asarray(y))
+  assert all(np.any(a != np.asarray(b)) for a, b in zip(
+      jax.tree.leaves(before_head), jax.tree.leaves(c.params)))
+  moments = sorted(x.shape for x in jax.tree.leaves(c.opt_state) if x.ndim)
+  assert moments == [(1,), (1,), (16, 1), (16, 1)]
+  with pytest.raises(ValueError, match="needs the policy's parameters"):
+    c.targets(batch, 3, config)
+
+
 def test_critic_update_fits_the_returns():
   config, c, _ = _critic(True)
   config.critic.learning_rate = 3e-3
@@ -174,11 +211,12 @@ def _micro(**rl):
   return config
 
 
-def test_ppo_run_resumes_bit_identically(tmp_path):
+@pytest.mark.parametrize("trunk", ["own", "policy"])
+def test_ppo_run_resumes_bit_identically(tmp_path, trunk):
   """A copy of a finished run, its last checkpoint removed, resumes from step 2 and logs
   what the whole run logged: the critic's state comes back with the policy's."""
   config = _micro()
-  config.critic.warmup_steps = 1
+  config.critic.update(warmup_steps=1, trunk=trunk, train_trunk=trunk == "own")
   whole, part = str(tmp_path / "whole"), str(tmp_path / "part")
   train.run(config, whole)
   shutil.copytree(whole, part)
@@ -207,9 +245,14 @@ def test_gae_allows_one_rollout_per_problem_and_group_estimators_do_not():
     ("critic.warmup_steps", -1, "critic.warmup_steps=-1"),
     ("rl.gae_lambda", 1.5, "rl.gae_lambda=1.5"),
     ("rl.gamma", -0.1, "rl.gamma=-0.1"),
+    ("critic.trunk", "shared", "critic.trunk='shared': expected one of"),
+    ("critic.train_trunk", True, "critic.trunk='policy' trains the value head only"),
+    ("critic.path", "/ckpt/critic", "critic.trunk='policy' reads the policy's own trunk"),
 ])
 def test_bad_critic_fields_are_named(field, value, message):
   config = _micro()
+  if field in ("critic.train_trunk", "critic.path"):
+    config.critic.update(trunk="policy", train_trunk=False)
   section, name = field.split(".")
   config[section][name] = value
   with pytest.raises(ValueError, match=message):
