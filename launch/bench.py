@@ -27,7 +27,9 @@ process it measures
   6. one RL step of the default preset, broken down into its phases (`isojax.bench.rl_step`);
   7. decode against the memory-bandwidth roofline (`isojax.bench.roofline`), per workload of
      --roofline: bytes of weights and KV cache read per step / step time, against a
-     measured copy bandwidth and the device's nominal one where known.
+     measured copy bandwidth and the device's nominal one where known;
+  8. LoRA sampling (`isojax.bench.lora_sampling`): the adapted model against the same
+     weights merged, on --lora_workload, and the share of greedy tokens they agree on.
 Tokens/s = generated (or trained) tokens / wall seconds of one call, median of
 --repeats rounds after a warm-up call (the sides of a comparison called in turn in each
 round); compile = warm-up minus that median. --sections picks what runs, e.g. on a GPU:
@@ -54,7 +56,8 @@ from absl import app, flags
 from flax import nnx
 
 from isojax import storage
-from isojax.bench import long_outputs, ours, report, rl_step, roofline, sampling, skew
+from isojax.bench import (long_outputs, lora_sampling, ours, report, rl_step, roofline,
+                          sampling, skew)
 from isojax.bench import train_step
 from isojax.bench import tunix as tunix_lib
 from isojax.bench.options import SECTIONS, Options, check_options
@@ -70,6 +73,8 @@ def run(o: Options) -> dict:
   with tempfile.TemporaryDirectory(prefix="isojax_bench_") as path:
     ours.write_checkpoint(path, o)
     model = nnx.split(hf_checkpoint.load_model(path))
+    lora_models = (lora_sampling.adapted_and_merged(path, o.lora_rank) if "lora" in wanted
+                   else None)
     if "sampling" in wanted:   # the one section that measures Hugging Face (and Tunix)
       from isojax.bench import hf  # pylint: disable=g-import-not-at-top
       hf_model = hf.load(path)
@@ -96,7 +101,8 @@ def run(o: Options) -> dict:
       rl_step=lambda: rl_step.breakdown(rl_step.default_config(o.rl_steps))
       if o.rl_steps else None,
       roofline=lambda: [roofline.bench_decode_roofline(model, counts, w, o, rng, tied=False)
-                        for w in o.roofline])
+                        for w in o.roofline],
+      lora=lambda: lora_sampling.bench_lora_sampling(lora_models, o, rng))
   return dict(info, **{name: fn() if name in wanted else None
                        for name, fn in sections.items()})
 
@@ -128,6 +134,8 @@ _HELP = {"": "Model size (the Qwen2Config field of that meaning).",
                      "activations and cache (float32 | bfloat16).",
          "bandwidth": "Bytes of the float32 array whose jitted x * 2 measures the copy "
                       "bandwidth.",
+         "lora": "LoRA sampling: the adapters' rank and a workload GxNxPxT (the adapted "
+                 "model against its merged weights).",
          "sections": f"Sections to run, of {','.join(SECTIONS)}.",
          "repeats": "Timed rounds per comparison (each side called once per round; "
                     "medians are reported).", "seed": "Seed."}

@@ -7,7 +7,7 @@ import dataclasses
 from isojax.bench.timing import parse_workload
 from isojax.sampling import settings
 
-SECTIONS = ("sampling", "sharing", "skew", "long", "update", "rl_step", "roofline")
+SECTIONS = ("sampling", "sharing", "skew", "long", "update", "rl_step", "roofline", "lora")
 
 
 
@@ -42,6 +42,8 @@ class Options:
   roofline: tuple[str, ...] = ("8x1x64x256",)   # G x n x P x T of the decode-roofline section
   roofline_dtype: str = "float32"   # weights, activations and cache there
   bandwidth_bytes: int = 256 * 2**20
+  lora_rank: int = 16
+  lora_workload: str = "16x8x64x64"  # G x n x P x T of the LoRA sampling section
   sections: tuple[str, ...] = SECTIONS
   repeats: int = 3
   seed: int = 0
@@ -70,6 +72,9 @@ def check_options(o: Options) -> None:
                      f"{', '.join(SECTIONS)}")
   if o.roofline_dtype not in ("float32", "bfloat16"):
     raise ValueError(f"--roofline_dtype={o.roofline_dtype!r}: expected float32 or bfloat16")
+  parse_workload(o.lora_workload, "--lora_workload")
+  if not 0 < o.lora_rank <= min(o.hidden, o.intermediate):
+    raise ValueError(f"--lora_rank={o.lora_rank}: expected in [1, {min(o.hidden, o.intermediate)}]")
   if o.bandwidth_bytes < 4:
     raise ValueError(f"--bandwidth_bytes={o.bandwidth_bytes}: expected at least 4")
 

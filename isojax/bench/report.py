@@ -98,9 +98,18 @@ def _roofline_workload_lines(f: dict, o: dict) -> list[str]:
 
 
 
+def _lora_lines(r: dict, o: dict) -> list[str]:
+  f = r["lora"]
+  return [f"LoRA sampling: isojax, {f['workload']} (G x n x P x T), rank {f['rank']} on every "
+          "projection, temperature 1",
+          f"  adapted {f['adapted']['tokens_per_s']:.0f} tokens/s; merged weights "
+          f"{f['merged']['tokens_per_s']:.0f} tokens/s -> adapted at {f['ratio']:.2f}x the "
+          f"merged rate; greedy tokens equal: {100 * f['greedy_tokens_equal']:.1f}%"]
+
+
 _SECTION_LINES = dict(sampling=_sampling_lines, sharing=_sharing_lines, skew=_skew_lines,
                       long=_long_lines, update=_update_lines, rl_step=_rl_step_lines,
-                      roofline=_roofline_lines)
+                      roofline=_roofline_lines, lora=_lora_lines)
 
 
 def format_table(r: dict) -> str:

@@ -232,7 +232,8 @@ def test_command_writes_the_figures(tmp_path):
           "--skew_new_tokens=16", "--skew_candidates=32", "--update_batch=4",
           "--update_seq_len=12", "--update_prompt_len=8", "--matmul_size=64", "--repeats=1",
           "--rl_steps=0", "--long=2x2x4x16", "--long_block=4", "--roofline=2x1x4x4",
-          "--bandwidth_bytes=65536", f"--out={out}"]
+          "--bandwidth_bytes=65536", "--lora_rank=4", "--lora_workload=2x2x4x4",
+          f"--out={out}"]
   proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600,
                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert proc.returncode == 0, proc.stderr[-4000:]
@@ -242,7 +243,9 @@ def test_command_writes_the_figures(tmp_path):
   assert "10 rows = 5 prompts x n=2" in proc.stdout   # both n: the skew test above
   result = json.loads(out.read_text())
   assert {"options", "params", "same_weights", "sampling", "sharing", "skew", "long",
-          "update", "roofline"} <= set(result)
+          "update", "roofline", "lora"} <= set(result)
+  assert result["lora"]["adapted"]["tokens"] == result["lora"]["merged"]["tokens"] == 2 * 2 * 4
+  assert "LoRA sampling: isojax, 2x2x4x4" in proc.stdout
   assert "decode roofline: isojax, 2x1x4x4" in proc.stdout
   assert result["roofline"][0]["bytes_per_step"]["generated_cache"] == (
       2 * 1 * 4 * 2 * TINY["kv_heads"] * (TINY["hidden"] // TINY["heads"]) * 4)
@@ -384,3 +387,19 @@ def test_fastest_rate_takes_the_fastest_call(monkeypatch):
   def call():
     clock[0] += next(durations)
   assert roofline.fastest_rate(call, work=10.0, calls=3) == 10.0
+
+
+def test_lora_section_times_the_adapted_model_against_its_merged_weights():
+  """The adapted and merged models are the same function (their greedy tokens agree
+  here); the ratio is the per-round median of merged / adapted seconds."""
+  options = Options(**TINY, repeats=2, lora_rank=4, lora_workload="2x2x4x6",
+                    sections=("lora",))
+  result = bench.run(options)
+  f = result["lora"]
+  assert f["adapted"]["tokens"] == f["merged"]["tokens"] == 2 * 2 * 6
+  assert f["ratio"] == pytest.approx(float(np.median(
+      np.divide(f["merged"]["times_s"], f["adapted"]["times_s"]))))
+  assert f["greedy_tokens_equal"] == 1.0
+  assert "adapted at" in report.format_table(result)
+  with pytest.raises(ValueError, match=r"--lora_rank=64: expected in \[1, 32\]"):
+    check_options(Options(**TINY, lora_rank=64))
