@@ -37,13 +37,15 @@ def param_counts(model) -> dict[str, int]:
 
 
 def isojax_sample(model, prompts_GP, *, n, new_tokens, temperature=1.0, stop_ids=(),
-                  num_slots=0, min_slots=0, decode_block=0, weights_dtype=None, dtype=None):
+                  num_slots=0, min_slots=0, decode_block=0, weights_dtype=None, dtype=None,
+                  merge_adapters=True):
   """Rollouts of `sampler.sample` (B = G * n rows), computed before returning."""
   graphdef, state = model
   spec = sampler.SampleSpec(n=n, max_new_tokens=new_tokens, temperature=temperature,
                             stop_ids=tuple(stop_ids), pad_id=0, num_slots=num_slots,
                             min_slots=min_slots, decode_block=decode_block,
-                            weights_dtype=weights_dtype, dtype=dtype)
+                            weights_dtype=weights_dtype, dtype=dtype,
+                            merge_adapters=merge_adapters)
   return jax.block_until_ready(sampler.sample(
       graphdef, state, jnp.asarray(prompts_GP), jnp.ones(prompts_GP.shape, bool),
       jax.random.key(0), spec))

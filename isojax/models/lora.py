@@ -33,7 +33,7 @@ from flax import nnx
 from safetensors.numpy import save_file
 
 from isojax.models import sharding
-from isojax.models.transformer import ModelConfig, Transformer
+from isojax.models.transformer import ModelConfig, Transformer, abstract_model
 
 PEFT_CONFIG = "adapter_config.json"
 PEFT_WEIGHTS = "adapter_model.safetensors"
@@ -83,7 +83,7 @@ def merged_model(model: Transformer) -> Transformer:
     delta = jnp.einsum("...ir,...ro->...io", ab["a"], ab["b"]) * scale  # [L, in, out]
     flat_base[kernel] = flat_base[kernel].replace(flat_base[kernel][...] + delta)
   del graphdef
-  plain_graphdef, _ = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+  plain_graphdef, _ = nnx.split(abstract_model(cfg))  # outside any mesh (it may run in one)
   return nnx.merge(plain_graphdef, nnx.from_flat_state(list(flat_base.items())))
 
 

@@ -205,3 +205,24 @@ def test_checkpoints_hold_the_adapters_and_resume_exactly(tmp_path):
       logits = hf_model(torch.tensor(np.asarray(tokens))).logits.numpy()
       np.testing.assert_allclose(logits, ours, atol=5e-5, rtol=1e-4)
   assert os.path.isfile(tmp_path / "hf" / "tokenizer.json")
+
+
+def test_the_sampler_decodes_with_the_adapters_merged(adapted):
+  """`sampler.sample` merges the adapters once per call: its rollouts are those of the
+  merged model; decoding through the adapters instead (merge_adapters=False) is the
+  same function, so greedy decoding picks the same tokens."""
+  from isojax.sampling import sampler  # pylint: disable=g-import-not-at-top
+  _, model = adapted
+  prompts = jax.random.randint(jax.random.key(5), (3, 6), 1, model.cfg.vocab_size)
+  mask = jnp.ones(prompts.shape, bool)
+  spec = sampler.SampleSpec(n=2, max_new_tokens=8, temperature=1.0, stop_ids=(), pad_id=0)
+  got = sampler.sample(*nnx.split(model), prompts, mask, jax.random.key(0), spec)
+  want = sampler.sample(*nnx.split(lora.merged_model(model)), prompts, mask,
+                        jax.random.key(0), spec)
+  np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
+  np.testing.assert_allclose(np.asarray(got.logprobs), np.asarray(want.logprobs), atol=1e-5)
+  greedy = dataclasses.replace(spec, temperature=0.0)
+  merged = sampler.sample(*nnx.split(model), prompts, mask, jax.random.key(0), greedy)
+  unmerged = sampler.sample(*nnx.split(model), prompts, mask, jax.random.key(0),
+                            dataclasses.replace(greedy, merge_adapters=False))
+  np.testing.assert_array_equal(np.asarray(merged.tokens), np.asarray(unmerged.tokens))
