@@ -6,6 +6,9 @@ can evaluate or sample it directly.
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
@@ -14,6 +17,11 @@ from flax import nnx
 from isojax import config_lib, run_dir
 from isojax.models import hf_checkpoint, lora
 from isojax.tasks import demo_bases
+
+# What a checkpoint directory holds besides its weights (copied from the base).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "chat_template.jinja", "generation_config.json", "vocab.json",
+                   "merges.txt")
 
 
 def restored_policy(workdir: str, step: int | None = None):
@@ -37,3 +45,16 @@ def restored_policy(workdir: str, step: int | None = None):
   ckpt.close()
   params = restored if base is None else lora.merge(restored, base)
   return nnx.merge(graphdef, params), path, step
+
+
+def save_hf(model, base_path: str, out: str) -> None:
+  """`model` as a Hugging Face checkpoint directory (LoRA adapters merged into the
+  weights) with the base checkpoint's tokenizer files."""
+  hf = hf_checkpoint.read_hf_config(base_path)
+  plain = lora.merged_model(model) if model.cfg.lora.enabled else model
+  hf_checkpoint.save_model(plain, out, eos_token_id=hf.get("eos_token_id"),
+                           bos_token_id=hf.get("bos_token_id"),
+                           pad_token_id=hf.get("pad_token_id"))
+  for name in TOKENIZER_FILES:
+    if os.path.isfile(os.path.join(base_path, name)):
+      shutil.copyfile(os.path.join(base_path, name), os.path.join(out, name))

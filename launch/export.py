@@ -14,23 +14,16 @@ alone in PEFT's layout (`peft.PeftModel.from_pretrained(base, OUT)`): LoRA runs 
 
 from __future__ import annotations
 
-import os
-import shutil
-
 from absl import app, flags
 
 from isojax import export
-from isojax.models import hf_checkpoint, lora
+from isojax.models import lora
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The run directory.", required=True)
 _OUT = flags.DEFINE_string("out", None, "The directory to write.", required=True)
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest).")
 _FORMAT = flags.DEFINE_enum("format", "hf", ["hf", "peft"], "hf: a merged Hugging Face "
                             "checkpoint; peft: LoRA adapters in PEFT's layout.")
-# What a checkpoint directory holds besides its weights (copied from the base).
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                    "chat_template.jinja", "generation_config.json", "vocab.json",
-                    "merges.txt")
 
 
 def main(argv):
@@ -47,14 +40,7 @@ def main(argv):
                        "has no LoRA adapters (model.lora.rank=0); use --format=hf")
     lora.save_peft(model, out, base_model_name_or_path=base_path)
   else:
-    hf = hf_checkpoint.read_hf_config(base_path)
-    plain = lora.merged_model(model) if model.cfg.lora.enabled else model
-    hf_checkpoint.save_model(plain, out, eos_token_id=hf.get("eos_token_id"),
-                             bos_token_id=hf.get("bos_token_id"),
-                             pad_token_id=hf.get("pad_token_id"))
-    for name in _TOKENIZER_FILES:
-      if os.path.isfile(os.path.join(base_path, name)):
-        shutil.copyfile(os.path.join(base_path, name), os.path.join(out, name))
+    export.save_hf(model, base_path, out)
   print(f"wrote {out} ({_FORMAT.value}) from step {step} of {_WORKDIR.value}")
 
 

@@ -71,8 +71,7 @@ def init_adapters(cfg: ModelConfig, mesh, seed: int = 0):
 def merged_model(model: Transformer) -> Transformer:
   """A model without adapters whose projections are W + A @ B * alpha / rank."""
   cfg = dataclasses.replace(model.cfg, lora=dataclasses.replace(model.cfg.lora, rank=0))
-  graphdef, params = nnx.split(model)
-  adapters, base = split(params)
+  adapters, base = split(nnx.state(model))
   flat_base = dict(nnx.to_flat_state(base))
   scale = model.cfg.lora.alpha / model.cfg.lora.rank
   pairs = {}
@@ -82,7 +81,6 @@ def merged_model(model: Transformer) -> Transformer:
     kernel = (*adapter_path[:-1], adapter_path[-1].removesuffix(_SUFFIX), "kernel")
     delta = jnp.einsum("...ir,...ro->...io", ab["a"], ab["b"]) * scale  # [L, in, out]
     flat_base[kernel] = flat_base[kernel].replace(flat_base[kernel][...] + delta)
-  del graphdef
   plain_graphdef, _ = nnx.split(abstract_model(cfg))  # outside any mesh (it may run in one)
   return nnx.merge(plain_graphdef, nnx.from_flat_state(list(flat_base.items())))
 

@@ -3,9 +3,10 @@
 `train_step(graphdef, params, opt_state, batch)` is a pure function of the model's
 parameter state, the optax state and a `TrainBatch`; both states are donated, so the
 update happens in place on the mesh. With LoRA (`models/lora.py`) `params` are the
-adapters and `frozen` the base weights, which are read, not differentiated or donated. Which estimator, loss, aggregation and KL form
-it uses are names from the config, looked up in the registries of
-`isojax.rl.advantages` / `isojax.rl.losses`; nothing here branches on a recipe.
+adapters and `frozen` the base weights, which are read, not differentiated or donated.
+Which estimator, loss, aggregation and KL form it uses are names from the config,
+looked up in the registries of `isojax.rl.advantages` / `isojax.rl.losses`; nothing
+here branches on a recipe.
 
 Token log-probabilities are those of the tempered policy softmax(logits / temperature),
 the distribution the sampler draws from.

@@ -141,7 +141,7 @@ def test_sigterm_to_one_host_stops_both_at_the_same_step_saved(tmp_path):
   import time  # pylint: disable=g-import-not-at-top
   from isojax import run_dir  # pylint: disable=g-import-not-at-top
   workdir = tmp_path / "run"
-  procs = _start_two(workdir, num_steps=20)
+  procs = _start_two(workdir, num_steps=12)
   deadline = time.time() + 240
   while time.time() < deadline and all(p.poll() is None for p in procs):
     if run_dir.metrics_path(str(workdir)).exists() and any(
@@ -151,10 +151,10 @@ def test_sigterm_to_one_host_stops_both_at_the_same_step_saved(tmp_path):
   procs[1].send_signal(signal.SIGTERM)
   errs = _wait(procs)
   steps = [int(re.search(r"preempted after (\d+) steps", err).group(1)) for err in errs]
-  assert steps[0] == steps[1] and 2 <= steps[0] < 20, steps
+  assert steps[0] == steps[1] and 2 <= steps[0] < 12, steps
   assert os.listdir(run_dir.checkpoint_dir(str(workdir))) == [str(steps[0])]
   (event,) = run_dir.read_events(str(workdir))
   assert event["step"] == steps[0]
 
-  _wait(_start_two(workdir, num_steps=20))
-  assert [r["step"] for r in run_dir.read_metrics(str(workdir))] == list(range(21))
+  _wait(_start_two(workdir, num_steps=12))
+  assert [r["step"] for r in run_dir.read_metrics(str(workdir))] == list(range(13))
