@@ -97,7 +97,7 @@ class TensorBoardWriter:
     self._summary, self._summary_pb2 = summary, summary_pb2
     # The ns suffix orders (and separates) files opened in the same second.
     self._writer = tensorboardX.FileWriter(logdir, filename_suffix=f".{time.time_ns()}")
-    # TensorBoard hides earlier events at or after a SessionLog START's step: a fresh run
+    # TensorBoard hides earlier events at or after the step of a START status event: a fresh run
     # hides everything before it in logdir, a resumed one what followed its checkpoint
     # (the purge_step of tensorboardX's SummaryWriter).
     purge_step = 0 if resume_step is None else resume_step + 1

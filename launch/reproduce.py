@@ -237,15 +237,23 @@ def _run_main(config: str, workdir: str, seed: str, extra: Sequence[str] = (),
   return elapsed
 
 
-def run_demos(out: str, results: str, seeds: Sequence[str], command: str) -> str:
+def _run_presets(out: str, section: str, presets, seeds: Sequence[str]
+                 ) -> tuple[float, dict[str, list]]:
+  """Each (name, config) of `presets` once per seed under out/section; (their summed
+  wall seconds, {name: the runs' summaries})."""
   wall_s, runs = 0.0, {}
-  for name, config in DEMOS:
+  for name, config in presets:
     runs[name] = []
     for seed in seeds:
-      workdir = os.path.join(out, "demos", f"{name}_s{seed}")
-      logging.info("demo %s, seed %s -> %s", name, seed, workdir)
+      workdir = os.path.join(out, section, f"{name}_s{seed}")
+      logging.info("%s %s, seed %s -> %s", section, name, seed, workdir)
       wall_s += _run_main(config, workdir, seed)
       runs[name].append(summarize_run(workdir))
+  return wall_s, runs
+
+
+def run_demos(out: str, results: str, seeds: Sequence[str], command: str) -> str:
+  wall_s, runs = _run_presets(out, "demos", DEMOS, seeds)
   plot_demos(runs, os.path.join(results, "img", "demos.png"))
   body = "\n".join([
       "Each demo's config as shipped, from its shipped base model, one run per RL seed "
@@ -482,16 +490,9 @@ def run_study(out: str, results: str, budget: int, command: str) -> str:
 
 def run_algorithms(out: str, results: str, seeds: Sequence[str], budget: int,
                    command: str) -> str:
-  """The PPO and DAPO presets over seeds, and the RQ4 sweep (GRPO's n*(C) under CISPO,
-  PODS and PPO) through `launch.study` at `budget` rollouts."""
-  wall_s, runs = 0.0, {}
-  for name, config in ALGORITHMS:
-    runs[name] = []
-    for seed in seeds:
-      workdir = os.path.join(out, "algorithms", f"{name}_s{seed}")
-      logging.info("algorithm %s, seed %s -> %s", name, seed, workdir)
-      wall_s += _run_main(config, workdir, seed)
-      runs[name].append(summarize_run(workdir))
+  """The PPO, DAPO and LoRA presets over seeds, and the RQ4 sweep (GRPO's n*(C) under
+  CISPO, PODS and PPO) through `launch.study` at `budget` rollouts."""
+  wall_s, runs = _run_presets(out, "algorithms", ALGORITHMS, seeds)
   study_dir = os.path.join(out, f"algorithms_C{budget}")
   findings, sweep_s = _launch_study(study_dir, budget, ["configs/sweep_algorithms.py"])
   images = _study_images(study_dir, results, "algorithms")

@@ -63,8 +63,7 @@ def init_adapters(cfg: ModelConfig, mesh, seed: int = 0):
   them, placed on `mesh`. Only they are computed: XLA drops the unused base weights."""
   def make():
     return nnx.state(Transformer(cfg, rngs=nnx.Rngs(seed)), nnx.LoRAParam)
-  with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
-    abstract = nnx.eval_shape(make)
+  abstract = nnx.state(abstract_model(cfg), nnx.LoRAParam)
   return jax.jit(make, out_shardings=sharding.state_shardings(abstract, mesh))()
 
 

@@ -362,8 +362,10 @@ def _call_model(graphdef, state, spec: SampleSpec):
   """The model one call decodes with: LoRA adapters merged into their projections
   (`merge_adapters`: once per call, faster to decode than the adapters' own products,
   the same function), weights cast to `weights_dtype`, activations in `dtype`."""
-  if spec.merge_adapters and nnx.merge(graphdef, state).cfg.lora.enabled:
-    graphdef, state = nnx.split(lora.merged_model(nnx.merge(graphdef, state)))
+  if spec.merge_adapters:
+    model = nnx.merge(graphdef, state)
+    if model.cfg.lora.enabled:
+      graphdef, state = nnx.split(lora.merged_model(model))
   model = nnx.merge(graphdef, _cast_floats(state, spec.weights_dtype))
   return model.with_dtype(spec.dtype) if spec.dtype else model
 

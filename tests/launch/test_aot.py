@@ -47,6 +47,15 @@ def _micro(model_dir: str):
   return config
 
 
+def _child_json(code: str):
+  """Runs `code` in a child Python (its own fake devices) and returns the JSON of its
+  last printed line, failing the test with its stderr if it exits non-zero."""
+  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.slow("compiles every program of a step for eight fake devices")
 def test_cpu8_compiles_every_program_with_hand_counted_arguments(model_dir):
   code = f"""
@@ -60,10 +69,8 @@ def test_cpu8_compiles_every_program_with_hand_counted_arguments(model_dir):
     results = aot.check(config, aot.topology_devices("cpu:8"), aot.model_config(config), 16)
     print(json.dumps([dataclasses.asdict(r) for r in results]))
   """
-  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO,
-                        capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  got = {r["name"]: r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
+  printed = _child_json(code)
+  got = {r["name"]: r for r in printed}
   assert list(got) == ["sample", "score", "train_step"]
   assert not any(r["error"] for r in got.values())
   params = _param_bytes_per_chip()
@@ -103,10 +110,8 @@ def test_sampler_is_compiled_with_the_configured_slots_and_dtype(model_dir):
       out.append(dataclasses.asdict(sample))
     print(json.dumps(out))
   """
-  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO,
-                        capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  lockstep, slots, halving, bf16_weights, bf16 = json.loads(proc.stdout.strip().splitlines()[-1])
+  printed = _child_json(code)
+  lockstep, slots, halving, bf16_weights, bf16 = printed
   assert "decode slots" not in lockstep["inputs"] and "caches" not in lockstep["inputs"]
   assert bf16["inputs"].endswith(" x 4 rollouts of 512 tokens, bfloat16 activations and caches")
   assert slots["inputs"].endswith(", 8 decode slots")
@@ -186,10 +191,8 @@ def test_cpu8_split_compiles_the_sampler_and_the_learner_on_their_own_chips(mode
     results = aot.check(config, aot.topology_devices("cpu:8"), aot.model_config(config), 16)
     print(json.dumps([dataclasses.asdict(r) for r in results]))
   """
-  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO,
-                        capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  got = {r["name"]: r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
+  printed = _child_json(code)
+  got = {r["name"]: r for r in printed}
   assert not any(r["error"] for r in got.values())
   on_embed = 2 * V * D + L * (D * N * H + 2 * D * K * H + N * H * D + 3 * D * F)
   whole = L * (N * H + 2 * K * H + 2 * D) + D
@@ -226,11 +229,9 @@ def test_cpu8_ppo_compiles_the_critic_with_hand_counted_bytes_and_flops(model_di
       out.append([dataclasses.asdict(r) for r in results])
     print(json.dumps(out))
   """
-  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO,
-                        capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-4000:]
+  printed = _child_json(code)
   trained, frozen, shared = [{r["name"]: r for r in run}
-                             for run in json.loads(proc.stdout.strip().splitlines()[-1])]
+                             for run in printed]
   assert list(trained) == ["sample", "score", "train_step", "values", "critic_step"]
   assert not any(r["error"] for r in [*trained.values(), *frozen.values()])
   config = hard.get_config("micro")
@@ -288,10 +289,8 @@ def test_cpu8_lora_trains_and_holds_only_the_adapters(model_dir):
     results = aot.check(config, aot.topology_devices("cpu:8"), aot.model_config(config), 16)
     print(json.dumps([dataclasses.asdict(r) for r in results]))
   """
-  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO,
-                        capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  got = {r["name"]: r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
+  printed = _child_json(code)
+  got = {r["name"]: r for r in printed}
   assert not any(r["error"] for r in got.values())
   r = 4
   # Per layer and projection, A [in, r] split on its first axis when that is `embed`,
