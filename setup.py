@@ -32,6 +32,8 @@ setup(
         # TensorBoard event files beside metrics.jsonl (isojax.metric_writers): pure
         # Python, no TensorFlow.
         "tensorboardX>=2.6,<3",
+        # GGUF checkpoints (llama.cpp's format; isojax.models.gguf_checkpoint).
+        "gguf>=0.17,<1",
     ],
     extras_require={
         # Real tasks: local dataset files (HF datasets), prepared TFDS datasets without

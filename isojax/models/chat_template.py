@@ -7,7 +7,8 @@ run time, so this module re-creates the rendering of
 `transformers.utils.chat_template_utils` (transformers 5.23) with plain jinja2: the same
 sandboxed environment (trim_blocks, lstrip_blocks, loop controls), the same `tojson`
 filter and `raise_exception` / `strftime_now` globals, the same message clean-up and
-the same variables (the tokenizer's special tokens, `tools=None`, `documents=None`).
+the same variables (the tokenizer's special tokens, `tools=None`, `documents=None`),
+and transformers' `{% generation %}` block tag.
 `tests/models/test_chat_template.py` pins the output to transformers'. Older 5.x
 releases clean messages differently: 5.17 keeps None-valued keys and does not alias
 `thinking` to `reasoning_content`, so templates that test those render differently there.
@@ -68,11 +69,29 @@ def _strftime_now(format):  # pylint: disable=redefined-builtin
   return datetime.now().strftime(format)
 
 
+class _Generation(jinja2.ext.Extension):
+  """`{% generation %}...{% endgeneration %}`: transformers' marker of the assistant's
+  own tokens (for `return_assistant_tokens_mask`), which renders as its body.
+
+  SmolLM3's and Phi-4-reasoning's templates wrap each assistant turn in it; isojax
+  renders prompts only, so the block's text is all that matters.
+  """
+  tags = {"generation"}
+
+  def parse(self, parser):
+    lineno = next(parser.stream).lineno
+    body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+    return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+  def _body(self, caller):
+    return caller()
+
+
 @functools.lru_cache(maxsize=16)
 def _compile(template: str) -> jinja2.Template:
   # Templates come from downloaded checkpoints: untrusted code, hence the sandbox.
   env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                      extensions=[jinja2.ext.loopcontrols])
+                                      extensions=[jinja2.ext.loopcontrols, _Generation])
   env.filters["tojson"] = _tojson
   env.globals["raise_exception"] = _raise_exception
   env.globals["strftime_now"] = _strftime_now

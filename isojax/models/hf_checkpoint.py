@@ -9,6 +9,10 @@ and demo exercises.
 Loading is streaming: each device reads its own block of each tensor from
 safetensors, transposed to the Flax layout (and stacked over layers, our layout for
 the scanned decoder), so the host never holds the whole model.
+
+A GGUF file (or a directory holding one) is read the same way through
+`gguf_checkpoint`: its metadata stands for config.json, its tensors are dequantized
+under their Hugging Face names.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
+from isojax.models import gguf_checkpoint
 from isojax.models import lora as lora_lib
 from isojax.models import sharding as sharding_lib
 from isojax.models.settings import LoraSettings
@@ -185,6 +190,9 @@ class _Tensors:
   def names(self) -> list[str]:
     return list(self._tensors)
 
+  def release(self) -> None:
+    """Nothing to drop: blocks are read from the memory map as asked."""
+
   def shape(self, name: str) -> tuple[int, ...]:
     return self._tensors[name].shape
 
@@ -195,6 +203,10 @@ class _Tensors:
 
 
 def read_hf_config(path: str) -> dict[str, Any]:
+  """`path/config.json`, or the config a GGUF checkpoint's metadata describes."""
+  gguf_file = gguf_checkpoint.find(path)
+  if gguf_file is not None:
+    return gguf_checkpoint.open_file(gguf_file).hf_config()
   file = os.path.join(path, "config.json")
   if not os.path.isfile(file):
     raise FileNotFoundError(f"{file}: missing; expected a Hugging Face checkpoint directory")
@@ -202,9 +214,22 @@ def read_hf_config(path: str) -> dict[str, Any]:
     return json.load(f)
 
 
+def config_source(path: str) -> str:
+  """The file a checkpoint's architecture is read from, for error messages."""
+  return gguf_checkpoint.find(path) or os.path.join(path, "config.json")
+
+
+def open_tensors(path: str):
+  """The tensor reader of checkpoint `path`: safetensors, or a GGUF file."""
+  gguf_file = gguf_checkpoint.find(path)
+  if gguf_file is not None:
+    return gguf_checkpoint.GGUFTensors(gguf_checkpoint.open_file(gguf_file))
+  return _Tensors(path)
+
+
 def load_model(path: str, mesh=None, *, dtype: str = "float32", fp32_lm_head: bool = True,
                remat: str = "none", attention_chunk: int = 0, lora: Any = None) -> Transformer:
-  """Builds the model described by `path/config.json` with its weights, on `mesh`.
+  """Builds the model described by `path/config.json` (or a GGUF file) on `mesh`.
 
   Every device reads only its own block of each tensor straight from safetensors
   (`jax.make_array_from_callback`), so the host never holds a whole stacked
@@ -213,26 +238,27 @@ def load_model(path: str, mesh=None, *, dtype: str = "float32", fp32_lm_head: bo
   """
   cfg = model_config_from_hf(read_hf_config(path), dtype=dtype, fp32_lm_head=fp32_lm_head,
                              remat=remat, attention_chunk=attention_chunk, lora=lora,
-                             source=os.path.join(path, "config.json"))
+                             source=config_source(path))
   mesh = mesh or sharding_lib.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
   graphdef, abstract_state = nnx.split(abstract_model(cfg))
   _, abstract_state = lora_lib.split(abstract_state)  # the base: from the checkpoint
   flat_abstract = dict(nnx.to_flat_state(abstract_state))
   flat_shardings = dict(nnx.to_flat_state(sharding_lib.state_shardings(abstract_state, mesh)))
-  tensors = _Tensors(path)
+  tensors = open_tensors(path)
   _check_tensors(path, tensors, flat_abstract, cfg)
   for key, var in flat_abstract.items():
     sharding = flat_shardings[key]
     sharding = sharding.get_value() if hasattr(sharding, "get_value") else sharding
     flat_abstract[key] = var.replace(jax.make_array_from_callback(
         var.shape, sharding, functools.partial(_read_block, tensors, key, cfg.num_layers)))
+    tensors.release()  # a GGUF's dequantized tensors of this parameter
   base = nnx.from_flat_state(flat_abstract)
   if not cfg.lora.enabled:
     return nnx.merge(graphdef, base)
   return nnx.merge(graphdef, lora_lib.init_adapters(cfg, mesh), base)
 
 
-def _check_tensors(path: str, tensors: _Tensors, flat_abstract: dict, cfg: ModelConfig) -> None:
+def _check_tensors(path: str, tensors, flat_abstract: dict, cfg: ModelConfig) -> None:
   """Every parameter's tensors exist with the right shapes; no tensor is left over."""
   expected = {}
   for key, var in flat_abstract.items():
@@ -254,7 +280,7 @@ def _check_tensors(path: str, tensors: _Tensors, flat_abstract: dict, cfg: Model
                      f"{' ...' if len(missing) > 5 else ''}")
 
 
-def _read_block(tensors: _Tensors, key: tuple, num_layers: int,
+def _read_block(tensors, key: tuple, num_layers: int,
                 index: tuple[slice, ...]) -> np.ndarray:
   """The block `index` of parameter `key`, read from its Hugging Face tensor(s)."""
   if not _is_stacked(key):

@@ -24,6 +24,7 @@ from tokenizers import (Regex, Tokenizer, decoders, models, pre_tokenizers, proc
                         trainers)
 
 from isojax.models import chat_template as chat_template_lib
+from isojax.models import gguf_checkpoint
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = chat_template_lib.TOKENIZER_CONFIG_FILE
@@ -201,10 +202,17 @@ def train_bpe_tokenizer(texts: Iterable[str], *, vocab_size: int,
 def load_tokenizer(path: str, extra_stop_ids: Sequence[int] = ()) -> TextTokenizer:
   """Loads `path/tokenizer.json`; ids, special tokens and chat template beside it.
 
+  A GGUF checkpoint's tokenizer, ids and template come from its metadata instead
+  (`gguf_checkpoint.tokenizer_parts`).
+
   EOS ids, in order: generation_config.json's `eos_token_id` (an int or a list), then
   config.json's, then the id of tokenizer_config.json's `eos_token`, then
   `extra_stop_ids`; repeats dropped. The first is the primary `eos_id`.
   """
+  gguf_file = gguf_checkpoint.find(path)
+  if gguf_file is not None:
+    parts = gguf_checkpoint.tokenizer_parts(gguf_checkpoint.open_file(gguf_file))
+    return TextTokenizer(**{**parts, "eos_ids": [*parts["eos_ids"], *extra_stop_ids]})
   file = os.path.join(path, TOKENIZER_FILE)
   if not os.path.isfile(file):
     raise FileNotFoundError(f"{file}: missing; expected the checkpoint's tokenizer")

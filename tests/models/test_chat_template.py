@@ -129,6 +129,14 @@ ENVIRONMENT_TEMPLATES = {
                   "{% endfor %}{{ ns.n }}{{ dict(a=1)['a'] }}"),
     "strftime": "{{ strftime_now('%Y-%m') }}",
     "reasoning": "{% for m in messages %}{{ m.reasoning_content }}/{{ m.thinking }};{% endfor %}",
+    # transformers' block tag, as SmolLM3's and Phi-4-reasoning's templates use it
+    "generation": ("{%- for m in messages -%}{%- if m.role == 'assistant' -%}"
+                   "{% generation %}{{ '<|im_start|>assistant\n' + m.content }}"
+                   "{% if m.thinking %}[{{ m.thinking }}]{% endif %}{{ '<|im_end|>\n' }}"
+                   "{% endgeneration %}{%- else -%}"
+                   "{{ '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}"
+                   "{%- endif -%}{%- endfor -%}"
+                   "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"),
 }
 
 
