@@ -174,14 +174,9 @@ def model_config(config: ml_collections.ConfigDict, model: str | None = None):
       raise ValueError(f"--model={model!r}: expected one of {sorted(HF_CONFIGS)}")
     hf, source = HF_CONFIGS[model], f"--model={model}"
   else:
-    path = config.base_model.path
-    if path and not os.path.isfile(os.path.join(path, "config.json")):
-      raise ValueError(f"base_model.path={path}: no config.json; pass --model=one of "
-                       f"{sorted(HF_CONFIGS)}")
-    if not path:
-      from isojax.tasks import demo_bases  # pylint: disable=g-import-not-at-top
-      path = demo_bases.policy_path(config)  # the shipped demo base, as the run loads
-    hf, source = hf_checkpoint.read_hf_config(path), os.path.join(path, "config.json")
+    from isojax.tasks import demo_bases  # pylint: disable=g-import-not-at-top
+    path = demo_bases.policy_path(config)  # checked as the run checks it
+    hf, source = hf_checkpoint.read_hf_config(path), hf_checkpoint.config_source(path)
   return hf_checkpoint.model_config_from_hf(hf, source=source, **config.model)
 
 

@@ -24,8 +24,8 @@ import tqdm
 from absl import logging
 from flax import nnx
 
-from isojax import (checkpointing, config_lib, eval_settings, evaluation, metric_writers,
-                    metrics, preemption, run_dir, tasks, workdir_lock)
+from isojax import (checkpointing, config_lib, eval_settings, evaluation, memory_plan,
+                    metric_writers, metrics, preemption, run_dir, tasks, workdir_lock)
 from isojax.models import hf_checkpoint, lora, sharding
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.rl import (advantages, dynamic_sampling, guard, off_policy, problem_pool, rollout,
@@ -100,6 +100,26 @@ def load_task(config: ml_collections.ConfigDict, tok: tokenizer_lib.TextTokenize
   return train_problems, val_problems, book, skipped, data.skipped_rows
 
 
+def plan_passes(config: ml_collections.ConfigDict, path: str, prompt_len: int
+                ) -> memory_plan.Plan:
+  """Checks prompt + max_new_tokens against the model's context and sets the passes
+  left at 0 (micro-batch, LM-head chunk, sampler call) in `config` from the model's
+  shape and the memory there is (`memory_plan`); logs the plan. Raises, naming the
+  fields, when the run cannot fit."""
+  hf = hf_checkpoint.read_hf_config(path)
+  source = hf_checkpoint.config_source(path)
+  memory_plan.check_context(prompt_len=prompt_len,
+                            max_new_tokens=config.sampling.max_new_tokens,
+                            context=hf.get("max_position_embeddings"), source=source)
+  model_cfg = hf_checkpoint.model_config_from_hf(hf, **config.model, source=source)
+  plan = memory_plan.for_config(config, model_cfg, prompt_len=prompt_len)
+  config.rl.micro_batch_size = plan.passes.micro_batch_size
+  config.rl.logprob_chunk_size = plan.passes.logprob_chunk_size
+  config.sampling.max_rollouts_per_call = plan.passes.max_rollouts_per_call
+  logging.info("memory: %s", plan.describe())
+  return plan
+
+
 def _check_resume(workdir: str, config: ml_collections.ConfigDict) -> None:
   saved = run_dir.read_config(workdir)
   changed = [f for f in _RESUME_INVARIANTS if saved.get(f) != config[f]]
@@ -150,6 +170,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
   rollout.interruption(config.sampling, tok)  # its text must fit the tokenizer: fail fast
   critic_lib.check_vocabulary(config, path)   # a loaded critic reads the policy's tokens
   train_problems, val_problems, book, skipped, skipped_rows = load_task(config, tok)
+  plan_passes(config, path, book.max_len)  # the context and memory: fail fast
   verifier = tasks.make_verifier(config.task)
 
   # ==================== Run directory and checkpoints ====================

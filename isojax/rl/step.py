@@ -58,9 +58,10 @@ class Learner:
   def log_probs(self, tokens_BS, mask_BS, prompt_len: int, sampler_logp_BT=None):
     """(old, reference) log-probs [B, T] of the responses, dispatched asynchronously.
 
-    The old log-probs are the trainer's before this update, or `sampler_logp_BT` itself
-    when the ratios are taken against the sampler (`ratio_to_sampler`); the reference
-    log-probs are the base model's, or the old ones when no reference is kept.
+    The old log-probs are the trainer's before this update, `sampler_logp_BT` itself
+    when the ratios are taken against the sampler (`ratio_to_sampler`), or None when
+    the update computes them in its own pass (`UpdateSettings.old_logp_in_pass`); the
+    reference log-probs are the base model's, or the old ones when no reference is kept.
     """
     s = self.settings
     score = functools.partial(update.score, prompt_len=prompt_len, temperature=s.temperature,
@@ -68,6 +69,7 @@ class Learner:
                               chunk_size=s.logprob_chunk_size)
     with jax.set_mesh(self.mesh):
       old_logp = (sampler_logp_BT if self.ratio_to_sampler
+                  else None if s.old_logp_in_pass
                   else score(self.graphdef, self.params, tokens_BS, mask_BS))
       ref_logp = old_logp if self.ref_params is None else score(
           self.graphdef, self.ref_params, tokens_BS, mask_BS)

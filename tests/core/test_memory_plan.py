@@ -1,0 +1,182 @@
+"""The memory plan: its estimates against XLA's own accounting, its choices by brute
+force, and the runs it refuses before anything is written."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+from flax import nnx
+
+from isojax import config_lib, memory_plan, train
+from isojax.configs import hard
+from isojax.models.transformer import ModelConfig, Transformer
+from isojax.rl import update
+
+GIB = 1024 ** 3
+
+
+def _xla_bytes(cfg, rows, prompt, response, chunk):
+  """(update: arguments + temporaries, scoring: temporaries) as XLA compiles them."""
+  graphdef, params = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+  sd = jax.ShapeDtypeStruct
+  seq = prompt + response
+  batch = update.TrainBatch(
+      tokens=sd((rows, seq), jnp.int32), mask=sd((rows, seq), bool),
+      response_mask=sd((rows, response), bool), sampler_logp=sd((rows, response), jnp.float32),
+      old_logp=sd((rows, response), jnp.float32), ref_logp=sd((rows, response), jnp.float32),
+      advantages=sd((rows,), jnp.float32), keep_pg=sd((rows,), bool),
+      keep_reg=sd((rows,), bool), shuffle_rng=jax.eval_shape(lambda: jax.random.key(0)))
+  settings = update.UpdateSettings(
+      group_size=4, prompt_len=prompt, temperature=0.7, policy_loss="ppo_clip", clip_eps=0.2,
+      clip_eps_high=0.28, cispo_eps_max=4.0, aggregation="token_mean",
+      constant_normalizer=float(response), kl_coef=0.0, kl_form="k3", entropy_coef=0.0,
+      tis_threshold=2.0, num_minibatches=1, num_epochs=1, logprob_chunk_size=chunk)
+  tx = optax.adam(1e-4)
+  compiled = update.train_step.lower(graphdef, params, jax.eval_shape(tx.init, params), batch,
+                                     tx=tx, settings=settings).compile().memory_analysis()
+  scored = update.score.lower(graphdef, params, batch.tokens, batch.mask, prompt_len=prompt,
+                              temperature=0.7, chunk_size=chunk).compile().memory_analysis()
+  return (compiled.temp_size_in_bytes + compiled.argument_size_in_bytes,
+          scored.temp_size_in_bytes)
+
+
+@pytest.mark.parametrize("vocab,chunk,remat", [(8192, 0, "none"), (8192, 16, "none"),
+                                               (256, 0, "none"), (8192, 16, "full")])
+def test_estimates_bound_xla_buffer_assignment(vocab, chunk, remat):
+  """Within [0.95, 2] of what XLA allocates for the same update and scoring programs."""
+  cfg = ModelConfig(vocab_size=vocab, num_layers=2, embed_dim=128, num_heads=4,
+                    num_kv_heads=2, head_dim=32, mlp_dim=256, tie_embeddings=True,
+                    remat=remat)
+  rows, prompt, response = 8, 32, 48
+  xla_update, xla_score = _xla_bytes(cfg, rows, prompt, response, chunk)
+  shape = memory_plan.Shape.of(cfg)
+  ours_update = (memory_plan.update_bytes(shape, rows, prompt + response, response, chunk)
+                 + memory_plan.resident_bytes(shape, trained_params=shape.params,
+                                              reference=False))
+  ours_score = memory_plan.score_bytes(shape, rows, prompt + response, response, chunk)
+  assert 0.95 * xla_update <= ours_update <= 2 * xla_update, (ours_update, xla_update)
+  assert 0.95 * xla_score <= ours_score <= 2.5 * xla_score, (ours_score, xla_score)
+
+
+def test_parameter_count_matches_the_model():
+  cfg = ModelConfig(vocab_size=300, num_layers=3, embed_dim=64, num_heads=4, num_kv_heads=2,
+                    head_dim=16, mlp_dim=96, qkv_bias=True)
+  model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  counted = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  assert memory_plan.Shape.of(cfg).params == counted
+
+
+SMOLLM2 = memory_plan.Shape(vocab_size=49152, num_layers=30, embed_dim=576, num_heads=9,
+                            num_kv_heads=3, head_dim=64, mlp_dim=1536, tie_embeddings=True)
+
+
+def _step(**kw):
+  base = dict(rollouts=256, minibatch=256, group=16, sample_rollouts=2048, prompt_len=120,
+              max_new_tokens=256, trained_params=SMOLLM2.params, reference=True)
+  return memory_plan.Step(**{**base, **kw})
+
+
+@pytest.mark.parametrize("available_gib", [8, 24, 96])
+def test_the_largest_micro_batch_that_fits_is_chosen(available_gib):
+  """Brute force over the divisors: the chosen one fits the budget, the next larger
+  does not; the LM head never holds more than LOGIT_BYTES of logits."""
+  step, fraction = _step(), 0.35
+  result = memory_plan.plan(SMOLLM2, step, memory_plan.Passes(0, 0, 0),
+                            available_gib * GIB, fraction)
+  rows = result.passes.micro_batch_size or step.minibatch
+  seq = step.prompt_len + step.max_new_tokens
+
+  def cost(r):
+    chunk = memory_plan._chunk_for(SMOLLM2, r, step.max_new_tokens)  # pylint: disable=protected-access
+    return max(memory_plan.update_bytes(SMOLLM2, r, seq, step.max_new_tokens, chunk),
+               memory_plan.score_bytes(SMOLLM2, r, seq, step.max_new_tokens, chunk))
+
+  divisors = [d for d in range(1, step.minibatch + 1) if step.minibatch % d == 0]
+  fitting = [d for d in divisors if cost(d) <= result.budget]
+  assert rows == (max(fitting) if fitting else 1)
+  chunk = result.passes.logprob_chunk_size or step.max_new_tokens
+  assert rows * chunk * SMOLLM2.vocab_size * 4 * 3 <= memory_plan.LOGIT_BYTES
+  # the whole [B, T, V] logits of the step would not have fitted
+  assert step.rollouts * step.max_new_tokens * SMOLLM2.vocab_size * 4 > memory_plan.LOGIT_BYTES
+  calls = result.passes.max_rollouts_per_call
+  if calls:
+    assert memory_plan.sample_bytes(SMOLLM2, calls, step.prompt_len,
+                                    step.max_new_tokens) <= max(result.budget, 0) or (
+                                        calls == step.group)
+
+
+def test_a_small_model_keeps_one_pass_and_one_call():
+  tiny = memory_plan.Shape(vocab_size=20, num_layers=2, embed_dim=64, num_heads=4,
+                           num_kv_heads=2, head_dim=16, mlp_dim=128, tie_embeddings=True)
+  result = memory_plan.plan(tiny, _step(max_new_tokens=8, prompt_len=12,
+                                        trained_params=tiny.params),
+                            memory_plan.Passes(0, 0, 0), 16 * GIB)
+  assert result.passes == memory_plan.Passes(0, 0, 0)
+
+
+def test_passes_set_by_hand_are_kept():
+  result = memory_plan.plan(SMOLLM2, _step(), memory_plan.Passes(32, 64, 512), 96 * GIB)
+  assert result.passes == memory_plan.Passes(32, 64, 512)
+
+
+def test_context_overflow_names_the_fields():
+  with pytest.raises(ValueError, match=r"sampling\.max_new_tokens=100000 .* 40 tokens .*"
+                                       r"task\.max_prompt_tokens.*context of 4096.*"
+                                       r"config\.json.*4056"):
+    memory_plan.check_context(prompt_len=40, max_new_tokens=100000, context=4096,
+                              source="ckpt/config.json")
+  memory_plan.check_context(prompt_len=40, max_new_tokens=4056, context=4096, source="x")
+
+
+def _smollm2_config(**fields):
+  config = hard.get_config()
+  config.sampling.max_new_tokens = 256
+  for key, value in fields.items():
+    parent = config
+    *path, leaf = key.split(".")
+    for part in path:
+      parent = parent[part]
+    parent[leaf] = value
+  return config_lib.resolve(config)
+
+
+def _smollm2_model_config():
+  return ModelConfig(vocab_size=49152, num_layers=30, embed_dim=576, num_heads=9,
+                     num_kv_heads=3, head_dim=64, mlp_dim=1536, tie_embeddings=True)
+
+
+def test_an_estimate_above_the_machine_is_refused_naming_fields():
+  config = _smollm2_config(**{"rl.micro_batch_size": 256})
+  with pytest.raises(ValueError, match=r"estimated peak memory is .* above the 8\.0 GiB.*"
+                                       r"set by hand: rl\.micro_batch_size=256.*leave those "
+                                       r"fields at 0"):
+    memory_plan.for_config(config, _smollm2_model_config(), prompt_len=120,
+                           available=8 * GIB)
+  with pytest.raises(ValueError, match=r"above the 1\.0 GiB.*problems_per_batch=16"):
+    memory_plan.for_config(_smollm2_config(), _smollm2_model_config(), prompt_len=120,
+                           available=1 * GIB)
+  derived = memory_plan.for_config(_smollm2_config(), _smollm2_model_config(), prompt_len=120,
+                                   available=24 * GIB)
+  assert derived.peak <= 24 * GIB * memory_plan.USABLE_FRACTION["cpu"]
+  assert derived.passes.micro_batch_size and derived.passes.logprob_chunk_size
+
+
+def test_a_run_beyond_the_context_writes_nothing(tmp_path):
+  config = hard.get_config("micro")
+  config.sampling.max_new_tokens = 100000
+  workdir = tmp_path / "run"
+  with pytest.raises(ValueError, match=r"sampling\.max_new_tokens=100000.*context of 4096"):
+    train.run(config, str(workdir))
+  assert not workdir.exists()
+
+
+def test_the_shipped_demo_keeps_one_pass_and_one_call():
+  """The tiny demo base: its programs are those it had before passes were planned."""
+  config = config_lib.resolve(hard.get_config("micro"))
+  plan = train.plan_passes(config, train.policy_path(config), prompt_len=16)
+  assert plan.passes == memory_plan.Passes(0, 0, 0)
+  assert dataclasses.astuple(plan.passes) == (config.rl.micro_batch_size,
+                                              config.rl.logprob_chunk_size,
+                                              config.sampling.max_rollouts_per_call)
