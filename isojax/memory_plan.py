@@ -191,9 +191,12 @@ def plan(shape: Shape, step: Step, requested: Passes, available: int,
   budget = int(available * fraction) - resident
   seq, response = step.prompt_len + step.max_new_tokens, step.max_new_tokens
 
+  def score_rows(rows):  # micro-batches of the update's size, or every rollout at once
+    return rows if rows < step.minibatch else step.rollouts
+
   def update_cost(rows, chunk):
     return max(update_bytes(shape, rows, seq, response, chunk),
-               score_bytes(shape, rows, seq, response, chunk))
+               score_bytes(shape, score_rows(rows), seq, response, chunk))
 
   micro, chunk = requested.micro_batch_size, requested.logprob_chunk_size
   if not micro:
@@ -215,7 +218,7 @@ def plan(shape: Shape, step: Step, requested: Passes, available: int,
   sample_rows = min(calls or step.sample_rollouts, step.sample_rollouts)
   return Plan(passes=Passes(micro, chunk, calls), resident=resident,
               update=update_bytes(shape, rows, seq, response, chunk),
-              score=score_bytes(shape, micro or step.rollouts, seq, response, chunk),
+              score=score_bytes(shape, score_rows(rows), seq, response, chunk),
               sample=sample_bytes(shape, sample_rows, step.prompt_len, step.max_new_tokens),
               budget=budget, available=available)
 

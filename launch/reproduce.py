@@ -531,8 +531,54 @@ def run_algorithms(out: str, results: str, seeds: Sequence[str], budget: int,
                 wall_s + sweep_s, body)
 
 
+# (what, task fields) of the prompt and grading candidates whose base pass rates decided
+# configs/smollm2.py's (the last one is the shipped setting).
+SMOLLM2_CANDIDATES = (
+    ("no instruction, last integer graded", dict(instruction="", answer_pattern=r"(-?\d+)")),
+    ("<answer> tags asked and required", dict(instruction=None, answer_pattern="")),
+    ("<answer> tags asked, last integer graded (shipped)",
+     dict(instruction=None, answer_pattern=r"(-?\d+)")),
+)
+
+
+def base_candidates(out: str) -> tuple[list[dict[str, Any]], float]:
+  """The base model's `val/avg@4` on the 64 validation problems under each of
+  SMOLLM2_CANDIDATES (evaluation seed 0), cached under out; (rows, wall seconds)."""
+  cache = os.path.join(out, "smollm2", "candidates.json")
+  if os.path.isfile(cache):
+    cached = storage.read_json(cache)
+    return cached["rows"], cached["wall_s"]
+  import jax  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from isojax import config_lib, evaluation, tasks, train  # pylint: disable=g-import-not-at-top
+  from isojax.configs import smollm2  # pylint: disable=g-import-not-at-top
+  from isojax.models import hf_checkpoint  # pylint: disable=g-import-not-at-top
+  from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  start, rows, model = time.time(), [], None
+  for name, fields in SMOLLM2_CANDIDATES:
+    config = smollm2.get_config()
+    config.task.update(**fields)
+    config = config_lib.resolve(config)
+    path = train.policy_path(config)
+    tok = tokenizer_lib.load_tokenizer(path)
+    _, val, book, _, _ = train.load_task(config, tok)
+    model = model or nnx.split(hf_checkpoint.load_model(path))
+    verifier = tasks.make_verifier(config.task)
+    r = evaluation.evaluate(*model, tok, book, val, verifier, config, rng=jax.random.key(0))
+    verifier.close()
+    counts = r[metrics.VAL_CORRECT_COUNTS]
+    rows.append(dict(name=name, avg=r[metrics.val_avg(4)],
+                     se=r[metrics.val_avg(4) + "_stderr"],
+                     solved=sum(c > 0 for c in counts) / len(counts)))
+  wall_s = time.time() - start
+  storage.write_json(cache, dict(rows=rows, wall_s=wall_s))
+  return rows, wall_s
+
+
 def run_smollm2(out: str, results: str, seeds: Sequence[str], command: str) -> str:
+  candidates, candidates_s = base_candidates(out)
   wall_s, runs = _run_presets(out, "smollm2", REAL_MODEL, seeds)
+  wall_s += candidates_s
   plot_demos(runs, os.path.join(results, "img", "smollm2.png"))
   rss = ["| seed | peak resident memory | wall time |", "|---|---|---|"]
   rss += [f"| {r['seed']} | {r['peak_rss_gib']:.2f} GiB | {format_seconds(r['wall_s'])} |"
@@ -547,6 +593,12 @@ def run_smollm2(out: str, results: str, seeds: Sequence[str], command: str) -> s
       "evaluation over the 64 validation problems (4 samples each); gain / SE divides the "
       "gain by its standard error paired over those problems. The step-0 row is the base "
       "model. Wall time includes start-up, loading and compilation.", "",
+      "Base pass rates of the prompt and grading candidates (step-0 evaluation: 64 "
+      "validation problems, 4 samples each; solved = at least one of the 4 correct). The "
+      "model never writes the tags it is asked for, so requiring them leaves no signal:",
+      "", "| candidate | `val/avg@4` | solved at least once |", "|---|---|---|",
+      *(f"| {c['name']} | {c['avg']:.3f} +- {c['se']:.3f} | {c['solved']:.2f} |"
+        for c in candidates), "",
       demo_table(runs), "", "Peak resident memory of each run (`wait4`'s maxrss: the "
       "run's process, not its verifier workers):", "", *rss, "",
       "![val/avg@4 per step](img/smollm2.png)", ""])

@@ -95,7 +95,8 @@ def _update_profile(config, update_s: float) -> dict:
   head = shape.vocab_size * shape.embed_dim
   rows, response = config.problems_per_batch * config.rollouts_per_problem, \
       config.sampling.max_new_tokens
-  flops = 6 * ((shape.params - head) * rows * (book.max_len + response) + head * rows * response)
+  body = shape.params - head * (1 if shape.tie_embeddings else 2)  # no FLOPs in a lookup
+  flops = 6 * (body * rows * (book.max_len + response) + head * rows * response)
   peak = train_step.matmul_peak(2048)()
   return dict(update_flops=flops, update_flops_per_s=flops / update_s,
               matmul_peak_flops_per_s=peak, fraction_of_peak=flops / update_s / peak)
@@ -186,6 +187,42 @@ def run_trl(config_path: str, steps: int) -> dict:
               torch=torch.__version__, torch_threads=torch.get_num_threads())
 
 
+def load_isojax(config_path: str, steps: int) -> dict:
+  """Seconds to load the config's checkpoint and tokenizer with isojax (jax imported)."""
+  del steps
+  import jax  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from isojax import config_lib, train  # pylint: disable=g-import-not-at-top
+  from isojax.models import hf_checkpoint  # pylint: disable=g-import-not-at-top
+  from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  path = train.policy_path(config_lib.resolve(_config(config_path, 2)))
+  start = time.perf_counter()
+  model = hf_checkpoint.load_model(path)
+  jax.block_until_ready(jax.tree.leaves(nnx.state(model)))
+  tokenizer_lib.load_tokenizer(path)
+  return dict(load_s=time.perf_counter() - start, peak_rss_gib=_peak_rss_gib())
+
+
+def load_transformers(config_path: str, steps: int) -> dict:
+  """Seconds to load the same GGUF file with transformers (torch imported), as TRL's
+  side does: the float32 model and the tokenizer."""
+  del steps
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from isojax import config_lib, train  # pylint: disable=g-import-not-at-top
+  from isojax.models import gguf_checkpoint  # pylint: disable=g-import-not-at-top
+  path = train.policy_path(config_lib.resolve(_config(config_path, 2)))
+  folder, name = os.path.split(gguf_checkpoint.find(path))
+  start = time.perf_counter()
+  transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+  transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+  return dict(load_s=time.perf_counter() - start, peak_rss_gib=_peak_rss_gib())
+
+
+SIDES = {"isojax": run_isojax, "trl": run_trl, "load_isojax": load_isojax,
+         "load_transformers": load_transformers}
+
+
 def _child(side: str, config_path: str, steps: int) -> dict:
   with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
     out = f.name
@@ -213,10 +250,14 @@ def summarize(runs: list[dict]) -> dict:
 def compare(config_path: str = DEFAULT_CONFIG, *, steps: int = 4, rounds: int = 2) -> dict:
   """`rounds` alternations of an isojax child and a TRL child of `steps` steps each."""
   runs = {"isojax": [], "trl": []}
+  loads = {"load_isojax": [], "load_transformers": []}
   for _ in range(rounds):
+    for side in loads:
+      loads[side].append(_child(side, config_path, steps)["load_s"])
     for side in runs:
       runs[side].append(_child(side, config_path, steps))
   result = {side: summarize(r) for side, r in runs.items()}
+  result["load_s"] = {side.split("_", 1)[1]: float(np.median(v)) for side, v in loads.items()}
   result["trl_over_isojax_step"] = result["trl"]["step_s"] / result["isojax"]["step_s"]
   result["versions"] = {k: runs["trl"][0][k] for k in ("trl", "torch", "torch_threads")}
   profiles = [r["profile"] for r in runs["isojax"]]
@@ -227,23 +268,28 @@ def compare(config_path: str = DEFAULT_CONFIG, *, steps: int = 4, rounds: int = 
 
 
 def format_table(r: dict) -> list[str]:
+  """The per-step table of `compare`, and the load times."""
   lines = ["| side | step s | generation s | update s | generated tokens/s | peak RSS GiB |",
            "|---|---|---|---|---|---|"]
   for side in ("isojax", "trl"):
     s = r[side]
     lines.append(f"| {side} | {s['step_s']:.1f} | {s['generate_s']:.1f} | {s['update_s']:.1f} "
                  f"| {s['tokens_per_s']:.0f} | {s['peak_rss_gib']:.2f} |")
+  load = r["load_s"]
+  lines += ["", f"Loading the GGUF file (model and tokenizer, median of the rounds, each in a "
+            f"fresh process): isojax {load['isojax']:.1f} s, transformers "
+            f"{load['transformers']:.1f} s."]
   return lines
 
 
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--side", choices=("isojax", "trl"), required=True)
+  parser.add_argument("--side", choices=tuple(SIDES), required=True)
   parser.add_argument("--config", default=DEFAULT_CONFIG)
   parser.add_argument("--steps", type=int, default=4)
   parser.add_argument("--out", required=True)
   a = parser.parse_args(argv)
-  result = (run_isojax if a.side == "isojax" else run_trl)(a.config, a.steps)
+  result = SIDES[a.side](a.config, a.steps)
   with open(a.out, "w") as f:
     json.dump(result, f)
 

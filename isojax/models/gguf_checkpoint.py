@@ -67,9 +67,16 @@ def find(path: str) -> str | None:
   return files[0] if files else None
 
 
-@functools.lru_cache(maxsize=2)
 def open_file(file: str) -> "GGUFFile":
-  """The parsed file (metadata and tensor index; tensor data stays on disk)."""
+  """The parsed file (metadata and tensor index; tensor data stays on disk), parsed
+  once per version of the file (its size and modification time)."""
+  stat = os.stat(file)
+  return _open(os.path.abspath(file), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=2)
+def _open(file: str, size: int, mtime_ns: int) -> "GGUFFile":
+  del size, mtime_ns  # the cache key: a rewritten file is parsed again
   return GGUFFile(file)
 
 
@@ -127,11 +134,13 @@ class GGUFFile:
       raise ValueError(f"{self.file}: has rope_freqs.weight (per-dimension RoPE factors, as "
                        "Llama 3.1+ scaling is stored in GGUF), which isojax does not read; "
                        "use the Hugging Face checkpoint directory of this model")
-    tokens = self.field("tokenizer.ggml.tokens") or []
+    vocab = self.arch_field("vocab_size")
+    if vocab is None:  # older files: the vocabulary's length (a long list to read)
+      vocab = len(self.field("tokenizer.ggml.tokens") or [])
     head_dim = self.arch_field("attention.key_length") or embed // heads
     return dict(
         model_type=ARCHITECTURES[self.architecture],
-        vocab_size=int(self.arch_field("vocab_size") or len(tokens)),
+        vocab_size=int(vocab),
         num_hidden_layers=int(self.arch_field("block_count")),
         hidden_size=int(embed),
         intermediate_size=int(self.arch_field("feed_forward_length")),
