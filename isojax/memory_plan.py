@@ -138,12 +138,16 @@ def _divisors_descending(total: int, multiple_of: int = 1) -> list[int]:
 
 
 def _chunk_for(shape: Shape, rows: int, response: int) -> int:
-  """The LM-head chunk for `rows`: all positions when their logits fit LOGIT_BYTES."""
+  """The LM-head chunk for `rows`: all positions when their logits fit LOGIT_BYTES,
+  else the fewest chunks that fit, of equal size (the last one padded to a multiple
+  of _CHUNK_ALIGN, so little of it is padding)."""
   per_position = rows * shape.vocab_size * 4 * 3
   if per_position * response <= LOGIT_BYTES:
     return 0
-  fits = LOGIT_BYTES // per_position // _CHUNK_ALIGN * _CHUNK_ALIGN
-  return max(_CHUNK_ALIGN, fits)
+  fits = max(_CHUNK_ALIGN, LOGIT_BYTES // per_position // _CHUNK_ALIGN * _CHUNK_ALIGN)
+  chunks = -(-response // fits)
+  return min(fits, -(-response // chunks // _CHUNK_ALIGN) * _CHUNK_ALIGN) if chunks > 1 \
+      else fits
 
 
 @dataclasses.dataclass(frozen=True)
