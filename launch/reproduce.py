@@ -535,8 +535,8 @@ def run_algorithms(out: str, results: str, seeds: Sequence[str], budget: int,
 # configs/smollm2.py's (the last one is the shipped setting).
 SMOLLM2_CANDIDATES = (
     ("no instruction, last integer graded", dict(instruction="", answer_pattern=r"(-?\d+)")),
-    ("<answer> tags asked and required", dict(instruction=None, answer_pattern="")),
-    ("<answer> tags asked, last integer graded (shipped)",
+    ("`<answer>` tags asked and required", dict(instruction=None, answer_pattern="")),
+    ("`<answer>` tags asked, last integer graded (shipped)",
      dict(instruction=None, answer_pattern=r"(-?\d+)")),
 )
 
@@ -623,8 +623,8 @@ def run_trl(results: str, steps: int, rounds: int, command: str) -> str:
       "8 rollouts of up to 64 tokens, temperature, learning rate, warm-up and Adam "
       "settings, and the same loss (PPO clip 0.2 / 0.28, token mean over the batch, no "
       "KL; TRL's `loss_type=dapo`, `beta=0`), graded by isojax's verifier on both sides. "
-      f"Each side runs in its own process; {rounds} rounds alternate an isojax and a TRL "
-      f"process of {steps} steps each, and the first step of each process (compilation, "
+      f"Each side runs in its own process; {rounds} round{'s' if rounds > 1 else ''} "
+      f"alternate{'' if rounds > 1 else 's'} a TRL and an isojax process of {steps} steps each, and the first step of each process (compilation, "
       "warm-up) is left out. Generation is isojax's `time/sample_s` and TRL's "
       "`_generate_and_score_completions`; the update is the rest of the step.", "",
       *trl_step.format_table(r), "",

@@ -123,6 +123,11 @@ def run_trl(config_path: str, steps: int) -> dict:
   folder, name = os.path.split(gguf_file)
   model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name,
                                                             dtype=torch.float32)
+  # On a CPU transformers dequantizes a GGUF into plain float32 `nn.Linear` weights but
+  # still marks the model quantized, which its Trainer refuses to fine-tune: unmark it.
+  model.hf_quantizer, model.is_quantized = None, False
+  if hasattr(model.config, "quantization_config"):
+    del model.config.quantization_config
   processing = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
   tok = tokenizer_lib.load_tokenizer(path)
   train_problems, _, _, _, _ = train.load_task(config, tok)
@@ -249,7 +254,7 @@ def summarize(runs: list[dict]) -> dict:
 
 def compare(config_path: str = DEFAULT_CONFIG, *, steps: int = 4, rounds: int = 2) -> dict:
   """`rounds` alternations of an isojax child and a TRL child of `steps` steps each."""
-  runs = {"isojax": [], "trl": []}
+  runs = {"trl": [], "isojax": []}
   loads = {"load_isojax": [], "load_transformers": []}
   for _ in range(rounds):
     for side in loads:
