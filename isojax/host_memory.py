@@ -22,6 +22,9 @@ LD_PRELOAD of another allocator, which need not be installed here), hence by han
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import os
 import re
 import sys
@@ -86,3 +89,25 @@ def restart_entry_point(module_name: str) -> None:
   if module_name == "__main__":
     cpu_isa.pin()  # before the restart, so that it inherits XLA_FLAGS too
     reexec_with_hugepages()
+
+
+def release_free_memory() -> bool:
+  """Returns the C heap's free pages to the kernel (glibc's `malloc_trim(0)`); True when
+  it did, False off glibc.
+
+  XLA:CPU frees a pass's buffers when the pass ends, but glibc keeps freed blocks below
+  its (adaptive, up to 32 MiB) mmap threshold in its arenas, and an asynchronous
+  checkpoint's host copy of the weights and optimizer state leaves the same behind once
+  written. The process then holds the update's, the sampler's and the save's memory at
+  once, though it never uses them together. The training loop calls this between phases
+  on CPU, so the peak is the largest phase rather than their sum. Nothing changes but
+  which pages are mapped; it takes milliseconds.
+  """
+  if glibc_version() is None:
+    return False
+  return bool(_libc().malloc_trim(0))
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+  return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

@@ -38,32 +38,60 @@ class Notice:
   A context manager: the SIGTERM handler (one process) is installed on entry and the
   previous one restored on exit. Outside the main thread (a run started from a worker
   thread) no handler can be installed; the notice then never arrives.
+
+  The handler only counts: a signal handler runs between two bytecodes of whatever the
+  main thread was doing, and writing a log line there can re-enter a stream that line
+  was already writing to (Python raises "reentrant call" at that arbitrary point). A
+  daemon thread logs each signal as it arrives instead.
   """
 
   def __init__(self):
     self._received = threading.Event()
+    self._signals: list[int] = []   # signal numbers, in arrival order
+    self._wake = threading.Event()  # new signals to log, or exit
+    self._closed = False
     self._previous = None
+    self._reporter: threading.Thread | None = None
     self._multihost = jax.process_count() > 1
 
   def __enter__(self) -> "Notice":
     if not self._multihost and threading.current_thread() is threading.main_thread():
       self._previous = signal.signal(signal.SIGTERM, self._on_signal)
+      self._reporter = threading.Thread(target=self._report, name="isojax-preemption-log",
+                                        daemon=True)
+      self._reporter.start()
     return self
 
   def __exit__(self, *exc) -> None:
     if self._previous is not None:
       signal.signal(signal.SIGTERM, self._previous)
       self._previous = None
+    if self._reporter is not None:
+      self._closed = True
+      self._wake.set()
+      self._reporter.join()  # every signal received is logged before the run returns
+      self._reporter = None
 
   def _on_signal(self, signum, frame) -> None:
     del frame
-    if self._received.is_set():
-      logging.warning("%s again: still finishing the step and saving it",
-                      signal.Signals(signum).name)
-      return
-    logging.warning("%s: the run stops after this step and saves it",
-                    signal.Signals(signum).name)
+    self._signals.append(signum)
     self._received.set()
+    self._wake.set()
+
+  def _report(self) -> None:
+    logged = 0
+    while True:
+      self._wake.wait()
+      self._wake.clear()
+      while logged < len(self._signals):
+        name = signal.Signals(self._signals[logged]).name
+        if logged == 0:
+          logging.warning("%s: the run stops after this step and saves it", name)
+        else:
+          logging.warning("%s again: still finishing the step and saving it", name)
+        logged += 1
+      if self._closed:
+        return
 
   def reached(self, step: int) -> bool:
     """True when the run should stop before `step`; every process calls it with the same

@@ -24,8 +24,8 @@ import tqdm
 from absl import logging
 from flax import nnx
 
-from isojax import (checkpointing, config_lib, eval_settings, evaluation, memory_plan,
-                    metric_writers, metrics, preemption, run_dir, tasks, workdir_lock)
+from isojax import (checkpointing, config_lib, eval_settings, evaluation, host_memory,
+                    memory_plan, metric_writers, metrics, preemption, run_dir, tasks, workdir_lock)
 from isojax.models import hf_checkpoint, lora, sharding
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.rl import (advantages, dynamic_sampling, guard, off_policy, problem_pool, rollout,
@@ -244,6 +244,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
         graphdef, learner.params, tok, book, val_problems, verifier, config, rng=eval_key,
         histogram_problems=train_problems[:config.eval.train_problems])
     counters.wall_s += time.time() - start
+    host_memory.release_free_memory()  # the evaluation's sampler buffers
     logging.info("step %d eval: %s", counters.step, " ".join(  # per-problem lists: jsonl only
         f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()
         if k not in metrics.PER_PROBLEM_COUNTS))
@@ -414,6 +415,9 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
         sampling_values = dynamic_sampling.metrics(generated.generated, generated.rounds)
       if config.rl.off_policy != "pipeline_in_flight":
         counters.batches += 1
+    # The sampler's freed buffers back to the kernel before the update allocates its own
+    # (and, at the end of the step, the update's and a save's before the next sampling).
+    host_memory.release_free_memory()
     update_start = time.time()
     result = learner.step(scored, select_rng=jax.random.fold_in(select_key, step),
                           shuffle_rng=jax.random.fold_in(shuffle_key, step),
@@ -456,6 +460,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
       record(collapsed)
     if counters.step % config.checkpoint_every == 0 or counters.step == num_steps:
       save()
+    host_memory.release_free_memory()
     bar.update(1)
     bar.set_postfix(reward=f"{values[metrics.TRAIN_REWARD]:.3f}",
                     val=f"{last_eval.get(metrics.val_avg(config.eval.k), float('nan')):.3f}")

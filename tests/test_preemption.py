@@ -86,6 +86,26 @@ def test_sigterm_saves_the_step_reached_and_the_rerun_matches(full_run, tmp_path
     np.testing.assert_array_equal(got, want)
 
 
+def test_signals_are_logged_by_a_thread_not_inside_the_handler(caplog):
+  """A handler that logs can re-enter a stream the interrupted code was writing; the
+  notice's handler only records, and every signal is logged, in order, by its own
+  thread before the context exits. The previous handler is back afterwards."""
+  before = signal.getsignal(signal.SIGTERM)
+  with caplog.at_level("WARNING"):
+    with preemption.Notice() as notice:
+      assert not notice.reached(1)
+      os.kill(os.getpid(), signal.SIGTERM)
+      os.kill(os.getpid(), signal.SIGTERM)
+      assert notice.reached(1) and notice.reached(2)
+  lines = [(r.threadName, r.getMessage()) for r in caplog.records
+           if "SIGTERM" in r.getMessage()]
+  assert lines == [("isojax-preemption-log", "SIGTERM: the run stops after this step and "
+                    "saves it"),
+                   ("isojax-preemption-log", "SIGTERM again: still finishing the step and "
+                    "saving it")]
+  assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_sigterm_before_the_first_step_saves_nothing_and_says_so(tmp_path, monkeypatch):
   load = train.load_task
 
