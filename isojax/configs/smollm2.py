@@ -13,8 +13,7 @@ The task is chain_sum's additions and subtractions of two or three 1-2 digit num
 asked through the model's chat template; the last integer of the reply is its answer.
 The model solves some of them and not others, so groups of 8 rollouts carry a signal;
 GSM8K, by contrast, it hardly ever solves at this size. The hard recipe (no KL, no
-entropy bonus) without learning-rate warm-up, 8 problems x 8 rollouts of up to 64 new
-tokens per step.
+entropy bonus), 8 problems x 8 rollouts of up to 64 new tokens per step.
 The passes of the update and the sampler calls are sized from the model and the
 machine's memory (`isojax.memory_plan`), and logged.
 """
@@ -39,9 +38,9 @@ def get_config(arg=None):
   config.rollouts_per_problem = 8
   config.problems_per_batch = 8
   config.num_steps = 20
-  # No learning-rate warm-up: the default 10 steps would spend half of the run below
-  # the learning rate.
-  config.optim.warmup_steps = 0
+  # The default 10-step learning-rate warm-up stays: without it
+  # (--config.optim.warmup_steps=0) seed 0's `val/avg@4` fell from 0.102 to 0.062 over
+  # the 20 steps, with ever more responses cut at max_new_tokens.
   # Evaluation: 64 held-out problems, 4 samples each, at steps 0, 10 and 20.
   config.eval.update(every=10, k=4, num_samples=4, chunk_problems=64, train_problems=32)
   config.checkpoint_every = 5
