@@ -1,4 +1,5 @@
-"""Host memory: glibc's malloc asked to back large buffers with transparent huge pages.
+"""Host memory: glibc's malloc asked to back large buffers with transparent huge pages,
+and to give freed pages back between a run's phases (`release_free_memory`).
 
 XLA:CPU allocates each execution's large buffers (activations, logits, gradients, the
 sampler's caches) afresh, and glibc's malloc serves every block above its mmap
