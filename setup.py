@@ -6,6 +6,8 @@ setup(
     name="isojax",
     version="0.1.0",
     description="The IsoCompute Playbook as a program: plan, run and fit RL sampling budgets.",
+    # isojax.configs is the top-level configs/ through the isojax/configs link (see
+    # configs/__init__.py): find_packages follows it and the wheel holds the files.
     packages=find_packages(include=["isojax", "isojax.*", "launch"]),
     # The shipped demo base models (isojax.tasks.demo_bases): weights, tokenizer,
     # manifest.

@@ -1,5 +1,14 @@
 """The config files isojax ships, and how a config file named on a command line is found.
 
+The files live here, in `configs/` at the top of the repository, where a reader looks
+for them; `isojax/configs` is a symbolic link to this folder, so the same files are the
+package `isojax.configs` (`from isojax.configs import hard`) and a wheel copies them in
+as `isojax/configs/`. A link rather than setup.py's `package_dir` mapping: the mapping
+resolves `isojax.configs` through the installed copy's finder, so a run from another
+checkout (or from a source tree on PYTHONPATH) would import the installed checkout's
+configs, or none, instead of the files beside it. With the link nothing is duplicated:
+the file a user edits is the file that runs.
+
 Every binary with a `--config` flag (and every sweep config's `base_config`) accepts
 `path.py[:arg]`. A path that exists (absolute, or relative to the current directory)
 is used as it is; otherwise `configs/<name>.py` names the file shipped here, so
@@ -11,7 +20,9 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# The real folder (configs/ in a checkout, not the isojax/configs link): the paths
+# found and named in errors are the files a user edits.
+PACKAGE_DIR = os.path.dirname(os.path.realpath(__file__))
 _PREFIX = "configs" + os.sep
 
 
