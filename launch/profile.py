@@ -32,7 +32,7 @@ from typing import Callable
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from isojax import config_lib
+from isojax import command_line
 from isojax.sweeps import profiling
 
 # Help of each profiling knob; the defaults are those of `profiling.Options`.
@@ -100,4 +100,4 @@ if __name__ == "__main__":
   flags.DEFINE_string("out", None, "Directory of the split files, local or gs:// "
                       "(default: the config's task.splits_dir).")
   app.run(functools.partial(main, options_from_flags=define_option_flags()),
-          flags_parser=config_lib.parse_flags)
+          flags_parser=command_line.parse_flags)
