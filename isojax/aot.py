@@ -42,6 +42,7 @@ from isojax.models import hf_checkpoint, lora, sharding, transformer
 from isojax.rl import critic as critic_lib
 from isojax.rl import names, rollout, update
 from isojax.sampling import sampler
+from isojax.tasks import demo_bases
 
 GIB = 1 << 30
 # get_topology_desc arguments of each pod slice; chips_per_host_bounds=(2, 2, 1).
@@ -174,7 +175,6 @@ def model_config(config: ml_collections.ConfigDict, model: str | None = None):
       raise ValueError(f"--model={model!r}: expected one of {sorted(HF_CONFIGS)}")
     hf, source = HF_CONFIGS[model], f"--model={model}"
   else:
-    from isojax.tasks import demo_bases  # pylint: disable=g-import-not-at-top
     path = demo_bases.policy_path(config)  # checked as the run checks it
     hf, source = hf_checkpoint.read_hf_config(path), hf_checkpoint.config_source(path)
   return hf_checkpoint.model_config_from_hf(hf, source=source, **config.model)

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
-import sys
 from typing import Any
 
 import ml_collections
 from ml_collections import config_dict
 
-from isojax import configs, eval_settings, storage, validation
+from isojax import eval_settings, storage, tasks, validation
 from isojax.models import settings as model_settings
 from isojax.rl import settings as rl_settings
 from isojax.sampling import settings as sampling_settings
@@ -382,20 +381,6 @@ def check_overrides(argv: list[str], flag: str = "config") -> None:
       raise ValueError(f"--{flag}.{name}: unknown config field {describe_unknown([name])}")
 
 
-def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing after `check_overrides`: `app.run(main, flags_parser=...)` of
-  every binary with a --config flag, so a mistyped field fails with a suggestion. A
-  `--config` file that does not exist names a shipped one (`isojax.configs.find`)."""
-  from absl import app  # pylint: disable=g-import-not-at-top
-  argv = configs.resolve_argv(argv)
-  try:
-    check_overrides(argv)
-  except ValueError as e:
-    sys.stderr.write(f"FATAL Flags parsing error: {e}\n")
-    sys.exit(1)
-  return app.parse_flags_with_usage(argv)
-
-
 def _nested(dotted: str) -> dict[str, Any]:
   """'a.b.c' -> {'a': {'b': {'c': None}}}."""
   out: dict[str, Any] = {}
@@ -452,6 +437,12 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return c
 
 
+def resolve_dict(fields: dict[str, Any]) -> dict[str, Any]:
+  """`resolve` of a whole config given as a plain nested dict (a planner prescription,
+  `prescribe.to_config`); the resolved config as a plain dict, as written to JSON."""
+  return resolve(ml_collections.ConfigDict(fields)).to_dict()
+
+
 def _allocation(c: ml_collections.ConfigDict) -> tuple[int, int]:
   """Checks n, B_p, M and C and fills the missing one of M and C; returns (n, B_p)."""
   n = validation.positive_int("rollouts_per_problem", c.rollouts_per_problem)
@@ -475,11 +466,9 @@ def _allocation(c: ml_collections.ConfigDict) -> tuple[int, int]:
 
 
 def _check_task(t: ml_collections.ConfigDict) -> None:
-  """The fields every family shares; `isojax.tasks.validate` checks each family's own."""
-  # isojax.tasks imports its families (datasets, reasoning-gym) only when used.
-  from isojax import tasks  # pylint: disable=g-import-not-at-top
-  from isojax.tasks import prompts  # pylint: disable=g-import-not-at-top
-  validation.choice("task.prompt_format", t.prompt_format, prompts.FORMATS)
+  """The fields every family shares; `isojax.tasks.validate` checks each family's own
+  (importing its family, and so `datasets` or reasoning-gym, only when used)."""
+  validation.choice("task.prompt_format", t.prompt_format, tasks.PROMPT_FORMATS)
   if not t.verifier_timeout_s > 0:
     raise ValueError(f"task.verifier_timeout_s={t.verifier_timeout_s}: expected > 0")
   validation.non_negative_int("task.verifier_workers", t.verifier_workers,

@@ -19,7 +19,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from isojax import config_lib, distributed, preemption, train, workdir_lock
+from isojax import command_line, distributed, preemption, train, workdir_lock
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/hard.py", "Config file, optionally with a preset: file.py:preset.",
@@ -49,4 +49,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=config_lib.parse_flags)
+  app.run(main, flags_parser=command_line.parse_flags)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from isojax import config_lib
+from isojax import command_line
 from isojax.aot import (HF_CONFIGS, check, format_table, hbm_bytes, model_config, overflows,
                         prepare_backend, topology_devices)
 
@@ -52,4 +52,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=config_lib.parse_flags)
+  app.run(main, flags_parser=command_line.parse_flags)

@@ -32,7 +32,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from isojax import config_lib
+from isojax import command_line
 from isojax.tasks import demo_bases
 from isojax.tasks import tiny_base_model
 
@@ -76,4 +76,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=config_lib.parse_flags)
+  app.run(main, flags_parser=command_line.parse_flags)

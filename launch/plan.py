@@ -31,6 +31,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from isojax import command_line
 from isojax import config_lib
 from isojax import storage
 from isojax.planner import grids
@@ -115,8 +116,9 @@ def _plan(base, out_dir: str | None):
       if grid_dir:
         entry["config_path"] = os.path.join(
             grid_dir, f"bp{a.problems_per_batch}_n{a.rollouts_per_problem}_m{a.num_steps}.json")
-        storage.write_json(entry["config_path"], prescribe.to_config(a, base).to_dict(),
-                           indent=2, sort_keys=True)
+        storage.write_json(entry["config_path"],
+                           config_lib.resolve_dict(prescribe.to_config(a, base)), indent=2,
+                           sort_keys=True)
       entries.append(entry)
     manifest = {"budget_rollouts": budget, "max_batch_rollouts": _MAX_BATCH.value,
                 "allocations": entries}
@@ -129,8 +131,8 @@ def _plan(base, out_dir: str | None):
   if out_dir:
     output["config_path"] = os.path.join(out_dir, f"plan_C{budget}.json")
     storage.write_json(output["config_path"],
-                       prescribe.to_config(result.allocation, base).to_dict(), indent=2,
-                       sort_keys=True)
+                       config_lib.resolve_dict(prescribe.to_config(result.allocation, base)),
+                       indent=2, sort_keys=True)
   return output
 
 
@@ -147,4 +149,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=config_lib.parse_flags)
+  app.run(main, flags_parser=command_line.parse_flags)

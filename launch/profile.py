@@ -25,63 +25,27 @@ from isojax import host_memory
 
 host_memory.restart_entry_point(__name__)  # first: before the imports below
 # pylint: disable=wrong-import-position
-import dataclasses
-import functools
-from typing import Callable
-
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from isojax import config_lib
-from isojax.sweeps import profiling
+from isojax import command_line
+from isojax.sweeps import profile_flags, profiling
 
-# Help of each profiling knob; the defaults are those of `profiling.Options`.
-_HELP = dict(
-    num_samples="k of avg@k, the difficulty measure.",
-    hard_samples="Further samples for problems with avg@k = 0; those with none correct "
-                 "form the extremely hard split.",
-    pool_size="Candidate training problems.",
-    val_pool_size="Candidate validation problems.",
-    min_digits="Fewest operand digits in the pool.",
-    max_digits="Most operand digits in the pool.",
-    num_train="Training problems per split.",
-    num_val="Held-out validation problems per split.",
-    seed="Seed of the pool and sampling.",
-    chunk_rollouts="Rollouts per sampler call.",
-    splits="Splits to write.",
-    force="Recompute even if the split files are up to date.",
-)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", "configs/hard.py", "Run config whose base model and sampling settings are "
+    "profiled (file.py[:preset]).", lock_config=True)
+_OUT = flags.DEFINE_string("out", None, "Directory of the split files, local or gs:// "
+                           "(default: the config's task.splits_dir).")
+_OPTIONS = profile_flags.define_option_flags()
+flags.adopt_module_key_flags(profile_flags)  # list them in --help
 
 
-def define_option_flags() -> Callable[[str], profiling.Options]:
-  """Defines the profiling flags and returns `options_from_flags(out_dir)`.
-
-  Called once by this binary and once by `launch.study`, so both expose the same knobs
-  with the same defaults.
-  """
-  defaults = profiling.Options(out_dir="")
-  define = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, tuple: flags.DEFINE_list}
-  defined = {}
-  for field in dataclasses.fields(profiling.Options):
-    if field.name in _HELP:
-      default = getattr(defaults, field.name)
-      defined[field.name] = define[type(default)](
-          field.name, list(default) if isinstance(default, tuple) else default,
-          f"Profiling: {_HELP[field.name]}")
-
-  def options_from_flags(out_dir: str) -> profiling.Options:
-    values = {k: v.value for k, v in defined.items()}
-    return profiling.Options(out_dir=out_dir, **dict(values, splits=tuple(values["splits"])))
-
-  return options_from_flags
-
-
-def main(argv, *, options_from_flags: Callable[[str], profiling.Options]):
+def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.INFO)
-  config = flags.FLAGS.config
-  options = options_from_flags(flags.FLAGS.out or config.task.splits_dir)
+  config = _CONFIG.value
+  options = _OPTIONS(_OUT.value or config.task.splits_dir)
   try:
     summaries = profiling.profile(config, options)
   except profiling.ProfileError as e:
@@ -92,12 +56,4 @@ def main(argv, *, options_from_flags: Callable[[str], profiling.Options]):
 
 
 if __name__ == "__main__":
-  # Flags are defined only when this runs as the binary: `launch.study` imports
-  # `define_option_flags` beside its own --out.
-  config_flags.DEFINE_config_file(
-      "config", "configs/hard.py", "Run config whose base model and sampling settings are "
-      "profiled (file.py[:preset]).", lock_config=True)
-  flags.DEFINE_string("out", None, "Directory of the split files, local or gs:// "
-                      "(default: the config's task.splits_dir).")
-  app.run(functools.partial(main, options_from_flags=define_option_flags()),
-          flags_parser=config_lib.parse_flags)
+  app.run(main, flags_parser=command_line.parse_flags)

@@ -1,8 +1,8 @@
-"""launch.compare: time to reach the baseline's peak."""
+"""isojax.compare (behind launch.compare): time to reach the baseline's peak."""
 
 import pytest
 
-from launch import compare
+from isojax import compare
 
 
 def _lines(values, per_step=8):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from isojax.bench import rl_step
+from isojax.bench import rl_step, trl_step
 
 
 def _sampling_lines(r: dict, o: dict) -> list[str]:
@@ -108,7 +108,6 @@ def _lora_lines(r: dict, o: dict) -> list[str]:
 
 
 def _trl_lines(r, _):
-  from isojax.bench import trl_step  # pylint: disable=g-import-not-at-top
   t = r["trl"]
   return ([f"RL step against TRL {t['versions']['trl']} (torch {t['versions']['torch']}, "
            f"{t['versions']['torch_threads']} threads) on {t['config']}: {t['rounds']} rounds "

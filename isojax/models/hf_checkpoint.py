@@ -32,6 +32,7 @@ from safetensors.numpy import save_file
 from isojax.models import gguf_checkpoint
 from isojax.models import lora as lora_lib
 from isojax.models import sharding as sharding_lib
+from isojax.models.hf_layout import hf_name, hf_names, is_stacked
 from isojax.models.settings import LoraSettings
 from isojax.models.transformer import ModelConfig, Transformer, abstract_model
 
@@ -39,12 +40,6 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 
-# Our module names -> Hugging Face module names (inside `model.layers.<i>.`).
-_MODULE_NAMES = {"attn": "self_attn", "mlp": "mlp", "input_norm": "input_layernorm",
-                 "post_attn_norm": "post_attention_layernorm"}
-# Our leaf names -> (Hugging Face leaf name, whether the matrix is transposed):
-# Flax kernels are [in, out], torch Linear weights are [out, in].
-_LEAF_NAMES = {"kernel": ("weight", True), "bias": ("bias", False), "weight": ("weight", False)}
 # The checkpoint's own weights: every parameter but LoRA adapters (a subclass of Param).
 _BASE = nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))
 
@@ -113,35 +108,6 @@ def hf_config_from_model_config(cfg: ModelConfig, *, eos_token_id: int, bos_toke
     hf["rope_scaling"] = dict(cfg.rope_scaling)
     hf["rope_parameters"] = dict(cfg.rope_scaling, rope_theta=cfg.rope_theta)
   return hf
-
-
-def hf_name(key: tuple, layer: int | None = None) -> tuple[str, bool]:
-  """(Hugging Face tensor name, transposed?) of one of our parameter paths.
-
-  Parameters under `layers` are stacked over the layer axis; `layer` picks the
-  Hugging Face tensor of one layer (`model.layers.<layer>....`).
-  """
-  if key == ("embed", "embedding"):
-    return "model.embed_tokens.weight", False
-  if key == ("final_norm", "weight"):
-    return "model.norm.weight", False
-  if key == ("lm_head", "kernel"):
-    return "lm_head.weight", True
-  if key[0] == "layers" and layer is not None:
-    _, module, *inner, leaf = key
-    name, transpose = _LEAF_NAMES[leaf]
-    return ".".join(["model.layers", str(layer), _MODULE_NAMES[module], *inner, name]), transpose
-  raise ValueError(f"parameter {key} (layer {layer}) has no Hugging Face name")
-
-
-def _is_stacked(key: tuple) -> bool:
-  return key[0] == "layers"
-
-
-def _hf_names(key: tuple, num_layers: int) -> list[str]:
-  """Every Hugging Face tensor behind one parameter (one per layer when stacked)."""
-  layers = range(num_layers) if _is_stacked(key) else [None]
-  return [hf_name(key, layer)[0] for layer in layers]
 
 
 # safetensors dtype codes -> NumPy dtypes (ml_dtypes for bfloat16, which the
@@ -262,9 +228,9 @@ def _check_tensors(path: str, tensors, flat_abstract: dict, cfg: ModelConfig) ->
   """Every parameter's tensors exist with the right shapes; no tensor is left over."""
   expected = {}
   for key, var in flat_abstract.items():
-    transpose = hf_name(key, 0 if _is_stacked(key) else None)[1]
-    shape = var.shape[1:] if _is_stacked(key) else var.shape
-    for name in _hf_names(key, cfg.num_layers):
+    transpose = hf_name(key, 0 if is_stacked(key) else None)[1]
+    shape = var.shape[1:] if is_stacked(key) else var.shape
+    for name in hf_names(key, cfg.num_layers):
       expected[name] = shape[::-1] if transpose else shape
   for name in tensors.names():
     if name not in expected:
@@ -283,7 +249,7 @@ def _check_tensors(path: str, tensors, flat_abstract: dict, cfg: ModelConfig) ->
 def _read_block(tensors, key: tuple, num_layers: int,
                 index: tuple[slice, ...]) -> np.ndarray:
   """The block `index` of parameter `key`, read from its Hugging Face tensor(s)."""
-  if not _is_stacked(key):
+  if not is_stacked(key):
     name, transpose = hf_name(key)
     return tensors.read(name, index, transpose)
   blocks = []
@@ -297,9 +263,9 @@ def _hf_tensors(model: Transformer) -> dict[str, np.ndarray]:
   out = {}
   for key, var in nnx.to_flat_state(nnx.state(model, _BASE)):
     value = np.asarray(jax.device_get(var[...]), np.float32)
-    per_layer = list(value) if _is_stacked(key) else [value]
+    per_layer = list(value) if is_stacked(key) else [value]
     for layer, tensor in enumerate(per_layer):
-      name, transpose = hf_name(key, layer if _is_stacked(key) else None)
+      name, transpose = hf_name(key, layer if is_stacked(key) else None)
       out[name] = np.ascontiguousarray(tensor.T if transpose else tensor)
   return out
 

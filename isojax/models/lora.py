@@ -32,7 +32,7 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from isojax.models import sharding
+from isojax.models import hf_layout, sharding
 from isojax.models.transformer import ModelConfig, Transformer, abstract_model
 
 PEFT_CONFIG = "adapter_config.json"
@@ -87,13 +87,12 @@ def merged_model(model: Transformer) -> Transformer:
 def peft_tensors(model: Transformer) -> dict[str, np.ndarray]:
   """The adapters as PEFT names them: `base_model.model.<module>.lora_A.weight` [r, in]
   and `.lora_B.weight` [out, r] per layer (torch Linear layouts of A and B)."""
-  from isojax.models import hf_checkpoint  # pylint: disable=g-import-not-at-top
   out = {}
   for path, var in nnx.to_flat_state(nnx.state(model, nnx.LoRAParam)):
     kernel = (*path[:-2], path[-2].removesuffix(_SUFFIX), "kernel")
     value = np.asarray(jax.device_get(var[...]), np.float32)  # [L, in, r] or [L, r, out]
     for layer, matrix in enumerate(value):
-      module = hf_checkpoint.hf_name(kernel, layer)[0].removesuffix(".weight")
+      module = hf_layout.hf_name(kernel, layer)[0].removesuffix(".weight")
       which = "lora_A" if path[-1] == "a" else "lora_B"
       out[f"base_model.model.{module}.{which}.weight"] = np.ascontiguousarray(matrix.T)
   return out

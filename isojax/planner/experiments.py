@@ -239,7 +239,7 @@ def _train_reward_change(run: run_dir.Run) -> float:
 
 
 def _set_size(runs: Sequence[run_dir.Run]) -> float:
-  sizes = {int(r.config["task"].get("max_train_problems", 0)) for r in runs}
+  sizes = {int(r.config.get("task", {}).get("max_train_problems", 0)) for r in runs}
   if len(sizes) != 1:
     raise analysis.AnalysisError(f"runs of one variant use training-set sizes {sorted(sizes)}")
   (size,) = sizes

@@ -8,21 +8,26 @@ config's batch-size rule (`rl.settings.scaled_learning_rate`, the square-root ru
 in the recipes): the config keeps `optim.learning_rate` at the reference batch
 and the main loop applies the scaling, so prescriptions report the effective LR
 next to it. Everything here is deterministic.
+
+A base run config is read as a nested mapping (a ConfigDict, or a plain dict such as
+its `to_dict()`), and `to_config` returns a plain dict: the planner imports nothing
+of the config layer. The caller validates what it writes (`config_lib.resolve_dict`,
+as `configs/from_json.py` and `isojax.main` will when the file is run).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-import ml_collections
-
-from isojax import config_lib
-from isojax.rl import settings as rl_settings
 from isojax import storage
 from isojax.planner import frontier
 from isojax.planner import grids
+from isojax.rl import settings as rl_settings
+
+# A run config as the planner reads it: nested field names to values.
+RunConfig = Mapping[str, Any]
 
 # Paper-derived default n*(C) laws, for when no sweep has been fitted yet.
 #
@@ -58,9 +63,9 @@ def default_law(difficulty: str, max_batch_rollouts: int) -> frontier.NStarLaw:
       source=f"paper default ({difficulty})")
 
 
-def difficulty_of(config: ml_collections.ConfigDict) -> str:
+def difficulty_of(config: RunConfig) -> str:
   """'easy' when the config uses the easy recipe's KL anchor, else 'hard'."""
-  return "easy" if config.rl.kl_coef > 0 else "hard"
+  return "easy" if config["rl"]["kl_coef"] > 0 else "hard"
 
 
 def load_law(analysis_path: str) -> frontier.NStarLaw:
@@ -134,48 +139,53 @@ class Prescription:
     }
 
 
-def _problems_range(config, problems_range):
+def _problems_range(config: RunConfig, problems_range):
   lo, hi = problems_range
-  return lo, min(hi, config.task.num_train)  # resolve() rejects B_p > num_train
+  return lo, min(hi, config["task"]["num_train"])  # resolve() rejects B_p > num_train
 
 
-def prescribe(budget_rollouts: int, law: frontier.NStarLaw,
-              base: ml_collections.ConfigDict, *, max_batch_rollouts: int,
-              problems_range: Sequence[int], rollouts_range: Sequence[int],
-              min_steps: int = 1) -> Prescription:
+def prescribe(budget_rollouts: int, law: frontier.NStarLaw, base: RunConfig, *,
+              max_batch_rollouts: int, problems_range: Sequence[int],
+              rollouts_range: Sequence[int], min_steps: int = 1) -> Prescription:
   """n from the law at C, B_p kept near the base config's, M = C // (B_p * n)."""
   n_star = float(law.n_star(budget_rollouts))
   allocation = choose_allocation(
       budget_rollouts, n_star, max_batch_rollouts=max_batch_rollouts,
       problems_range=_problems_range(base, problems_range), rollouts_range=rollouts_range,
-      preferred_problems=base.problems_per_batch, min_steps=min_steps)
+      preferred_problems=base["problems_per_batch"], min_steps=min_steps)
   return _with_learning_rate(allocation, budget_rollouts, n_star, law, base)
 
 
-def _with_learning_rate(allocation, budget, n_star, law, base) -> Prescription:
+def _with_learning_rate(allocation, budget, n_star, law, base: RunConfig) -> Prescription:
+  optim = base["optim"]
   return Prescription(
       allocation=allocation, budget_rollouts_requested=int(budget), n_star=n_star, law=law,
-      learning_rate=float(base.optim.learning_rate),
+      learning_rate=float(optim["learning_rate"]),
       effective_learning_rate=effective_learning_rate(allocation, base),
-      lr_reference_batch=int(base.optim.lr_reference_batch),
-      lr_scaling=str(base.optim.lr_scaling))
+      lr_reference_batch=int(optim["lr_reference_batch"]),
+      lr_scaling=str(optim["lr_scaling"]))
 
 
-def to_config(allocation: grids.Allocation,
-              base: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """The base config with the allocation set, validated by `config_lib.resolve`.
+def to_config(allocation: grids.Allocation, base: RunConfig) -> dict[str, Any]:
+  """The base config with the allocation set, as a plain nested dict (not yet validated:
+  `config_lib.resolve_dict` checks it, `configs/from_json.py` reads it written as JSON).
 
   `optim.learning_rate` stays the base (reference-batch) LR: the main loop scales it.
   """
-  config = ml_collections.ConfigDict(base.to_dict())
-  config.rollouts_per_problem = allocation.rollouts_per_problem
-  config.problems_per_batch = allocation.problems_per_batch
-  config.num_steps = allocation.num_steps
-  config.budget_rollouts = allocation.rollouts
-  return config_lib.resolve(config)
+  config = _plain(base)
+  config["rollouts_per_problem"] = allocation.rollouts_per_problem
+  config["problems_per_batch"] = allocation.problems_per_batch
+  config["num_steps"] = allocation.num_steps
+  config["budget_rollouts"] = allocation.rollouts
+  return config
 
 
-def sweep(budget_rollouts: int, base: ml_collections.ConfigDict, *, max_batch_rollouts: int,
+def _plain(config: RunConfig) -> dict[str, Any]:
+  """A nested mapping (a ConfigDict too) as nested plain dicts, copied."""
+  return {k: _plain(v) if hasattr(v, "items") else v for k, v in config.items()}
+
+
+def sweep(budget_rollouts: int, base: RunConfig, *, max_batch_rollouts: int,
           problems_range: Sequence[int], rollouts_range: Sequence[int], min_steps: int = 1,
           exact: bool = True) -> list[grids.Allocation]:
   """The whole iso-compute sweep for C (sorted by (B_p, n)), within the config's limits."""
@@ -184,9 +194,9 @@ def sweep(budget_rollouts: int, base: ml_collections.ConfigDict, *, max_batch_ro
                                 min_steps=min_steps, exact=exact)
 
 
-def effective_learning_rate(allocation: grids.Allocation,
-                            base: ml_collections.ConfigDict) -> float:
+def effective_learning_rate(allocation: grids.Allocation, base: RunConfig) -> float:
   """The LR the main loop will use for this allocation's batch B = B_p * n."""
+  optim = base["optim"]
   return rl_settings.scaled_learning_rate(
-      base.optim.learning_rate, allocation.batch_rollouts, base.optim.lr_reference_batch,
-      base.optim.lr_scaling)
+      optim["learning_rate"], allocation.batch_rollouts, optim["lr_reference_batch"],
+      optim["lr_scaling"])

@@ -6,7 +6,9 @@ qualitative shape the paper reports: the asymptote A grows with n and stops
 growing at a saturation n, while the half-gain compute C_mid grows with n
 (large n starts slower). So small n wins at small compute, larger n at larger
 compute, and n*(C) rises then saturates. `write_sweep` writes those curves, plus
-noise, as real run directories (`isojax.run_dir` layout) with resolved configs.
+noise, as real run directories (`isojax.run_dir` layout). Each run's config.json holds
+the fields that describe it (allocation, seed, evaluation) over the defaults: a config
+`configs/from_json.py` reads, written without the config layer.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from typing import Sequence
 
 import numpy as np
 
-from isojax import config_lib
 from isojax import metrics
 from isojax import run_dir
 from isojax.planner import sigmoid_fit
@@ -61,14 +62,13 @@ def paper_like_curves(problems: Sequence[int], rollouts: Sequence[int], *,
   return curves
 
 
-def _run_config(curve: TrueCurve, num_steps: int, eval_every: int) -> dict:
-  config = config_lib.base_config()
-  config.problems_per_batch = curve.problems_per_batch
-  config.rollouts_per_problem = curve.rollouts_per_problem
-  config.num_steps = num_steps
-  config.task.num_train = max(config.task.num_train, curve.problems_per_batch)
-  config.eval.every = eval_every
-  return config_lib.resolve(config).to_dict()
+def _run_config(curve: TrueCurve, num_steps: int, eval_every: int, seed: int,
+                num_samples: int) -> dict:
+  """The run's fields over the config defaults (C = B_p * n * M, as `resolve` derives)."""
+  return dict(seed=seed, problems_per_batch=curve.problems_per_batch,
+              rollouts_per_problem=curve.rollouts_per_problem, num_steps=num_steps,
+              budget_rollouts=curve.problems_per_batch * curve.rollouts_per_problem * num_steps,
+              eval=dict(every=eval_every, num_samples=num_samples))
 
 
 _BETA_CONCENTRATION = 2.0
@@ -117,10 +117,7 @@ def write_sweep(root: str, curves: Sequence[TrueCurve], *, budget_rollouts: int 
     for s in range(seeds_per_curve):
       path = os.path.join(root, f"bp{curve.problems_per_batch}_n{curve.rollouts_per_problem}"
                                 f"_s{s}")
-      config = _run_config(curve, run_steps, eval_every)
-      config["seed"] = s
-      config["eval"]["num_samples"] = num_samples
-      run_dir.write_config(path, config)
+      run_dir.write_config(path, _run_config(curve, run_steps, eval_every, s, num_samples))
       writer = run_dir.MetricsWriter(path)
       c_T = steps_T * batch
       avg_T = np.clip(curve(c_T) + rng.normal(0.0, noise, c_T.shape), 0.0, 1.0)

@@ -3,10 +3,11 @@
 A sweep config (`configs/sweep_*.py`) names a base run config with overrides, a
 budget C and the allocation ranges. `plan_runs` enumerates the planner's
 iso-compute grid (`prescribe.sweep`) and resolves one run config per allocation
-(`prescribe.to_config`); `prepare` writes them and the manifest, with each run's
-state read from its files; `analyze` fits the results (`isojax.planner.analysis`,
-the library behind `launch.analyze`). The backends then run the plans: locally
-(`isojax.sweeps.runner`) or through cluster scripts (`isojax.sweeps.cluster`).
+(`prescribe.to_config`, checked by `config_lib.resolve_dict`); `prepare` writes them
+and the manifest, with each run's state read from its files; `analyze` fits the
+results (`isojax.planner.analysis`, the library behind `launch.analyze`). The backends
+then run the plans: locally (`isojax.sweeps.runner`) or through cluster scripts
+(`isojax.sweeps.cluster`).
 A sweep directory DIR:
 
   DIR/sweep.json               the manifest: each run's allocation, state (pending,
@@ -239,7 +240,7 @@ def _run_config(sweep: ml_collections.ConfigDict, base: ml_collections.ConfigDic
     m = max(2, int(n * sweep.train_fraction))
     config.rl.train_rollouts_per_problem = m if m < n else 0  # m = n: nothing to drop
   try:
-    return prescribe.to_config(allocation, config).to_dict()
+    return config_lib.resolve_dict(prescribe.to_config(allocation, config))
   except ValueError as e:
     raise SweepError(f"allocation {allocation.to_dict()}: {e}") from e
 

@@ -10,8 +10,7 @@
 
 Every family provides `validate(task)` (cheap field checks, run before anything is
 compiled or written), its problems and its verifier. Families are imported lazily, so
-the config layer and the planner can list the names without loading `datasets` or
-`reasoning-gym`.
+the config layer can list the names without loading `datasets` or `reasoning-gym`.
 """
 
 from __future__ import annotations
@@ -23,9 +22,13 @@ from typing import Any
 import ml_collections
 import numpy as np
 
+from isojax.tasks import splits
 from isojax.tasks.problem import Grades, PerItemVerifier, Problem, Verifier
 
 NAMES = ("arithmetic", "reasoning_gym", "math")
+# `task.prompt_format`: the checkpoint's chat template whenever it has one, the template,
+# or plain text (`isojax.tasks.prompts`).
+PROMPT_FORMATS = ("auto", "chat", "plain")
 _MODULES = {"arithmetic": "isojax.tasks.arithmetic",
             "reasoning_gym": "isojax.tasks.reasoning_gym_task",
             "math": "isojax.tasks.math_data"}
@@ -64,7 +67,6 @@ def load(task: ml_collections.ConfigDict) -> TaskData:
 
 def _load(task: ml_collections.ConfigDict) -> TaskData:
   if task.split:
-    from isojax.tasks import splits  # pylint: disable=g-import-not-at-top
     train, val = splits.load_split(task.splits_dir, task.split)
     return TaskData(train, val, {})
   module = family(task.name)
@@ -106,5 +108,6 @@ def describe(data: TaskData) -> dict[str, Any]:
   return dict(num_train=len(data.train), num_val=len(data.val), skipped=data.skipped)
 
 
-__all__ = ["NAMES", "Grades", "PerItemVerifier", "Problem", "TaskData", "Verifier",
-           "default_instruction", "describe", "family", "load", "make_verifier", "validate"]
+__all__ = ["NAMES", "PROMPT_FORMATS", "Grades", "PerItemVerifier", "Problem", "TaskData",
+           "Verifier", "default_instruction", "describe", "family", "load", "make_verifier",
+           "validate"]

@@ -22,18 +22,19 @@ from typing import Sequence
 import ml_collections
 import numpy as np
 
+from isojax import tasks
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.tasks.problem import Problem
 
-FORMATS = ("auto", "chat", "plain")
 MIN_BUCKET = 16
 
 
 def resolve_format(task: ml_collections.ConfigDict, tok) -> str:
   """`chat` or `plain` for this task and tokenizer."""
   fmt = task.prompt_format
-  if fmt not in FORMATS:
-    raise ValueError(f"task.prompt_format={fmt!r}: expected one of {list(FORMATS)}")
+  if fmt not in tasks.PROMPT_FORMATS:
+    raise ValueError(f"task.prompt_format={fmt!r}: expected one of "
+                     f"{list(tasks.PROMPT_FORMATS)}")
   if fmt == "auto":
     return "chat" if tok.chat_template else "plain"
   if fmt == "chat" and not tok.chat_template:

@@ -38,12 +38,12 @@ import optax
 from absl import logging
 from flax import nnx
 
-from isojax import cpu_isa
+from isojax import cpu_isa, tasks
 from isojax.models import chat_template as chat_template_lib
 from isojax.models import hf_checkpoint
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.models.transformer import ModelConfig, Transformer
-from isojax.tasks import arithmetic, demo_bases
+from isojax.tasks import arithmetic, demo_bases, prompts, reasoning_gym_task
 
 # The demo BPE: Qwen's special tokens; <|im_end|> ends a turn, <|endoftext|> pads.
 _SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -124,8 +124,6 @@ def _reasoning_gym_data(task: ml_collections.ConfigDict):
   Prompts are rendered exactly as the RL loop renders them (`tasks.prompts`), so the
   base model is supervised on the prompts it will later be sampled on.
   """
-  from isojax import tasks  # pylint: disable=g-import-not-at-top  # tasks imports this module
-  from isojax.tasks import prompts, reasoning_gym_task  # pylint: disable=g-import-not-at-top
   train, _ = reasoning_gym_task.load(task)  # never the validation problems
   instruction = tasks.default_instruction(task)
   messages = lambda p: ([{"role": "system", "content": task.system_prompt}]

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 import pytest
 
 from isojax import config_lib
+from isojax.configs import from_json
 from isojax.planner import frontier
 from isojax.planner import grids
 from isojax.planner import prescribe
@@ -101,14 +102,30 @@ def test_budget_too_small():
     prescribe.prescribe(100, law, _base(), min_steps=10, **_RANGES)
 
 
-def test_to_config_is_resolved_and_keeps_the_base_lr():
+def test_to_config_is_a_plain_dict_from_json_reads_and_keeps_the_base_lr(tmp_path):
   base = _base(b_p=16, lr=3e-4)
-  config = prescribe.to_config(grids.Allocation(32, 8, 40), base)
-  assert (config.problems_per_batch, config.rollouts_per_problem, config.num_steps) == (32, 8, 40)
-  assert config.budget_rollouts == 32 * 8 * 40
-  assert config.optim.learning_rate == 3e-4
+  fields = prescribe.to_config(grids.Allocation(32, 8, 40), base)
+  assert type(fields) is dict and type(fields["optim"]) is dict
+  assert (fields["problems_per_batch"], fields["rollouts_per_problem"],
+          fields["num_steps"], fields["budget_rollouts"]) == (32, 8, 40, 32 * 8 * 40)
+  assert fields["optim"]["learning_rate"] == 3e-4
+  assert base.problems_per_batch == 16  # the base is copied, not changed
+  # As launch.plan writes it, and as configs/from_json.py reads it for isojax.main.
+  resolved = config_lib.resolve_dict(fields)
+  assert resolved == fields  # nothing left to derive
+  path = tmp_path / "plan.json"
+  path.write_text(json.dumps(resolved))
+  config = config_lib.resolve(from_json.get_config(str(path)))
   assert config_lib.learning_rate(config) == pytest.approx(3e-4 * math.sqrt(256 / 128))
-  config_lib.resolve(config)  # valid for the main loop
+  # A plain dict base gives the same prescription as the ConfigDict.
+  assert prescribe.to_config(grids.Allocation(32, 8, 40), base.to_dict()) == fields
+
+
+def test_to_config_errors_surface_when_resolved():
+  fields = prescribe.to_config(grids.Allocation(32, 8, 40), _base())
+  fields["budget_rollouts"] += 1
+  with pytest.raises(ValueError, match="budget_rollouts=10241 disagrees"):
+    config_lib.resolve_dict(fields)
 
 
 def test_sweep_caps_b_p_by_the_training_set():

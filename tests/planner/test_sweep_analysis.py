@@ -9,7 +9,9 @@ from matplotlib import image
 import numpy as np
 import pytest
 
+from isojax import config_lib
 from isojax import run_dir
+from isojax.configs import from_json
 from isojax.planner import analysis
 from isojax.planner import plots
 from isojax.planner import records
@@ -26,6 +28,17 @@ def sweep(tmp_path_factory):
   root = str(tmp_path_factory.mktemp("sweep"))
   synthetic.write_sweep(root, CURVES, budget_rollouts=BUDGET, num_evals=40, noise=NOISE, seed=1)
   return root, analysis.analyze_directory(root)
+
+
+def test_synthetic_run_configs_are_configs_from_json_reads(sweep):
+  """Written without the config layer, each run's config.json is still a valid config."""
+  root, _ = sweep
+  for curve in CURVES[:3]:
+    path = os.path.join(root, f"bp{curve.problems_per_batch}_n{curve.rollouts_per_problem}_s0")
+    config = config_lib.resolve(from_json.get_config(run_dir.config_path(path)))
+    assert (config.problems_per_batch, config.rollouts_per_problem) == curve.key
+    assert config.budget_rollouts == config.num_steps * curve.problems_per_batch * (
+        curve.rollouts_per_problem)
 
 
 def _true_best(c):

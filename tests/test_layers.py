@@ -1,0 +1,271 @@
+"""The package's layers only reach down: no import cycle, a pure planner, thin binaries.
+
+The import graph is read from the source with `ast`, so the checks see every import,
+those at module level and those inside functions: an import moved into a function
+still ties the two modules together, and would form the same cycle if it were hoisted.
+A function-level import is allowed for a third-party module only (an optional or heavy
+dependency loaded when used); one of an isojax module is listed in
+`FUNCTION_LEVEL_IMPORTS` with its reason. (Modules loaded by name, as `isojax.tasks`
+loads its families, are outside the graph.)
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ("isojax", "launch")
+
+# (importing module, imported module) -> why the import waits for the call.
+_TRL_SIDES = ("each side of the TRL comparison is a child process that imports its own "
+              "stack, in the order it needs (torch and transformers before JAX); a process "
+              "that imports the module for its tables (launch.bench, the reproduce "
+              "command) loads neither")
+_CANDIDATES = ("the reproduce command's own process loads JAX and the RL stack only when "
+               "the smollm2 section evaluates the base model in it; every other run is a "
+               "child process")
+FUNCTION_LEVEL_IMPORTS: dict[tuple[str, str], str] = {
+    **{("isojax.bench.trl_step", target): _TRL_SIDES for target in (
+        "isojax.bench.train_step", "isojax.config_lib", "isojax.configs", "isojax.memory_plan",
+        "isojax.metrics", "isojax.models.gguf_checkpoint", "isojax.models.hf_checkpoint",
+        "isojax.models.tokenizer", "isojax.run_dir", "isojax.tasks", "isojax.tasks.prompts",
+        "isojax.train")},
+    **{("isojax.reproduce.smollm2", target): _CANDIDATES for target in (
+        "isojax.config_lib", "isojax.configs.smollm2", "isojax.evaluation",
+        "isojax.models.hf_checkpoint", "isojax.models.tokenizer", "isojax.tasks",
+        "isojax.train")},
+    ("isojax.tasks", "isojax.tasks.math_verifier"):
+        "math-verify and pebble (the math family's grader) load only when a math task is "
+        "graded",
+    ("launch.bench", "isojax.bench.hf"):
+        "torch and transformers load only for the sampling section, the one that measures "
+        "Hugging Face",
+}
+
+# Imports that close the one cycle left between packages (isojax.rl <-> config_lib),
+# awaiting the typed settings: rl/ reads derived values of the ConfigDict it is given
+# (`config_lib.learning_rate`, `train_rollouts_per_problem`), while config_lib checks
+# `config.rl` with `rl/settings`.
+PENDING_PACKAGE_EDGES = {
+    ("isojax.rl.batch", "isojax.config_lib"), ("isojax.rl.critic", "isojax.config_lib"),
+    ("isojax.rl.step", "isojax.config_lib"), ("isojax.rl.update", "isojax.config_lib"),
+}
+
+# What the planner may not import: it is pure functions of numbers (no device, no
+# config layer, no tokenizer).
+PLANNER_FORBIDDEN = ("ml_collections", "isojax.config_lib", "jax", "flax")
+# The model layer reads typed settings, never the config layer.
+MODELS_FORBIDDEN = ("ml_collections", "isojax.config_lib")
+
+
+@dataclasses.dataclass(frozen=True)
+class Import:
+  source: str   # the importing module, e.g. "isojax.planner.prescribe"
+  target: str   # the imported module (an isojax/launch module, or a third-party name)
+  line: int
+  in_function: bool
+
+
+def _module_files() -> dict[str, str]:
+  """{module name: file path} of every module under PACKAGES."""
+  modules = {}
+  for package in PACKAGES:
+    for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, package)):
+      dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+      for name in filenames:
+        if not name.endswith(".py"):
+          continue
+        path = os.path.join(dirpath, name)
+        parts = os.path.relpath(path, ROOT)[:-len(".py")].split(os.sep)
+        if parts[-1] == "__init__":
+          parts = parts[:-1]
+        modules[".".join(parts)] = path
+  return modules
+
+
+def _imported_names(node: ast.AST, module: str, is_package: bool,
+                    modules: dict[str, str]) -> list[str]:
+  """The modules an import statement names: for `from a import b`, `a.b` when that is a
+  module, else `a`."""
+  if isinstance(node, ast.Import):
+    return [alias.name for alias in node.names]
+  assert isinstance(node, ast.ImportFrom)
+  if node.level:
+    base = module.split(".")
+    base = base[:len(base) - node.level + (1 if is_package else 0)]
+    origin = ".".join(base + ([node.module] if node.module else []))
+  else:
+    origin = node.module
+  names = [f"{origin}.{alias.name}" for alias in node.names]
+  return [name if name in modules else origin for name in names]
+
+
+def _imports(module: str, path: str, modules: dict[str, str]) -> list[Import]:
+  with open(path) as f:
+    tree = ast.parse(f.read(), path)
+  is_package = path.endswith("__init__.py")
+  found = {}
+
+  def visit(node: ast.AST, in_function: bool) -> None:
+    for child in ast.iter_child_nodes(node):
+      if isinstance(child, (ast.Import, ast.ImportFrom)):
+        for name in _imported_names(child, module, is_package, modules):
+          if name != module and (name, in_function) not in found:
+            found[name, in_function] = Import(module, name, child.lineno, in_function)
+      visit(child, in_function or isinstance(
+          child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+  visit(tree, False)
+  return list(found.values())
+
+
+@functools.cache
+def import_graph() -> tuple[Import, ...]:
+  modules = _module_files()
+  return tuple(imp for name, path in sorted(modules.items())
+               for imp in _imports(name, path, modules))
+
+
+def _internal(name: str) -> bool:
+  return name.split(".")[0] in PACKAGES
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+  """One cycle of the directed graph, as [a, b, ..., a], or None."""
+  state: dict[str, int] = {}  # 1: on the current path, 2: done
+  path: list[str] = []
+
+  def visit(node: str) -> list[str] | None:
+    state[node] = 1
+    path.append(node)
+    for nxt in sorted(edges.get(node, ())):
+      if state.get(nxt) == 1:
+        return path[path.index(nxt):] + [nxt]
+      if nxt not in state:
+        cycle = visit(nxt)
+        if cycle:
+          return cycle
+    path.pop()
+    state[node] = 2
+    return None
+
+  for node in sorted(edges):
+    if node not in state:
+      cycle = visit(node)
+      if cycle:
+        return cycle
+  return None
+
+
+def _edges(graph: tuple[Import, ...]) -> dict[str, set[str]]:
+  """{module: the isojax/launch modules it imports}. Importing `a.b.c` also runs the
+  packages `a` and `a.b`, except those the importing module is inside (Python has
+  started them before it)."""
+  edges: dict[str, set[str]] = {}
+  for imp in graph:
+    if not _internal(imp.target):
+      continue
+    parts = imp.target.split(".")
+    for i in range(1, len(parts) + 1):
+      name = ".".join(parts[:i])
+      if name != imp.source and not imp.source.startswith(name + "."):
+        edges.setdefault(imp.source, set()).add(name)
+  return edges
+
+
+def _names(imp: Import, forbidden: tuple[str, ...]) -> bool:
+  return any(imp.target == f or imp.target.startswith(f + ".") for f in forbidden)
+
+
+def _where(imp: Import) -> str:
+  kind = "inside a function" if imp.in_function else "at module level"
+  return f"{imp.source} (line {imp.line}, {kind}) imports {imp.target}"
+
+
+# ==================== The checks ====================
+
+def test_the_graph_sees_imports_at_every_level():
+  graph = import_graph()
+  assert any(i.source == "isojax.train" and i.target == "isojax.rl.update" for i in graph)
+  assert any(i.in_function for i in graph)  # e.g. matplotlib, loaded when plotting
+  assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+  assert find_cycle({"a": {"b"}, "b": {"c"}}) is None
+
+
+def test_no_import_cycle_among_modules():
+  """Function-level imports included: hoisting one would form the same cycle."""
+  cycle = find_cycle(_edges(import_graph()))
+  assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def _package(module: str) -> str:
+  """isojax.rl.update -> isojax.rl; isojax.config_lib -> itself; launch.x -> itself."""
+  return ".".join(module.split(".")[:2])
+
+
+def test_no_import_cycle_among_packages():
+  """Each subpackage (isojax.rl, isojax.models, ...) and top-level module is one node."""
+  edges: dict[str, set[str]] = {}
+  for source, targets in _edges(import_graph()).items():
+    for target in targets:
+      pending = (source, target) in PENDING_PACKAGE_EDGES
+      if not pending and _package(source) != _package(target):
+        edges.setdefault(_package(source), set()).add(_package(target))
+  cycle = find_cycle(edges)
+  assert cycle is None, "import cycle between packages: " + " -> ".join(cycle)
+  edges = _edges(import_graph())
+  stale = sorted(e for e in PENDING_PACKAGE_EDGES if e[1] not in edges.get(e[0], ()))
+  assert not stale, f"PENDING_PACKAGE_EDGES lists imports that no longer exist: {stale}"
+
+
+def test_function_level_imports_of_the_package_are_listed_with_a_reason():
+  found = {(i.source, i.target): i for i in import_graph()
+           if i.in_function and _internal(i.target)}
+  unlisted = [_where(i) for key, i in sorted(found.items())
+              if key not in FUNCTION_LEVEL_IMPORTS]
+  assert not unlisted, ("imports of isojax/launch modules inside functions (import at "
+                        "module level, or list in FUNCTION_LEVEL_IMPORTS with the reason):\n"
+                        + "\n".join(unlisted))
+  stale = sorted(set(FUNCTION_LEVEL_IMPORTS) - set(found))
+  assert not stale, f"FUNCTION_LEVEL_IMPORTS lists imports that no longer exist: {stale}"
+
+
+def test_the_planner_imports_no_config_layer_and_no_device_library():
+  bad = [_where(i) for i in import_graph()
+         if i.source.startswith("isojax.planner") and _names(i, PLANNER_FORBIDDEN)]
+  assert not bad, "the planner is pure NumPy/SciPy:\n" + "\n".join(bad)
+
+
+def test_the_planner_reaches_no_config_layer_through_other_modules():
+  """What the planner imports, transitively, stays out of the config layer."""
+  graph = import_graph()
+  edges = _edges(graph)
+  seen, todo = set(), [m for m in edges if m.startswith("isojax.planner")]
+  while todo:
+    node = todo.pop()
+    if node not in seen:
+      seen.add(node)
+      todo += edges.get(node, ())
+  bad = [_where(i) for i in graph if i.source in seen and _names(i, PLANNER_FORBIDDEN)]
+  assert not bad, "the planner reaches, through the modules it imports:\n" + "\n".join(bad)
+
+
+def test_the_models_import_no_config_layer():
+  bad = [_where(i) for i in import_graph()
+         if i.source.startswith("isojax.models") and _names(i, MODELS_FORBIDDEN)]
+  assert not bad, "isojax.models reads typed settings:\n" + "\n".join(bad)
+
+
+def test_no_binary_imports_another():
+  bad = [_where(i) for i in import_graph()
+         if i.source.startswith("launch.") and i.target.startswith("launch.")]
+  assert not bad, "binaries share code through the package, not each other:\n" + "\n".join(bad)
+
+
+def test_the_package_imports_no_binary():
+  bad = [_where(i) for i in import_graph()
+         if i.source.startswith("isojax") and i.target.split(".")[0] == "launch"]
+  assert not bad, "the library never imports launch/:\n" + "\n".join(bad)
