@@ -70,10 +70,11 @@ class Import:
 
 
 def _module_files() -> dict[str, str]:
-  """{module name: file path} of every module under PACKAGES."""
+  """{module name: file path} of every module under PACKAGES (isojax/configs is a link
+  to the top-level configs/: followed, as setuptools follows it)."""
   modules = {}
   for package in PACKAGES:
-    for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, package)):
+    for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, package), followlinks=True):
       dirnames[:] = [d for d in dirnames if d != "__pycache__"]
       for name in filenames:
         if not name.endswith(".py"):
