@@ -25,6 +25,7 @@ from tokenizers import (Regex, Tokenizer, decoders, models, pre_tokenizers, proc
                         trainers)
 
 from isojax.models import chat_template as chat_template_lib
+from isojax.models import checkpoint_files
 from isojax.models import gguf_checkpoint
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -256,7 +257,11 @@ def load_tokenizer(path: str, extra_stop_ids: Sequence[int] = ()) -> TextTokeniz
   file = os.path.join(path, TOKENIZER_FILE)
   if not os.path.isfile(file):
     raise FileNotFoundError(f"{file}: missing; expected the checkpoint's tokenizer")
-  tok = Tokenizer.from_file(file)
+  try:
+    tok = Tokenizer.from_file(file)
+  except Exception as e:  # pylint: disable=broad-except  # the library raises plain Exception
+    raise ValueError(f"{file}: the `tokenizers` library cannot read it ({e}); expected a "
+                     "Hugging Face tokenizer.json") from None
   generation, config = (_read_json(path, n) or {}
                         for n in ("generation_config.json", "config.json"))
   tok_config = _read_json(path, TOKENIZER_CONFIG_FILE)
@@ -289,8 +294,7 @@ def _read_json(path: str, name: str) -> dict | None:
   file = os.path.join(path, name)
   if not os.path.isfile(file):
     return None
-  with open(file, encoding="utf-8") as f:
-    return json.load(f)
+  return checkpoint_files.read_json_object(file, f"a {name} (a JSON object)")
 
 
 def _config_ids(config: dict, file: str) -> list[int]:
