@@ -166,6 +166,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
   # ==================== Mesh, tokenizer and task (fail fast, before any write) ====
   mesh, rollout_mesh = sharding.make_meshes(config.mesh)  # rollout_mesh: None (colocated)
   path = policy_path(config)
+  hf_checkpoint.check_files(path, **config.model)  # headers and sizes; reads no weights
   tok = tokenizer_lib.load_tokenizer(path, extra_stop_ids=tuple(config.sampling.stop_token_ids))
   rollout.interruption(config.sampling, tok)  # its text must fit the tokenizer: fail fast
   critic_lib.check_vocabulary(config, path)   # a loaded critic reads the policy's tokens

@@ -90,6 +90,11 @@ class GGUFFile:
       self._reader = gguf.GGUFReader(file, "r")
     except (ValueError, OSError, IndexError, KeyError) as e:
       size = os.path.getsize(file) if os.path.exists(file) else 0
+      cut = _cut_tensor(file, size)
+      if cut is not None:
+        raise ValueError(f"{file}: truncated inside tensor {cut[0]!r}: its data ends at byte "
+                         f"{cut[1]}, the file at byte {size}; expected the complete file"
+                         ) from None
       raise ValueError(f"{file}: not a readable GGUF file ({size} bytes; {type(e).__name__}: "
                        f"{e}); expected a complete GGUF v2/v3 file, e.g. one written by "
                        "llama.cpp's convert_hf_to_gguf.py") from e
@@ -156,6 +161,31 @@ class GGUFFile:
         eos_token_id=self.field("tokenizer.ggml.eos_token_id"))
 
 
+def _cut_tensor(file: str, size: int) -> tuple[str, int] | None:
+  """(name, end byte) of the first tensor whose data runs past the end of `file`, from
+  its metadata alone (the gguf reader maps every tensor's data when it opens a file,
+  and a cut file fails there with a reshape error naming no tensor); None when the
+  metadata itself does not parse."""
+  import gguf  # pylint: disable=g-import-not-at-top
+
+  class _Extents(gguf.GGUFReader):
+    """The reader's own parsing of the metadata; tensors measured, never mapped."""
+
+    def _build_tensors(self, start_offs, fields):
+      self.extents = []
+      for field in fields:
+        _, name, _, dims, raw_dtype, offset = field.parts
+        block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(raw_dtype[0])]
+        end = int(start_offs + offset[0]) + int(np.prod(dims)) * type_size // block
+        self.extents.append((end, bytes(name).decode("utf-8")))
+
+  try:
+    extents = _Extents(file, "r").extents
+  except Exception:  # pylint: disable=broad-except  # the metadata is cut or damaged
+    return None
+  return next(((name, end) for end, name in sorted(extents) if end > size), None)
+
+
 @functools.cache
 def can_dequantize(qtype) -> bool:
   """Whether `gguf.quants.dequantize` implements tensor type `qtype` (tried on one
@@ -215,6 +245,10 @@ class GGUFTensors:
 
   def names(self) -> list[str]:
     return list(self._by_hf)
+
+  def file_of(self, name: str) -> str:
+    del name  # one file holds every tensor
+    return self._file.file
 
   def shape(self, name: str) -> tuple[int, ...]:
     # GGUF lists dimensions fastest-first ([in, out]); the Hugging Face layout is [out, in].

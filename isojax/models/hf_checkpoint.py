@@ -20,16 +20,14 @@ from __future__ import annotations
 import functools
 import json
 import os
-import struct
 from typing import Any
 
 import jax
-import ml_dtypes
 import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from isojax.models import gguf_checkpoint
+from isojax.models import checkpoint_files, gguf_checkpoint
 from isojax.models import lora as lora_lib
 from isojax.models import sharding as sharding_lib
 from isojax.models.hf_layout import hf_name, hf_names, is_stacked
@@ -37,8 +35,8 @@ from isojax.models.settings import LoraSettings
 from isojax.models.transformer import ModelConfig, Transformer, abstract_model
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
-WEIGHTS_FILE = "model.safetensors"
-WEIGHTS_INDEX = "model.safetensors.index.json"
+WEIGHTS_FILE = checkpoint_files.WEIGHTS_FILE
+WEIGHTS_INDEX = checkpoint_files.WEIGHTS_INDEX
 
 # The checkpoint's own weights: every parameter but LoRA adapters (a subclass of Param).
 _BASE = nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))
@@ -110,61 +108,36 @@ def hf_config_from_model_config(cfg: ModelConfig, *, eos_token_id: int, bos_toke
   return hf
 
 
-# safetensors dtype codes -> NumPy dtypes (ml_dtypes for bfloat16, which the
-# `safetensors` NumPy API cannot represent; real Qwen/Llama checkpoints are bfloat16).
-_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16,
-           "BF16": ml_dtypes.bfloat16, "I64": np.int64, "I32": np.int32}
-
-
-def _map_safetensors(file: str) -> dict[str, np.ndarray]:
-  """Every tensor of a .safetensors file as a read-only memory map (nothing is read yet).
-
-  The format is an 8-byte little-endian header size, a JSON header of
-  {name: {dtype, shape, data_offsets}} and the raw bytes.
-  """
-  with open(file, "rb") as f:
-    (header_size,) = struct.unpack("<Q", f.read(8))
-    header = json.loads(f.read(header_size))
-  header.pop("__metadata__", None)
-  data = np.memmap(file, dtype=np.uint8, mode="r", offset=8 + header_size)
-  out = {}
-  for name, info in header.items():
-    if info["dtype"] not in _DTYPES:
-      raise ValueError(f"{file}: tensor {name!r} has dtype {info['dtype']}; expected one of "
-                       f"{sorted(_DTYPES)}")
-    start, end = info["data_offsets"]
-    out[name] = data[start:end].view(_DTYPES[info["dtype"]]).reshape(info["shape"])
-  return out
-
-
 class _Tensors:
-  """The tensors of a (sharded) safetensors checkpoint, memory-mapped."""
+  """The tensors of a (sharded) safetensors checkpoint: their headers, checked against
+  the files' sizes on opening; each file memory-mapped when a tensor of it is read."""
 
   def __init__(self, path: str):
-    index = os.path.join(path, WEIGHTS_INDEX)
-    if os.path.exists(index):
-      with open(index) as f:
-        files = sorted(set(json.load(f)["weight_map"].values()))
-    elif os.path.exists(os.path.join(path, WEIGHTS_FILE)):
-      files = [WEIGHTS_FILE]
-    else:
-      raise FileNotFoundError(f"{path}: no {WEIGHTS_FILE} or {WEIGHTS_INDEX}")
-    self._tensors = {}
-    for file in files:
-      self._tensors.update(_map_safetensors(os.path.join(path, file)))
+    self._infos = checkpoint_files.tensor_headers(path)
+    self._maps: dict[str, np.memmap] = {}
 
   def names(self) -> list[str]:
-    return list(self._tensors)
+    return list(self._infos)
+
+  def file_of(self, name: str) -> str:
+    return self._infos[name].file
 
   def release(self) -> None:
     """Nothing to drop: blocks are read from the memory map as asked."""
 
   def shape(self, name: str) -> tuple[int, ...]:
-    return self._tensors[name].shape
+    return self._infos[name].shape
+
+  def _tensor(self, name: str) -> np.ndarray:
+    info = self._infos[name]
+    if info.file not in self._maps:
+      self._maps[info.file] = np.memmap(info.file, dtype=np.uint8, mode="r")
+    data = self._maps[info.file][info.offset:info.offset + info.nbytes]
+    return data.view(checkpoint_files.DTYPES[info.dtype]).reshape(info.shape)
 
   def read(self, name: str, index: tuple[slice, ...], transpose: bool) -> np.ndarray:
     """`tensor.T[index]` (or `tensor[index]`) as float32, reading only that block."""
-    tensor = self._tensors[name].T if transpose else self._tensors[name]
+    tensor = self._tensor(name).T if transpose else self._tensor(name)
     return np.asarray(tensor[tuple(index)], np.float32)
 
 
@@ -176,8 +149,7 @@ def read_hf_config(path: str) -> dict[str, Any]:
   file = os.path.join(path, "config.json")
   if not os.path.isfile(file):
     raise FileNotFoundError(f"{file}: missing; expected a Hugging Face checkpoint directory")
-  with open(file) as f:
-    return json.load(f)
+  return checkpoint_files.read_json_object(file, "a Hugging Face config.json (a JSON object)")
 
 
 def config_source(path: str) -> str:
@@ -206,8 +178,7 @@ def load_model(path: str, mesh=None, *, dtype: str = "float32", fp32_lm_head: bo
                              remat=remat, attention_chunk=attention_chunk, lora=lora,
                              source=config_source(path))
   mesh = mesh or sharding_lib.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
-  graphdef, abstract_state = nnx.split(abstract_model(cfg))
-  _, abstract_state = lora_lib.split(abstract_state)  # the base: from the checkpoint
+  graphdef, abstract_state = _abstract_base(cfg)
   flat_abstract = dict(nnx.to_flat_state(abstract_state))
   flat_shardings = dict(nnx.to_flat_state(sharding_lib.state_shardings(abstract_state, mesh)))
   tensors = open_tensors(path)
@@ -224,6 +195,29 @@ def load_model(path: str, mesh=None, *, dtype: str = "float32", fp32_lm_head: bo
   return nnx.merge(graphdef, lora_lib.init_adapters(cfg, mesh), base)
 
 
+def check_files(path: str, *, dtype: str = "float32", fp32_lm_head: bool = True,
+                remat: str = "none", attention_chunk: int = 0, lora: Any = None) -> None:
+  """Checks checkpoint `path` as `load_model` would load it, reading no weights.
+
+  config.json parses and describes a supported model; every safetensors file's header
+  is whole and agrees with the file's size (`checkpoint_files`), or the GGUF file's
+  tensors lie inside it; every tensor the model needs is there with its shape. Raises
+  naming the file and tensor. A run calls it before it locks or writes its workdir.
+  """
+  cfg = model_config_from_hf(read_hf_config(path), dtype=dtype, fp32_lm_head=fp32_lm_head,
+                             remat=remat, attention_chunk=attention_chunk, lora=lora,
+                             source=config_source(path))
+  _check_tensors(path, open_tensors(path), dict(nnx.to_flat_state(_abstract_base(cfg)[1])),
+                 cfg)
+
+
+def _abstract_base(cfg: ModelConfig):
+  """(graphdef, abstract state) of the checkpoint's own parameters (no LoRA adapters)."""
+  graphdef, abstract_state = nnx.split(abstract_model(cfg))
+  _, abstract_state = lora_lib.split(abstract_state)  # the base: from the checkpoint
+  return graphdef, abstract_state
+
+
 def _check_tensors(path: str, tensors, flat_abstract: dict, cfg: ModelConfig) -> None:
   """Every parameter's tensors exist with the right shapes; no tensor is left over."""
   expected = {}
@@ -236,10 +230,12 @@ def _check_tensors(path: str, tensors, flat_abstract: dict, cfg: ModelConfig) ->
     if name not in expected:
       if "rotary_emb" in name or (name == "lm_head.weight" and cfg.tie_embeddings):
         continue  # cached RoPE tables; a tied head some checkpoints still store
-      raise ValueError(f"{path}: tensor {name!r} has no place in the model")
+      raise ValueError(f"{tensors.file_of(name)}: tensor {name!r} has no place in the model "
+                       f"of {config_source(path)}")
     if tensors.shape(name) != tuple(expected[name]):
-      raise ValueError(f"{path}: tensor {name!r} has shape {tensors.shape(name)}, expected "
-                       f"{tuple(expected[name])}")
+      raise ValueError(f"{tensors.file_of(name)}: tensor {name!r} has shape "
+                       f"{tensors.shape(name)}, expected {tuple(expected[name])} (from "
+                       f"{config_source(path)})")
   missing = sorted(set(expected) - set(tensors.names()))
   if missing:
     raise ValueError(f"{path}: checkpoint lacks tensors {missing[:5]}"

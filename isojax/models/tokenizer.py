@@ -15,6 +15,7 @@ the special-token strings and the chat template (rendered by `chat_template.py`)
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Iterable, Sequence
@@ -24,6 +25,7 @@ from tokenizers import (Regex, Tokenizer, decoders, models, pre_tokenizers, proc
                         trainers)
 
 from isojax.models import chat_template as chat_template_lib
+from isojax.models import checkpoint_files
 from isojax.models import gguf_checkpoint
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -75,6 +77,45 @@ class TextTokenizer:
     """
     ids = self.tokenizer.encode(text, add_special_tokens=False).ids
     return ([self.bos_id] if add_bos and self.bos_id is not None else []) + ids
+
+  def encode_at_most(self, text: str, max_tokens: int, add_bos: bool = True
+                     ) -> list[int] | None:
+    """`encode(text, add_bos)` if it is at most `max_tokens` ids long, else None.
+
+    A text too long to fit is refused by its length alone, never tokenized: a
+    50 MB row would otherwise take minutes (and gigabytes) to tokenize before
+    being dropped. No token stands for more characters than `chars_per_token`,
+    so a text longer than max_tokens * chars_per_token characters (after the
+    normalizer, which may compose characters) cannot fit.
+    """
+    most = self.chars_per_token
+    if most is not None and len(text) > max_tokens * most:
+      normalizer = self.tokenizer.normalizer
+      if normalizer is None or len(normalizer.normalize_str(text)) > max_tokens * most:
+        return None
+    ids = self.encode(text, add_bos=add_bos)
+    return ids if len(ids) <= max_tokens else None
+
+  @functools.cached_property
+  def chars_per_token(self) -> int | None:
+    """The most characters of (normalized) text one token can stand for: the longest
+    entry of the vocabulary, as a byte-level token's characters each stand for a byte
+    and a character is at least one. None (no bound) for a vocabulary with an unknown
+    token that swallows a run of characters, or a pre-tokenizer that drops some."""
+    model, tok = self.tokenizer.model, self.tokenizer
+    unk = getattr(model, "unk_token", None)
+    has_unk = unk is not None and tok.token_to_id(unk) is not None
+    if isinstance(model, models.BPE):
+      bounded = not has_unk or model.byte_fallback or not model.fuse_unk
+    else:
+      bounded = isinstance(model, models.WordLevel) and not has_unk
+    probe = "a b\n\tc.  1+2=3 é!"
+    if bounded and tok.pre_tokenizer is not None:
+      pieces = tok.pre_tokenizer.pre_tokenize_str(probe)
+      bounded = sum(end - start for _, (start, end) in pieces) == len(probe)
+    if not bounded:
+      return None
+    return max(map(len, tok.get_vocab(with_added_tokens=True)), default=1)
 
   def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
     """Decodes up to (not including) the first of any EOS id; drops padding."""
@@ -216,7 +257,11 @@ def load_tokenizer(path: str, extra_stop_ids: Sequence[int] = ()) -> TextTokeniz
   file = os.path.join(path, TOKENIZER_FILE)
   if not os.path.isfile(file):
     raise FileNotFoundError(f"{file}: missing; expected the checkpoint's tokenizer")
-  tok = Tokenizer.from_file(file)
+  try:
+    tok = Tokenizer.from_file(file)
+  except Exception as e:  # pylint: disable=broad-except  # the library raises plain Exception
+    raise ValueError(f"{file}: the `tokenizers` library cannot read it ({e}); expected a "
+                     "Hugging Face tokenizer.json") from None
   generation, config = (_read_json(path, n) or {}
                         for n in ("generation_config.json", "config.json"))
   tok_config = _read_json(path, TOKENIZER_CONFIG_FILE)
@@ -249,8 +294,7 @@ def _read_json(path: str, name: str) -> dict | None:
   file = os.path.join(path, name)
   if not os.path.isfile(file):
     return None
-  with open(file, encoding="utf-8") as f:
-    return json.load(f)
+  return checkpoint_files.read_json_object(file, f"a {name} (a JSON object)")
 
 
 def _config_ids(config: dict, file: str) -> list[int]:

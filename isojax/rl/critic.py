@@ -116,9 +116,11 @@ def opt_state_shardings(tx: optax.GradientTransformation, params, mesh, train_tr
 def check_vocabulary(config: ml_collections.ConfigDict, policy_path: str) -> None:
   """A critic loaded from `critic.path` reads the policy's tokens: same vocabulary size.
 
-  Reads the two config.json files only, before anything is loaded or compiled."""
+  Reads the config.json files and the critic's file headers only (`check_files`),
+  before anything is loaded, compiled or written."""
   if not config.critic.path:
     return
+  hf_checkpoint.check_files(config.critic.path, **config.model)
   policy = hf_checkpoint.read_hf_config(policy_path)["vocab_size"]
   critic = hf_checkpoint.read_hf_config(config.critic.path)["vocab_size"]
   if critic != policy:

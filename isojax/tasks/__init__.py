@@ -4,7 +4,7 @@
                  default; exact-match verifier)
   reasoning_gym  any `reasoning-gym` dataset by name, generated locally from a seed,
                  graded by the dataset's own `score_answer`
-  math           problems from local files (JSONL / JSON / Parquet / CSV, a
+  math           problems from local files (JSONL / JSON / Parquet / CSV / Arrow, a
                  `save_to_disk` directory, or a prepared TFDS dataset), graded with
                  `math-verify` in worker processes
 

@@ -1,7 +1,7 @@
 """Math problems from local files or a prepared TFDS dataset: the `math` family's input.
 
 Public math sets (GSM8K, MATH / MATH-500, DAPO-Math-17k, Polaris, DeepScaleR) ship as
-JSONL / JSON / Parquet / CSV files, `datasets.save_to_disk` directories or TFDS
+JSONL / JSON / Parquet / CSV / Arrow files, `datasets.save_to_disk` directories or TFDS
 datasets, each with its own column names and its own way of writing the gold answer.
 This module turns any of them into `Problem(prompt=question, answer=gold)`, so the RL
 loop, splits and profiling see one shape. A format is a row of data in `MAPPINGS`, not
@@ -13,7 +13,9 @@ find, instead of stalling on network retries. Rows that cannot be used (no quest
 no answer, a gold answer `math-verify` cannot parse, a repeated question) are skipped
 and counted in a `LoadReport`, with the first few row numbers of each reason, for the
 caller to log; a source that yields nothing raises, and so does a list-valued cell
-with several values (naming its file and row).
+with several values (naming its file and row). A file the library cannot read (empty,
+a malformed line, text that is not UTF-8, binary data under a data extension) raises
+naming the file, the line or row and what was expected there (`data_files`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from isojax.tasks import math_verifier
+from isojax.tasks import data_files, math_verifier
 from isojax.tasks.math_fields import MAPPINGS, Column, MultipleValues, mapping_for
 from isojax.tasks.problem import Problem
 
@@ -40,7 +42,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 EXAMPLES_PER_REASON = 5
 
 # File extension -> `datasets` packaged builder.
-BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv",
+            ".arrow": "arrow"}
 
 # ----------------------------------------------------------------------- validation
 
@@ -121,10 +124,21 @@ def _builder(paths: list[str], field: str) -> str:
   return next(iter(builders))
 
 
-def _dataset_rows(ds) -> Callable[[tuple[str, ...]], Iterator[dict]]:
-  """Rows of a `datasets.Dataset`, read in column batches (row-by-row is slower)."""
+def _dataset_rows(ds, name: str, path: str | None
+                  ) -> Callable[[tuple[str, ...]], Iterator[dict]]:
+  """Rows of a `datasets.Dataset`, read in column batches (row-by-row is slower).
+
+  Text that is not UTF-8 loads (pyarrow checks it only when a cell becomes a Python
+  string): the error names the file's line, or the row and column (`data_files`).
+  """
   def rows(columns):
-    for batch in ds.select_columns(list(columns)).iter(batch_size=1024):
+    selected = ds.select_columns(list(columns))
+    for start in range(0, selected.num_rows, 1024):
+      stop = min(start + 1024, selected.num_rows)
+      try:
+        batch = selected[start:stop]
+      except UnicodeDecodeError as e:
+        raise data_files.bad_row(name, path, selected.data.table, start, stop, e) from None
       for values in zip(*(batch[c] for c in columns)):
         yield dict(zip(columns, values))
   return rows
@@ -136,17 +150,23 @@ def _csv_header(path: str) -> list[str]:
 
 
 def _read_file(path: str, builder: str) -> _Table:
+  """One file through `datasets`; its errors name the file and the line or row."""
   datasets = _datasets()
-  kwargs = {}
-  if builder == "csv":
-    # Every column as text: pandas would otherwise read "007" as 7 and an integer
-    # column with one empty cell as floats ("12.0"). Empty cells stay "" (skipped).
-    kwargs = dict(features=datasets.Features(
-        {c: datasets.Value("string") for c in _csv_header(path)}), keep_default_na=False)
-  ds = datasets.load_dataset(
-      builder, data_files=path, split="train",
-      download_config=datasets.DownloadConfig(local_files_only=True), **kwargs)
-  return _Table(path, tuple(ds.column_names), _dataset_rows(ds))
+  data_files.check(path)  # empty, or not data of its kind: before the library is asked
+  try:
+    kwargs = {}
+    if builder == "csv":
+      # Every column as text: pandas would otherwise read "007" as 7 and an integer
+      # column with one empty cell as floats ("12.0"). Empty cells stay "" (skipped).
+      kwargs = dict(features=datasets.Features(
+          {c: datasets.Value("string") for c in _csv_header(path)}), keep_default_na=False)
+    ds = datasets.load_dataset(
+        builder, data_files=path, split="train",
+        download_config=datasets.DownloadConfig(local_files_only=True), **kwargs)
+  except Exception as e:  # pylint: disable=broad-except  # any reader's, even StopIteration
+    error = data_files.explain(path, e)
+    raise error from (None if error.located else e)
+  return _Table(path, tuple(ds.column_names), _dataset_rows(ds, path, path))
 
 
 def _read_disk(path: str, split: str, field: str, split_field: str) -> _Table:
@@ -157,12 +177,20 @@ def _read_disk(path: str, split: str, field: str, split_field: str) -> _Table:
   except FileNotFoundError as e:
     raise ValueError(f"{field}: {path} is a directory but not one written by "
                      f"Dataset.save_to_disk or DatasetDict.save_to_disk ({e})") from e
+  except Exception as e:  # pylint: disable=broad-except  # a damaged .arrow file in it
+    for file in sorted(glob.glob(os.path.join(path, "**", "*.arrow"), recursive=True)):
+      data_files.check(file)
+      fault = data_files.explain(file, e)
+      if fault.located:
+        raise fault from None
+    raise ValueError(f"{field}: {path}: cannot be read as a save_to_disk directory "
+                     f"({type(e).__name__}: {e})") from e
   name = path
   if isinstance(ds, datasets.DatasetDict):
     if split not in ds:
       raise ValueError(f"{split_field}={split!r}: {path} holds splits {sorted(ds)}")
     ds, name = ds[split], f"{path}[{split}]"
-  return _Table(name, tuple(ds.column_names), _dataset_rows(ds))
+  return _Table(name, tuple(ds.column_names), _dataset_rows(ds, name, None))
 
 
 def _read_files(spec: str, field: str, split: str, split_field: str) -> list[_Table]:

@@ -7,7 +7,9 @@ with the generation prompt appended), `plain` uses the question (and instruction
 text, and `auto` picks `chat` whenever the checkpoint has a template.
 
 Every prompt is rendered and tokenized once, at load time. Prompts longer than
-`task.max_prompt_tokens` are dropped there and counted, never truncated silently.
+`task.max_prompt_tokens` are dropped there and counted, never truncated silently; a
+text too long to fit by its character count alone (a 50 MB row) is dropped without
+being tokenized (`TextTokenizer.encode_at_most`).
 Batches are left-padded to a *bucket* (the next power of two of the batch's longest
 prompt, at least `MIN_BUCKET`, at most the longest prompt of the task), so one long
 prompt does not set the cost of every batch while the number of compiled shapes stays
@@ -97,8 +99,10 @@ def build(splits: dict[str, list[Problem]], tok, task: ml_collections.ConfigDict
       if p not in ids:
         text, add_bos = render(p, tok, fmt=fmt, system_prompt=task.system_prompt,
                                instruction=instruction)
-        ids[p] = tuple(tok.encode(text, add_bos=add_bos))
-      if len(ids[p]) > task.max_prompt_tokens:
+        # None: too long (a text far too long is refused by its length, untokenized).
+        encoded = tok.encode_at_most(text, task.max_prompt_tokens, add_bos=add_bos)
+        ids[p] = None if encoded is None else tuple(encoded)
+      if ids[p] is None:
         dropped[name] += 1
       else:
         kept[name].append(p)
@@ -106,4 +110,5 @@ def build(splits: dict[str, list[Problem]], tok, task: ml_collections.ConfigDict
   if not lengths:
     raise ValueError(f"every prompt is longer than task.max_prompt_tokens="
                      f"{task.max_prompt_tokens} tokens")
-  return PromptBook(ids, tok.pad_id, max(lengths)), kept, dropped
+  book = PromptBook({p: i for p, i in ids.items() if i is not None}, tok.pad_id, max(lengths))
+  return book, kept, dropped

@@ -192,6 +192,18 @@ def test_truncated_file_names_the_file(tmp_path):
     tokenizer_lib.load_tokenizer(str(file))
 
 
+def test_check_files_reads_a_gguf_by_its_metadata_and_names_the_cut_tensor(tmp_path):
+  """What a run checks before its workdir: the file's tensors, shapes and extent."""
+  file = tmp_path / "m.gguf"
+  write_gguf(file, "llama")
+  hf_checkpoint.check_files(str(file))
+  data = file.read_bytes()
+  file.write_bytes(data[:len(data) - 1000])
+  with pytest.raises(ValueError, match=r"m\.gguf: truncated inside tensor '[\w.]+': its data "
+                                       rf"ends at byte \d+, the file at byte {len(data) - 1000}"):
+    hf_checkpoint.check_files(str(file))
+
+
 def test_a_type_gguf_cannot_dequantize_names_tensor_and_type(tmp_path):
   file = tmp_path / "q81.gguf"
   write_gguf(file, "llama", quant=Q.Q8_0)

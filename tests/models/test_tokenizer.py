@@ -184,3 +184,55 @@ def test_encode_batch_left_padded_unchanged():
   np.testing.assert_array_equal(mask, tokens != 0)
   with pytest.raises(ValueError, match="more than the allowed 3"):
     tok.encode_batch_left_padded(["1+2="], length=3)
+
+
+def _word_level(unk_in_vocab, pre_tokenizer):
+  vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2} if unk_in_vocab else {"<pad>": 0, "<eos>": 1}
+  vocab.update({w: len(vocab) + i for i, w in enumerate(["hello", "world"])})
+  tok = tokenizer_lib.Tokenizer(tokenizer_lib.models.WordLevel(vocab, unk_token="<unk>"))
+  tok.pre_tokenizer = pre_tokenizer
+  return tokenizer_lib.TextTokenizer(tok, eos_id=1, pad_id=0, bos_id=None)
+
+
+def test_chars_per_token_bounds_every_encoding(qwen, llama):
+  """No text encodes to fewer than len(text) / chars_per_token ids (the bound that lets
+  a prompt far over the limit be refused untokenized)."""
+  rng = random.Random(0)
+  texts = STRINGS + _corpus(50) + ["".join(rng.choice("ab 1+\n\té🙂") for _ in range(200))]
+  chars = tokenizer_lib.build_char_tokenizer("0123456789+= \n")
+  for tok, samples in ((qwen, texts), (llama, texts), (chars, ["12+34=46", "1 + 2\n" * 20])):
+    most = tok.chars_per_token
+    assert most == max(map(len, tok.tokenizer.get_vocab(with_added_tokens=True)))
+    for text in samples + ["".join(tok.special_tokens.values()) * 3]:
+      assert len(tok.encode(text, add_bos=False)) * most >= len(text), text
+
+
+def test_no_bound_where_one_token_can_swallow_any_run_of_characters():
+  split = tokenizer_lib.pre_tokenizers.WhitespaceSplit()
+  assert _word_level(unk_in_vocab=True, pre_tokenizer=split).chars_per_token is None
+  # WhitespaceSplit drops the spaces: "hello" + 10,000 spaces + "world" is two tokens.
+  dropping = _word_level(unk_in_vocab=False, pre_tokenizer=split)
+  assert dropping.chars_per_token is None
+  assert dropping.encode_at_most("hello" + " " * 10_000 + "world", 2) is not None
+
+
+def test_encode_at_most_refuses_a_long_text_without_tokenizing_it(qwen):
+  calls = []
+  text = "hello world " * 100_000
+
+  class Recording:
+    def __getattr__(self, name):
+      return getattr(qwen.tokenizer, name)
+
+    def encode(self, text, *args, **kwargs):
+      calls.append(len(text))
+      return qwen.tokenizer.encode(text, *args, **kwargs)
+
+  tok = tokenizer_lib.TextTokenizer(Recording(), eos_ids=qwen.eos_ids, pad_id=qwen.pad_id,
+                                    bos_id=qwen.bos_id)
+  assert tok.encode_at_most(text, 1000) is None and not calls
+  short = "hello world"
+  assert tok.encode_at_most(short, 1000) == qwen.encode(short) and calls == [len(short)]
+  exact = qwen.encode(short)
+  assert tok.encode_at_most(short, len(exact)) == exact
+  assert tok.encode_at_most(short, len(exact) - 1) is None
