@@ -164,9 +164,13 @@ def _parse(text: str) -> tuple:
 def parse_gold(text: str) -> list | None:
   """The gold answer as math-verify's parsed list, or None if it cannot be parsed.
 
-  Dataset loaders call this to drop rows whose gold answer could never be matched.
+  Dataset loaders call this to drop rows whose gold answer could never be matched,
+  which includes one whose parse alone runs past math-verify's alarm.
   """
-  parsed = _parse(text)
+  try:
+    parsed = _parse(text)
+  except GradingTimeout:
+    return None
   return list(parsed) if parsed else None
 
 

@@ -400,15 +400,19 @@ def test_math_verify_alarm_is_a_timeout_and_logs_stay_short(monkeypatch, caplog)
     math_verifier.grade_one(_box(_DEEP), "1")
   assert isinstance(timed_out.value, TimeoutError) and time.monotonic() - start < 5
   assert len(str(timed_out.value)) < 500
+  assert math_verifier.parse_gold(_DEEP) is None  # a loader drops such a gold row
   broken_gold = "\\frac{" + "x" * 2_000
   # The workers' alarm at 1 s, well before the pool's 5 s (for a loaded machine; by
   # default it is 4 s), so the alarm ends the deep one.
   monkeypatch.setattr(math_verifier, "_alarm_s", lambda timeout_s: 1)
   with math_verifier.MathVerifier(timeout_s=5.0, workers=1) as v:
-    worker = v._get_pool().schedule(math_verifier._ready).result()  # pylint: disable=protected-access
+    # pylint: disable=protected-access
+    worker = v._get_pool().schedule(math_verifier._ready).result()
     grades = v.grade([_box(_DEEP), _box("1"), _box("1")],
-                     [Problem("deep", "1"), Problem("p", "1"), Problem("broken", broken_gold)])
-    assert v._get_pool().schedule(math_verifier._ready).result() == worker  # pylint: disable=protected-access
+                     [Problem("deep", "1"), Problem("p", "1"),
+                      Problem("broken", broken_gold)])
+    assert v._get_pool().schedule(math_verifier._ready).result() == worker
+    # pylint: enable=protected-access
   np.testing.assert_array_equal(grades.rewards, [0, 1, 0])
   assert (grades.timeouts, grades.errors) == (1, 1)
   assert "1 of 3 completions timed out" in caplog.text
