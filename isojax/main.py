@@ -26,9 +26,10 @@ _CONFIG = config_flags.DEFINE_config_file(
     lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/isojax/run", "Run directory.")
 _FORCE_UNLOCK = flags.DEFINE_bool(
-    "force_unlock", False, "Take the workdir from the run that holds it (a stale lease "
-    "of a crashed run on an object store, or a lock a lost machine left on a shared "
-    "filesystem).")
+    "force_unlock", False, "Take the workdir from a run that holds it but is gone (its "
+    "pid no longer runs on this host, or, on another host, its heartbeat is stale: a "
+    "lost machine's lock on a shared filesystem or lease on an object store). A live "
+    "holder is refused.")
 
 
 def main(argv):

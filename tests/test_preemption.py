@@ -6,6 +6,7 @@ import importlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -180,41 +181,129 @@ with workdir_lock.hold(sys.argv[1]):
 
 
 def test_a_held_workdir_refuses_a_second_run_naming_the_holder(tmp_path):
+  """A second run fails before it loads anything, naming the live holder, even with
+  --force_unlock: the holder's pid runs on this host. The holder keeps the workdir."""
   workdir = str(tmp_path / "run")
   holder = subprocess.Popen([sys.executable, "-c", _HOLDER, workdir], cwd=ROOT,
                             stdout=subprocess.PIPE, text=True)
   try:
     assert holder.stdout.readline().strip() == "held"
+    with open(os.path.join(workdir, workdir_lock.LOCK_FILE)) as f:
+      token = json.load(f)["token"]
     start = time.time()
     proc = subprocess.run(
         [sys.executable, "-m", "isojax.main", "--config=configs/easy.py:micro",
-         f"--workdir={workdir}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+         f"--workdir={workdir}", "--force_unlock"], cwd=ROOT, capture_output=True,
+        text=True, timeout=120)
     assert proc.returncode == 1
-    assert f"pid {holder.pid}" in proc.stderr and "--force_unlock" in proc.stderr
+    assert f"pid {holder.pid} is running on this host" in proc.stderr, proc.stderr[-2000:]
+    assert "--force_unlock never takes a workdir from a live run" in proc.stderr
+    assert f"`kill -TERM {holder.pid}` on host {socket.gethostname()}" in proc.stderr
     assert time.time() - start < 60  # before loading or compiling anything
     assert not os.path.exists(run_dir.config_path(workdir))  # nothing written
+    with open(os.path.join(workdir, workdir_lock.LOCK_FILE)) as f:
+      assert json.load(f)["token"] == token  # still the holder's
   finally:
     holder.kill()  # SIGKILL: the kernel releases the lock
     holder.wait()
   with workdir_lock.hold(workdir) as owner:
     assert owner.pid == os.getpid()
-    with pytest.raises(workdir_lock.WorkdirLocked, match=f"pid {os.getpid()}"):
-      with workdir_lock.hold(workdir):
-        pass
+    for force in (False, True):
+      with pytest.raises(workdir_lock.WorkdirLocked, match=f"pid {os.getpid()} is running"):
+        with workdir_lock.hold(workdir, force=force):
+          pass
   with workdir_lock.hold(workdir):  # released on exit
     pass
 
 
-def test_force_unlock_takes_a_held_local_workdir(tmp_path):
+def _dead_pid() -> int:
+  proc = subprocess.Popen([sys.executable, "-c", "pass"])
+  proc.wait()  # reaped: the pid names no process (until the kernel reuses it)
+  return proc.pid
+
+
+@pytest.fixture
+def foreign_lock(tmp_path):
+  """`record(**owner_fields)` locks `<workdir>/run.lock` through a descriptor of its own
+  (as a holder whose lock another process inherited, or a lost machine's NFS lock)
+  with that owner recorded; returns the workdir."""
+  import fcntl  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  fds = []
+
+  def record(**fields) -> str:
+    while fds:  # one foreign holder at a time
+      os.close(fds.pop())
+    fd = os.open(workdir / workdir_lock.LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    fds.append(fd)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    owner = dataclasses.replace(workdir_lock.Owner.me(), token="foreign", **fields)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(dataclasses.asdict(owner)).encode(), 0)
+    return str(workdir)
+  yield record
+  for fd in fds:
+    os.close(fd)
+
+
+def _forced_token(workdir, **kwargs):
+  with workdir_lock.hold(workdir, force=True, **kwargs) as owner:
+    with open(os.path.join(workdir, workdir_lock.LOCK_FILE)) as f:
+      assert json.load(f)["token"] == owner.token
+    # The old holder's lock is on a file that is no longer the workdir's.
+    with pytest.raises(workdir_lock.WorkdirLocked, match=f"pid {owner.pid} is running"):
+      with workdir_lock.hold(workdir):
+        pass
+  return owner.token
+
+
+def test_force_unlock_takes_a_lock_whose_holder_is_gone(foreign_lock):
+  """On this host the holder's pid decides: dead, or reused by a process that started
+  at another time, is gone; elsewhere, a heartbeat older than the lease."""
+  dead = foreign_lock(pid=_dead_pid())
+  with pytest.raises(workdir_lock.WorkdirLocked, match="is no longer running on this "
+                     "host. That run is gone: pass --force_unlock"):
+    with workdir_lock.hold(dead):
+      pass
+  assert _forced_token(dead)
+  assert _forced_token(foreign_lock(pid_start=1))  # our pid, but not our start time
+  assert _forced_token(foreign_lock(host="lost-host", pid_space="other",
+                                    heartbeat=time.time() - 100), lease_s=60)
+
+
+def test_force_unlock_refuses_a_live_holder(foreign_lock):
+  """Alive here (the recorded pid and start time are this process's), or elsewhere
+  with a fresh heartbeat: refused, naming the holder and how to stop it."""
+  for fields, evidence in [
+      ({}, f"pid {os.getpid()} is running on this host"),
+      (dict(host="far-host", pid=7, pid_space="other", heartbeat=time.time() - 10),
+       "its heartbeat is 10 s old; a holder on another host counts as live until its "
+       "heartbeat is 60 s old")]:
+    workdir = foreign_lock(**fields)
+    with pytest.raises(workdir_lock.WorkdirLocked) as refused:
+      with workdir_lock.hold(workdir, force=True, lease_s=60):
+        pass
+    message = str(refused.value)
+    assert evidence in message and "never takes a workdir from a live run" in message
+    pid, host = fields.get("pid", os.getpid()), fields.get("host", socket.gethostname())
+    assert f"host {host}, pid {pid}, started " in message
+    assert f"`kill -TERM {pid}` on host {host}" in message
+    with open(os.path.join(workdir, workdir_lock.LOCK_FILE)) as f:
+      assert json.load(f)["token"] == "foreign"  # untouched
+
+
+def test_a_local_holder_renews_its_heartbeat(tmp_path):
   workdir = str(tmp_path / "run")
-  with workdir_lock.hold(workdir):
-    with workdir_lock.hold(workdir, force=True) as second:
-      # The first holder's lock is on a file that is no longer the workdir's.
-      with pytest.raises(workdir_lock.WorkdirLocked, match=f"pid {second.pid}"):
-        with workdir_lock.hold(workdir):
-          pass
-      with open(os.path.join(workdir, workdir_lock.LOCK_FILE)) as f:
-        assert json.load(f)["token"] == second.token
+  path = os.path.join(workdir, workdir_lock.LOCK_FILE)
+  with workdir_lock.hold(workdir, lease_s=0.3) as owner:
+    time.sleep(0.5)
+    with open(path) as f:
+      renewed = json.load(f)
+    assert renewed["token"] == owner.token and renewed["heartbeat"] > owner.heartbeat
+    assert renewed["pid_start"] == workdir_lock.process_start(os.getpid())[0]
+  with open(path) as f:
+    assert f.read() == ""  # released
 
 
 def test_object_store_leases_expire_renew_and_release(fake_gcs):
@@ -225,22 +314,30 @@ def test_object_store_leases_expire_renew_and_release(fake_gcs):
   with workdir_lock.hold(workdir, lease_s=0.3) as owner:
     first = storage.read_json(path)
     assert first["token"] == owner.token
-    with pytest.raises(workdir_lock.WorkdirLocked, match=f"pid {os.getpid()}.*renewed"):
-      with workdir_lock.hold(workdir, lease_s=60):
-        pass
+    for force in (False, True):  # this process holds it: alive whatever its heartbeat
+      with pytest.raises(workdir_lock.WorkdirLocked,
+                         match=f"pid {os.getpid()}.* is running on this host"):
+        with workdir_lock.hold(workdir, force=force, lease_s=60):
+          pass
     time.sleep(0.5)
     assert storage.read_json(path)["heartbeat"] > first["heartbeat"]  # renewed
   assert not storage.path(path).exists()  # released
 
-  # A crashed holder: its lease is not renewed and expires.
+  # A crashed holder on another host: its lease is not renewed and expires.
   stale = dataclasses.asdict(workdir_lock.Owner("lost-host", 7, "2026-01-01T00:00:00",
                                                 "dead", time.time() - 10))
   storage.write_json(path, stale)
-  with pytest.raises(workdir_lock.WorkdirLocked, match="host lost-host, pid 7"):
-    with workdir_lock.hold(workdir, lease_s=60):
-      pass
+  for force in (False, True):  # fresh: refused, forced or not
+    with pytest.raises(workdir_lock.WorkdirLocked, match="host lost-host, pid 7.*10 s old"):
+      with workdir_lock.hold(workdir, force=force, lease_s=60):
+        pass
   with workdir_lock.hold(workdir, lease_s=5) as owner:  # not renewed for 10 s > 5 s
     assert storage.read_json(path)["token"] == owner.token
-  storage.write_json(path, dict(stale, heartbeat=time.time()))
+  # A holder on this host whose pid is gone: --force_unlock need not wait for expiry.
+  me = workdir_lock.Owner.me()
+  storage.write_json(path, dict(dataclasses.asdict(me), pid=_dead_pid(), token="gone"))
+  with pytest.raises(workdir_lock.WorkdirLocked, match="That run is gone: pass --force"):
+    with workdir_lock.hold(workdir, lease_s=60):
+      pass
   with workdir_lock.hold(workdir, force=True, lease_s=60) as owner:
     assert storage.read_json(path)["token"] == owner.token

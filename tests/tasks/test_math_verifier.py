@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+import types
 
 import hypothesis
 import numpy as np
@@ -294,7 +295,9 @@ def test_an_unguarded_script_raises_within_seconds_naming_the_guard(tmp_path, n)
   assert time.monotonic() - start < 30
   assert proc.returncode != 0 and "graded" not in proc.stdout
   assert "VerifierPoolError: the math grading pool" in proc.stderr, proc.stderr[-2000:]
-  assert 'if __name__ == "__main__":' in proc.stderr
+  error = _pool_error(proc.stderr)
+  assert f"the main script {script} has no `__main__` guard" in error
+  assert 'if __name__ == "__main__":' in error
 
 
 class _SilentPool:
@@ -325,19 +328,173 @@ def test_a_pool_that_never_answers_fails_to_start(monkeypatch):
   assert time.monotonic() - start < 5
 
 
-def test_a_stalled_batch_raises_at_its_deadline(monkeypatch):
-  """4 completions, 2 workers, 0.2 s each: the batch may take 2 x 0.2 s plus the
-  start-up allowance (0.5 s here), then it raises and the pool is stopped."""
+def test_a_stalled_batch_scores_its_pending_completions_as_timeouts(monkeypatch):
+  """4 completions, 2 workers, 1 s each: the batch may take 2 x 1 s plus the start-up
+  allowance (0.5 s here); then it returns zeros with every pending completion a
+  timeout and the stuck pool is stopped. A replacement that does not start scores its
+  batch 0 as errors (the verifier worked before: no raise); the next one grades."""
   monkeypatch.setattr(math_verifier, "STARTUP_TIMEOUT_S", 0.5)
-  v = math_verifier.MathVerifier(timeout_s=0.2, workers=2)
+  v = math_verifier.MathVerifier(timeout_s=1.0, workers=2)
   pool = v._pool = _SilentPool()  # pylint: disable=protected-access  # already started
+  v._started = True  # pylint: disable=protected-access
   start = time.monotonic()
-  future = v.grade_async([_box("1")] * 4, [Problem("p", "1")] * 4)
-  with pytest.raises(math_verifier.VerifierPoolError, match="4 completions did not finish "
-                     "within 1 s"):
-    future.result(timeout=10)
-  assert 0.85 < time.monotonic() - start < 5
+  grades = v.grade_async([_box("1")] * 4, [Problem("p", "1")] * 4).result(timeout=10)
+  assert 2.35 < time.monotonic() - start < 7
+  np.testing.assert_array_equal(grades.rewards, np.zeros(4, np.float32))
+  assert (grades.timeouts, grades.errors) == (4, 0)
   deadline = time.monotonic() + 5
   while not pool.stopped and time.monotonic() < deadline:
     time.sleep(0.01)
   assert pool.stopped and v._pool is None  # pylint: disable=protected-access
+  real_pool = math_verifier.pebble.ProcessPool
+  monkeypatch.setattr(math_verifier.pebble, "ProcessPool", _SilentPool)
+  grades = v.grade([_box("1")] * 4, [Problem("p", "1")] * 4)
+  np.testing.assert_array_equal(grades.rewards, np.zeros(4, np.float32))
+  assert (grades.timeouts, grades.errors) == (0, 4)
+  monkeypatch.setattr(math_verifier.pebble, "ProcessPool", real_pool)
+  monkeypatch.setattr(math_verifier, "STARTUP_TIMEOUT_S", 30.0)
+  with v:
+    completions, problems, expected = _batch({})
+    grades = v.grade(completions, problems)
+  np.testing.assert_array_equal(grades.rewards, expected)
+  assert (grades.timeouts, grades.errors) == (0, 0)
+
+
+def test_a_batch_that_all_times_out_scores_zeros_and_grading_goes_on(monkeypatch, caplog):
+  """Every answer compared with `9^{9^{9^{9}}}` runs past the 0.5 s timeout (SymPy
+  evaluates the power). With a start-up allowance of 0.2 s the batch also passes its
+  deadline (3 rounds x 0.5 s + 0.2 s, less than the kills and restarts take), as a
+  large batch does at the default settings. Nothing raises: six timeouts, a warning,
+  and the same verifier grades the next batch right."""
+  with math_verifier.MathVerifier(timeout_s=0.5, workers=2) as v:
+    v.grade([_box("1")], [Problem("p", "1")])  # started at the default allowance
+    monkeypatch.setattr(math_verifier, "STARTUP_TIMEOUT_S", 0.2)
+    start = time.monotonic()
+    with caplog.at_level("WARNING"):
+      grades = v.grade([_box(str(i)) for i in range(6)],
+                       [Problem("tower", "9^{9^{9^{9}}}")] * 6)
+    assert time.monotonic() - start < 10
+    np.testing.assert_array_equal(grades.rewards, np.zeros(6, np.float32))
+    assert (grades.timeouts, grades.errors) == (6, 0)
+    assert "6 of 6 completions timed out" in caplog.text
+    assert "against gold `9^{9^{9^{9}}}`" in caplog.text
+    monkeypatch.setattr(math_verifier, "STARTUP_TIMEOUT_S", 30.0)
+    completions, problems, expected = _batch({})
+    grades = v.grade(completions, problems)
+  np.testing.assert_array_equal(grades.rewards, expected)
+  assert (grades.timeouts, grades.errors) == (0, 0)
+
+
+_DEEP = "\\frac{1}{" * 20_000 + "2" + "}" * 20_000  # 200 KB; parsing it takes minutes
+
+
+def test_math_verify_alarm_is_a_timeout_and_logs_stay_short(monkeypatch, caplog):
+  """math-verify's own alarm (its TimeoutException, a BaseException) raises
+  `GradingTimeout`, a TimeoutError, not a silent 0; in the pool it counts as a timeout,
+  and the worker lives on (the alarm, not the pool's kill, ended it). No log line holds
+  more than a clipped prefix of the 200 KB answer or of a 2 KB gold."""
+  monkeypatch.setattr(math_verifier, "_SIGNAL_TIMEOUT_S", 1)
+  caplog.set_level("DEBUG")
+  start = time.monotonic()
+  with pytest.raises(math_verifier.GradingTimeout) as timed_out:
+    math_verifier.grade_one(_box(_DEEP), "1")
+  assert isinstance(timed_out.value, TimeoutError) and time.monotonic() - start < 5
+  assert len(str(timed_out.value)) < 500
+  assert math_verifier.parse_gold(_DEEP) is None  # a loader drops such a gold row
+  broken_gold = "\\frac{" + "x" * 2_000
+  # The workers' alarm at 1 s, well before the pool's 5 s (for a loaded machine; by
+  # default it is 4 s), so the alarm ends the deep one.
+  monkeypatch.setattr(math_verifier, "_alarm_s", lambda timeout_s: 1)
+  with math_verifier.MathVerifier(timeout_s=5.0, workers=1) as v:
+    # pylint: disable=protected-access
+    worker = v._get_pool().schedule(math_verifier._ready).result()
+    grades = v.grade([_box(_DEEP), _box("1"), _box("1")],
+                     [Problem("deep", "1"), Problem("p", "1"),
+                      Problem("broken", broken_gold)])
+    assert v._get_pool().schedule(math_verifier._ready).result() == worker
+    # pylint: enable=protected-access
+  np.testing.assert_array_equal(grades.rewards, [0, 1, 0])
+  assert (grades.timeouts, grades.errors) == (1, 1)
+  assert "1 of 3 completions timed out" in caplog.text
+  assert _DEEP[:math_verifier.CLIP_CHARS] in caplog.text and _DEEP not in caplog.text
+  assert broken_gold[:100] in caplog.text and broken_gold not in caplog.text
+  assert max(len(r.getMessage()) for r in caplog.records) < 2000
+
+
+_GUARDED = """
+from isojax.tasks import math_verifier
+from isojax.tasks.problem import Problem
+
+if __name__ == "__main__":
+  v = math_verifier.MathVerifier(timeout_s=2, workers=1)
+  print("graded", v.grade(["\\\\boxed{2}"], [Problem("1 + 1", "2")]).rewards, flush=True)
+"""
+
+
+def _pool_error(stderr: str) -> str:
+  """The parent's error line: printed last (workers re-running a script print theirs)."""
+  return [l for l in stderr.splitlines()
+          if l.startswith("isojax.tasks.math_verifier.VerifierPoolError")][-1]
+
+
+def test_a_guarded_script_on_standard_input_is_told_to_be_a_file(tmp_path):
+  """`python - <<EOF`: the workers cannot re-run a main script that has no file. The
+  error says so, and not that the (present) `__main__` guard is missing."""
+  proc = subprocess.run([sys.executable, "-"], input=_GUARDED, cwd=tmp_path,
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode != 0 and "graded" not in proc.stdout
+  error = _pool_error(proc.stderr)
+  assert "read from standard input (`python -`)" in error and "must be a file" in error
+  assert "__main__" not in error
+  script = tmp_path / "grade.py"  # the same script as a file grades
+  script.write_text(_GUARDED)
+  proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                        text=True, timeout=120)
+  assert proc.returncode == 0 and "graded [1.]" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_the_main_module_cause_names_only_a_real_cause(tmp_path, monkeypatch):
+  guarded, unguarded = tmp_path / "guarded.py", tmp_path / "unguarded.py"
+  guarded.write_text(_GUARDED)
+  unguarded.write_text(_UNGUARDED)
+  for path, expected in [(str(guarded), "is guarded, so not the cause"),
+                         (str(unguarded), 'has no `__main__` guard: workers started'),
+                         ("<stdin>", "must be a file"),
+                         (None, "the workers' own errors are printed above")]:
+    main = types.ModuleType("__main__")
+    if path:
+      main.__file__ = path
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    cause = math_verifier.main_module_cause()
+    assert expected in cause, (path, cause)
+    assert ('if __name__ == "__main__":' in cause) == (path == str(unguarded)), cause
+
+
+@pytest.mark.slow("a 2-step training run whose every grading times out (worker restarts)")
+def test_a_run_whose_gold_answers_all_time_out_finishes_with_them_counted(tmp_path):
+  """The shipped arithmetic base model answers "12+34=" with digits; the math task's
+  gold for every problem is `9^{9^{9^{9}}}`, so every answer's grading runs into the
+  timeout. The run finishes its steps and metrics.jsonl counts the timeouts."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+  from isojax import run_dir, train  # pylint: disable=g-import-not-at-top
+  from isojax.tasks import demo_bases  # pylint: disable=g-import-not-at-top
+  data = tmp_path / "tower.jsonl"
+  data.write_text("".join(json.dumps({"q": f"{a}+{b}=", "a": "9^{9^{9^{9}}}"}) + "\n"
+                          for a in range(10, 20) for b in (21, 43)))
+  config = importlib.import_module("isojax.configs.easy").get_config("micro")
+  config.base_model.path = demo_bases.shipped_dir("arithmetic")
+  config.task.update(name="math", format="generic", question_field="q", answer_field="a",
+                     train_files=str(data), num_train=0, num_val=2, instruction="",
+                     prompt_format="plain", answer_pattern=r"(\d+)", verifier_workers=2,
+                     verifier_timeout_s=0.5, splits_dir=str(tmp_path / "splits"))
+  config.update(num_steps=2, rollouts_per_problem=2, problems_per_batch=2,
+                checkpoint_every=2, log_every=1)
+  config.eval.update(every=2, num_samples=1, k=1, train_problems=0)
+  train.run(config, str(tmp_path / "run"))
+  lines = [l for l in run_dir.read_metrics(str(tmp_path / "run")) if "event" not in l]
+  steps = {l["step"]: l for l in lines if "train/verifier_timeouts" in l}
+  assert sorted(steps) == [1, 2], lines
+  for line in steps.values():
+    assert line["train/verifier_timeouts"] >= 1 and line["train/verifier_errors"] == 0
+    assert line["train/reward"] == 0
