@@ -21,6 +21,7 @@ from isojax import host_memory
 
 host_memory.restart_entry_point(__name__)  # first: before the imports below
 # pylint: disable=wrong-import-position
+import functools
 import os
 import time
 
@@ -43,7 +44,8 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   base = _BASE.value or identical_runs.merge_base(TREE, "main")
   start = time.perf_counter()
-  results = identical_runs.check(TREE, base, _OUT.value, _RUNS.value)
+  results = identical_runs.check(TREE, base, _OUT.value, _RUNS.value,
+                                 log=functools.partial(print, flush=True))
   same = sum(r.identical for r in results)
   print(f"{same} of {len(results)} runs identical to {base} "
         f"({time.perf_counter() - start:.0f} s)")
