@@ -11,7 +11,8 @@ compared exactly:
   config.json     field by field
   layout          the names of the files and directories (`layout`), not their contents
   checkpoints     every array of every item of every saved step, by its bytes, and the
-                  JSON items (the counters) without their wall-clock fields
+                  JSON items (the counters) without their wall-clock fields; the
+                  wall-clock arrays of queued batches (`TIMING_ARRAYS`) left out
 
 Each comparison returns the first `Difference` it finds, which names the step and field
 or the array's path, so a broken refactor points at the first number it changed.
@@ -31,10 +32,14 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from isojax import run_dir, storage
+from isojax import checkpointing, run_dir, storage
 
 # TensorBoard names its event file by the time and the host that wrote it.
 EVENT_FILE_PATTERN = "events.out.tfevents.*"
+# Checkpoint arrays of wall-clock seconds, by their key: the sampling phases of each
+# batch queued ahead of the update (`rl.off_policy.Generated.to_tree`). Left out, with
+# the fingerprint saved for the item that holds them.
+TIMING_ARRAYS = ("timings",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,10 +204,22 @@ def checkpoint_steps(workdir: str) -> list[int]:
     ckpt.close()
 
 
-def _leaves(tree: Any) -> dict[str, np.ndarray]:
-  """{path: array} of a tree's leaves, paths as jax writes them ("['embed']['kernel']")."""
+def _is_timing(path: tuple[Any, ...]) -> bool:
+  last = path[-1] if path else None
+  return isinstance(last, jax.tree_util.DictKey) and last.key in TIMING_ARRAYS
+
+
+def _has_timings(tree: Any) -> bool:
   flat, _ = jax.tree_util.tree_flatten_with_path(tree)
-  return {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in flat}
+  return any(_is_timing(path) for path, _ in flat)
+
+
+def _leaves(tree: Any) -> dict[str, np.ndarray]:
+  """{path: array} of a tree's leaves but the timings, paths as jax writes them
+  ("['embed']['kernel']")."""
+  flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+  return {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in flat
+          if not _is_timing(path)}
 
 
 def _bits(x: np.ndarray) -> np.ndarray:
@@ -260,13 +277,16 @@ def compare_items(base: dict[str, Any], new: dict[str, Any],
   counters, and its own path says more.
   """
   names = set(base) | set(new)
+  timed = {f"{checkpointing.FINGERPRINTS}.{k}" for k in names
+           if _has_timings(base.get(k, new.get(k)))}
   for name in sorted(names, key=lambda k: (_is_json(base.get(k, new.get(k))), k)):
     if name not in base or name not in new:
       return Difference("checkpoint", f"{where}{name}",
                         "only in " + ("base" if name in base else "new"))
     b, n = base[name], new[name]
     if _is_json(b) and _is_json(n):
-      b, n = _flatten_json(_without_timings(b)), _flatten_json(_without_timings(n))
+      b, n = ({k: v for k, v in _flatten_json(_without_timings(x)).items() if k not in timed}
+              for x in (b, n))
       field = _first_field(b, n)
       if field is not None:
         key, detail = _value_difference(b, n, field)

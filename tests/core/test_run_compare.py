@@ -6,7 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from isojax import checkpointing, run_compare, run_dir
+from isojax import checkpointing, metrics, run_compare, run_dir
+from isojax.rl import off_policy, rollout
+from isojax.sampling import sampler
 
 STEPS = 4
 
@@ -142,3 +144,38 @@ def test_layout_stops_at_checkpoint_items_and_names_event_files_by_pattern(base)
       "checkpoints/4/commit_success.txt", "checkpoints/4/counters",
       "checkpoints/4/opt_state", "checkpoints/4/params",
       "config.json", run_compare.EVENT_FILE_PATTERN, "metrics.jsonl"]
+
+
+def _queued(step: int, seconds: float, token: int = 5) -> dict:
+  """The checkpoint tree of one batch sampled ahead of the update, as an off-policy
+  run saves it: rollouts and the wall-clock seconds of sampling them."""
+  tokens = np.full((4, 3), token, np.int32)
+  rollouts = sampler.Rollouts(tokens=tokens, logprobs=np.full((4, 3), -0.5, np.float32),
+                              mask=np.ones((4, 3), bool), finished=np.ones(4, bool),
+                              forced=np.zeros((4, 3), bool))
+  scored = rollout.ScoredRollouts(
+      np.zeros((2, 2), np.int32), np.ones((2, 2), bool), rollouts,
+      np.ones((2, 2), np.float32), completions=[],
+      timings={k: seconds * (i + 1) for i, k in enumerate(metrics.TIMED_PHASES)})
+  generated = off_policy.Generated(step, step - 1, np.arange(2), scored, active_problems=2)
+  return off_policy.queue_tree([generated])
+
+
+def test_the_timing_arrays_are_the_queued_batches_wall_clock_seconds():
+  """The keys left out are exactly those whose values change with the clock alone."""
+  slow, fast = _queued(3, seconds=2.0)["step_3"], _queued(3, seconds=0.5)["step_3"]
+  changed = [k for k in slow if not np.array_equal(slow[k], fast[k])]
+  assert tuple(changed) == run_compare.TIMING_ARRAYS
+
+
+def test_queued_batches_compare_without_their_timings(base, tmp_path):
+  """Another clock changes the queue's timings and its saved fingerprint, nothing else;
+  another token is named by its path."""
+  one = _write_run(tmp_path / "one", trees=dict(_trees(), queue=_queued(3, seconds=2.0)))
+  two = _write_run(tmp_path / "two", trees=dict(_trees(), queue=_queued(3, seconds=0.5)))
+  assert run_compare.compare_runs(one, two) == []
+  other = _write_run(tmp_path / "other",
+                     trees=dict(_trees(), queue=_queued(3, seconds=2.0, token=6)))
+  (found,) = run_compare.compare_runs(one, other)
+  assert (found.where, found.detail) == ("checkpoints/2/queue['step_3']['tokens']",
+                                         "12 of 12 elements differ, max |base - new| = 1")
