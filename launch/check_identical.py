@@ -25,7 +25,7 @@ import functools
 import os
 import time
 
-from absl import app, flags
+from absl import app, flags, logging
 
 from isojax import identical_runs
 
@@ -42,6 +42,7 @@ TREE = os.path.dirname(os.path.dirname(os.path.abspath(identical_runs.__file__))
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)  # orbax's INFO lines for every restore
   base = _BASE.value or identical_runs.merge_base(TREE, "main")
   start = time.perf_counter()
   results = identical_runs.check(TREE, base, _OUT.value, _RUNS.value,
