@@ -4,7 +4,8 @@ own generated cache, and the decode step that attends over both.
 The model (`isojax.models.transformer`) runs the same `Block` for every entry point and
 lets each pass its own attention; this module holds what only sampling needs:
   `prefill`       forward over left-padded prompts, returning each layer's keys/values
-                  once per group (problem), in `PrefixCache`;
+                  once per group (problem), in `PrefixCache` (`prefill_rollouts`: the
+                  same for a sampler call, split over the data-parallel axes);
   `init_cache`    the zeroed generated caches, one per rollout, in `DecodeCache`;
   `decode_step`   one new token per rollout attending to the *shared* prompt cache of
                   its group ([G, P] keys, never copied n times) plus its own cache.
@@ -109,6 +110,20 @@ def prefill(model: Transformer, tokens_GP, mask_GP) -> tuple[jax.Array, PrefixCa
   k, v = pin_caches([jnp.transpose(c, (0, 2, 3, 1)) for c in k_LGPKH],   # [G, K, H, P]
                      [jnp.transpose(c, (0, 2, 1, 3)) for c in v_LGPKH])   # [G, K, P, H]
   return model.logits(x[:, -1:])[:, 0], PrefixCache(k=k, v=v, mask=mask_GP)
+
+
+def prefill_rollouts(model: Transformer, prompts_GP, prompt_mask_GP, n: int):
+  """`prefill` for a call of n rollouts per prompt, split over the data-parallel axes:
+  (first logits [G, V], the shared prompt cache, each rollout's prompt length [G * n])."""
+  prompts_GP = sharding.constrain(prompts_GP, ("batch", None))
+  prompt_mask_GP = sharding.constrain(prompt_mask_GP, ("batch", None))
+  first_logits_GV, prefix = prefill(model, prompts_GP, prompt_mask_GP)
+  return first_logits_GV, prefix, jnp.repeat(prompt_mask_GP.sum(-1), n).astype(jnp.int32)
+
+
+def prefix_cache_for_rollouts(prefix: PrefixCache, n: int) -> PrefixCache:
+  """The same cache copied per rollout (what sharing avoids); used by tests."""
+  return jax.tree.map(lambda x: jnp.repeat(x, n, axis=0), prefix)  # all [G, ...]
 
 def init_cache(model: Transformer, batch: int, length: int) -> DecodeCache:
   """Zeroed generated caches for `batch` rollouts of up to `length` tokens."""
