@@ -25,30 +25,30 @@ from isojax.sampling.spec import Rollouts, SampleSpec
 
 @flax.struct.dataclass
 class _Slots:
-  """Continuous batching state, per data-parallel shard d of D: S slots, R rollouts."""
-  rollout: jax.Array    # [D, S] int32 rollout (shard-local id) in the slot; R: empty
-  position: jax.Array   # [D, S] int32 index of `token` among the rollout's tokens
-  token: jax.Array      # [D, S] int32 the token the slot feeds this iteration
-  taken: jax.Array      # [D] int32 how many queue entries have been handed a slot
-  tokens: jax.Array     # [D, R, T] int32
-  logprobs: jax.Array   # [D, R, T] float32
-  lengths: jax.Array    # [D, R] int32 tokens written per rollout
-  cache: DecodeCache    # L x [D * S, K, H, T] keys, L x [D * S, K, T, H] values
+  """Continuous batching state, per data-parallel shard x of X: W slots, U rollouts."""
+  rollout: jax.Array    # [X, W] int32 rollout (shard-local id) in the slot; U: empty
+  position: jax.Array   # [X, W] int32 index of `token` among the rollout's tokens
+  token: jax.Array      # [X, W] int32 the token the slot feeds this iteration
+  taken: jax.Array      # [X] int32 how many queue entries have been handed a slot
+  tokens: jax.Array     # [X, U, T] int32
+  logprobs: jax.Array   # [X, U, T] float32
+  lengths: jax.Array    # [X, U] int32 tokens written per rollout
+  cache: DecodeCache    # L x [X * W, K, H, T] keys, L x [X * W, K, T, H] values
   rng: jax.Array
-  thinking: jax.Array     # [D, R] bool, no end-of-thinking marker yet
-  interrupted: jax.Array  # [D, R] bool, the interruption text was forced in
+  thinking: jax.Array     # [X, U] bool, no end-of-thinking marker yet
+  interrupted: jax.Array  # [X, U] bool, the interruption text was forced in
 
 
-def _refill(rollout_S, position_S, token_S, finished_S, queue_R, queued, taken, first_R):
+def _refill(rollout_W, position_W, token_W, finished_W, queue_U, queued, taken, first_U):
   """One shard: finished slots take the next queued rollouts (empty when none is left)."""
-  r = queue_R.shape[0]
-  rank_S = jnp.cumsum(finished_S) - 1
-  index_S = taken + rank_S
-  new_S = jnp.where(index_S < queued, queue_R[jnp.minimum(index_S, r - 1)], r)
-  rollout_S = jnp.where(finished_S, new_S, rollout_S)
-  position_S = jnp.where(finished_S | (rollout_S == r), 0, position_S + 1)
-  token_S = jnp.where(finished_S, first_R[jnp.minimum(new_S, r - 1)], token_S)
-  return rollout_S, position_S, token_S, taken + finished_S.sum()
+  u = queue_U.shape[0]
+  rank_W = jnp.cumsum(finished_W) - 1
+  index_W = taken + rank_W
+  new_W = jnp.where(index_W < queued, queue_U[jnp.minimum(index_W, u - 1)], u)
+  rollout_W = jnp.where(finished_W, new_W, rollout_W)
+  position_W = jnp.where(finished_W | (rollout_W == u), 0, position_W + 1)
+  token_W = jnp.where(finished_W, first_U[jnp.minimum(new_W, u - 1)], token_W)
+  return rollout_W, position_W, token_W, taken + finished_W.sum()
 
 
 def slot_levels(slots: int, min_slots: int) -> tuple[int, ...]:
@@ -63,35 +63,36 @@ def slot_levels(slots: int, min_slots: int) -> tuple[int, ...]:
 def _compact(st: _Slots, slots: int, empty: int) -> _Slots:
   """Each shard's busy slots (at most `slots` of them) moved into its first `slots` rows,
   their caches with them; the rows left are empty (rollout `empty`)."""
-  d, s = st.rollout.shape
+  shards, w = st.rollout.shape
   # Busy slots first, in their order; a stable sort keeps the empty ones after them.
-  keep_DS = jnp.argsort(st.rollout == empty, axis=-1, stable=True)[:, :slots]
+  keep_XW = jnp.argsort(st.rollout == empty, axis=-1, stable=True)[:, :slots]
   pick = jax.vmap(lambda x, i: x[i])
-  # Each layer's cache [D * S, ...] is gathered on each shard's own rows.
-  rows = lambda c: pick(c.reshape(d, s, *c.shape[1:]), keep_DS).reshape(d * slots, *c.shape[1:])
+  # Each layer's cache [X * W, ...] is gathered on each shard's own rows.
+  rows = lambda c: pick(c.reshape(shards, w, *c.shape[1:]), keep_XW).reshape(
+      shards * slots, *c.shape[1:])
   cache = jax.tree.map(rows, st.cache).constrain()
-  return st.replace(rollout=pick(st.rollout, keep_DS), position=pick(st.position, keep_DS),
-                    token=pick(st.token, keep_DS), cache=cache)
+  return st.replace(rollout=pick(st.rollout, keep_XW), position=pick(st.position, keep_XW),
+                    token=pick(st.token, keep_XW), cache=cache)
 
 
 def sample(model, prompts_GP, prompt_mask_GP, rng, spec: SampleSpec) -> Rollouts:
   """n rollouts per prompt decoded in `spec.num_slots` rows, refilled as rollouts finish.
 
   Each prompt is prefilled once; the first token of every rollout is drawn from its
-  prompt's prefill logits up front.
-  Rollouts that do not stop there are queued; each data-parallel shard (D of them,
-  the `batch` split of the mesh) owns its G / D groups and num_slots / D slots and
-  runs its own queue. An iteration feeds every busy slot's token, draws the next, and
-  hands the slots whose rollout just ended (stop id, or `max_new_tokens` reached) to
-  the next queued rollouts of the shard, whose prompt keys/values are read from the
-  shared prompt cache (no prefill is repeated). The loop ends when every slot is empty,
-  so the iterations track the total number of tokens, not B times the longest rollout.
+  prompt's prefill logits up front, and the rollouts that do not stop there are queued.
+  Each data-parallel shard (X of them, the `batch` split of the mesh) owns its G / X
+  groups and W = num_slots / X slots and runs its own queue. An iteration feeds every
+  busy slot's token, draws the next, and hands the slots whose rollout just ended (stop
+  id, or `max_new_tokens` reached) to the next queued rollouts of the shard, whose prompt
+  keys/values are read from the shared prompt cache (no prefill is repeated). The loop
+  ends when every slot is empty, so the iterations track the total number of tokens, not
+  B times the longest rollout.
 
-  With `min_slots`, the loop at S slots per shard also ends once every shard's queue is
-  empty and at most S / 2 of its slots are busy; those move, with their caches, into
-  S / 2 slots (`_compact`) and a loop at S / 2 goes on, down to `slot_levels`' last
+  With `min_slots`, the loop at W slots per shard also ends once every shard's queue is
+  empty and at most W / 2 of its slots are busy; those move, with their caches, into
+  W / 2 slots (`_compact`) and a loop at W / 2 goes on, down to `slot_levels`' last
   count. Where a decode step costs in proportion to its rows (CPU), the long rollouts
-  of an uneven batch then no longer carry S - 1 mostly empty rows; each level is one
+  of an uneven batch then no longer carry W - 1 mostly empty rows; each level is one
   more compiled loop body.
   Each rollout sees the same conditionals as in lockstep decoding; only the random
   keys differ, so greedy decoding is identical and sampling equal in distribution.
@@ -102,15 +103,15 @@ def sample(model, prompts_GP, prompt_mask_GP, rng, spec: SampleSpec) -> Rollouts
       model, prompts_GP, prompt_mask_GP, n)
   blocks = decode.layer_blocks(model)
   choose = functools.partial(distributions.choose, spec=spec)
-  stop_ids_K = spec_lib.stop_ids(spec)
+  stops = spec_lib.stop_ids(spec)
   g = first_logits_GV.shape[0]
   b, t = g * n, spec.max_new_tokens
-  d = sharding.batch_shards(jax.sharding.get_abstract_mesh())
-  if g % d or num_slots % d:
-    raise ValueError(f"continuous batching on {d} data-parallel shards needs groups ({g}) "
-                     f"and sampling.decode_slots ({num_slots}) divisible by {d}")
-  r, s = b // d, num_slots // d
-  shard = lambda x: sharding.constrain(x.reshape(d, -1, *x.shape[1:]),
+  shards = sharding.batch_shards(jax.sharding.get_abstract_mesh())
+  if g % shards or num_slots % shards:
+    raise ValueError(f"continuous batching on {shards} data-parallel shards needs groups ({g}) "
+                     f"and sampling.decode_slots ({num_slots}) divisible by {shards}")
+  u, w = b // shards, num_slots // shards
+  shard = lambda x: sharding.constrain(x.reshape(shards, -1, *x.shape[1:]),
                                        ("batch",) + (None,) * x.ndim)
   rng, first_key = jax.random.split(rng)
   # n draws from each prompt's logits (not one draw from logits repeated n times: XLA:CPU
@@ -120,45 +121,45 @@ def sample(model, prompts_GP, prompt_mask_GP, rng, spec: SampleSpec) -> Rollouts
   first_B, first_logp_B = first_NG.T.reshape(b), first_logp_NG.T.reshape(b)
   tokens = shard(jnp.full((b, t), spec.pad_id, jnp.int32).at[:, 0].set(first_B))
   logprobs = shard(jnp.zeros((b, t), jnp.float32).at[:, 0].set(first_logp_B))
-  first_DR = shard(first_B)
-  needs_decode_DR = ~jnp.isin(first_DR, stop_ids_K) & (t > 1)
-  queue = jnp.argsort(~needs_decode_DR, axis=-1, stable=True).astype(jnp.int32)
-  queued = needs_decode_DR.sum(-1).astype(jnp.int32)
-  start = jnp.arange(s)
-  rollout = jnp.where(start < queued[:, None], queue[:, jnp.minimum(start, r - 1)], r)
-  prompt_len_DR = shard(prompt_len_B)
-  by_shard = jax.vmap(lambda x, i: x[jnp.minimum(i, r - 1)])
+  first_XU = shard(first_B)
+  needs_decode_XU = ~jnp.isin(first_XU, stops) & (t > 1)
+  queue = jnp.argsort(~needs_decode_XU, axis=-1, stable=True).astype(jnp.int32)
+  queued = needs_decode_XU.sum(-1).astype(jnp.int32)
+  start = jnp.arange(w)
+  rollout = jnp.where(start < queued[:, None], queue[:, jnp.minimum(start, u - 1)], u)
+  prompt_len_XU = shard(prompt_len_B)
+  by_shard = jax.vmap(lambda x, i: x[jnp.minimum(i, u - 1)])
 
   def body(st: _Slots) -> _Slots:
     rng, key = jax.random.split(st.rng)
     slots = st.rollout.shape[1]
     flat = lambda x: x.reshape(-1)
     logits, cache = decode.decode_step(
-        model, flat(st.token), flat(by_shard(prompt_len_DR, st.rollout) + st.position),
+        model, flat(st.token), flat(by_shard(prompt_len_XU, st.rollout) + st.position),
         flat(st.position), prefix, st.cache, blocks=blocks,
-        groups_DS=jnp.minimum(st.rollout, r - 1) // n, cache_block=spec.decode_block)
+        groups_XW=jnp.minimum(st.rollout, u - 1) // n, cache_block=spec.decode_block)
     token, logp = choose(sharding.constrain(logits, ("batch", "vocab")), key)
-    token, logp = token.reshape(d, slots), logp.reshape(d, slots)
-    # Empty slots (rollout r) decode a dummy row and write nowhere.
+    token, logp = token.reshape(shards, slots), logp.reshape(shards, slots)
+    # Empty slots (rollout u) decode a dummy row and write nowhere.
     put = jax.vmap(lambda a, i, j, v: a.at[i, j].set(v, mode="drop"))
     set_rows = jax.vmap(lambda a, i, v: a.at[i].set(v, mode="drop"))
-    busy, chosen_at = st.rollout < r, st.position + 1   # [D, S]
+    busy, chosen_at = st.rollout < u, st.position + 1   # [X, W]
     thinking, interrupted = st.thinking, st.interrupted
     if interruption:
       slot_interrupted = by_shard(interrupted, st.rollout) | (
           (chosen_at == interruption.think_budget) & by_shard(thinking, st.rollout) & busy)
       token, logp = interruption.force(chosen_at, slot_interrupted, token, logp)
       interrupted = set_rows(interrupted, st.rollout, slot_interrupted)
-    finished = busy & (jnp.isin(token, stop_ids_K) | (chosen_at + 1 >= t))
+    finished = busy & (jnp.isin(token, stops) | (chosen_at + 1 >= t))
     if interruption:
       finished = finished | (busy & slot_interrupted & (chosen_at + 1 >= interruption.end))
     tokens = put(st.tokens, st.rollout, chosen_at, token)
     if interruption:
       ended = interruption.ends_thinking(by_shard(tokens, st.rollout), chosen_at)
       thinking = set_rows(thinking, st.rollout, by_shard(thinking, st.rollout) & ~ended)
-    lengths = set_rows(st.lengths, jnp.where(finished, st.rollout, r), chosen_at + 1)
+    lengths = set_rows(st.lengths, jnp.where(finished, st.rollout, u), chosen_at + 1)
     rollout, position, token_next, taken = jax.vmap(_refill)(
-        st.rollout, st.position, token, finished, queue, queued, st.taken, first_DR)
+        st.rollout, st.position, token, finished, queue, queued, st.taken, first_XU)
     return _Slots(rollout=rollout, position=position, token=token_next, taken=taken,
                   tokens=tokens, logprobs=put(st.logprobs, st.rollout, chosen_at, logp),
                   lengths=lengths, cache=cache, rng=rng, thinking=thinking,
@@ -167,25 +168,24 @@ def sample(model, prompts_GP, prompt_mask_GP, rng, spec: SampleSpec) -> Rollouts
   def running_until(fewer: int):
     """Loop condition: a slot is busy, and (fewer > 0) the shards cannot move to fewer."""
     def cond(st: _Slots):
-      busy_D = jnp.sum(st.rollout < r, axis=-1)
+      busy_X = jnp.sum(st.rollout < u, axis=-1)
       if not fewer:
-        return jnp.any(busy_D > 0)
-      return jnp.any(busy_D > 0) & ~jnp.all((st.taken >= queued) & (busy_D <= fewer))
+        return jnp.any(busy_X > 0)
+      return jnp.any(busy_X > 0) & ~jnp.all((st.taken >= queued) & (busy_X <= fewer))
     return cond
 
-  thinking = jnp.ones((d, r), bool)
+  thinking = jnp.ones((shards, u), bool)
   if interruption:  # a one-token marker may be the first token
     thinking = ~interruption.ends_thinking(tokens, 0)
-  st = _Slots(rollout=rollout, position=jnp.zeros((d, s), jnp.int32),
-              token=by_shard(first_DR, rollout), taken=jnp.minimum(queued, s),
-              tokens=tokens, logprobs=logprobs, lengths=jnp.ones((d, r), jnp.int32),
+  st = _Slots(rollout=rollout, position=jnp.zeros((shards, w), jnp.int32),
+              token=by_shard(first_XU, rollout), taken=jnp.minimum(queued, w),
+              tokens=tokens, logprobs=logprobs, lengths=jnp.ones((shards, u), jnp.int32),
               cache=decode.init_cache(model, num_slots, t), rng=rng, thinking=thinking,
-              interrupted=jnp.zeros((d, r), bool))
-  levels = slot_levels(s, -(-min_slots // d))
+              interrupted=jnp.zeros((shards, u), bool))
+  levels = slot_levels(w, -(-min_slots // shards))
   for fewer in levels[1:]:
-    st = _compact(jax.lax.while_loop(running_until(fewer), body, st), fewer, r)
+    st = _compact(jax.lax.while_loop(running_until(fewer), body, st), fewer, u)
   final = jax.lax.while_loop(running_until(0), body, st)
   unshard = lambda x: x.reshape(b, *x.shape[2:])
   return spec_lib.rollouts_from(unshard(final.tokens), unshard(final.logprobs),
-                                unshard(final.lengths), unshard(final.interrupted),
-                                stop_ids_K, spec)
+                                unshard(final.lengths), unshard(final.interrupted), stops, spec)

@@ -30,7 +30,7 @@ def filter_logits(logits_BV: jax.Array, *, top_k: int, top_p: float) -> jax.Arra
   v = logits_BV.shape[-1]
   top_k = top_k if 0 < top_k < v else 0
   if top_k:
-    candidates = jax.lax.top_k(logits_BV, top_k)[0]       # [B, k], descending
+    candidates = jax.lax.top_k(logits_BV, top_k)[0]       # [B, top_k], descending
     logits_BV = jnp.where(logits_BV < candidates[..., -1:], -jnp.inf, logits_BV)
   if top_p >= 1.0:
     return logits_BV
@@ -63,12 +63,12 @@ def nucleus_threshold(logits_BV: jax.Array, top_p: float) -> jax.Array:
   pad = lambda x, value: jnp.pad(x, ((0, 0), (0, -v % block)), constant_values=value)
   # Sums in two levels (blocks of ~sqrt(V), then the blocks): a float32 sum of 150k terms
   # in one pass drifts by more than one tail token's mass, the cut's resolution.
-  total = lambda x_BNC: x_BNC.sum(-1).sum(-1, keepdims=True)
+  total = lambda x_BJC: x_BJC.sum(-1).sum(-1, keepdims=True)
   m_B1 = jnp.max(logits_BV, axis=-1, keepdims=True)
-  mass_BNC = pad(jnp.exp(logits_BV - m_B1), 0.0).reshape(b, -1, block)
-  target_B1 = top_p * total(mass_BNC)
+  mass_BJC = pad(jnp.exp(logits_BV - m_B1), 0.0).reshape(b, -1, block)
+  target_B1 = top_p * total(mass_BJC)
   # Compared as codes (padding: the lowest code, never above), no float rebuilt per halving.
-  codes_BNC = pad(_order_code(logits_BV), 0).reshape(b, -1, block)
+  codes_BJC = pad(_order_code(logits_BV), 0).reshape(b, -1, block)
   # Invariant: the mass above lo is >= top_p (lo is below the row's minimum), the mass
   # above hi is below it (hi is the row's maximum: nothing is above it).
   lo = _order_code(jnp.min(logits_BV, axis=-1, keepdims=True)) - 1
@@ -77,7 +77,7 @@ def nucleus_threshold(logits_BV: jax.Array, top_p: float) -> jax.Array:
   def halve(_, bounds):
     lo, hi = bounds
     mid = lo + (hi - lo) // 2   # uint32: hi - lo does not overflow
-    above_B1 = total(jnp.where(codes_BNC > mid[..., None], mass_BNC, 0.0))
+    above_B1 = total(jnp.where(codes_BJC > mid[..., None], mass_BJC, 0.0))
     inside = above_B1 < target_B1
     return jnp.where(inside, lo, mid), jnp.where(inside, mid, hi)
   _, hi = jax.lax.fori_loop(0, 32, halve, (lo, hi))
@@ -124,19 +124,19 @@ def draw_and_normalizer(logits_BV: jax.Array, rng: jax.Array, block: int = 0
   block = block or draw_block(v)
   blocks = -(-v // block)
   m_B1 = jnp.max(logits_BV, axis=-1, keepdims=True)
-  mass_BNC = jnp.pad(jnp.exp(logits_BV - m_B1), ((0, 0), (0, blocks * block - v))).reshape(
+  mass_BJC = jnp.pad(jnp.exp(logits_BV - m_B1), ((0, 0), (0, blocks * block - v))).reshape(
       b, blocks, block)
-  below_BN = jnp.cumsum(mass_BNC.sum(-1), axis=-1)           # mass up to each block's end
-  total_B1 = below_BN[:, -1:]
+  below_BJ = jnp.cumsum(mass_BJC.sum(-1), axis=-1)           # mass up to each block's end
+  total_B1 = below_BJ[:, -1:]
   # Strictly below the total (a product can round up to it), so the block found has mass.
   u_B1 = jnp.minimum(jax.random.uniform(rng, (b, 1)) * total_B1, total_B1 * _JUST_BELOW_ONE)
-  n_B = jnp.minimum(jnp.sum(below_BN <= u_B1, axis=-1), blocks - 1)
-  row_BC = jnp.take_along_axis(mass_BNC, n_B[:, None, None], axis=1)[:, 0]
+  j_B = jnp.minimum(jnp.sum(below_BJ <= u_B1, axis=-1), blocks - 1)
+  row_BC = jnp.take_along_axis(mass_BJC, j_B[:, None, None], axis=1)[:, 0]
   within_BC = jnp.cumsum(row_BC, axis=-1)
-  before_B1 = jnp.take_along_axis(below_BN, n_B[:, None], axis=-1) - within_BC[:, -1:]
+  before_B1 = jnp.take_along_axis(below_BJ, j_B[:, None], axis=-1) - within_BC[:, -1:]
   # The same draw inside the block, kept within its own recomputed mass (rounding).
   u_B1 = jnp.clip(u_B1 - before_B1, 0, within_BC[:, -1:] * _JUST_BELOW_ONE)
-  token_B = n_B * block + jnp.minimum(jnp.sum(within_BC <= u_B1, axis=-1), block - 1)
+  token_B = j_B * block + jnp.minimum(jnp.sum(within_BC <= u_B1, axis=-1), block - 1)
   return token_B, (m_B1 + jnp.log(total_B1))[:, 0]
 
 
