@@ -26,7 +26,7 @@ def correct_counts(graphdef, params, tok: TextTokenizer, book: PromptBook,
                    problems: Sequence[Problem], verifier: Verifier, *, num_samples: int,
                    chunk: int, rng: jax.Array, sampling: ml_collections.ConfigDict
                    ) -> tuple[np.ndarray, float]:
-  """Correct samples out of `num_samples` per problem [P] int, and the fraction of
+  """Correct samples out of `num_samples` per problem [G] int, and the fraction of
   samples truncated at `max_new_tokens`."""
   counts, truncated = [], []
   for start in range(0, len(problems), chunk):
@@ -62,12 +62,12 @@ def evaluate(graphdef, params, tok: TextTokenizer, book: PromptBook,
                           chunk=min(config.eval.chunk_problems, len(part)), rng=rng,
                           sampling=config.sampling)
 
-  counts_P, truncated = count(problems)
-  result = dict(metrics.summarize_correct(counts_P, num_samples, config.eval.k),
+  counts_G, truncated = count(problems)
+  result = dict(metrics.summarize_correct(counts_G, num_samples, config.eval.k),
                 **{metrics.VAL_TRUNCATED: truncated,
-                   metrics.VAL_CORRECT_COUNTS: counts_P.tolist()})
+                   metrics.VAL_CORRECT_COUNTS: counts_G.tolist()})
   if histogram_problems:
-    counts_P, _ = count(histogram_problems)
-    result[metrics.TRAIN_PASS1_HISTOGRAM] = metrics.pass_count_histogram(counts_P, num_samples)
-    result[metrics.TRAIN_PASS1_COUNTS] = counts_P.tolist()
+    counts_G, _ = count(histogram_problems)
+    result[metrics.TRAIN_PASS1_HISTOGRAM] = metrics.pass_count_histogram(counts_G, num_samples)
+    result[metrics.TRAIN_PASS1_COUNTS] = counts_G.tolist()
   return result

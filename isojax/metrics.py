@@ -76,8 +76,8 @@ def _log_comb(n: np.ndarray, k: int) -> np.ndarray:
   return gammaln(n + 1) - gammaln(k + 1) - gammaln(n - k + 1)
 
 
-def _check(num_correct_P, num_samples: int, k: int) -> np.ndarray:
-  c = np.asarray(num_correct_P, dtype=np.int64)
+def _check(num_correct_G, num_samples: int, k: int) -> np.ndarray:
+  c = np.asarray(num_correct_G, dtype=np.int64)
   if not 1 <= k <= num_samples:
     raise ValueError(f"k={k} must lie in [1, num_samples={num_samples}]")
   if np.any((c < 0) | (c > num_samples)):
@@ -85,9 +85,9 @@ def _check(num_correct_P, num_samples: int, k: int) -> np.ndarray:
   return c
 
 
-def best_at_k_per_problem(num_correct_P, num_samples: int, k: int) -> np.ndarray:
-  """Unbiased pass@k of each problem, [P] float64."""
-  c = _check(num_correct_P, num_samples, k)
+def best_at_k_per_problem(num_correct_G, num_samples: int, k: int) -> np.ndarray:
+  """Unbiased pass@k of each problem, [G] float64."""
+  c = _check(num_correct_G, num_samples, k)
   n_wrong = num_samples - c
   out = np.ones(c.shape, np.float64)
   has_k_wrong = n_wrong >= k
@@ -96,18 +96,18 @@ def best_at_k_per_problem(num_correct_P, num_samples: int, k: int) -> np.ndarray
   return out
 
 
-def worst_at_k_per_problem(num_correct_P, num_samples: int, k: int) -> np.ndarray:
-  """Unbiased probability that all k of k samples are correct, [P] float64."""
-  c = _check(num_correct_P, num_samples, k)
+def worst_at_k_per_problem(num_correct_G, num_samples: int, k: int) -> np.ndarray:
+  """Unbiased probability that all k of k samples are correct, [G] float64."""
+  c = _check(num_correct_G, num_samples, k)
   out = np.zeros(c.shape, np.float64)
   has_k = c >= k
   out[has_k] = np.exp(_log_comb(c[has_k], k) - _log_comb(np.asarray(num_samples), k))
   return out
 
 
-def summarize_correct(num_correct_P, num_samples: int, k: int) -> dict[str, float]:
+def summarize_correct(num_correct_G, num_samples: int, k: int) -> dict[str, float]:
   """avg@k, best@k, worst@k and the standard error of avg@k over problems."""
-  c = _check(num_correct_P, num_samples, k)
+  c = _check(num_correct_G, num_samples, k)
   per_problem = c / num_samples
   stderr = (per_problem.std(ddof=1) / np.sqrt(len(c))) if len(c) > 1 else 0.0
   return {
@@ -118,14 +118,14 @@ def summarize_correct(num_correct_P, num_samples: int, k: int) -> dict[str, floa
   }
 
 
-def pass_count_histogram(num_correct_P, num_samples: int) -> list[int]:
+def pass_count_histogram(num_correct_G, num_samples: int) -> list[int]:
   """Problems with 0, 1, ..., N correct of N samples: the pass@1 histogram.
 
   One bin per attainable pass@1 value c / N, so no bin is empty by construction
   (the interference diagnostic: mass moving to both ends means some problems are
   being solved while others are forgotten).
   """
-  c = _check(num_correct_P, num_samples, 1)
+  c = _check(num_correct_G, num_samples, 1)
   return np.bincount(c, minlength=num_samples + 1).tolist()
 
 

@@ -18,20 +18,20 @@ def slot_waste(mask_BT: np.ndarray) -> dict:
               waste_fraction=1.0 - useful / executed)
 
 
-def find_skew_prompts(tokens_CT: np.ndarray, short_len: int):
-  """(short index, long index, stop id) among greedy continuations [C, T] of C prompts.
+def find_skew_prompts(tokens_AT: np.ndarray, short_len: int):
+  """(short index, long index, stop id) among greedy continuations [A, T] of A candidate prompts.
 
   The short prompt's token at slot short_len - 1 is the stop id and absent before it;
   the long prompt's continuation never contains it.
   """
-  for i, row in enumerate(tokens_CT):
+  for i, row in enumerate(tokens_AT):
     stop = int(row[short_len - 1])
     if stop in row[:short_len - 1]:
       continue
-    for j, other in enumerate(tokens_CT):
+    for j, other in enumerate(tokens_AT):
       if j != i and stop not in other:
         return i, j, stop
-  raise ValueError(f"no pair of the {len(tokens_CT)} candidate prompts gives a short and a "
+  raise ValueError(f"no pair of the {len(tokens_AT)} candidate prompts gives a short and a "
                    "long greedy rollout; raise --skew_candidates")
 
 

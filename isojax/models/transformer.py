@@ -106,9 +106,9 @@ class LoRA(nnx.Module):
     self.scale = lora.alpha / lora.rank
     self.dtype = dtype
 
-  def __call__(self, rows_NI: jax.Array) -> jax.Array:
+  def __call__(self, rows_YI: jax.Array) -> jax.Array:
     dt = jnp.dtype(self.dtype)
-    return (rows_NI.astype(dt) @ self.a[...].astype(dt)) @ self.b[...].astype(dt) * self.scale
+    return (rows_YI.astype(dt) @ self.a[...].astype(dt)) @ self.b[...].astype(dt) * self.scale
 
 
 def _adapters(module: nnx.Module, cfg: ModelConfig, names: dict[str, tuple[str, str]],
@@ -122,11 +122,11 @@ def _adapters(module: nnx.Module, cfg: ModelConfig, names: dict[str, tuple[str, 
     setattr(module, f"{name}_lora", adapter)
 
 
-def _project(module: nnx.Module, name: str, rows_NI: jax.Array) -> jax.Array:
+def _project(module: nnx.Module, name: str, rows_YI: jax.Array) -> jax.Array:
   """Projection `name` of `module`, plus its adapter when it has one."""
-  out = getattr(module, name)(rows_NI)
+  out = getattr(module, name)(rows_YI)
   adapter = getattr(module, f"{name}_lora")
-  return out if adapter is None else out + adapter(rows_NI)
+  return out if adapter is None else out + adapter(rows_YI)
 
 
 class RMSNorm(nnx.Module):
@@ -159,7 +159,7 @@ def rope_inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) 
   return jnp.where(is_medium, smoothed, scaled)
 
 
-# (cos, sin) of every position's rotary angles, [B, S, H/2] each.
+# (cos, sin) of every position's rotary angles, [B, S, F] each.
 Rope = tuple[jax.Array, jax.Array]
 
 
@@ -172,33 +172,33 @@ def rope_tables(positions_BS, inv_freq_F, num_positions: int) -> Rope:
   the cos and sin into each layer's rotation and evaluates them again for every element
   of every head.
   """
-  angles_PF = jnp.arange(num_positions, dtype=jnp.float32)[:, None] * inv_freq_F
-  return jnp.cos(angles_PF)[positions_BS], jnp.sin(angles_PF)[positions_BS]  # [B, S, H/2]
+  angles_SF = jnp.arange(num_positions, dtype=jnp.float32)[:, None] * inv_freq_F
+  return jnp.cos(angles_SF)[positions_BS], jnp.sin(angles_SF)[positions_BS]  # [B, S, F]
 
 
-def apply_rope(x_BSNH, rope: Rope):
-  """Rotate-half RoPE (the Hugging Face Llama/Qwen convention)."""
+def apply_rope(x, rope: Rope):
+  """Rotate-half RoPE (the Hugging Face Llama/Qwen convention) of queries [B, S, Q, H] or
+  keys [B, S, K, H]."""
   cos, sin = (t[:, :, None, :] for t in rope)
-  x = x_BSNH.astype(jnp.float32)
-  x1, x2 = jnp.split(x, 2, axis=-1)
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
   rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  return rotated.astype(x_BSNH.dtype)
+  return rotated.astype(x.dtype)
 
 
 class Attention(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    d, n, k, h = cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    d, q, k, h = cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     init = nnx.initializers.normal(0.02)
     zeros = nnx.initializers.zeros_init()
     self.cfg = cfg
     linear = lambda i, o, names, bias: nnx.Linear(
         i, o, use_bias=bias, dtype=jnp.dtype(cfg.dtype), rngs=rngs,
         kernel_init=_param(init, names), bias_init=_param(zeros, names[1:]))
-    self.q_proj = linear(d, n * h, ("embed", "heads"), cfg.qkv_bias)
+    self.q_proj = linear(d, q * h, ("embed", "heads"), cfg.qkv_bias)
     self.k_proj = linear(d, k * h, ("embed", "kv_heads"), cfg.qkv_bias)
     self.v_proj = linear(d, k * h, ("embed", "kv_heads"), cfg.qkv_bias)
-    self.o_proj = linear(n * h, d, ("heads", "embed"), False)
+    self.o_proj = linear(q * h, d, ("heads", "embed"), False)
     if cfg.qk_norm:
       self.q_norm = RMSNorm(h, cfg.rms_norm_eps, ("head_dim",))
       self.k_norm = RMSNorm(h, cfg.rms_norm_eps, ("head_dim",))
@@ -216,27 +216,28 @@ class Attention(nnx.Module):
       q, k = self.q_norm(q), self.k_norm(k)
     return apply_rope(q, rope), apply_rope(k, rope), v
 
-  def attend(self, q_BSNH, k_BTKH, v_BTKH, mask_BST):
-    """Full attention of S queries over T keys (training forward and prefill).
+  def attend(self, q_BSQH, k_BSKH, v_BSKH, mask_BSS):
+    """Full attention of S queries over the keys of the same S positions (training
+    forward and prefill).
 
     `jax.nn.dot_product_attention` picks a fused kernel where the platform has one
     (cuDNN flash attention for bf16 on GPU) and otherwise XLA's einsum-softmax-einsum,
-    which holds [B, N, S, T] scores. With `attention_chunk` = C, queries go through in
-    blocks of C, each rematerialised in the backward pass, so at most [B, N, C, T]
+    which holds [B, Q, S, S] scores. With `attention_chunk` = C, queries go through in
+    blocks of C, each rematerialised in the backward pass, so at most [B, Q, C, S]
     scores exist at once (exact: every block sees all its keys).
     """
     attend = lambda q, mask: jax.nn.dot_product_attention(
-        q, k_BTKH, v_BTKH, mask=mask[:, None], scale=self.cfg.head_dim ** -0.5)
-    chunk, s = self.cfg.attention_chunk, q_BSNH.shape[1]
+        q, k_BSKH, v_BSKH, mask=mask[:, None], scale=self.cfg.head_dim ** -0.5)
+    chunk, s = self.cfg.attention_chunk, q_BSQH.shape[1]
     if not chunk or s <= chunk:
-      return attend(q_BSNH, mask_BST)
+      return attend(q_BSQH, mask_BSS)
     pad = -s % chunk  # padded query rows attend to nothing and are cut off below
     padded = lambda x: jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
     blocks = lambda x: jnp.moveaxis(
         x.reshape(x.shape[0], (s + pad) // chunk, chunk, *x.shape[2:]), 1, 0)
     out = jax.lax.map(lambda xs: jax.checkpoint(attend)(*xs),
-                      (blocks(padded(q_BSNH)), blocks(padded(mask_BST))))  # [S/C, B, C, N, H]
-    return jnp.moveaxis(out, 0, 1).reshape(q_BSNH.shape[0], s + pad, *q_BSNH.shape[2:])[:, :s]
+                      (blocks(padded(q_BSQH)), blocks(padded(mask_BSS))))  # [J, B, C, Q, H]
+    return jnp.moveaxis(out, 0, 1).reshape(q_BSQH.shape[0], s + pad, *q_BSQH.shape[2:])[:, :s]
 
 
 
@@ -245,7 +246,7 @@ def token_rows(fn: Callable[[jax.Array], jax.Array], x_BSD: jax.Array) -> jax.Ar
   """`fn` applied to the B * S token rows of `x_BSD` as one [B * S, D] matrix.
 
   Every projection goes through here so that its matmuls are 2-D. The weight gradient
-  of a 3-D [B, S, D] x [D, F] product contracts two axes, and XLA:CPU lays its operand
+  of a 3-D [B, S, D] x [D, mlp_dim] product contracts two axes, and XLA:CPU lays its operand
   out with a 3-D transpose fused into the elementwise backward of the activation, far
   slower than the 2-D transpose it needs otherwise (docs/performance.md covers the
   update step's speed). Rows stay split over `batch`: B is the major part of B * S.
@@ -255,7 +256,7 @@ def token_rows(fn: Callable[[jax.Array], jax.Array], x_BSD: jax.Array) -> jax.Ar
   return y.reshape(b, s, *y.shape[1:])
 
 
-def head_matmul(rows_ND: jax.Array, w_DV: jax.Array, *, fp32: bool) -> jax.Array:
+def head_matmul(rows_YD: jax.Array, w_DV: jax.Array, *, fp32: bool) -> jax.Array:
   """The LM head's product; with `fp32`, float32 logits from float32 products.
 
   An f32 dot at the default precision is one bfloat16 pass on TPU and TF32 on recent
@@ -268,10 +269,10 @@ def head_matmul(rows_ND: jax.Array, w_DV: jax.Array, *, fp32: bool) -> jax.Array
   Without `fp32` the product runs in the activations' dtype.
   """
   if not fp32:
-    return rows_ND @ w_DV.astype(rows_ND.dtype)
-  if rows_ND.dtype == w_DV.dtype and jnp.finfo(rows_ND.dtype).bits == 16:
-    return jnp.matmul(rows_ND, w_DV, preferred_element_type=jnp.float32)
-  return jnp.matmul(rows_ND.astype(jnp.float32), w_DV.astype(jnp.float32),
+    return rows_YD @ w_DV.astype(rows_YD.dtype)
+  if rows_YD.dtype == w_DV.dtype and jnp.finfo(rows_YD.dtype).bits == 16:
+    return jnp.matmul(rows_YD, w_DV, preferred_element_type=jnp.float32)
+  return jnp.matmul(rows_YD.astype(jnp.float32), w_DV.astype(jnp.float32),
                     precision=jax.lax.Precision.HIGHEST)
 
 
@@ -294,7 +295,7 @@ class MLP(nnx.Module):
         project("gate_proj", rows)) * project("up_proj", rows)), x_BSD)
 
 
-# attention(q [B,S,N,H], k [B,S,K,H], v [B,S,K,H]) -> (output [B,S,N,H], aux): how a
+# attention(q [B,S,Q,H], k [B,S,K,H], v [B,S,K,H]) -> (output [B,S,Q,H], aux): how a
 # block attends in one mode (training, prefill or decode) and what that mode keeps.
 AttentionFn = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, Any]]
 
@@ -310,9 +311,9 @@ class Block(nnx.Module):
 
   def __call__(self, x_BSD, rope: Rope, attention: AttentionFn):
     q, k, v = self.attn.qkv(self.input_norm(x_BSD), rope)
-    out_BSNH, aux = attention(q, k, v)
+    out_BSQH, aux = attention(q, k, v)
     x_BSD = x_BSD + token_rows(functools.partial(_project, self.attn, "o_proj"),
-                               out_BSNH.reshape(*out_BSNH.shape[:2], -1))
+                               out_BSQH.reshape(*out_BSQH.shape[:2], -1))
     x_BSD = x_BSD + self.mlp(self.post_attn_norm(x_BSD))
     return sharding.constrain(x_BSD, ACTIVATION_AXES), aux
 

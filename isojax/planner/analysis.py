@@ -68,13 +68,13 @@ def companion_metrics(metric: str) -> list[str]:
 @dataclasses.dataclass(frozen=True)
 class CurveFit:
   curve: records.Curve              # every evaluation of the allocation
-  compute_T: np.ndarray             # [T] the points the fit used
-  values_T: np.ndarray              # [T]
+  compute_E: np.ndarray             # [E] the points the fit used
+  values_E: np.ndarray              # [E]
   fit: sigmoid_fit.SigmoidFit
 
   @property
   def max_compute(self) -> float:
-    return float(self.curve.rollouts_T.max())
+    return float(self.curve.rollouts_E.max())
 
   @property
   def frontier_limit(self) -> float:
@@ -140,15 +140,15 @@ def _fit_points(rc_all: records.Curve, rc_records: records.Curve | None,
   for curve in (rc_records, rc_all):
     if curve is None:
       continue
-    keep = (curve.rollouts_T > 0) & (curve.rollouts_T >= min_compute)
+    keep = (curve.rollouts_E > 0) & (curve.rollouts_E >= min_compute)
     if np.count_nonzero(keep) >= sigmoid_fit.MIN_POINTS:
-      return curve.rollouts_T[keep], curve.values_T[keep]
+      return curve.rollouts_E[keep], curve.values_E[keep]
   return None
 
 
 def _positive(rc: records.RunCurve):
-  keep = rc.rollouts_T > 0
-  return rc.rollouts_T[keep], rc.values_T[keep]
+  keep = rc.rollouts_E > 0
+  return rc.rollouts_E[keep], rc.values_E[keep]
 
 
 def analyze_metric(run_curves: Sequence[records.RunCurve], metric: str,
@@ -177,19 +177,19 @@ def analyze_metric(run_curves: Sequence[records.RunCurve], metric: str,
 
   keys = [cf.curve.key for cf in curve_fits]
   fits = [cf.fit for cf in curve_fits]
-  max_compute_K = [cf.frontier_limit for cf in curve_fits]
+  max_compute_A = [cf.frontier_limit for cf in curve_fits]
   points, law, by_b_p, fixed_b = [], None, {}, {}
   if curve_fits:
     lo = min(f.compute_range[0] for f in fits)
     hi = max(cf.max_compute for cf in curve_fits)
-    grid_G = frontier.compute_grid(lo, hi, options.grid_points)
-    points = frontier.fitted_frontier(keys, fits, grid_G, max_compute_K)
+    grid_E = frontier.compute_grid(lo, hi, options.grid_points)
+    points = frontier.fitted_frontier(keys, fits, grid_E, max_compute_A)
     swept_n = [k[1] for k in keys]
     law = frontier.law_from_frontier(points, n_bounds=(min(swept_n), max(swept_n)))
     if groups:
-      by_b_p = frontier.group_frontiers(keys, fits, max_compute_K, by="problems_per_batch",
+      by_b_p = frontier.group_frontiers(keys, fits, max_compute_A, by="problems_per_batch",
                                         num=options.grid_points)
-      fixed_b = frontier.group_frontiers(keys, fits, max_compute_K, by="batch_rollouts",
+      fixed_b = frontier.group_frontiers(keys, fits, max_compute_A, by="batch_rollouts",
                                          num=options.grid_points)
   # Record points give the same envelope as all points at bin resolution.
   observed = [(c, v, rc.key) for rc in run_curves
@@ -208,7 +208,7 @@ def extrapolation(analysis: MetricAnalysis, fraction: float) -> dict[str, Any]:
     entry = {"problems_per_batch": cf.curve.problems_per_batch,
              "rollouts_per_problem": cf.curve.rollouts_per_problem}
     try:
-      check = sigmoid_fit.extrapolation_check(cf.compute_T, cf.values_T, fraction=fraction,
+      check = sigmoid_fit.extrapolation_check(cf.compute_E, cf.values_E, fraction=fraction,
                                               r0=analysis.r0, lower=lower, upper=upper)
       del check["fit"]
       entry.update(check)
@@ -241,13 +241,13 @@ def _frontier_extrapolation(analysis, fraction, lower, upper):
   finishers = [cf for cf in analysis.curve_fits if cf.max_compute >= target * (1 - 1e-9)]
   predicted, observed = [], []
   for cf in finishers:
-    early = cf.compute_T <= fraction * target
-    tail_T = cf.curve.rollouts_T[-3:]
-    observed.append((float(cf.curve.values_T[-3:].mean()), cf.curve.key))
+    early = cf.compute_E <= fraction * target
+    tail_E = cf.curve.rollouts_E[-3:]
+    observed.append((float(cf.curve.values_E[-3:].mean()), cf.curve.key))
     if np.count_nonzero(early) >= sigmoid_fit.MIN_POINTS:
-      fit = sigmoid_fit.fit_sigmoid(cf.compute_T[early], cf.values_T[early],
+      fit = sigmoid_fit.fit_sigmoid(cf.compute_E[early], cf.values_E[early],
                                     r0=analysis.r0, lower=lower, upper=upper)
-      predicted.append((float(fit.predict(tail_T).mean()), cf.curve.key))
+      predicted.append((float(fit.predict(tail_E).mean()), cf.curve.key))
   if not predicted:
     return {"skipped": f"no allocation has {sigmoid_fit.MIN_POINTS} points below "
                        f"{fraction} * {target}"}
@@ -294,7 +294,7 @@ def run_curves(runs: Sequence[run_dir.Run], metric: str, skipped: list[dict[str,
       logging.warning("skipping run %s: %s", run.path, e)
       skipped.append({"path": run.path, "reason": str(e)})
       continue
-    if rc.rollouts_T.size == 0:
+    if rc.rollouts_E.size == 0:
       reason = f"{run_dir.metrics_path(run.path)}: never logged {metric}"
       logging.warning("skipping run %s: %s", run.path, reason)
       skipped.append({"path": run.path, "reason": reason})
@@ -322,7 +322,7 @@ class SweepAnalysis:
     out["extrapolation"] = self.extrapolation
     out["records"] = [{"path": rc.path, "problems_per_batch": rc.problems_per_batch,
                        "rollouts_per_problem": rc.rollouts_per_problem,
-                       "rollouts": rc.rollouts_T.tolist(), "values": rc.values_T.tolist()}
+                       "rollouts": rc.rollouts_E.tolist(), "values": rc.values_E.tolist()}
                       for rc in self.run_records]
     out["views"] = {name: {k: v for k, v in view.to_dict().items()
                            if k in ("metric", "r0", "frontier", "n_star_fit", "fits")}

@@ -35,13 +35,13 @@ _METRIC = re.compile(r"val/(avg|best|worst)@(\d+)")
 
 @dataclasses.dataclass(frozen=True)
 class ProblemCurve:
-  """One run's evaluations with a per-problem value of the metric, [T, P]."""
+  """One run's evaluations with a per-problem value of the metric, [E, G]."""
   path: str
   problems_per_batch: int
   rollouts_per_problem: int
   seed: int
-  rollouts_T: np.ndarray
-  values_TP: np.ndarray
+  rollouts_E: np.ndarray
+  values_EG: np.ndarray
 
   @property
   def key(self) -> tuple[int, int]:
@@ -49,38 +49,38 @@ class ProblemCurve:
 
   @property
   def num_problems(self) -> int:
-    return self.values_TP.shape[1]
+    return self.values_EG.shape[1]
 
-  def curve(self, problems_P: np.ndarray | None = None) -> records.RunCurve:
-    """The run's curve of the problem mean, over `problems_P` (default all)."""
-    values_TP = self.values_TP if problems_P is None else self.values_TP[:, problems_P]
+  def curve(self, problems_G: np.ndarray | None = None) -> records.RunCurve:
+    """The run's curve of the problem mean, over `problems_G` (default all)."""
+    values_EG = self.values_EG if problems_G is None else self.values_EG[:, problems_G]
     return records.RunCurve(path=self.path, problems_per_batch=self.problems_per_batch,
                             rollouts_per_problem=self.rollouts_per_problem,
-                            rollouts_T=self.rollouts_T, values_T=values_TP.mean(axis=1))
+                            rollouts_E=self.rollouts_E, values_E=values_EG.mean(axis=1))
 
 
-def per_problem_values(metric: str, counts_P, num_samples: int) -> np.ndarray:
-  """The per-problem value whose mean over problems is `metric` ([P] float64).
+def per_problem_values(metric: str, counts_G, num_samples: int) -> np.ndarray:
+  """The per-problem value whose mean over problems is `metric` ([G] float64).
 
   `metric` is val/avg@k, val/best@k or val/worst@k, "pass@1" (c / N) or
   "pass@1_extreme" (1 where pass@1 is 0 or 1: its mean is the fraction of problems
   at either end of the pass@1 histogram, the interference diagnostic).
   """
-  counts_P = np.asarray(counts_P)
+  counts_G = np.asarray(counts_G)
   if metric == "pass@1":
-    return counts_P / num_samples
+    return counts_G / num_samples
   if metric == "pass@1_extreme":
-    return ((counts_P == 0) | (counts_P == num_samples)).astype(np.float64)
+    return ((counts_G == 0) | (counts_G == num_samples)).astype(np.float64)
   match = _METRIC.fullmatch(metric)
   if match is None:
     raise ValueError(f"metric={metric!r}: expected val/avg@k, val/best@k, val/worst@k, "
                      "pass@1 or pass@1_extreme (per-problem counts give only these)")
   kind, k = match.group(1), int(match.group(2))
   if kind == "avg":
-    return counts_P / num_samples
+    return counts_G / num_samples
   if kind == "best":
-    return metrics.best_at_k_per_problem(counts_P, num_samples, k)
-  return metrics.worst_at_k_per_problem(counts_P, num_samples, k)
+    return metrics.best_at_k_per_problem(counts_G, num_samples, k)
+  return metrics.worst_at_k_per_problem(counts_G, num_samples, k)
 
 
 def problem_curve(run: run_dir.Run, metric: str, *,
@@ -94,11 +94,11 @@ def problem_curve(run: run_dir.Run, metric: str, *,
   num_samples = int(run.config.get("eval", {}).get("num_samples", 0))
   if num_samples < 1:
     raise run_dir.RunFormatError(f"{run_dir.config_path(run.path)}: eval.num_samples missing")
-  c_T, rows = [], []
+  c_E, rows = [], []
   for line in run.metrics:
     counts = line.get(counts_key)
     if isinstance(counts, list):
-      c_T.append(float(line[run_dir.ROLLOUTS]))
+      c_E.append(float(line[run_dir.ROLLOUTS]))
       rows.append(per_problem_values(metric, counts, num_samples))
   if not rows:
     raise run_dir.RunFormatError(
@@ -107,11 +107,11 @@ def problem_curve(run: run_dir.Run, metric: str, *,
   if len({r.size for r in rows}) != 1:
     raise run_dir.RunFormatError(
         f"{run_dir.metrics_path(run.path)}: `{counts_key}` changes length between lines")
-  order = np.argsort(c_T, kind="stable")
+  order = np.argsort(c_E, kind="stable")
   return ProblemCurve(path=run.path, problems_per_batch=int(run.config["problems_per_batch"]),
                       rollouts_per_problem=int(run.config["rollouts_per_problem"]),
                       seed=int(run.config.get("seed", 0)),
-                      rollouts_T=np.asarray(c_T)[order], values_TP=np.stack(rows)[order])
+                      rollouts_E=np.asarray(c_E)[order], values_EG=np.stack(rows)[order])
 
 
 Groups = Mapping[str, Sequence[ProblemCurve]]   # named sets of runs (e.g. variants)
@@ -142,7 +142,7 @@ def bootstrap(groups: Groups, statistic: Statistic, *, num_resamples: int = DEFA
   """The statistic on the runs as measured and on `num_resamples` replicates.
 
   `statistic` maps {group: [RunCurve]} to named floats (NaN where undefined).
-  Returns (point estimates, {name: [R] replicate values}).
+  Returns (point estimates, {name: [Z] replicate values}).
   """
   point = statistic({name: [c.curve() for c in runs] for name, runs in groups.items()})
   rng = np.random.default_rng(seed)
@@ -154,9 +154,9 @@ def bootstrap(groups: Groups, statistic: Statistic, *, num_resamples: int = DEFA
   return point, {name: np.asarray(v) for name, v in samples.items()}
 
 
-def interval(samples_R, level: float = DEFAULT_LEVEL) -> tuple[float, float]:
+def interval(samples_Z, level: float = DEFAULT_LEVEL) -> tuple[float, float]:
   """The percentile interval of the finite replicates (NaN, NaN when none)."""
-  finite = np.asarray(samples_R, np.float64)
+  finite = np.asarray(samples_Z, np.float64)
   finite = finite[np.isfinite(finite)]
   if finite.size == 0:
     return (float("nan"), float("nan"))
@@ -165,13 +165,13 @@ def interval(samples_R, level: float = DEFAULT_LEVEL) -> tuple[float, float]:
   return (float(lo), float(hi))
 
 
-def effect(value: float, samples_R, level: float = DEFAULT_LEVEL) -> dict[str, Any]:
+def effect(value: float, samples_Z, level: float = DEFAULT_LEVEL) -> dict[str, Any]:
   """{value, lo, hi, level, num_resamples, samples}: an estimate with its interval."""
-  samples_R = np.asarray(samples_R, np.float64)
-  lo, hi = interval(samples_R, level)
+  samples_Z = np.asarray(samples_Z, np.float64)
+  lo, hi = interval(samples_Z, level)
   return {"value": float(value), "lo": lo, "hi": hi, "level": level,
-          "num_resamples": int(np.isfinite(samples_R).sum()),
-          "samples": [float(x) for x in samples_R]}
+          "num_resamples": int(np.isfinite(samples_Z).sum()),
+          "samples": [float(x) for x in samples_Z]}
 
 
 def sign_verdict(e: Mapping[str, Any], *, expected: int = 1) -> str:

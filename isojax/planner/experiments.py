@@ -53,7 +53,7 @@ def _key(variant: str, metric: str) -> str:
 
 
 def final_value(curve: records.RunCurve, tail: int = TAIL) -> float:
-  return float(curve.values_T[-tail:].mean())
+  return float(curve.values_E[-tail:].mean())
 
 
 def slope(x, y) -> float:
@@ -94,7 +94,7 @@ def _log2_n(c: records.RunCurve) -> float:
 
 def _change(c: records.RunCurve) -> float:
   """Final minus first value (the first evaluation is the base model's)."""
-  return final_value(c) - float(c.values_T[0])
+  return final_value(c) - float(c.values_E[0])
 
 
 # --- Statistics per kind: {group: [RunCurve]} -> named floats ---------------------
@@ -120,7 +120,7 @@ def problems_per_batch_stats(groups, *, metric: str) -> dict[str, float]:
   volatility: dict[int, list[float]] = {}
   for c in curves:
     by_b_p.setdefault(c.problems_per_batch, []).append(final_value(c))
-    late = c.values_T[c.values_T.size // 2:]
+    late = c.values_E[c.values_E.size // 2:]
     volatility.setdefault(c.problems_per_batch, []).append(
         float(np.abs(np.diff(late)).mean()) if late.size > 1 else float("nan"))
   finals = {b: float(np.mean(v)) for b, v in by_b_p.items()}
@@ -133,7 +133,7 @@ def problems_per_batch_stats(groups, *, metric: str) -> dict[str, float]:
 
 def _overfit_drop(c: records.RunCurve) -> float:
   """How far the run ends below its best evaluation (>= 0)."""
-  return float(c.values_T.max()) - final_value(c)
+  return float(c.values_E.max()) - final_value(c)
 
 
 def problem_set_size_stats(groups, *, metric: str, sizes: Mapping[str, float]
@@ -206,8 +206,8 @@ def _extrapolation(runs_by_variant: Mapping[str, Sequence[run_dir.Run]], metric:
                "problems_per_batch": c.problems_per_batch,
                "rollouts_per_problem": c.rollouts_per_problem}
       try:
-        check = sigmoid_fit.extrapolation_check(c.rollouts_T, c.values_T, fraction=fraction,
-                                                r0=float(c.values_T[0]), lower=lower,
+        check = sigmoid_fit.extrapolation_check(c.rollouts_E, c.values_E, fraction=fraction,
+                                                r0=float(c.values_E[0]), lower=lower,
                                                 upper=upper, tail=TAIL)
         entry.update({k: check[k] for k in ("predicted", "observed", "error")})
       except ValueError as e:
@@ -285,7 +285,7 @@ def analyze_experiment(runs_dir: str, kind: str, variants: Sequence[str] = (), *
   details["finals"] = [
       {"variant": key.split(_SEP)[0], "metric": key.split(_SEP)[1], "path": c.path,
        "problems_per_batch": c.problems_per_batch, "rollouts_per_problem": c.rollouts_per_problem,
-       "seed": c.seed, "final": final_value(c.curve()), "first": float(c.curve().values_T[0])}
+       "seed": c.seed, "final": final_value(c.curve()), "first": float(c.curve().values_E[0])}
       for key, curves in groups.items() for c in curves]
   return {"kind": kind, "metric": metric, "variants": list(variants),
           "num_runs": sum(len(r) for r in runs.values()),

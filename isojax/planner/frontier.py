@@ -58,34 +58,34 @@ def compute_grid(lo: float, hi: float, num: int = 64) -> np.ndarray:
   return np.geomspace(lo, hi, num)
 
 
-def upper_envelope(fits: Sequence[sigmoid_fit.SigmoidFit], compute_G,
-                   max_compute_K=None) -> tuple[np.ndarray, np.ndarray]:
-  """(best_G, value_G): index of the highest fitted curve at each C, and its value.
+def upper_envelope(fits: Sequence[sigmoid_fit.SigmoidFit], compute_E,
+                   max_compute_A=None) -> tuple[np.ndarray, np.ndarray]:
+  """(best_E, value_E): index of the highest fitted curve at each C, and its value.
 
-  Curve k is eligible at C <= max_compute_K[k] (all C when None). Ties go to the
-  lowest index, so a sorted list of fits gives a deterministic frontier. best_G is
+  Curve k is eligible at C <= max_compute_A[k] (all C when None). Ties go to the
+  lowest index, so a sorted list of fits gives a deterministic frontier. best_E is
   -1 (value -inf) where no curve is eligible.
   """
-  c_G = np.asarray(compute_G, np.float64)
+  c_E = np.asarray(compute_E, np.float64)
   if not fits:
-    return np.full(c_G.shape, -1), np.full(c_G.shape, -np.inf)
-  pred_KG = np.stack([f.predict(c_G) for f in fits])
-  if max_compute_K is not None:
-    limit_K = np.asarray(max_compute_K, np.float64) * (1 + 1e-9)
-    pred_KG = np.where(c_G[None, :] <= limit_K[:, None], pred_KG, -np.inf)
-  best_G = np.argmax(pred_KG, axis=0)
-  value_G = pred_KG[best_G, np.arange(c_G.size)]
-  return np.where(np.isfinite(value_G), best_G, -1), value_G
+    return np.full(c_E.shape, -1), np.full(c_E.shape, -np.inf)
+  pred_AE = np.stack([f.predict(c_E) for f in fits])
+  if max_compute_A is not None:
+    limit_A = np.asarray(max_compute_A, np.float64) * (1 + 1e-9)
+    pred_AE = np.where(c_E[None, :] <= limit_A[:, None], pred_AE, -np.inf)
+  best_E = np.argmax(pred_AE, axis=0)
+  value_E = pred_AE[best_E, np.arange(c_E.size)]
+  return np.where(np.isfinite(value_E), best_E, -1), value_E
 
 
 def fitted_frontier(keys: Sequence[Key], fits: Sequence[sigmoid_fit.SigmoidFit],
-                    compute_G, max_compute_K=None) -> list[FrontierPoint]:
-  """The frontier on `compute_G`, sorted by compute; points with no curve dropped."""
+                    compute_E, max_compute_A=None) -> list[FrontierPoint]:
+  """The frontier on `compute_E`, sorted by compute; points with no curve dropped."""
   if len(keys) != len(fits):
     raise ValueError(f"{len(keys)} keys for {len(fits)} fits")
-  best_G, value_G = upper_envelope(fits, compute_G, max_compute_K)
+  best_E, value_E = upper_envelope(fits, compute_E, max_compute_A)
   return [FrontierPoint(float(c), float(v), *keys[k])
-          for c, k, v in zip(np.asarray(compute_G, np.float64), best_G, value_G) if k >= 0]
+          for c, k, v in zip(np.asarray(compute_E, np.float64), best_E, value_E) if k >= 0]
 
 
 def empirical_frontier(points: Sequence[tuple[float, float, Key]]) -> list[FrontierPoint]:
@@ -154,20 +154,20 @@ class NStarLaw:
       raise ValueError(f"not an n*(C) law ({e!r}); expected the keys of NStarLaw.to_dict") from e
 
 
-def fit_n_star_law(compute_G, n_G, *, unit: str = "rollouts",
+def fit_n_star_law(compute_E, n_E, *, unit: str = "rollouts",
                    n_bounds: tuple[float, float] | None = None) -> NStarLaw:
-  """Fits log2 n* against compute; `n_G` are the frontier's n at `compute_G`.
+  """Fits log2 n* against compute; `n_E` are the frontier's n at `compute_E`.
 
   The compute grid should be log-spaced (as `compute_grid` is) so each decade of
   compute weighs the same. `n_bounds` bounds n_low and n_saturation (default:
   the smallest and largest n seen).
   """
-  c_G = np.asarray(compute_G, np.float64)
-  log_n_G = np.log2(np.asarray(n_G, np.float64))
-  lo, hi = (math.log2(x) for x in n_bounds) if n_bounds else (log_n_G.min(), log_n_G.max())
-  fit = sigmoid_fit.fit_sigmoid(c_G, log_n_G, lower=lo, upper=max(hi, lo))
+  c_E = np.asarray(compute_E, np.float64)
+  log_n_E = np.log2(np.asarray(n_E, np.float64))
+  lo, hi = (math.log2(x) for x in n_bounds) if n_bounds else (log_n_E.min(), log_n_E.max())
+  fit = sigmoid_fit.fit_sigmoid(c_E, log_n_E, lower=lo, upper=max(hi, lo))
   return NStarLaw(log2_n_low=fit.r0, log2_n_high=fit.a, b=fit.b, c_mid=fit.c_mid,
-                  compute_range=(float(c_G.min()), float(c_G.max())), unit=unit,
+                  compute_range=(float(c_E.min()), float(c_E.max())), unit=unit,
                   rmse=fit.rmse, num_points=fit.num_points)
 
 
@@ -178,13 +178,13 @@ def law_from_frontier(points: Sequence[FrontierPoint], *, unit: str = "rollouts"
   frontier has fewer than `sigmoid_fit.MIN_POINTS` points."""
   if len(points) < sigmoid_fit.MIN_POINTS:
     return None
-  c_G = np.array([p.rollouts for p in points]) / compute_scale
-  n_G = np.array([p.rollouts_per_problem for p in points])
-  return fit_n_star_law(c_G, n_G, unit=unit, n_bounds=n_bounds)
+  c_E = np.array([p.rollouts for p in points]) / compute_scale
+  n_E = np.array([p.rollouts_per_problem for p in points])
+  return fit_n_star_law(c_E, n_E, unit=unit, n_bounds=n_bounds)
 
 
 def group_frontiers(keys: Sequence[Key], fits: Sequence[sigmoid_fit.SigmoidFit],
-                    max_compute_K: Sequence[float], *, by: str,
+                    max_compute_A: Sequence[float], *, by: str,
                     num: int = 64) -> dict[int, dict[str, Any]]:
   """Frontiers within groups of allocations that share B_p (by='problems_per_batch')
   or B = B_p * n (by='batch_rollouts'), for groups with at least two n.
@@ -206,9 +206,9 @@ def group_frontiers(keys: Sequence[Key], fits: Sequence[sigmoid_fit.SigmoidFit],
     member_fits = [fits[k] for k in members]
     lo = min(f.compute_range[0] for f in member_fits)
     hi = max(f.compute_range[1] for f in member_fits)
-    grid_G = compute_grid(lo, hi, num)
-    points = fitted_frontier([keys[k] for k in members], member_fits, grid_G,
-                             [max_compute_K[k] for k in members])
+    grid_E = compute_grid(lo, hi, num)
+    points = fitted_frontier([keys[k] for k in members], member_fits, grid_E,
+                             [max_compute_A[k] for k in members])
     fixed_batch = by == "batch_rollouts"
     law = law_from_frontier(points, unit="num_steps" if fixed_batch else "rollouts",
                             compute_scale=value if fixed_batch else 1.0)

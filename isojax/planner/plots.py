@@ -96,10 +96,10 @@ def plot_metric_vs_compute(result: analysis_lib.MetricAnalysis, path: str,
   _frontier_segments(ax, result.frontier, colour_of)
   for cf in result.curve_fits:
     colour = colour_of(cf.curve.rollouts_per_problem)
-    c_T, v_T = cf.curve.rollouts_T, cf.curve.values_T
-    positive = c_T > 0
+    c_E, v_E = cf.curve.rollouts_E, cf.curve.values_E
+    positive = c_E > 0
     step = max(1, int(np.count_nonzero(positive)) // max_points_per_curve)
-    ax.scatter(c_T[positive][::step], v_T[positive][::step], s=6, color=colour,
+    ax.scatter(c_E[positive][::step], v_E[positive][::step], s=6, color=colour,
                alpha=0.35 if len(result.curve_fits) <= 50 else 0.12, linewidths=0, zorder=2)
     grid = np.geomspace(cf.fit.compute_range[0], cf.max_compute, 80)
     ax.plot(grid, cf.fit.predict(grid), color=colour, lw=1.2,

@@ -28,24 +28,24 @@ B_P_FIELD = "problems_per_batch"
 DEFAULT_BIN_WIDTH = 0.01  # in metric units: 1 point of accuracy
 
 
-def record_breaking_mask(values_T, bin_width: float = DEFAULT_BIN_WIDTH) -> np.ndarray:
-  """[T] bool: True where the run's metric bin first exceeds all earlier bins.
+def record_breaking_mask(values_E, bin_width: float = DEFAULT_BIN_WIDTH) -> np.ndarray:
+  """[E] bool: True where the run's metric bin first exceeds all earlier bins.
 
-  `values_T` is in evaluation (compute) order. The first evaluation is always a
+  `values_E` is in evaluation (compute) order. The first evaluation is always a
   record. Bins are floor(value / bin_width); bin_width <= 0 keeps every strict
   improvement of the running maximum.
   """
-  v_T = np.asarray(values_T, np.float64).ravel()
-  if v_T.size == 0:
+  v_E = np.asarray(values_E, np.float64).ravel()
+  if v_E.size == 0:
     return np.zeros(0, bool)
   if bin_width > 0:
     # The small offset keeps values sitting exactly on a bin edge (0.3 / 0.01)
     # in the bin they name despite floating-point division.
-    level_T = np.floor(v_T / bin_width + 1e-9)
+    level_E = np.floor(v_E / bin_width + 1e-9)
   else:
-    level_T = v_T
-  best_before_T = np.concatenate([[-np.inf], np.maximum.accumulate(level_T)[:-1]])
-  return level_T > best_before_T
+    level_E = v_E
+  best_before_E = np.concatenate([[-np.inf], np.maximum.accumulate(level_E)[:-1]])
+  return level_E > best_before_E
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,17 +54,17 @@ class RunCurve:
   path: str
   problems_per_batch: int
   rollouts_per_problem: int
-  rollouts_T: np.ndarray   # [T] cumulative rollouts at each evaluation
-  values_T: np.ndarray     # [T] the metric
+  rollouts_E: np.ndarray   # [E] cumulative rollouts at each evaluation
+  values_E: np.ndarray     # [E] the metric
 
   @property
   def key(self) -> tuple[int, int]:
     return (self.problems_per_batch, self.rollouts_per_problem)
 
   def records(self, bin_width: float = DEFAULT_BIN_WIDTH) -> "RunCurve":
-    mask = record_breaking_mask(self.values_T, bin_width)
-    return dataclasses.replace(self, rollouts_T=self.rollouts_T[mask],
-                               values_T=self.values_T[mask])
+    mask = record_breaking_mask(self.values_E, bin_width)
+    return dataclasses.replace(self, rollouts_E=self.rollouts_E[mask],
+                               values_E=self.values_E[mask])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,8 +73,8 @@ class Curve:
   problems_per_batch: int
   rollouts_per_problem: int
   paths: tuple[str, ...]
-  rollouts_T: np.ndarray   # [T] sorted ascending
-  values_T: np.ndarray     # [T]
+  rollouts_E: np.ndarray   # [E] sorted ascending
+  values_E: np.ndarray     # [E]
 
   @property
   def key(self) -> tuple[int, int]:
@@ -102,30 +102,30 @@ def run_curve(run: run_dir.Run, metric: str) -> RunCurve:
   b_p = _allocation_field(run.config, B_P_FIELD, run.path)
   n = _allocation_field(run.config, N_FIELD, run.path)
   xs, ys = run.series(metric)
-  c_T, v_T = np.asarray(xs, np.float64), np.asarray(ys, np.float64)
-  if c_T.size and (not np.all(np.isfinite(c_T)) or np.any(c_T < 0)):
+  c_E, v_E = np.asarray(xs, np.float64), np.asarray(ys, np.float64)
+  if c_E.size and (not np.all(np.isfinite(c_E)) or np.any(c_E < 0)):
     raise run_dir.RunFormatError(
         f"{run_dir.metrics_path(run.path)}: `{run_dir.ROLLOUTS}` must be finite and >= 0")
-  order = np.argsort(c_T, kind="stable")
+  order = np.argsort(c_E, kind="stable")
   return RunCurve(path=run.path, problems_per_batch=b_p, rollouts_per_problem=n,
-                  rollouts_T=c_T[order], values_T=v_T[order])
+                  rollouts_E=c_E[order], values_E=v_E[order])
 
 
 def pool_curves(run_curves: Iterable[RunCurve]) -> list[Curve]:
   """Pools runs by allocation (B_p, n); curves sorted by (B_p, n)."""
   groups: dict[tuple[int, int], list[RunCurve]] = {}
   for rc in run_curves:
-    if rc.rollouts_T.size:
+    if rc.rollouts_E.size:
       groups.setdefault(rc.key, []).append(rc)
   curves = []
   for key in sorted(groups):
     members = groups[key]
-    c_T = np.concatenate([m.rollouts_T for m in members])
-    v_T = np.concatenate([m.values_T for m in members])
-    order = np.lexsort((v_T, c_T))  # by compute, ties by value: deterministic
+    c_E = np.concatenate([m.rollouts_E for m in members])
+    v_E = np.concatenate([m.values_E for m in members])
+    order = np.lexsort((v_E, c_E))  # by compute, ties by value: deterministic
     curves.append(Curve(problems_per_batch=key[0], rollouts_per_problem=key[1],
                         paths=tuple(m.path for m in members),
-                        rollouts_T=c_T[order], values_T=v_T[order]))
+                        rollouts_E=c_E[order], values_E=v_E[order]))
   return curves
 
 
@@ -146,5 +146,5 @@ def initial_value(run_curves: Iterable[RunCurve]) -> float | None:
   Every run of a sweep starts from the same base model, so their evaluations
   before any update estimate one R0. None when no run evaluated at C = 0.
   """
-  at_zero = [v for rc in run_curves for c, v in zip(rc.rollouts_T, rc.values_T) if c == 0]
+  at_zero = [v for rc in run_curves for c, v in zip(rc.rollouts_E, rc.values_E) if c == 0]
   return float(np.median(at_zero)) if at_zero else None

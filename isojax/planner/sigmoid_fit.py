@@ -34,7 +34,7 @@ B_BOUNDS = (0.1, 10.0)
 # C_mid may lie this factor outside the observed compute range (far-from-saturation
 # curves put it beyond the last evaluation).
 C_MID_MARGIN = 100.0
-_B_GRID = np.geomspace(*B_BOUNDS, 17)  # [GB]
+_B_GRID = np.geomspace(*B_BOUNDS, 17)  # the b values the grid tries
 _NUM_C_MID_GRID = 33
 MIN_POINTS = 3
 # A rise is kept only if it beats the flat model at this F-test level; otherwise
@@ -92,9 +92,9 @@ class SigmoidFit:
     return cls(**d)
 
 
-def _check_inputs(compute_T, values_T):
-  c = np.asarray(compute_T, np.float64).ravel()
-  r = np.asarray(values_T, np.float64).ravel()
+def _check_inputs(compute_E, values_E):
+  c = np.asarray(compute_E, np.float64).ravel()
+  r = np.asarray(values_E, np.float64).ravel()
   if c.shape != r.shape:
     raise ValueError(f"compute has {c.size} points but values has {r.size}")
   if not (np.all(np.isfinite(c)) and np.all(np.isfinite(r))):
@@ -108,37 +108,37 @@ def _check_inputs(compute_T, values_T):
   return c, r
 
 
-def _grid_init(c_T, r_T, r0, lower, upper, c_mid_grid):
+def _grid_init(c_E, r_E, r0, lower, upper, c_mid_grid):
   """Best (r0, a, b, c_mid) over the (B, C_mid) grid with closed-form (R0, A)."""
-  b_G = np.repeat(_B_GRID, c_mid_grid.size)
-  cm_G = np.tile(c_mid_grid, _B_GRID.size)
-  s_GT = _gain_fraction(c_T[None, :], b_G[:, None], cm_G[:, None])
+  b_A = np.repeat(_B_GRID, c_mid_grid.size)
+  cm_A = np.tile(c_mid_grid, _B_GRID.size)
+  s_AE = _gain_fraction(c_E[None, :], b_A[:, None], cm_A[:, None])
   if r0 is not None:
-    y_T = r_T - r0
-    ss = np.einsum("gt,gt->g", s_GT, s_GT)
-    gain_G = np.einsum("gt,t->g", s_GT, y_T) / np.maximum(ss, 1e-300)
-    gain_G = np.clip(gain_G, 0.0, max(upper - r0, 0.0))
-    r0_G = np.full_like(gain_G, r0)
+    y_E = r_E - r0
+    ss = np.einsum("ae,ae->a", s_AE, s_AE)
+    gain_A = np.einsum("ae,e->a", s_AE, y_E) / np.maximum(ss, 1e-300)
+    gain_A = np.clip(gain_A, 0.0, max(upper - r0, 0.0))
+    r0_A = np.full_like(gain_A, r0)
   else:
     # Normal equations of r = r0 * (1 - s) + a * s, per grid cell.
-    u_GT = 1.0 - s_GT
-    uu, us, ss = (np.einsum("gt,gt->g", x, y) for x, y in
-                  ((u_GT, u_GT), (u_GT, s_GT), (s_GT, s_GT)))
-    uy, sy = u_GT @ r_T, s_GT @ r_T
+    u_AE = 1.0 - s_AE
+    uu, us, ss = (np.einsum("ae,ae->a", x, y) for x, y in
+                  ((u_AE, u_AE), (u_AE, s_AE), (s_AE, s_AE)))
+    uy, sy = u_AE @ r_E, s_AE @ r_E
     det = uu * ss - us * us
     ok = det > 1e-12 * np.maximum(uu * ss, 1e-300)
     safe = np.where(ok, det, 1.0)
-    r0_G = np.where(ok, (ss * uy - us * sy) / safe, r_T.mean())
-    a_G = np.where(ok, (uu * sy - us * uy) / safe, r_T.mean())
-    decreasing = a_G < r0_G  # the best monotone fit is then the constant mean
-    r0_G = np.clip(np.where(decreasing, r_T.mean(), r0_G), lower, upper)
-    gain_G = np.clip(np.where(decreasing, 0.0, a_G - r0_G), 0.0, upper - lower)
-  resid_GT = r0_G[:, None] + gain_G[:, None] * s_GT - r_T[None, :]
-  best = int(np.argmin(np.einsum("gt,gt->g", resid_GT, resid_GT)))
-  return r0_G[best], gain_G[best], b_G[best], cm_G[best]
+    r0_A = np.where(ok, (ss * uy - us * sy) / safe, r_E.mean())
+    a_A = np.where(ok, (uu * sy - us * uy) / safe, r_E.mean())
+    decreasing = a_A < r0_A  # the best monotone fit is then the constant mean
+    r0_A = np.clip(np.where(decreasing, r_E.mean(), r0_A), lower, upper)
+    gain_A = np.clip(np.where(decreasing, 0.0, a_A - r0_A), 0.0, upper - lower)
+  resid_AE = r0_A[:, None] + gain_A[:, None] * s_AE - r_E[None, :]
+  best = int(np.argmin(np.einsum("ae,ae->a", resid_AE, resid_AE)))
+  return r0_A[best], gain_A[best], b_A[best], cm_A[best]
 
 
-def _model_and_jacobian(theta, c_T, r0_fixed):
+def _model_and_jacobian(theta, c_E, r0_fixed):
   """Residual model in the parameters (r0?, gain, log b, log c_mid)."""
   if r0_fixed is None:
     r0, gain, log_b, log_cm = theta
@@ -146,23 +146,23 @@ def _model_and_jacobian(theta, c_T, r0_fixed):
     r0, (gain, log_b, log_cm) = r0_fixed, theta
   b = math.exp(log_b)
   with np.errstate(divide="ignore"):
-    dlog_T = np.log(c_T) - log_cm
-  s_T = _gain_fraction(c_T, b, math.exp(log_cm))
-  ds_T = np.where(c_T > 0, s_T * (1 - s_T), 0.0)
-  dlog_T = np.where(c_T > 0, dlog_T, 0.0)
-  columns = [s_T, gain * ds_T * b * dlog_T, -gain * ds_T * b]
+    dlog_E = np.log(c_E) - log_cm
+  s_E = _gain_fraction(c_E, b, math.exp(log_cm))
+  ds_E = np.where(c_E > 0, s_E * (1 - s_E), 0.0)
+  dlog_E = np.where(c_E > 0, dlog_E, 0.0)
+  columns = [s_E, gain * ds_E * b * dlog_E, -gain * ds_E * b]
   if r0_fixed is None:
-    columns.insert(0, np.ones_like(c_T))
-  return r0 + gain * s_T, np.stack(columns, axis=1)
+    columns.insert(0, np.ones_like(c_E))
+  return r0 + gain * s_E, np.stack(columns, axis=1)
 
 
-def fit_sigmoid(compute_T, values_T, *, r0: float | None = None,
+def fit_sigmoid(compute_E, values_E, *, r0: float | None = None,
                 lower: float = -np.inf, upper: float = np.inf) -> SigmoidFit:
-  """Least-squares monotone sigmoid through (compute_T, values_T), [T] each.
+  """Least-squares monotone sigmoid through (compute_E, values_E), [E] each.
 
   Args:
-    compute_T: compute of each evaluation (rollouts, tokens or steps), >= 0.
-    values_T: the metric at each evaluation.
+    compute_E: compute of each evaluation (rollouts, tokens or steps), >= 0.
+    values_E: the metric at each evaluation.
     r0: the value at C = 0 when known (e.g. the base model's score shared by all
       runs of a sweep); None fits it (then at least 4 points pin all parameters,
       3 still give a bounded, defined answer).
@@ -172,22 +172,22 @@ def fit_sigmoid(compute_T, values_T, *, r0: float | None = None,
     A SigmoidFit with A >= R0, B in B_BOUNDS and C_mid within C_MID_MARGIN of
     the observed compute range.
   """
-  c_T, r_T = _check_inputs(compute_T, values_T)
+  c_E, r_E = _check_inputs(compute_E, values_E)
   if r0 is not None and not lower <= r0 <= upper:
     raise ValueError(f"r0={r0} lies outside [lower={lower}, upper={upper}]")
   if not lower <= upper:
     raise ValueError(f"lower={lower} > upper={upper}")
-  c_pos = c_T[c_T > 0]
-  c_lo, c_hi = float(c_pos.min()), float(c_T.max())
+  c_pos = c_E[c_E > 0]
+  c_lo, c_hi = float(c_pos.min()), float(c_E.max())
   if lower == upper:  # nothing to fit: the curve is pinned to one level
-    return _flat_fit(c_T, r_T, lower, lower, upper, (c_lo, c_hi))
+    return _flat_fit(c_E, r_E, lower, lower, upper, (c_lo, c_hi))
   cm_lo, cm_hi = c_lo / C_MID_MARGIN, c_hi * C_MID_MARGIN
   c_mid_grid = np.geomspace(cm_lo, cm_hi, _NUM_C_MID_GRID)
   # Finite stand-ins for infinite bounds keep the grid's clipping well defined.
-  span = float(np.ptp(r_T)) + 1.0
-  lo = lower if math.isfinite(lower) else float(r_T.min()) - 10 * span
-  hi = upper if math.isfinite(upper) else float(r_T.max()) + 10 * span
-  r0_init, gain, b, c_mid = _grid_init(c_T, r_T, r0, lo, hi, c_mid_grid)
+  span = float(np.ptp(r_E)) + 1.0
+  lo = lower if math.isfinite(lower) else float(r_E.min()) - 10 * span
+  hi = upper if math.isfinite(upper) else float(r_E.max()) + 10 * span
+  r0_init, gain, b, c_mid = _grid_init(c_E, r_E, r0, lo, hi, c_mid_grid)
 
   free_r0 = r0 is None
   x0 = [gain, math.log(b), math.log(c_mid)]
@@ -200,38 +200,38 @@ def fit_sigmoid(compute_T, values_T, *, r0: float | None = None,
   fixed = None if free_r0 else r0
 
   def residuals(theta):
-    return _model_and_jacobian(theta, c_T, fixed)[0] - r_T
+    return _model_and_jacobian(theta, c_E, fixed)[0] - r_E
 
   def jacobian(theta):
-    return _model_and_jacobian(theta, c_T, fixed)[1]
+    return _model_and_jacobian(theta, c_E, fixed)[1]
 
   result = optimize.least_squares(residuals, x0, jac=jacobian, bounds=(lb, ub),
                                   method="trf", x_scale="jac", max_nfev=200)
   theta = result.x
   fit_r0 = float(theta[0]) if free_r0 else float(r0)
   gain, log_b, log_cm = (float(x) for x in theta[-3:])
-  resid_T = result.fun
+  resid_E = result.fun
   fit = SigmoidFit(
       r0=fit_r0, a=fit_r0 + gain, b=math.exp(log_b), c_mid=math.exp(log_cm),
-      a_stderr=_asymptote_stderr(result.jac, resid_T, free_r0),
-      rmse=float(np.sqrt(np.mean(resid_T ** 2))), num_points=int(c_T.size),
+      a_stderr=_asymptote_stderr(result.jac, resid_E, free_r0),
+      rmse=float(np.sqrt(np.mean(resid_E ** 2))), num_points=int(c_E.size),
       compute_range=(c_lo, c_hi), r0_fixed=not free_r0)
-  flat = _flat_fit(c_T, r_T, r0, lo, hi, (c_lo, c_hi))
-  if _rise_is_significant(float(resid_T @ resid_T), flat, c_T.size, len(theta)):
+  flat = _flat_fit(c_E, r_E, r0, lo, hi, (c_lo, c_hi))
+  if _rise_is_significant(float(resid_E @ resid_E), flat, c_E.size, len(theta)):
     return fit
   return flat
 
 
-def _flat_fit(c_T, r_T, r0, lo, hi, compute_range) -> SigmoidFit:
+def _flat_fit(c_E, r_E, r0, lo, hi, compute_range) -> SigmoidFit:
   """The constant model: R = R0 (given) or R = clip(mean) (free R0)."""
-  level = float(r0) if r0 is not None else float(np.clip(r_T.mean(), lo, hi))
-  resid_T = r_T - level
-  num_points = r_T.size
-  spread = float(np.sqrt(resid_T @ resid_T / max(num_points - 1, 1)))
+  level = float(r0) if r0 is not None else float(np.clip(r_E.mean(), lo, hi))
+  resid_E = r_E - level
+  num_points = r_E.size
+  spread = float(np.sqrt(resid_E @ resid_E / max(num_points - 1, 1)))
   return SigmoidFit(
       r0=level, a=level, b=1.0, c_mid=float(np.sqrt(compute_range[0] * compute_range[1])),
       a_stderr=spread / math.sqrt(num_points) if num_points > 1 else math.inf,
-      rmse=float(np.sqrt(np.mean(resid_T ** 2))), num_points=int(num_points),
+      rmse=float(np.sqrt(np.mean(resid_E ** 2))), num_points=int(num_points),
       compute_range=compute_range, r0_fixed=r0 is not None, flat=True)
 
 
@@ -249,14 +249,15 @@ def _rise_is_significant(sse: float, flat: SigmoidFit, num_points: int,
   return f_stat > stats.f.ppf(1 - FLAT_TEST_LEVEL, extra, dof)
 
 
-def _asymptote_stderr(jac_TP, resid_T, free_r0: bool) -> float:
-  """Standard error of A = (r0 +) gain from sigma^2 (J^T J)^+ at the optimum."""
-  num_points, num_params = jac_TP.shape
+def _asymptote_stderr(jacobian, resid_E, free_r0: bool) -> float:
+  """Standard error of A = (r0 +) gain from sigma^2 (J^T J)^+ at the optimum; `jacobian`
+  is J, [E, number of parameters]."""
+  num_points, num_params = jacobian.shape
   dof = num_points - num_params
   if dof <= 0:
     return math.inf
-  sigma2 = float(resid_T @ resid_T) / dof
-  cov = np.linalg.pinv(jac_TP.T @ jac_TP) * sigma2
+  sigma2 = float(resid_E @ resid_E) / dof
+  cov = np.linalg.pinv(jacobian.T @ jacobian) * sigma2
   # d A / d theta: (1, 1, 0, 0) with free r0, (1, 0, 0) otherwise.
   grad = np.zeros(num_params)
   grad[0] = 1.0
@@ -266,7 +267,7 @@ def _asymptote_stderr(jac_TP, resid_T, free_r0: bool) -> float:
   return math.sqrt(var) if var >= 0 and math.isfinite(var) else math.inf
 
 
-def bootstrap_asymptote(compute_T, values_T, fit: SigmoidFit, *, num_resamples: int = 200,
+def bootstrap_asymptote(compute_E, values_E, fit: SigmoidFit, *, num_resamples: int = 200,
                         seed: int = 0, lower: float = -np.inf,
                         upper: float = np.inf) -> dict[str, float]:
   """Residual bootstrap of A: refits on fit + resampled residuals.
@@ -274,21 +275,21 @@ def bootstrap_asymptote(compute_T, values_T, fit: SigmoidFit, *, num_resamples: 
   Returns {'a_stderr', 'a_low', 'a_high'}: the bootstrap standard deviation of A
   and its 2.5% / 97.5% percentiles. Deterministic for a given seed.
   """
-  c_T, r_T = _check_inputs(compute_T, values_T)
-  pred_T = fit.predict(c_T)
-  resid_T = r_T - pred_T
+  c_E, r_E = _check_inputs(compute_E, values_E)
+  pred_E = fit.predict(c_E)
+  resid_E = r_E - pred_E
   rng = np.random.default_rng(seed)
-  a_S = np.empty(num_resamples)
+  a_Z = np.empty(num_resamples)
   for i in range(num_resamples):
-    sample_T = pred_T + rng.choice(resid_T, size=resid_T.size, replace=True)
-    refit = fit_sigmoid(c_T, sample_T, r0=fit.r0 if fit.r0_fixed else None,
+    sample_E = pred_E + rng.choice(resid_E, size=resid_E.size, replace=True)
+    refit = fit_sigmoid(c_E, sample_E, r0=fit.r0 if fit.r0_fixed else None,
                         lower=lower, upper=upper)
-    a_S[i] = refit.a
-  low, high = np.percentile(a_S, [2.5, 97.5])
-  return {"a_stderr": float(a_S.std(ddof=1)), "a_low": float(low), "a_high": float(high)}
+    a_Z[i] = refit.a
+  low, high = np.percentile(a_Z, [2.5, 97.5])
+  return {"a_stderr": float(a_Z.std(ddof=1)), "a_low": float(low), "a_high": float(high)}
 
 
-def extrapolation_check(compute_T, values_T, *, fraction: float = 0.5,
+def extrapolation_check(compute_E, values_E, *, fraction: float = 0.5,
                         r0: float | None = None, lower: float = -np.inf,
                         upper: float = np.inf, tail: int = 3) -> dict[str, Any]:
   """Fits on compute <= fraction * C_max and predicts the metric at C_max.
@@ -298,16 +299,16 @@ def extrapolation_check(compute_T, values_T, *, fraction: float = 0.5,
   early fit at their compute; `error` = predicted - observed. Raises ValueError
   when the early part has too few points to fit.
   """
-  c_T, r_T = _check_inputs(compute_T, values_T)
-  order = np.argsort(c_T, kind="stable")
-  c_T, r_T = c_T[order], r_T[order]
-  c_max = float(c_T[-1])
-  early = c_T <= fraction * c_max
-  fit = fit_sigmoid(c_T[early], r_T[early], r0=r0, lower=lower, upper=upper)
-  predicted = float(fit.predict(c_T[-tail:]).mean())
-  observed = float(r_T[-tail:].mean())
+  c_E, r_E = _check_inputs(compute_E, values_E)
+  order = np.argsort(c_E, kind="stable")
+  c_E, r_E = c_E[order], r_E[order]
+  c_max = float(c_E[-1])
+  early = c_E <= fraction * c_max
+  fit = fit_sigmoid(c_E[early], r_E[early], r0=r0, lower=lower, upper=upper)
+  predicted = float(fit.predict(c_E[-tail:]).mean())
+  observed = float(r_E[-tail:].mean())
   return {
-      "fit_max_rollouts": float(c_T[early].max()),
+      "fit_max_rollouts": float(c_E[early].max()),
       "target_rollouts": c_max,
       "predicted": predicted,
       "observed": observed,

@@ -112,22 +112,22 @@ def write_sweep(root: str, curves: Sequence[TrueCurve], *, budget_rollouts: int 
       spaced = np.concatenate([[0], np.geomspace(1, run_steps, num_evals - 1)])
     else:
       spaced = np.linspace(0, run_steps, num_evals)
-    steps_T = np.unique(np.round(spaced).astype(int))
+    steps_E = np.unique(np.round(spaced).astype(int))
     eval_every = max(run_steps // max(num_evals - 1, 1), 1)
     for s in range(seeds_per_curve):
       path = os.path.join(root, f"bp{curve.problems_per_batch}_n{curve.rollouts_per_problem}"
                                 f"_s{s}")
       run_dir.write_config(path, _run_config(curve, run_steps, eval_every, s, num_samples))
       writer = run_dir.MetricsWriter(path)
-      c_T = steps_T * batch
-      avg_T = np.clip(curve(c_T) + rng.normal(0.0, noise, c_T.shape), 0.0, 1.0)
-      for step, c, avg in zip(steps_T, c_T, avg_T):
+      c_E = steps_E * batch
+      avg_E = np.clip(curve(c_E) + rng.normal(0.0, noise, c_E.shape), 0.0, 1.0)
+      for step, c, avg in zip(steps_E, c_E, avg_E):
         line = {run_dir.STEP: int(step), run_dir.ROLLOUTS: int(c),
                 run_dir.TOKENS: int(c) * tokens_per_rollout, run_dir.WALL_S: 0.01 * int(step)}
         if num_problems:
-          counts_P = rng.binomial(num_samples, float(curve(np.array([c]))[0]), num_problems)
-          line.update(metrics.summarize_correct(counts_P, num_samples, k))
-          line[metrics.VAL_CORRECT_COUNTS] = counts_P.tolist()
+          counts_G = rng.binomial(num_samples, float(curve(np.array([c]))[0]), num_problems)
+          line.update(metrics.summarize_correct(counts_G, num_samples, k))
+          line[metrics.VAL_CORRECT_COUNTS] = counts_G.tolist()
         else:
           line.update({metrics.val_avg(k): float(avg),
                        metrics.val_best(k): 1.0 - _beta_moment(1.0 - avg, k),

@@ -50,15 +50,16 @@ def max_variance(rewards_GN: jax.Array, m: int, *, rng: jax.Array | None = None)
   order_GN = jnp.argsort(r_GN, axis=1)
   sorted_GN = jnp.take_along_axis(r_GN, order_GN, axis=1)
   zeros_G1 = jnp.zeros_like(sorted_GN[:, :1])
-  sum_GP = jnp.concatenate([zeros_G1, jnp.cumsum(sorted_GN, axis=1)], axis=1)  # P = n + 1
-  sq_GP = jnp.concatenate([zeros_G1, jnp.cumsum(sorted_GN**2, axis=1)], axis=1)
+  # Prefix sums [G, N + 1] of the sorted rewards and of their squares.
+  sums = jnp.concatenate([zeros_G1, jnp.cumsum(sorted_GN, axis=1)], axis=1)
+  squares = jnp.concatenate([zeros_G1, jnp.cumsum(sorted_GN**2, axis=1)], axis=1)
 
-  k_K = np.arange(m + 1)  # candidates: top k plus bottom m - k, K = m + 1
+  k_A = np.arange(m + 1)  # candidates: top k plus bottom m - k, A = m + 1
   # Top k = sorted[n - k:], bottom m - k = sorted[:m - k]; they never overlap (m <= n).
-  s_GK = sum_GP[:, n:] - sum_GP[:, n - k_K] + sum_GP[:, m - k_K]
-  ss_GK = sq_GP[:, n:] - sq_GP[:, n - k_K] + sq_GP[:, m - k_K]
-  var_GK = ss_GK / m - (s_GK / m) ** 2
-  best_k_G1 = jnp.argmax(var_GK, axis=1)[:, None]
+  s_GA = sums[:, n:] - sums[:, n - k_A] + sums[:, m - k_A]
+  ss_GA = squares[:, n:] - squares[:, n - k_A] + squares[:, m - k_A]
+  var_GA = ss_GA / m - (s_GA / m) ** 2
+  best_k_G1 = jnp.argmax(var_GA, axis=1)[:, None]
 
   j_1M = np.arange(m)[None, :]
   sorted_pos_GM = jnp.where(j_1M < m - best_k_G1, j_1M, n - m + j_1M)

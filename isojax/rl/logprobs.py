@@ -42,19 +42,19 @@ def token_logp_entropy(head: Callable[[jax.Array], jax.Array], hidden_BTD: jax.A
   b, t, d = hidden_BTD.shape
   if not chunk_size or chunk_size >= t:
     return chunk(hidden_BTD, targets_BT)
-  n = -(-t // chunk_size)
-  pad = n * chunk_size - t
+  j = -(-t // chunk_size)
+  pad = j * chunk_size - t
   # Zero padding: a zero hidden state gives finite logits, and its rows are cut off below.
   h_BTD = jnp.pad(hidden_BTD, ((0, 0), (0, pad), (0, 0)))
   y_BT = jnp.pad(targets_BT, ((0, 0), (0, pad)))
-  h_NBCD = h_BTD.reshape(b, n, chunk_size, d).swapaxes(0, 1)
-  y_NBC = y_BT.reshape(b, n, chunk_size).swapaxes(0, 1)
-  logp_NBC, entropy_NBC = jax.lax.map(jax.checkpoint(lambda xs: chunk(*xs)), (h_NBCD, y_NBC))
+  h_JBCD = h_BTD.reshape(b, j, chunk_size, d).swapaxes(0, 1)
+  y_JBC = y_BT.reshape(b, j, chunk_size).swapaxes(0, 1)
+  logp_JBC, entropy_JBC = jax.lax.map(jax.checkpoint(lambda xs: chunk(*xs)), (h_JBCD, y_JBC))
 
-  def unchunk(x_NBC):
-    return x_NBC.swapaxes(0, 1).reshape(b, n * chunk_size)[:, :t]
+  def unchunk(x_JBC):
+    return x_JBC.swapaxes(0, 1).reshape(b, j * chunk_size)[:, :t]
 
-  return unchunk(logp_NBC), None if entropy_NBC is None else unchunk(entropy_NBC)
+  return unchunk(logp_JBC), None if entropy_JBC is None else unchunk(entropy_JBC)
 
 
 def response_logp(model, tokens_BS: jax.Array, mask_BS: jax.Array, *, prompt_len: int,

@@ -212,9 +212,10 @@ def prompt_mean(loss_BT, mask_f, *, group_size, constant_normalizer):
   if b % group_size:
     raise ValueError(f"aggregation 'prompt_mean': B={b} sequences is not a multiple of "
                      f"group_size={group_size}")
-  loss_GK = (loss_BT * mask_f).reshape(b // group_size, group_size * t)
+  # [G, group_size * T]: each group's token losses in one row.
+  loss_rows = (loss_BT * mask_f).reshape(b // group_size, group_size * t)
   count_G = mask_f.reshape(b // group_size, group_size * t).sum(axis=1)
-  group_G = loss_GK.sum(axis=1) / jnp.maximum(count_G, 1)
+  group_G = loss_rows.sum(axis=1) / jnp.maximum(count_G, 1)
   return jnp.sum(group_G) / jnp.maximum(jnp.sum(count_G > 0), 1)
 
 

@@ -31,9 +31,9 @@ class ProblemPool:
   """Per-problem pass counts over training, and the pool of problems still sampled.
 
   Attributes:
-    successes_P: float64 [P], summed rewards of all recorded rollouts.
-    attempts_P:  int64 [P], number of recorded rollouts.
-    retired_P:   bool [P], permanently out of the sampling pool.
+    successes_G: float64 [G], summed rewards of all recorded rollouts.
+    attempts_G:  int64 [G], number of recorded rollouts.
+    retired_G:   bool [G], permanently out of the sampling pool.
   """
 
   def __init__(self, num_problems: int, *, threshold: float = 0.9, min_attempts: int = 1):
@@ -46,13 +46,13 @@ class ProblemPool:
       raise ValueError(f"min_attempts={min_attempts!r}: expected >= 1")
     self.threshold = float(threshold)
     self.min_attempts = int(min_attempts)
-    self.successes_P = np.zeros(num_problems, np.float64)
-    self.attempts_P = np.zeros(num_problems, np.int64)
-    self.retired_P = np.zeros(num_problems, bool)
+    self.successes_G = np.zeros(num_problems, np.float64)
+    self.attempts_G = np.zeros(num_problems, np.int64)
+    self.retired_G = np.zeros(num_problems, bool)
 
   @property
   def num_problems(self) -> int:
-    return len(self.attempts_P)
+    return len(self.attempts_G)
 
   def update(self, problem_ids, rewards) -> None:
     """Records rollouts: problem_ids [B] int (repeats allowed), rewards [B] in [0, 1].
@@ -72,19 +72,19 @@ class ProblemPool:
                        f"[{ids_B.min()}, {ids_B.max()}]")
     if np.any(~np.isfinite(rewards_B)) or np.any((rewards_B < 0) | (rewards_B > 1)):
       raise ValueError("rewards must lie in [0, 1] (a pass rate is their mean)")
-    np.add.at(self.successes_P, ids_B, rewards_B)
-    np.add.at(self.attempts_P, ids_B, 1)
-    newly_solved_P = (self.attempts_P >= self.min_attempts) & (
+    np.add.at(self.successes_G, ids_B, rewards_B)
+    np.add.at(self.attempts_G, ids_B, 1)
+    newly_solved_G = (self.attempts_G >= self.min_attempts) & (
         self.pass_rates() >= self.threshold)
-    self.retired_P |= newly_solved_P
+    self.retired_G |= newly_solved_G
 
   def pass_rates(self) -> np.ndarray:
-    """Historical pass rate [P] float64; 0 for problems never attempted."""
-    return self.successes_P / np.maximum(self.attempts_P, 1)
+    """Historical pass rate [G] float64; 0 for problems never attempted."""
+    return self.successes_G / np.maximum(self.attempts_G, 1)
 
   def active_ids(self) -> np.ndarray:
     """int64 ids of the problems still in the sampling pool, ascending."""
-    return np.flatnonzero(~self.retired_P)
+    return np.flatnonzero(~self.retired_G)
 
   def sample(self, rng: np.random.Generator, problems_per_batch: int) -> np.ndarray:
     """int64 [problems_per_batch] distinct active problem ids, uniformly at random.
@@ -110,9 +110,9 @@ class ProblemPool:
   def to_dict(self) -> dict[str, np.ndarray]:
     """The state as a flat dict of NumPy arrays (for a checkpoint)."""
     return {
-        "successes": self.successes_P.copy(),
-        "attempts": self.attempts_P.copy(),
-        "retired": self.retired_P.copy(),
+        "successes": self.successes_G.copy(),
+        "attempts": self.attempts_G.copy(),
+        "retired": self.retired_G.copy(),
         "threshold": np.asarray(self.threshold, np.float64),
         "min_attempts": np.asarray(self.min_attempts, np.int64),
     }
@@ -132,7 +132,7 @@ class ProblemPool:
           f"retired {retired.shape} must be equal 1-D shapes")
     pool = cls(len(attempts), threshold=float(state["threshold"]),
                min_attempts=int(state["min_attempts"]))
-    pool.successes_P = successes.copy()
-    pool.attempts_P = attempts.copy()
-    pool.retired_P = retired.copy()
+    pool.successes_G = successes.copy()
+    pool.attempts_G = attempts.copy()
+    pool.retired_G = retired.copy()
     return pool

@@ -4,7 +4,8 @@ own generated cache, and the decode step that attends over both.
 The model (`isojax.models.transformer`) runs the same `Block` for every entry point and
 lets each pass its own attention; this module holds what only sampling needs:
   `prefill`       forward over left-padded prompts, returning each layer's keys/values
-                  once per group (problem), in `PrefixCache`;
+                  once per group (problem), in `PrefixCache` (`prefill_rollouts`: the
+                  same for a sampler call, split over the data-parallel axes);
   `init_cache`    the zeroed generated caches, one per rollout, in `DecodeCache`;
   `decode_step`   one new token per rollout attending to the *shared* prompt cache of
                   its group ([G, P] keys, never copied n times) plus its own cache.
@@ -64,7 +65,7 @@ class DecodeCache:
     return DecodeCache(*pin_caches(self.k, self.v))
 
 
-def attend_decode(attn: Attention, q_B1NH, prefix_k_GKHP, prefix_v_GKPH, prefix_mask_GP,
+def attend_decode(attn: Attention, q_B1QH, prefix_k_GKHP, prefix_v_GKPH, prefix_mask_GP,
                   k_BKHT, v_BKTH, mask_BT):
   """One query per rollout over its group's prompt cache plus its own cache.
 
@@ -74,9 +75,9 @@ def attend_decode(attn: Attention, q_B1NH, prefix_k_GKHP, prefix_v_GKPH, prefix_
   exponentiated in its own layout.
   """
   g, kv, h, p = prefix_k_GKHP.shape
-  b, n = q_B1NH.shape[0], q_B1NH.shape[0] // g
+  b, n = q_B1QH.shape[0], q_B1QH.shape[0] // g
   scale = attn.cfg.head_dim ** -0.5
-  q = q_B1NH[:, 0].reshape(b, kv, -1, h)                             # [B, K, R, H]
+  q = q_B1QH[:, 0].reshape(b, kv, -1, h)                             # [B, K, R, H]
   r = q.shape[2]
   # Rows b = (g, j) and heads (k, r) regrouped as [G, K, n * R], and back.
   to_groups = lambda x: jnp.swapaxes(x.reshape(g, n, kv, r, *x.shape[3:]), 1, 2).reshape(
@@ -95,7 +96,7 @@ def attend_decode(attn: Attention, q_B1NH, prefix_k_GKHP, prefix_v_GKPH, prefix_
   out = to_rows(jnp.einsum("gkmp,gkph->gkmh", e_prefix.astype(dtype), prefix_v_GKPH))
   out = out + jnp.einsum("bkrt,bkth->bkrh", e_own.astype(dtype), v_BKTH)
   out = (out.astype(jnp.float32) / total_BKR[..., None]).astype(dtype)
-  return out.reshape(b, 1, *q_B1NH.shape[2:])                        # [B, 1, N, H]
+  return out.reshape(b, 1, *q_B1QH.shape[2:])                        # [B, 1, Q, H]
 
 
 def prefill(model: Transformer, tokens_GP, mask_GP) -> tuple[jax.Array, PrefixCache]:
@@ -109,6 +110,20 @@ def prefill(model: Transformer, tokens_GP, mask_GP) -> tuple[jax.Array, PrefixCa
   k, v = pin_caches([jnp.transpose(c, (0, 2, 3, 1)) for c in k_LGPKH],   # [G, K, H, P]
                      [jnp.transpose(c, (0, 2, 1, 3)) for c in v_LGPKH])   # [G, K, P, H]
   return model.logits(x[:, -1:])[:, 0], PrefixCache(k=k, v=v, mask=mask_GP)
+
+
+def prefill_rollouts(model: Transformer, prompts_GP, prompt_mask_GP, n: int):
+  """`prefill` for a call of n rollouts per prompt, split over the data-parallel axes:
+  (first logits [G, V], the shared prompt cache, each rollout's prompt length [G * n])."""
+  prompts_GP = sharding.constrain(prompts_GP, ("batch", None))
+  prompt_mask_GP = sharding.constrain(prompt_mask_GP, ("batch", None))
+  first_logits_GV, prefix = prefill(model, prompts_GP, prompt_mask_GP)
+  return first_logits_GV, prefix, jnp.repeat(prompt_mask_GP.sum(-1), n).astype(jnp.int32)
+
+
+def prefix_cache_for_rollouts(prefix: PrefixCache, n: int) -> PrefixCache:
+  """The same cache copied per rollout (what sharing avoids); used by tests."""
+  return jax.tree.map(lambda x: jnp.repeat(x, n, axis=0), prefix)  # all [G, ...]
 
 def init_cache(model: Transformer, batch: int, length: int) -> DecodeCache:
   """Zeroed generated caches for `batch` rollouts of up to `length` tokens."""
@@ -128,14 +143,14 @@ def layer_blocks(model: Transformer) -> tuple[Block, ...]:
 
 def decode_step(model: Transformer, token_B, position_B, step, prefix: PrefixCache,
                 cache: DecodeCache, *, blocks: tuple[Block, ...] | None = None,
-                groups_DS: jax.Array | None = None, cache_block: int = 0):
+                groups_XW: jax.Array | None = None, cache_block: int = 0):
   """Feeds one token per rollout at decode slot `step`. Returns (logits [B, V], cache).
 
   `step` is one slot for every row ([], the static sampler) or one per row ([B],
   continuous batching, where each row is at its own point of its own rollout). Rows
-  attend to the prompt cache of group b // n, or, with `groups_DS` [D, B / D], to the
-  group `groups_DS[d, j]` among the d-th of D equal blocks of groups (row d * B / D + j;
-  the blocks are the data-parallel shards, so the gather stays on each device).
+  attend to the prompt cache of group b // n, or, with `groups_XW` [X, W] (B = X * W
+  slots), to the group `groups_XW[x, w]` among the x-th of X equal blocks of groups (row
+  x * W + w; the blocks are the data-parallel shards, so the gather stays on each device).
   The layers run as a Python loop over `blocks` (`layer_blocks(model)`, which a
   caller decoding many steps takes once), each writing its slot of its own cache in place, so
   decoding never holds two copies of it and no step copies a layer's cache or weights.
@@ -154,14 +169,14 @@ def decode_step(model: Transformer, token_B, position_B, step, prefix: PrefixCac
   lengths = attended_lengths(t, cache_block)
   # One scalar for all rows (under a mesh, a max over the data-parallel shards).
   branch = jnp.minimum(jnp.max(step) // max(cache_block, 1), len(lengths) - 1)
-  prefix_mask = prefix.mask if groups_DS is None else gather_groups(prefix.mask, groups_DS)
+  prefix_mask = prefix.mask if groups_XW is None else gather_groups(prefix.mask, groups_XW)
   rope = model.rope(position_B[:, None], prefix.mask.shape[1] + t)  # positions < P + T
   x = model.embed_tokens(token_B[:, None])
   k_cache, v_cache = [], []
   layers = zip(blocks, cache.k, cache.v, prefix.k, prefix.v)
   for block, k_layer, v_layer, prefix_k, prefix_v in layers:
-    if groups_DS is not None:
-      prefix_k, prefix_v = (gather_groups(c, groups_DS) for c in (prefix_k, prefix_v))
+    if groups_XW is not None:
+      prefix_k, prefix_v = (gather_groups(c, groups_XW) for c in (prefix_k, prefix_v))
 
     def attention(q, k, v, block=block, k_layer=k_layer, v_layer=v_layer, prefix_k=prefix_k,
                   prefix_v=prefix_v):
@@ -201,14 +216,14 @@ def write_slot(cache, new_BKH, step, axis: int):
   return jax.vmap(row_update)(cache, new, step)
 
 
-def gather_groups(x_G: jax.Array, groups_DS: jax.Array) -> jax.Array:
-  """Rows `groups_DS[d, j]` of the d-th of D equal blocks of `x_G` [G, ...] -> [D * S, ...].
+def gather_groups(x_G: jax.Array, groups_XW: jax.Array) -> jax.Array:
+  """Rows `groups_XW[x, w]` of the x-th of X equal blocks of `x_G` [G, ...] -> [X * W, ...].
 
   Batched over the blocks (the data-parallel shards of the group axis), so under a mesh
   each device gathers from its own groups only.
   """
-  d, s = groups_DS.shape
-  blocks = x_G.reshape(d, x_G.shape[0] // d, *x_G.shape[1:])
-  rows = jax.vmap(lambda block, idx: block[idx])(blocks, groups_DS)
-  return sharding.constrain(rows.reshape(d * s, *x_G.shape[1:]),
+  shards, slots = groups_XW.shape
+  blocks = x_G.reshape(shards, x_G.shape[0] // shards, *x_G.shape[1:])
+  rows = jax.vmap(lambda block, idx: block[idx])(blocks, groups_XW)
+  return sharding.constrain(rows.reshape(shards * slots, *x_G.shape[1:]),
                             ("batch",) + (None,) * (x_G.ndim - 1))

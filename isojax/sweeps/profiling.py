@@ -261,7 +261,7 @@ def _write_split(options: Options, want: dict[str, Any], plan: SplitPlan,
   for r, idx in ((train_rates, train_idx), (val_rates, val_idx)):
     for i in idx:
       rates[r.problems[i].prompt] = (
-          float(r.hard_correct_P[i]) / options.hard_samples if xh else float(r.rate_P[i]))
+          float(r.hard_correct_G[i]) / options.hard_samples if xh else float(r.rate_G[i]))
   composition = SPLITS[name]
   meta = dict(
       settings=want, model=want["model"], num_samples=options.num_samples,
@@ -277,8 +277,8 @@ def _write_split(options: Options, want: dict[str, Any], plan: SplitPlan,
                            [train_rates.problems[i] for i in train_idx],
                            [val_rates.problems[i] for i in val_idx], rates, meta)
   return SplitSummary(name, len(train_idx), len(val_idx),
-                      float(np.mean([train_rates.rate_P[i] for i in train_idx])),
-                      float(np.mean([val_rates.rate_P[i] for i in val_idx])), os.fspath(path),
+                      float(np.mean([train_rates.rate_G[i] for i in train_idx])),
+                      float(np.mean([val_rates.rate_G[i] for i in val_idx])), os.fspath(path),
                       _digit_mix([train_rates.problems[i].difficulty for i in train_idx]))
 
 
@@ -288,7 +288,7 @@ def _write_profile(out_dir: str, want: dict, train_rates: ProblemRates,
   def rows(r: ProblemRates):
     return [dict(prompt=p.prompt, answer=p.answer, difficulty=p.difficulty,
                  correct=int(c), hard_correct=None if h < 0 else int(h))
-            for p, c, h in zip(r.problems, r.correct_P, r.hard_correct_P)]
+            for p, c, h in zip(r.problems, r.correct_G, r.hard_correct_G)]
   storage.write_json(storage.path(out_dir) / PROFILE_FILE,
                      dict(settings=want, train=rows(train_rates), val=rows(val_rates)), indent=0)
 

@@ -60,21 +60,21 @@ SPLITS: dict[str, dict[str, float]] = {
 class ProblemRates:
   """Measured pass rates of a pool of problems."""
   problems: list[Problem]
-  correct_P: np.ndarray             # [P] int, correct of num_samples
-  hard_correct_P: np.ndarray        # [P] int, correct of hard_samples; -1 = not sampled
+  correct_G: np.ndarray             # [G] int, correct of num_samples
+  hard_correct_G: np.ndarray        # [G] int, correct of hard_samples; -1 = not sampled
   num_samples: int
 
   @property
-  def rate_P(self) -> np.ndarray:   # [P] float, avg@num_samples
-    return self.correct_P / self.num_samples
+  def rate_G(self) -> np.ndarray:   # [G] float, avg@num_samples
+    return self.correct_G / self.num_samples
 
   def members(self, name: str) -> list[int]:
     """Indices (in pool order) of the problems of one difficulty class."""
     if name == EXTREMELY_HARD:
       return [i for i in range(len(self.problems))
-              if self.correct_P[i] == 0 and self.hard_correct_P[i] == 0]
+              if self.correct_G[i] == 0 and self.hard_correct_G[i] == 0]
     band = BANDS[name]
-    return [i for i, r in enumerate(self.rate_P) if band.contains(float(r))]
+    return [i for i, r in enumerate(self.rate_G) if band.contains(float(r))]
 
 
 def select(rates: ProblemRates, composition: dict[str, float], size: int

@@ -25,9 +25,9 @@ NUM_STEPS, COUNT = 5, 3
 LOG_STEPS = [0, 1, 2, 5]
 
 
-def _independent_summary(counts_P, num_samples, k):
+def _independent_summary(counts_G, num_samples, k):
   """avg@k, best@k, worst@k and avg's standard error from exact binomials."""
-  c = [int(x) for x in counts_P]
+  c = [int(x) for x in counts_G]
   total = math.comb(num_samples, k)
   per_problem = np.array(c) / num_samples
   return {
@@ -139,10 +139,10 @@ def test_logged_counts_reproduce_the_logged_metrics(log_run):
   evaluated = [r for r in run_dir.read_metrics(str(workdir)) if metrics.val_avg(k) in r]
   assert len(evaluated) == len(LOG_STEPS)
   for line in evaluated:
-    counts_P = line[metrics.VAL_CORRECT_COUNTS]
-    assert len(counts_P) == config.task.num_val
-    assert all(isinstance(c, int) and 0 <= c <= n_samples for c in counts_P)
-    for name, value in _independent_summary(counts_P, n_samples, k).items():
+    counts_G = line[metrics.VAL_CORRECT_COUNTS]
+    assert len(counts_G) == config.task.num_val
+    assert all(isinstance(c, int) and 0 <= c <= n_samples for c in counts_G)
+    for name, value in _independent_summary(counts_G, n_samples, k).items():
       assert line[name] == pytest.approx(value, rel=1e-9, abs=1e-12), (line["step"], name)
     train_P = line[metrics.TRAIN_PASS1_COUNTS]
     assert len(train_P) == min(config.eval.train_problems, config.task.num_train)

@@ -126,7 +126,7 @@ def test_mixes_keep_their_proportions_and_shrink_when_a_class_runs_short():
   # Only 3 easy problems: a 50/50 mix of 16 becomes 3 + 3.
   short = _rates([0] * 40 + [7] * 3)
   chosen, _ = difficulty.select(short, difficulty.SPLITS["mix_hard_easy"], 16)
-  assert sorted(correct_ for correct_ in (short.correct_P[i] for i in chosen)) == [0] * 3 + [7] * 3
+  assert sorted(correct_ for correct_ in (short.correct_G[i] for i in chosen)) == [0] * 3 + [7] * 3
 
 
 def test_empty_split_is_reported_by_name_and_short_ones_are_kept():

@@ -35,15 +35,15 @@ def test_unknown_metric_is_an_error():
     bootstrap.per_problem_values("train/reward", [1], 8)
 
 
-def _curve(values_TP, n=4, b_p=8, seed=0, path="r"):
-  t = values_TP.shape[0]
+def _curve(values_EG, n=4, b_p=8, seed=0, path="r"):
+  t = values_EG.shape[0]
   return bootstrap.ProblemCurve(path=path, problems_per_batch=b_p, rollouts_per_problem=n,
-                                seed=seed, rollouts_T=np.arange(t, dtype=float) * 100,
-                                values_TP=values_TP)
+                                seed=seed, rollouts_E=np.arange(t, dtype=float) * 100,
+                                values_EG=values_EG)
 
 
 def _final(groups):
-  return {"final": float(groups["a"][0].values_T[-1])}
+  return {"final": float(groups["a"][0].values_E[-1])}
 
 
 def test_interval_covers_a_known_mean_at_its_nominal_rate():
@@ -52,10 +52,10 @@ def test_interval_covers_a_known_mean_at_its_nominal_rate():
   rng = np.random.default_rng(0)
   trials, covered = 150, 0
   for trial in range(trials):
-    p_P = rng.beta(2, 3, 200)
-    counts_P = rng.binomial(8, p_P)
-    values_TP = bootstrap.per_problem_values("val/avg@4", counts_P, 8)[None, :]
-    point, samples = bootstrap.bootstrap({"a": [_curve(values_TP)]}, _final,
+    p_G = rng.beta(2, 3, 200)
+    counts_G = rng.binomial(8, p_G)
+    values_EG = bootstrap.per_problem_values("val/avg@4", counts_G, 8)[None, :]
+    point, samples = bootstrap.bootstrap({"a": [_curve(values_EG)]}, _final,
                                          num_resamples=200, seed=trial)
     lo, hi = bootstrap.interval(samples["final"])
     covered += lo <= 0.4 <= hi
@@ -67,12 +67,12 @@ def test_problem_draw_is_shared_by_every_run():
   """Two runs with the same per-problem values give identical replicates, so their
   difference has a zero-width interval (paired), while each alone varies."""
   rng = np.random.default_rng(1)
-  values_TP = rng.random((3, 50))
-  groups = {"a": [_curve(values_TP, path="x")], "b": [_curve(values_TP, n=8, path="y")]}
+  values_EG = rng.random((3, 50))
+  groups = {"a": [_curve(values_EG, path="x")], "b": [_curve(values_EG, n=8, path="y")]}
 
   def stat(g):
-    return {"diff": g["a"][0].values_T[-1] - g["b"][0].values_T[-1],
-            "a": g["a"][0].values_T[-1]}
+    return {"diff": g["a"][0].values_E[-1] - g["b"][0].values_E[-1],
+            "a": g["a"][0].values_E[-1]}
 
   _, samples = bootstrap.bootstrap(groups, stat, num_resamples=50)
   np.testing.assert_allclose(samples["diff"], 0.0, atol=1e-12)
@@ -85,7 +85,7 @@ def test_seeds_of_one_allocation_are_resampled():
   runs = [_curve(np.full((2, 10), v), seed=s, path=f"s{s}") for s, v in enumerate([0.0, 1.0])]
 
   def stat(g):
-    return {"mean": float(np.mean([c.values_T[-1] for c in g["a"]]))}
+    return {"mean": float(np.mean([c.values_E[-1] for c in g["a"]]))}
 
   point, samples = bootstrap.bootstrap({"a": runs}, stat, num_resamples=400)
   assert point["mean"] == 0.5
@@ -104,8 +104,8 @@ def test_problem_curve_reads_counts_and_rejects_runs_without_them(tmp_path):
                   run_dir.WALL_S: 0.0, **extra})
   (run,) = [r for _, r in run_dir.iter_loaded_runs([path])]
   c = bootstrap.problem_curve(run, "val/avg@4")
-  np.testing.assert_array_equal(c.rollouts_T, [0, 16])
-  np.testing.assert_allclose(c.values_TP, [[0, 1, 0.5], [1, 1, 0]])
+  np.testing.assert_array_equal(c.rollouts_E, [0, 16])
+  np.testing.assert_allclose(c.values_EG, [[0, 1, 0.5], [1, 1, 0]])
   assert c.seed == 3 and c.key == (4, 2)
   with pytest.raises(run_dir.RunFormatError, match="per-problem counts"):
     bootstrap.problem_curve(run, "val/avg@4", counts_key=metrics.TRAIN_PASS1_COUNTS)

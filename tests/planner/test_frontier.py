@@ -26,10 +26,10 @@ _CURVES = synthetic.paper_like_curves([16, 64], [2, 4, 8, 16, 32, 64, 128], n_sa
 
 
 def test_envelope_equals_brute_force_argmax():
-  c_G = frontier.compute_grid(1e3, 1e7, 97)
+  c_E = frontier.compute_grid(1e3, 1e7, 97)
   points = frontier.fitted_frontier([c.key for c in _CURVES], [_exact_fit(c) for c in _CURVES],
-                                    c_G)
-  for p, c in zip(points, c_G):
+                                    c_E)
+  for p, c in zip(points, c_E):
     values = [curve(c) for curve in _CURVES]  # brute force: evaluate every curve
     best = int(np.argmax(values))
     assert (p.problems_per_batch, p.rollouts_per_problem) == _CURVES[best].key
@@ -40,15 +40,15 @@ def test_envelope_equals_brute_force_argmax():
 
 def test_envelope_respects_each_curve_compute_limit():
   fits = [_exact_fit(c) for c in _CURVES]
-  c_G = frontier.compute_grid(1e3, 1e7, 41)
+  c_E = frontier.compute_grid(1e3, 1e7, 41)
   limits = [1e5 if c.rollouts_per_problem >= 16 else 1e7 for c in _CURVES]
-  best_G, value_G = frontier.upper_envelope(fits, c_G, limits)
-  for k, v, c in zip(best_G, value_G, c_G):
+  best_E, value_E = frontier.upper_envelope(fits, c_E, limits)
+  for k, v, c in zip(best_E, value_E, c_E):
     eligible = [i for i, lim in enumerate(limits) if c <= lim]
     expected = max(eligible, key=lambda i: (_CURVES[i](c), -i))
     assert k == expected and v == pytest.approx(_CURVES[expected](c))
-  best_G, _ = frontier.upper_envelope(fits, [2e7], [1.0] * len(fits))
-  assert best_G.tolist() == [-1]  # no eligible curve
+  best_E, _ = frontier.upper_envelope(fits, [2e7], [1.0] * len(fits))
+  assert best_E.tolist() == [-1]  # no eligible curve
 
 
 points_strategy = st.lists(
@@ -71,9 +71,9 @@ def test_empirical_frontier_is_the_set_of_undominated_points(raw):
 def test_n_star_law_recovers_a_known_law_from_a_power_of_two_frontier():
   true = frontier.NStarLaw(log2_n_low=2.0, log2_n_high=7.0, b=0.9, c_mid=1e5,
                            compute_range=(1e2, 1e8))
-  c_G = frontier.compute_grid(1e2, 1e8, 200)
-  n_G = 2.0 ** np.round(true.log2_n_star(c_G))  # what a frontier of powers of two shows
-  law = frontier.fit_n_star_law(c_G, n_G)
+  c_E = frontier.compute_grid(1e2, 1e8, 200)
+  n_E = 2.0 ** np.round(true.log2_n_star(c_E))  # what a frontier of powers of two shows
+  law = frontier.fit_n_star_law(c_E, n_E)
   assert law.log2_n_low == pytest.approx(2.0, abs=0.3)
   assert law.log2_n_high == pytest.approx(7.0, abs=0.3)
   assert law.c_mid == pytest.approx(1e5, rel=0.3)

@@ -15,10 +15,10 @@ _SETTINGS = settings(max_examples=200, deadline=None, database=None)
 values = st.lists(st.floats(0, 1, allow_nan=False), min_size=0, max_size=40)
 
 
-def _brute_records(values_T, width):
+def _brute_records(values_E, width):
   """Loop form of the definition: keep i if its bin beats every earlier bin."""
   kept, best = [], -math.inf
-  for i, v in enumerate(values_T):
+  for i, v in enumerate(values_E):
     level = math.floor(v / width + 1e-9)
     if level > best:
       kept.append(i)
@@ -27,10 +27,10 @@ def _brute_records(values_T, width):
 
 
 @_SETTINGS
-@given(values_T=values, width=st.sampled_from([0.01, 0.05, 0.1, 0.25]))
-def test_record_mask_matches_the_definition(values_T, width):
-  mask = records.record_breaking_mask(values_T, width)
-  assert list(np.flatnonzero(mask)) == _brute_records(values_T, width)
+@given(values_E=values, width=st.sampled_from([0.01, 0.05, 0.1, 0.25]))
+def test_record_mask_matches_the_definition(values_E, width):
+  mask = records.record_breaking_mask(values_E, width)
+  assert list(np.flatnonzero(mask)) == _brute_records(values_E, width)
 
 
 @_SETTINGS
@@ -74,13 +74,13 @@ def test_run_curves_pool_by_allocation(tmp_path):
   b = _write_run(tmp_path, "b", 16, 8, [(0, 0.12), (128, 0.25), (384, None)])
   c = _write_run(tmp_path, "c", 32, 8, [(0, 0.08), (512, 0.4)])
   curves = [records.run_curve(run_dir.load_run(p), "val/avg@4") for p in (a, b, c)]
-  np.testing.assert_array_equal(curves[0].rollouts_T, [0, 128, 256])  # sorted by compute
-  np.testing.assert_array_equal(curves[0].values_T, [0.1, 0.2, 0.3])
+  np.testing.assert_array_equal(curves[0].rollouts_E, [0, 128, 256])  # sorted by compute
+  np.testing.assert_array_equal(curves[0].values_E, [0.1, 0.2, 0.3])
   pooled = records.pool_curves(curves)
   assert [p.key for p in pooled] == [(16, 8), (32, 8)]
   assert pooled[0].paths == (a, b)
-  np.testing.assert_array_equal(pooled[0].rollouts_T, [0, 0, 128, 128, 256])
-  np.testing.assert_array_equal(pooled[0].values_T, [0.1, 0.12, 0.2, 0.25, 0.3])
+  np.testing.assert_array_equal(pooled[0].rollouts_E, [0, 0, 128, 128, 256])
+  np.testing.assert_array_equal(pooled[0].values_E, [0.1, 0.12, 0.2, 0.25, 0.3])
   assert pooled[1].batch_rollouts == 256
   assert records.initial_value(curves) == pytest.approx(np.median([0.1, 0.12, 0.08]))
   assert records.metric_names([run_dir.load_run(a)]) == ["val/avg@4"]

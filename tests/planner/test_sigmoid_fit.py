@@ -18,9 +18,9 @@ _CASES = [  # (r0, a, b, c_mid)
 
 def _data(params, seed, noise=0.01, num=40, span=20.0):
   r0, a, b, c_mid = params
-  c_T = np.geomspace(c_mid / span, c_mid * span, num)
+  c_E = np.geomspace(c_mid / span, c_mid * span, num)
   rng = np.random.default_rng(seed)
-  return c_T, sigmoid_fit.sigmoid(c_T, r0, a, b, c_mid) + rng.normal(0, noise, num)
+  return c_E, sigmoid_fit.sigmoid(c_E, r0, a, b, c_mid) + rng.normal(0, noise, num)
 
 
 def test_sigmoid_formula():
@@ -35,8 +35,8 @@ def test_sigmoid_formula():
 def test_fit_recovers_known_parameters(params, fixed_r0):
   r0, a, b, c_mid = params
   for seed in range(3):
-    c_T, r_T = _data(params, seed)
-    fit = sigmoid_fit.fit_sigmoid(c_T, r_T, r0=r0 if fixed_r0 else None, lower=0, upper=1)
+    c_E, r_E = _data(params, seed)
+    fit = sigmoid_fit.fit_sigmoid(c_E, r_E, r0=r0 if fixed_r0 else None, lower=0, upper=1)
     assert fit.a == pytest.approx(a, abs=0.03)
     assert fit.b == pytest.approx(b, rel=0.25)
     assert fit.c_mid == pytest.approx(c_mid, rel=0.3)
@@ -49,8 +49,8 @@ def test_asymptote_stderr_matches_the_spread_over_repetitions():
   params = _CASES[0]
   estimates, stderrs = [], []
   for seed in range(40):
-    c_T, r_T = _data(params, seed, num=30)
-    fit = sigmoid_fit.fit_sigmoid(c_T, r_T, r0=params[0], lower=0, upper=1)
+    c_E, r_E = _data(params, seed, num=30)
+    fit = sigmoid_fit.fit_sigmoid(c_E, r_E, r0=params[0], lower=0, upper=1)
     estimates.append(fit.a)
     stderrs.append(fit.a_stderr)
   spread = np.std(estimates, ddof=1)
@@ -60,45 +60,45 @@ def test_asymptote_stderr_matches_the_spread_over_repetitions():
 
 def test_bootstrap_interval_covers_the_true_asymptote():
   params = _CASES[0]
-  c_T, r_T = _data(params, seed=7, num=30)
-  fit = sigmoid_fit.fit_sigmoid(c_T, r_T, r0=params[0], lower=0, upper=1)
-  boot = sigmoid_fit.bootstrap_asymptote(c_T, r_T, fit, num_resamples=60, seed=0,
+  c_E, r_E = _data(params, seed=7, num=30)
+  fit = sigmoid_fit.fit_sigmoid(c_E, r_E, r0=params[0], lower=0, upper=1)
+  boot = sigmoid_fit.bootstrap_asymptote(c_E, r_E, fit, num_resamples=60, seed=0,
                                          lower=0, upper=1)
   assert boot["a_low"] <= params[1] <= boot["a_high"]
   assert 0.5 < boot["a_stderr"] / fit.a_stderr < 2.0
-  again = sigmoid_fit.bootstrap_asymptote(c_T, r_T, fit, num_resamples=60, seed=0,
+  again = sigmoid_fit.bootstrap_asymptote(c_E, r_E, fit, num_resamples=60, seed=0,
                                           lower=0, upper=1)
   assert again == boot  # deterministic for a seed
 
 
 def test_flat_curve_gives_a_flat_fit():
   rng = np.random.default_rng(0)
-  c_T = np.linspace(100, 2000, 20)
-  r_T = 0.3 + rng.normal(0, 0.01, 20)
-  fixed = sigmoid_fit.fit_sigmoid(c_T, r_T, r0=0.3, lower=0, upper=1)
+  c_E = np.linspace(100, 2000, 20)
+  r_E = 0.3 + rng.normal(0, 0.01, 20)
+  fixed = sigmoid_fit.fit_sigmoid(c_E, r_E, r0=0.3, lower=0, upper=1)
   assert fixed.flat and fixed.a == 0.3
-  free = sigmoid_fit.fit_sigmoid(c_T, r_T)
-  assert free.flat and free.a == pytest.approx(r_T.mean())
-  assert free.a_stderr == pytest.approx(r_T.std(ddof=1) / np.sqrt(20))
-  np.testing.assert_allclose(free.predict(c_T), r_T.mean())
+  free = sigmoid_fit.fit_sigmoid(c_E, r_E)
+  assert free.flat and free.a == pytest.approx(r_E.mean())
+  assert free.a_stderr == pytest.approx(r_E.std(ddof=1) / np.sqrt(20))
+  np.testing.assert_allclose(free.predict(c_E), r_E.mean())
 
 
 def test_short_curves_get_finite_bounded_fits():
   # Three evaluations: no residual degrees of freedom, so A is undetermined (inf
   # stderr), but the curve still passes through the points within the bounds.
-  c_T, r_T = np.array([100.0, 200.0, 400.0]), np.array([0.2, 0.3, 0.35])
-  fit = sigmoid_fit.fit_sigmoid(c_T, r_T, r0=0.1, lower=0, upper=1)
+  c_E, r_E = np.array([100.0, 200.0, 400.0]), np.array([0.2, 0.3, 0.35])
+  fit = sigmoid_fit.fit_sigmoid(c_E, r_E, r0=0.1, lower=0, upper=1)
   assert np.isinf(fit.a_stderr) and 0.35 <= fit.a <= 1.0
-  np.testing.assert_allclose(fit.predict(c_T), r_T, atol=0.02)
+  np.testing.assert_allclose(fit.predict(c_E), r_E, atol=0.02)
   with pytest.raises(ValueError, match="at least 3"):
     sigmoid_fit.fit_sigmoid([0.0, 100.0, 200.0], [0.1, 0.2, 0.3])
 
 
 def test_fit_is_monotone_non_decreasing_on_falling_data():
-  c_T = np.geomspace(10, 1e4, 12)
-  fit = sigmoid_fit.fit_sigmoid(c_T, np.linspace(0.5, 0.2, 12), lower=0, upper=1)
+  c_E = np.geomspace(10, 1e4, 12)
+  fit = sigmoid_fit.fit_sigmoid(c_E, np.linspace(0.5, 0.2, 12), lower=0, upper=1)
   assert fit.a >= fit.r0
-  assert np.all(np.diff(fit.predict(c_T)) >= -1e-12)
+  assert np.all(np.diff(fit.predict(c_E)) >= -1e-12)
 
 
 def test_compute_at_fraction_inverts_the_curve():
@@ -109,14 +109,14 @@ def test_compute_at_fraction_inverts_the_curve():
 
 def test_extrapolation_check_predicts_the_end_from_the_first_half():
   params = (0.1, 0.7, 1.3, 2e4)
-  c_T = np.linspace(0, 2e5, 50)  # evaluations every few steps, as the main loop logs them
+  c_E = np.linspace(0, 2e5, 50)  # evaluations every few steps, as the main loop logs them
   rng = np.random.default_rng(3)
-  r_T = sigmoid_fit.sigmoid(c_T, *params) + rng.normal(0, 0.005, 50)
-  check = sigmoid_fit.extrapolation_check(c_T, r_T, r0=0.1, lower=0, upper=1)
+  r_E = sigmoid_fit.sigmoid(c_E, *params) + rng.normal(0, 0.005, 50)
+  check = sigmoid_fit.extrapolation_check(c_E, r_E, r0=0.1, lower=0, upper=1)
   assert check["fit_max_rollouts"] <= 1e5 and check["target_rollouts"] == 2e5
-  true_end = sigmoid_fit.sigmoid(c_T[-3:], *params).mean()
+  true_end = sigmoid_fit.sigmoid(c_E[-3:], *params).mean()
   assert check["predicted"] == pytest.approx(true_end, abs=0.02)
-  assert check["error"] == pytest.approx(check["predicted"] - r_T[-3:].mean())
+  assert check["error"] == pytest.approx(check["predicted"] - r_E[-3:].mean())
 
 
 def test_to_dict_round_trip():

@@ -103,11 +103,11 @@ def test_fitting_record_points_only(sweep):
     # Records ride the top of the noise (A biased up), and plateaus keep few points.
     assert cf.fit.a == pytest.approx(truth[cf.curve.key].a, abs=0.03)
     # Fitted points: the run's records at C > 0, or every point when under three.
-    mask = records.record_breaking_mask(cf.curve.values_T, records.DEFAULT_BIN_WIDTH)
-    mask &= cf.curve.rollouts_T > 0
+    mask = records.record_breaking_mask(cf.curve.values_E, records.DEFAULT_BIN_WIDTH)
+    mask &= cf.curve.rollouts_E > 0
     if mask.sum() < 3:
-      mask = cf.curve.rollouts_T > 0
-    np.testing.assert_array_equal(cf.compute_T, cf.curve.rollouts_T[mask])
+      mask = cf.curve.rollouts_E > 0
+    np.testing.assert_array_equal(cf.compute_E, cf.curve.rollouts_E[mask])
   for p in result.primary.frontier:
     key, gap = _true_best(p.rollouts)
     if gap > 0.02:

@@ -14,8 +14,8 @@ from isojax.rl.problem_pool import ProblemPool
 def test_counts_and_pass_rates():
   pool = ProblemPool(4)
   pool.update([0, 0, 1, 1, 1, 3], [1, 0, 1, 1, 0, 0.5])
-  np.testing.assert_array_equal(pool.attempts_P, [2, 3, 0, 1])
-  np.testing.assert_allclose(pool.successes_P, [1, 2, 0, 0.5])
+  np.testing.assert_array_equal(pool.attempts_G, [2, 3, 0, 1])
+  np.testing.assert_allclose(pool.successes_G, [1, 2, 0, 0.5])
   np.testing.assert_allclose(pool.pass_rates(), [0.5, 2 / 3, 0, 0.5])
   np.testing.assert_array_equal(pool.active_ids(), [0, 1, 2, 3])
 
@@ -62,8 +62,8 @@ def test_matches_python_reference(batches):
       att[i] += 1
     for i in range(5):
       retired[i] = retired[i] or (att[i] >= 1 and succ[i] / att[i] >= 0.75)
-  np.testing.assert_array_equal(pool.attempts_P, att)
-  np.testing.assert_allclose(pool.successes_P, succ)
+  np.testing.assert_array_equal(pool.attempts_G, att)
+  np.testing.assert_allclose(pool.successes_G, succ)
   np.testing.assert_array_equal(pool.active_ids(), [i for i in range(5) if not retired[i]])
 
 
@@ -106,13 +106,13 @@ def test_dict_round_trip_through_npz():
   buffer.seek(0)
   restored = ProblemPool.from_dict(dict(np.load(buffer)))
   assert restored.threshold == 0.8 and restored.min_attempts == 2
-  np.testing.assert_array_equal(restored.successes_P, pool.successes_P)
-  np.testing.assert_array_equal(restored.attempts_P, pool.attempts_P)
+  np.testing.assert_array_equal(restored.successes_G, pool.successes_G)
+  np.testing.assert_array_equal(restored.attempts_G, pool.attempts_G)
   np.testing.assert_array_equal(restored.active_ids(), pool.active_ids())
   np.testing.assert_array_equal(restored.sample(np.random.default_rng(1), 3),
                                 pool.sample(np.random.default_rng(1), 3))
   restored.update([1], [1])  # the copy is independent of the original
-  assert pool.attempts_P[1] == 1
+  assert pool.attempts_G[1] == 1
 
 
 def test_errors():

@@ -9,7 +9,7 @@ from scipy import stats
 
 from isojax import config_lib
 from isojax.models.transformer import ModelConfig, Transformer
-from isojax.sampling import sampler
+from isojax.sampling import continuous, sampler
 
 PAD = 0
 
@@ -104,7 +104,7 @@ def test_sampled_tokens_agree_in_distribution_with_lockstep(min_slots):
     (64, 8, (64, 32, 16, 8)), (64, 10, (64, 32, 16)), (5, 1, (5, 2, 1)), (8, 0, (8,)),
     (8, 8, (8,)), (8, 9, (8,)), (1, 1, (1,))])
 def test_slot_levels_halve_down_to_the_minimum(slots, min_slots, expected):
-  assert sampler.slot_levels(slots, min_slots) == expected
+  assert continuous.slot_levels(slots, min_slots) == expected
 
 
 def _slot_counts_of_loops(min_slots: int) -> list[int]:

@@ -1,0 +1,86 @@
+"""What a sampler call is asked for and what it gives back.
+
+`SampleSpec` is the one narrow object every part of the sampler takes (the draws,
+lockstep decoding, continuous batching and forced interruptions read their fields from
+it), static under `jax.jit`, so each spec compiles once. `Rollouts` is what every
+decoding schedule returns, and `rollouts_from` the masks they all end with, so the two
+schedules cannot disagree on what a rollout is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from isojax.sampling.interruption import Interruption
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleSpec:
+  """What one sampler call draws: static under `jax.jit` (each spec compiles once).
+
+  `rl.rollout.sample_spec` builds it from `config.sampling` (`SamplingSettings`), the
+  tokenizer's stop and pad ids, and the call's continuous-batching slots.
+  """
+  n: int                                 # rollouts per prompt
+  max_new_tokens: int
+  temperature: float
+  stop_ids: tuple[int, ...]
+  pad_id: int
+  top_k: int = 0
+  top_p: float = 1.0
+  weights_dtype: str | None = None       # "bfloat16": weights cast once per call
+  dtype: str | None = None               # "bfloat16": activations and caches
+  num_slots: int = 0                     # > 0: continuous batching in this many rows
+  min_slots: int = 0                     # > 0: halve the slots down to this many
+  decode_block: int = 0                  # > 0: attend over filled cache blocks only
+  interruption: Interruption | None = None  # forced interruptions; None: off
+  merge_adapters: bool = True            # LoRA: decode with W + A @ B * alpha / r
+
+
+@flax.struct.dataclass
+class Rollouts:
+  tokens: jax.Array     # [B, T] int32, pad after EOS
+  logprobs: jax.Array   # [B, T] float32 sampler log-probs of `tokens`, 0 where masked
+  mask: jax.Array       # [B, T] bool, True on generated tokens (stop token included)
+  finished: jax.Array   # [B] bool, emitted a stop token (False: truncated at T)
+  forced: jax.Array     # [B, T] bool, the interruption text written by the sampler
+                        # (context, not actions: log-prob 0, outside the loss)
+
+  @property
+  def lengths(self) -> jax.Array:  # [B]
+    return self.mask.sum(axis=-1)
+
+  @property
+  def actions(self) -> jax.Array:  # [B, T] bool: tokens the policy chose
+    return self.mask & ~self.forced
+
+  @property
+  def interrupted(self) -> jax.Array:  # [B] bool: reached the thinking budget
+    return self.forced.any(axis=-1)
+
+
+def stop_ids(spec: SampleSpec) -> jax.Array:
+  """The spec's stop ids as one int32 array (any of them ends a rollout)."""
+  return jnp.asarray(tuple(spec.stop_ids), jnp.int32)
+
+
+def rollouts_from(tokens_BT, logprobs_BT, written, interrupted_B, stops, spec: SampleSpec
+                  ) -> Rollouts:
+  """Masks each row after its first stop token (of `stops`, the array `stop_ids(spec)`
+  the decoding compared against) and from position `written` ([] or [B]) on; marks the
+  interruption text of the `interrupted_B` rows as forced."""
+  b, t = tokens_BT.shape
+  cut = spec.interruption
+  was_written = jnp.arange(t) < jnp.asarray(written)[..., None]
+  # A token is generated iff no stop token came strictly before it.
+  is_stop = jnp.isin(tokens_BT, stops) & was_written
+  stops_before = jnp.cumsum(is_stop, axis=-1) - is_stop
+  mask = (stops_before == 0) & was_written
+  forced = cut.forced_mask(interrupted_B, t) & mask if cut else jnp.zeros((b, t), bool)
+  return Rollouts(tokens=jnp.where(mask, tokens_BT, spec.pad_id),
+                  logprobs=jnp.where(mask, logprobs_BT, 0.0), mask=mask,
+                  finished=jnp.any(is_stop, axis=-1), forced=forced)
