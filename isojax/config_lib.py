@@ -396,6 +396,12 @@ def parse_flags(argv: list[str]) -> list[str]:
   return app.parse_flags_with_usage(argv)
 
 
+def unknown_names(names: list[str]) -> list[str]:
+  """The dotted field or section names (`optim.learning_rate`, `optim`) the schema lacks."""
+  schema = base_config().to_dict()
+  return [name for name in names if unknown_fields(_nested(name), schema)]
+
+
 def _nested(dotted: str) -> dict[str, Any]:
   """'a.b.c' -> {'a': {'b': {'c': None}}}."""
   out: dict[str, Any] = {}
