@@ -17,6 +17,10 @@ Beside the newest `checkpoint_keep`, the checkpoints in a `KeptSteps` are kept: 
 guard's last healthy one from before a collapse (`train`). A rerun may go back to an
 older checkpoint (`restore_newest(step=...)`); the newer ones are then moved aside into
 `run_dir.superseded_checkpoint_dir`, never deleted.
+
+A save that finds the disk full raises `storage.NoSpace` naming the checkpoint, the
+bytes its arrays need and the bytes free; its partial directory is removed and the
+checkpoints before it are left whole.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from isojax import metrics, run_dir
+from isojax import metrics, run_dir, storage
 
 # The key of the saved JSON item (`counters`) that holds the arrays' fingerprints.
 FINGERPRINTS = "fingerprints"
@@ -117,9 +121,35 @@ def save(ckpt: ocp.CheckpointManager, step: int, *, params: Any, opt_state: Any,
   trees = dict(params=params, opt_state=opt_state, **({QUEUE: queue} if queue else {}),
                **({CRITIC: critic} if critic is not None else {}))
   counters = dict(counters, **{FINGERPRINTS: {k: fingerprint(v) for k, v in trees.items()}})
-  ckpt.save(step, args=ocp.args.Composite(
-      **{k: ocp.args.StandardSave(v) for k, v in trees.items()},
-      counters=ocp.args.JsonSave(counters)), force=True)
+  try:
+    ckpt.save(step, args=ocp.args.Composite(
+        **{k: ocp.args.StandardSave(v) for k, v in trees.items()},
+        counters=ocp.args.JsonSave(counters)), force=True)
+  except Exception as e:  # pylint: disable=broad-except  # tensorstore raises ValueError
+    if not storage.is_no_space(e):
+      raise
+    raise _no_space(ckpt, step, sum(x.nbytes for x in jax.tree.leaves(trees))) from e
+
+
+def _no_space(ckpt: ocp.CheckpointManager, step: int, needed: int) -> storage.NoSpace:
+  """The error of a save that filled the disk, once its partial directory is removed."""
+  directory = epath.Path(ckpt.directory)
+  if jax.process_index() == 0:
+    for partial in directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+      try:
+        partial.rmtree()
+      except OSError as e:  # what it could not remove stays: orbax ignores tmp directories
+        logging.warning("could not remove the partial checkpoint %s: %s", partial, e)
+  ckpt.reload()
+  last = ckpt.latest_step()
+  free = storage.free_bytes(directory)
+  return storage.NoSpace(
+      f"no space left on device saving checkpoint step {step} to {directory / str(step)}: "
+      f"it needs up to {needed:,} bytes (its arrays, before compression)"
+      f"{f', {free:,} are free there' if free is not None else ''}; the partial checkpoint "
+      "was removed and "
+      + (f"step {last}, the newest whole one, is where a rerun resumes once there is room"
+         if last is not None else "no checkpoint was saved yet: a rerun starts afresh"))
 
 
 @dataclasses.dataclass(frozen=True)

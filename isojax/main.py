@@ -13,8 +13,8 @@ older checkpoint, such as the one a collapse keeps:
       --resume_step=20 --allow_changed=optim.learning_rate --config.optim.learning_rate=1e-5
 
 A SIGTERM (a preemption) saves the step the run reached and exits 0; a second run on a
-workdir that a live run holds, a refused resume and a run the guard stops exit 1 with
-one line saying why.
+workdir that a live run holds, a refused resume, a full disk and a run the guard stops
+exit 1 with one line saying why.
 Multi-host runs initialise `jax.distributed` from the ISOJAX_* environment variables
 that the generated cluster scripts set (see `isojax.distributed`).
 """
@@ -27,7 +27,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from isojax import (config_lib, distributed, preemption, resume_settings, train,
+from isojax import (config_lib, distributed, preemption, resume_settings, storage, train,
                     workdir_lock)
 from isojax.rl import guard
 
@@ -61,7 +61,7 @@ def main(argv):
   except preemption.Preempted as e:
     logging.warning("%s", e)  # exit status 0: a scheduler requeues, a rerun resumes
     return
-  except (workdir_lock.WorkdirLocked, resume_settings.SettingsChanged) as e:
+  except (workdir_lock.WorkdirLocked, resume_settings.SettingsChanged, storage.NoSpace) as e:
     raise SystemExit(f"isojax.main: error: {e}") from None
   except guard.RunStopped as e:
     raise SystemExit(f"isojax.main: stopped: {e}") from None

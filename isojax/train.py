@@ -26,7 +26,7 @@ from flax import nnx
 
 from isojax import (checkpointing, config_lib, eval_settings, evaluation, host_memory,
                     memory_plan, metric_writers, metrics, preemption, resume_settings, run_dir,
-                    tasks, workdir_lock)
+                    storage, tasks, workdir_lock)
 from isojax.models import hf_checkpoint, lora, sharding
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.rl import (advantages, dynamic_sampling, guard, off_policy, problem_pool, rollout,
@@ -139,10 +139,16 @@ def resume_hint(kept_step: int | None, last: int | None, checkpoints: str) -> st
 
 
 class _DropLibraryInfo(std_logging.Filter):
-  """Orbax logs every save step at INFO through absl; keep its warnings only."""
+  """Orbax logs every save step at INFO through absl; keep its warnings only. A full disk
+  it also logs, with a traceback, from each of its writer threads: the save raises
+  `storage.NoSpace`, whose one line says it all."""
 
   def filter(self, record: std_logging.LogRecord) -> bool:
-    return record.levelno >= std_logging.WARNING or "orbax" not in record.pathname
+    if "orbax" not in record.pathname:
+      return True
+    error = record.exc_info[1] if record.exc_info else None
+    return record.levelno >= std_logging.WARNING and not (
+        storage.is_no_space(error) or storage.is_no_space(Exception(record.getMessage())))
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, *, force_unlock: bool = False,
@@ -414,6 +420,8 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
   if restored is None:
     record(dict(last_eval, **{metrics.TASK_SKIPPED_PREFIX + k: v for k, v in skipped.items()},
                 **{metrics.TASK_SKIPPED_ROWS_PREFIX + k: v for k, v in skipped_rows.items()}))
+    if notice.reached(counters.step):  # during the evaluation: stop before step 1 compiles
+      preempt()
     save()  # the state before any update: kept if a collapse begins at once
   bar = tqdm.tqdm(total=num_steps, initial=counters.step, desc="RL steps", unit="step",
                   dynamic_ncols=True, disable=None if primary else True)

@@ -129,6 +129,44 @@ def test_resume_with_changed_settings_is_refused_unless_allowed_and_recorded(tmp
   assert len(run_dir.read_config_history(str(workdir))) == 1
 
 
+_FULL_DISK = """
+import runpy, sys
+import orbax.checkpoint as ocp
+save = ocp.CheckpointManager.save
+
+def full(self, step, *args, **kwargs):
+  if step < 2:
+    return save(self, step, *args, **kwargs)
+  partial = self.directory / f"{step}.orbax-checkpoint-tmp-1" / "params"
+  partial.mkdir(parents=True)
+  raise ValueError('RESOURCE_EXHAUSTED: Error writing "w/0" in OCDBT database: Failed to '
+                   "write 1049395 bytes to file 30: No space left on device "
+                   "[os_error_code='28']")
+
+ocp.CheckpointManager.save = full
+sys.argv = ["isojax.main", *sys.argv[1:]]
+runpy.run_module("isojax.main", run_name="__main__")
+"""
+
+
+def test_a_full_disk_during_a_save_ends_with_one_line_and_loses_nothing(tmp_path):
+  workdir = tmp_path / "run"
+  proc = subprocess.run(
+      [sys.executable, "-c", _FULL_DISK, "--config=configs/hard.py:micro",
+       f"--workdir={workdir}", "--config.num_steps=2", "--config.eval.train_problems=0"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, GLIBC_TUNABLES="glibc.malloc.hugetlb=0"))  # no restart
+  assert proc.returncode == 1, proc.stderr[-3000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith("isojax.main: error: no space left on device saving checkpoint "
+                         f"step 2 to {workdir / 'checkpoints' / '2'}: it needs up to "), last
+  assert "step 0, the newest whole one, is where a rerun resumes" in last
+  assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+  # Nothing lost: the metrics of steps 0 to 2, checkpoint 0 whole, no partial directory.
+  assert [r["step"] for r in run_dir.read_metrics(str(workdir))] == [0, 1, 2]
+  assert os.listdir(workdir / "checkpoints") == ["0"]
+
+
 @pytest.mark.parametrize("flag,message", [
     ("--config.rollouts_per_problem=0", "rollouts_per_problem"),
     ("--config.budget_rollouts=17", "budget_rollouts=17"),

@@ -15,7 +15,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from isojax import metrics, preemption, run_dir, train, workdir_lock
+from isojax import evaluation, metrics, preemption, run_dir, train, workdir_lock
 from isojax.rl import batch as rl_batch
 from isojax.sweeps import plan as sweep_plan
 from isojax.sweeps import runner
@@ -118,6 +118,27 @@ def test_sigterm_before_the_first_step_saves_nothing_and_says_so(tmp_path, monke
     train.run(_micro(), str(tmp_path / "early"))
   assert not os.listdir(run_dir.checkpoint_dir(str(tmp_path / "early")))
   assert run_dir.read_events(str(tmp_path / "early")) == []
+
+
+def test_sigterm_during_the_step_0_evaluation_stops_before_step_1(tmp_path, monkeypatch):
+  """The signal arrives while the base model is evaluated: the run stops once that
+  evaluation is logged, before step 1 is compiled, sampled or trained, saving nothing."""
+  evaluate, calls = evaluation.evaluate, []
+
+  def evaluate_and_signal(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return evaluate(*args, **kwargs)
+
+  monkeypatch.setattr(evaluation, "evaluate", evaluate_and_signal)
+  monkeypatch.setattr(rl_batch, "build_train_batch", lambda *a, **k: calls.append(1))
+  workdir = tmp_path / "eval"
+  with pytest.raises(preemption.Preempted, match="after 0 steps .* nothing was saved yet: "
+                     "a rerun starts afresh"):
+    train.run(_micro(), str(workdir))
+  assert calls == []  # no update was built
+  assert [r["step"] for r in run_dir.read_metrics(str(workdir))] == [0]
+  assert run_dir.read_events(str(workdir)) == []
+  assert not os.listdir(run_dir.checkpoint_dir(str(workdir)))
 
 
 def test_main_exits_0_on_sigterm_with_the_step_saved(tmp_path):

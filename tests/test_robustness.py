@@ -167,6 +167,40 @@ def test_going_back_to_an_older_step_moves_the_newer_ones_aside(tmp_path):
   aside.close()
 
 
+def test_a_full_disk_during_a_save_says_so_in_one_line(tmp_path, monkeypatch):
+  """What tensorstore raises under orbax when the disk fills (its threads' text): the
+  partial directory goes, the checkpoints before it stay, and the error names the
+  checkpoint, the bytes its arrays need and the bytes free."""
+  ckpt = _save_steps(tmp_path / "checkpoints", [2])
+
+  def full(self, step, *args, **kwargs):
+    partial = tmp_path / "checkpoints" / f"{step}.orbax-checkpoint-tmp-1234" / "params"
+    partial.mkdir(parents=True)
+    (partial / "data").write_bytes(b"x" * 4096)
+    raise ValueError('RESOURCE_EXHAUSTED: Error writing "w/0" in OCDBT database: Failed to '
+                     "write 4096 bytes to file 30: No space left on device "
+                     "[os_error_code='28']")
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", full)
+  tree = _tree(4)
+  with pytest.raises(checkpointing.storage.NoSpace) as error:
+    checkpointing.save(ckpt, 4, params=tree, opt_state={"mu": tree["w"]}, counters={})
+  needed = sum(np.asarray(x).nbytes for x in jax.tree.leaves(tree)) + 64 * 64 * 4
+  message = str(error.value)
+  assert "\n" not in message
+  assert message.startswith("no space left on device saving checkpoint step 4 to "
+                            f"{tmp_path / 'checkpoints' / '4'}: it needs up to {needed:,} "
+                            "bytes")
+  assert "are free there" in message and "step 2, the newest whole one" in message
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2"]
+  monkeypatch.undo()
+  # Other errors pass through as they were.
+  monkeypatch.setattr(ocp.CheckpointManager, "save",
+                      lambda *a, **k: (_ for _ in ()).throw(ValueError("other")))
+  with pytest.raises(ValueError, match="^other$"):
+    checkpointing.save(ckpt, 4, params=tree, opt_state={}, counters={})
+
+
 def _line(step, **kw):
   return dict(step=step, rollouts=step * 8, tokens=step * 40, wall_s=step * 1.5, **kw)
 
