@@ -12,12 +12,21 @@ CheckpointManager does not look there), so the run continues from the older one 
 `metrics.jsonl` is rewritten from its step. When no checkpoint restores, nothing is
 moved and the run stops: every checkpoint failing at once is more likely a changed model
 than damaged bytes, and the error lists each failure.
+
+Beside the newest `checkpoint_keep`, the checkpoints in a `KeptSteps` are kept: the
+guard's last healthy one from before a collapse (`train`). A rerun may go back to an
+older checkpoint (`restore_newest(step=...)`); the newer ones are then moved aside into
+`run_dir.superseded_checkpoint_dir`, never deleted.
+
+A save that finds the disk full raises `storage.NoSpace` naming the checkpoint, the
+bytes its arrays need and the bytes free; its partial directory is removed and the
+checkpoints before it are left whole.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +35,7 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from isojax import metrics, run_dir
+from isojax import metrics, run_dir, storage
 
 # The key of the saved JSON item (`counters`) that holds the arrays' fingerprints.
 FINGERPRINTS = "fingerprints"
@@ -66,10 +75,38 @@ def fingerprint(tree: Any) -> int:
   return int(_fingerprint(jax.tree.leaves(tree)))
 
 
-def manager(directory: epath.PathLike, keep: int) -> ocp.CheckpointManager:
-  """Synchronous saves; the newest `keep` checkpoints are kept (config checkpoint_keep)."""
+@dataclasses.dataclass
+class KeptSteps(ocp.checkpoint_managers.PreservationPolicy):
+  """Checkpoints kept whatever their age: an orbax preservation policy whose `steps` the
+  caller changes as the run goes (orbax asks it after every save)."""
+  steps: set[int] = dataclasses.field(default_factory=set)
+
+  def should_preserve(self, checkpoints: Sequence[Any], *, context: Any) -> list[bool]:
+    del context
+    return [info.step in self.steps for info in checkpoints]
+
+
+def manager(directory: epath.PathLike, keep: int,
+            kept: KeptSteps | None = None) -> ocp.CheckpointManager:
+  """Synchronous saves; the newest `keep` checkpoints are kept (config checkpoint_keep),
+  and those in `kept`."""
+  policy = ocp.checkpoint_managers.AnyPreservationPolicy(
+      [ocp.checkpoint_managers.LatestN(n=keep), kept or KeptSteps()])
   return ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(
-      max_to_keep=keep, enable_async_checkpointing=False))
+      preservation_policy=policy, enable_async_checkpointing=False))
+
+
+def newest_at_or_before(ckpt: ocp.CheckpointManager, step: int) -> int | None:
+  """The newest checkpoint step <= `step`, or None."""
+  steps = [s for s in ckpt.all_steps() if s <= step]
+  return max(steps) if steps else None
+
+
+def check_step(ckpt: ocp.CheckpointManager, step: int | None) -> None:
+  """Raises ValueError naming the checkpoints there are when `step` is not one of them."""
+  if step is not None and step not in ckpt.all_steps():
+    raise ValueError(f"--resume_step={step}: {ckpt.directory} has no checkpoint at that step "
+                     f"(it has {sorted(ckpt.all_steps()) or 'none'})")
 
 
 def save(ckpt: ocp.CheckpointManager, step: int, *, params: Any, opt_state: Any,
@@ -84,9 +121,35 @@ def save(ckpt: ocp.CheckpointManager, step: int, *, params: Any, opt_state: Any,
   trees = dict(params=params, opt_state=opt_state, **({QUEUE: queue} if queue else {}),
                **({CRITIC: critic} if critic is not None else {}))
   counters = dict(counters, **{FINGERPRINTS: {k: fingerprint(v) for k, v in trees.items()}})
-  ckpt.save(step, args=ocp.args.Composite(
-      **{k: ocp.args.StandardSave(v) for k, v in trees.items()},
-      counters=ocp.args.JsonSave(counters)), force=True)
+  try:
+    ckpt.save(step, args=ocp.args.Composite(
+        **{k: ocp.args.StandardSave(v) for k, v in trees.items()},
+        counters=ocp.args.JsonSave(counters)), force=True)
+  except Exception as e:  # pylint: disable=broad-except  # tensorstore raises ValueError
+    if not storage.is_no_space(e):
+      raise
+    raise _no_space(ckpt, step, sum(x.nbytes for x in jax.tree.leaves(trees))) from e
+
+
+def _no_space(ckpt: ocp.CheckpointManager, step: int, needed: int) -> storage.NoSpace:
+  """The error of a save that filled the disk, once its partial directory is removed."""
+  directory = epath.Path(ckpt.directory)
+  if jax.process_index() == 0:
+    for partial in directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+      try:
+        partial.rmtree()
+      except OSError as e:  # what it could not remove stays: orbax ignores tmp directories
+        logging.warning("could not remove the partial checkpoint %s: %s", partial, e)
+  ckpt.reload()
+  last = ckpt.latest_step()
+  free = storage.free_bytes(directory)
+  return storage.NoSpace(
+      f"no space left on device saving checkpoint step {step} to {directory / str(step)}: "
+      f"it needs up to {needed:,} bytes (its arrays, before compression)"
+      f"{f', {free:,} are free there' if free is not None else ''}; the partial checkpoint "
+      "was removed and "
+      + (f"step {last}, the newest whole one, is where a rerun resumes once there is room"
+         if last is not None else "no checkpoint was saved yet: a rerun starts afresh"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +177,7 @@ class Restored:
   corrupt: tuple[Failure, ...]   # newer checkpoints that failed, now moved aside
   queue: dict[str, Any] | None = None  # the batches sampled ahead (off-policy runs)
   critic: Any = None                   # the value model's state (PPO with a critic)
+  superseded: tuple[int, ...] = ()     # newer steps moved aside: a rerun went back to `step`
 
 
 def _describe(error: BaseException) -> str:
@@ -153,28 +217,57 @@ def _restore(ckpt: ocp.CheckpointManager, step: int, params: Any, opt_state: Any
 
 
 def _move_aside(failure: Failure, corrupt_dir: epath.Path) -> Failure:
-  corrupt_dir.mkdir(parents=True, exist_ok=True)
-  target, n = corrupt_dir / str(failure.step), 1
-  while target.exists():  # the same step corrupted again after an earlier fallback
-    n += 1
-    target = corrupt_dir / f"{failure.step}.{n}"
-  epath.Path(failure.path).rename(target)
-  logging.warning("moved checkpoint step %d aside to %s (not deleted)", failure.step, target)
+  target = _move(epath.Path(failure.path), failure.step, corrupt_dir)
   return dataclasses.replace(failure, moved_to=str(target))
+
+
+def _move(source: epath.Path, step: int, into: epath.Path) -> epath.Path:
+  into.mkdir(parents=True, exist_ok=True)
+  target, n = into / str(step), 1
+  while target.exists():  # the same step moved aside before
+    n += 1
+    target = into / f"{step}.{n}"
+  source.rename(target)
+  logging.warning("moved checkpoint step %d aside to %s (not deleted)", step, target)
+  return target
 
 
 def restore_newest(ckpt: ocp.CheckpointManager, *, params: Any, opt_state: Any,
                    corrupt_dir: epath.PathLike, primary: bool = True,
-                   critic: Any = None) -> Restored | None:
+                   critic: Any = None, step: int | None = None,
+                   superseded_dir: epath.PathLike | None = None) -> Restored | None:
   """The newest checkpoint that restores; None when there is none.
 
   `params`, `opt_state` (and `critic`, when the run has one) give the structure, shapes
   and shardings to restore into.
   Newer checkpoints that fail are moved into `corrupt_dir` (by the `primary` process)
   once an older one restores. Raises NoRestorableCheckpoint when none does.
+  With `step` (`check_step` first), that checkpoint or none: once it restores, the newer
+  ones are moved into `superseded_dir`.
   """
+  if step is not None:
+    newer = [s for s in ckpt.all_steps() if s > step]
+    restored = _restore_from(ckpt, [step], params, opt_state, critic, corrupt_dir, primary)
+    if primary:
+      for s in sorted(newer):
+        _move(epath.Path(ckpt.directory) / str(s), s, epath.Path(superseded_dir))
+    _reload_everywhere(ckpt, "isojax: superseded checkpoints moved aside")
+    return dataclasses.replace(restored, superseded=tuple(sorted(newer)))
+  return _restore_from(ckpt, sorted(ckpt.all_steps(), reverse=True), params, opt_state,
+                       critic, corrupt_dir, primary)
+
+
+def _reload_everywhere(ckpt: ocp.CheckpointManager, what: str) -> None:
+  if jax.process_count() > 1:  # every host sees them moved before it lists steps
+    multihost_utils.sync_global_devices(what)
+  ckpt.reload()
+
+
+def _restore_from(ckpt: ocp.CheckpointManager, steps: list[int], params: Any, opt_state: Any,
+                  critic: Any, corrupt_dir: epath.PathLike, primary: bool) -> Restored | None:
+  """The first of `steps` that restores (the failed ones before it moved aside)."""
   failures = []
-  for step in sorted(ckpt.all_steps(), reverse=True):
+  for step in steps:
     try:
       trees, counters = _restore(ckpt, step, params, opt_state, critic)
     except Exception as e:  # pylint: disable=broad-except  # orbax raises bare Exception
@@ -185,9 +278,7 @@ def restore_newest(ckpt: ocp.CheckpointManager, *, params: Any, opt_state: Any,
     if failures:
       if primary:
         failures = [_move_aside(f, epath.Path(corrupt_dir)) for f in failures]
-      if jax.process_count() > 1:  # every host sees them moved before it lists steps
-        multihost_utils.sync_global_devices("isojax: corrupt checkpoints moved aside")
-      ckpt.reload()
+      _reload_everywhere(ckpt, "isojax: corrupt checkpoints moved aside")
     return Restored(step, trees["params"], trees["opt_state"], counters, tuple(failures),
                     trees.get(QUEUE), trees.get(CRITIC))
   if failures:

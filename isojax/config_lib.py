@@ -381,6 +381,12 @@ def check_overrides(argv: list[str], flag: str = "config") -> None:
       raise ValueError(f"--{flag}.{name}: unknown config field {describe_unknown([name])}")
 
 
+def unknown_names(names: list[str]) -> list[str]:
+  """The dotted field or section names (`optim.learning_rate`, `optim`) the schema lacks."""
+  schema = base_config().to_dict()
+  return [name for name in names if unknown_fields(_nested(name), schema)]
+
+
 def _nested(dotted: str) -> dict[str, Any]:
   """'a.b.c' -> {'a': {'b': {'c': None}}}."""
   out: dict[str, Any] = {}

@@ -14,7 +14,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from isojax import config_lib, run_dir
+from isojax import config_lib, resume_settings, run_dir
 from isojax.models import hf_checkpoint, lora
 from isojax.tasks import demo_bases
 
@@ -27,11 +27,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 def restored_policy(workdir: str, step: int | None = None):
   """(model, base checkpoint path, step): the run's policy with checkpoint `step`'s
   parameters (the adapters of a LoRA run, over its base)."""
-  config = config_lib.resolve(ml_collections.ConfigDict(run_dir.read_config(workdir)))
-  path = demo_bases.policy_path(config)
-  model = hf_checkpoint.load_model(path, **config.model)
-  graphdef, params = nnx.split(model)
-  trained, base = lora.split(params) if config.model.lora.rank else (params, None)
   ckpt = ocp.CheckpointManager(run_dir.checkpoint_dir(workdir))
   steps = ckpt.all_steps()
   if not steps or (step is not None and step not in steps):
@@ -39,6 +34,13 @@ def restored_policy(workdir: str, step: int | None = None):
     raise ValueError(f"--workdir={workdir}: no checkpoint "
                      f"{'at all' if not steps else f'at step {step} (has {sorted(steps)})'}")
   step = max(steps) if step is None else step
+  # The settings of that step: config.json with the changes a resume was allowed.
+  config = config_lib.resolve(ml_collections.ConfigDict(
+      resume_settings.config_at(workdir, step)))
+  path = demo_bases.policy_path(config)
+  model = hf_checkpoint.load_model(path, **config.model)
+  graphdef, params = nnx.split(model)
+  trained, base = lora.split(params) if config.model.lora.rank else (params, None)
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, trained)
   restored = ckpt.restore(step, args=ocp.args.Composite(
       params=ocp.args.StandardRestore(abstract))).params

@@ -4,9 +4,17 @@ r"""Runs one isojax RL job.
   python -m isojax.main --config=configs/easy.py:paper --workdir=... \
       --config.rollouts_per_problem=16
 
-Rerunning the same command on the same workdir resumes from the last checkpoint. A
-SIGTERM (a preemption) saves the step the run reached and exits 0; a second run on a
-workdir that a live run holds exits 1 naming the holder.
+Rerunning the same command on the same workdir resumes from the last checkpoint, with
+the run's settings: a changed field is refused, naming it, unless `--allow_changed`
+names it (then it is recorded in config_history.jsonl). `--resume_step` goes back to an
+older checkpoint, such as the one a collapse keeps:
+
+  python -m isojax.main --config=configs/hard.py --workdir=/tmp/isojax/hard \
+      --resume_step=20 --allow_changed=optim.learning_rate --config.optim.learning_rate=1e-5
+
+A SIGTERM (a preemption) saves the step the run reached and exits 0; a second run on a
+workdir that a live run holds, a refused resume, a full disk and a run the guard stops
+exit 1 with one line saying why.
 Multi-host runs initialise `jax.distributed` from the ISOJAX_* environment variables
 that the generated cluster scripts set (see `isojax.distributed`).
 """
@@ -19,7 +27,9 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from isojax import command_line, distributed, preemption, train, workdir_lock
+from isojax import (command_line, distributed, preemption, resume_settings, storage, train,
+                    workdir_lock)
+from isojax.rl import guard
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/hard.py", "Config file, optionally with a preset: file.py:preset.",
@@ -30,6 +40,13 @@ _FORCE_UNLOCK = flags.DEFINE_bool(
     "pid no longer runs on this host, or, on another host, its heartbeat is stale: a "
     "lost machine's lock on a shared filesystem or lease on an object store). A live "
     "holder is refused.")
+_ALLOW_CHANGED = flags.DEFINE_list(
+    "allow_changed", [], "Config fields (or sections) a resume may change from the run's "
+    "settings, e.g. optim.learning_rate; each change is recorded in config_history.jsonl "
+    "and as a settings_changed event.")
+_RESUME_STEP = flags.DEFINE_integer(
+    "resume_step", None, "Resume from this checkpoint step instead of the newest; the newer "
+    "checkpoints are moved to checkpoints/superseded/.")
 
 
 def main(argv):
@@ -40,12 +57,15 @@ def main(argv):
     logging.info("jax.distributed initialised: process %d of %d",
                  jax.process_index(), jax.process_count())
   try:
-    final = train.run(_CONFIG.value, _WORKDIR.value, force_unlock=_FORCE_UNLOCK.value)
+    final = train.run(_CONFIG.value, _WORKDIR.value, force_unlock=_FORCE_UNLOCK.value,
+                      allow_changed=_ALLOW_CHANGED.value, resume_step=_RESUME_STEP.value)
   except preemption.Preempted as e:
     logging.warning("%s", e)  # exit status 0: a scheduler requeues, a rerun resumes
     return
-  except workdir_lock.WorkdirLocked as e:
+  except (workdir_lock.WorkdirLocked, resume_settings.SettingsChanged, storage.NoSpace) as e:
     raise SystemExit(f"isojax.main: error: {e}") from None
+  except guard.RunStopped as e:
+    raise SystemExit(f"isojax.main: stopped: {e}") from None
   logging.info("final evaluation: %s", final)
 
 

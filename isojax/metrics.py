@@ -49,6 +49,7 @@ EVENT_NON_FINITE = "non_finite"            # loss, gradients or parameters; the 
 EVENT_COLLAPSE = "collapse"                # zero reward and gradient for guard.collapse_steps
 EVENT_CHECKPOINT_CORRUPT = "checkpoint_corrupt"  # moved aside; an older one restored
 EVENT_PREEMPTED = "preempted"              # SIGTERM: this step saved, the run stopped
+EVENT_SETTINGS_CHANGED = "settings_changed"  # resumed with --allow_changed fields changed
 
 VAL_PREFIX = "val/"
 VAL_TRUNCATED = "val/truncated_fraction"

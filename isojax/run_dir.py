@@ -33,9 +33,11 @@ from etils import epath
 from isojax import metrics, storage
 
 CONFIG_FILE = "config.json"
+CONFIG_HISTORY_FILE = "config_history.jsonl"
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_DIR = "checkpoints"
 CORRUPT_DIR = "corrupt"  # under CHECKPOINT_DIR, where orbax does not look
+SUPERSEDED_DIR = "superseded"  # likewise
 WANDB_RUN_ID_FILE = "wandb_run_id"  # one W&B run per workdir, kept across resumes
 # Keys that every metrics line has, in this order.
 STEP, ROLLOUTS, TOKENS, WALL_S = "step", "rollouts", "tokens", "wall_s"
@@ -81,8 +83,48 @@ def corrupt_checkpoint_dir(workdir: storage.PathLike) -> epath.Path:
   return checkpoint_dir(workdir) / CORRUPT_DIR
 
 
+def superseded_checkpoint_dir(workdir: storage.PathLike) -> epath.Path:
+  return checkpoint_dir(workdir) / SUPERSEDED_DIR
+
+
+def config_history_path(workdir: storage.PathLike) -> epath.Path:
+  return storage.path(workdir) / CONFIG_HISTORY_FILE
+
+
 def write_config(workdir: storage.PathLike, config: dict[str, Any]) -> None:
+  """Writes config.json and drops any settings history: the workdir's run starts here."""
   storage.write_json(config_path(workdir), config, indent=2, sort_keys=True)
+  history = config_history_path(workdir)
+  if history.exists():
+    history.unlink()
+
+
+def read_config_history(workdir: storage.PathLike) -> list[dict[str, Any]]:
+  """The lines of config_history.jsonl, oldest first ([] when there is none)."""
+  path = config_history_path(workdir)
+  if not path.exists():
+    return []
+  lines = []
+  for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise RunFormatError(f"{path}:{lineno}: not valid JSON ({e})") from e
+    if not isinstance(record, dict) or not isinstance(record.get(STEP), int):
+      raise RunFormatError(f"{path}:{lineno}: expected a JSON object with an integer "
+                           f"{STEP!r}")
+    lines.append(record)
+  return lines
+
+
+def append_config_history(workdir: storage.PathLike, record: dict[str, Any]) -> None:
+  """Adds a line to config_history.jsonl (the file is rewritten whole, atomically:
+  object stores cannot append)."""
+  path = config_history_path(workdir)
+  before = path.read_text() if path.exists() else ""
+  storage.write_text(path, before + _line(record))
 
 
 def read_config(workdir: storage.PathLike) -> dict[str, Any]:

@@ -11,14 +11,19 @@ local paths go to `os`, `gs://` and `s3://` URIs to fsspec (`gcsfs`, `s3fs`) or
   - Nothing is appended to: object stores cannot append (gcsfs silently overwrites),
     so a file that grows (metrics.jsonl) is rewritten whole through the writer.
 
+A write that finds the disk full raises `NoSpace`, whose one-line message names the file,
+the bytes needed and the bytes free: what `isojax.main` prints and exits with.
+
 `absolute` and `is_uri` exist because `os.path.abspath` would turn "gs://b/x" into
 "<cwd>/gs:/b/x".
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import uuid
 from typing import Any, Union
 
@@ -52,18 +57,58 @@ def json_default(x: Any) -> Any:
   raise TypeError(f"not JSON serialisable: {type(x).__name__}")
 
 
+class NoSpace(OSError):
+  """A write that found its filesystem full; the message says what, where and how much."""
+
+
+# How a full disk reads in errors that are not an OSError (tensorstore's, under orbax).
+_NO_SPACE_TEXT = ("No space left on device", "os_error_code='28'")
+
+
+def is_no_space(error: BaseException | None) -> bool:
+  """Whether `error`, or an error it was raised from, is a full disk (ENOSPC)."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, NoSpace) or (isinstance(error, OSError)
+                                      and error.errno == errno.ENOSPC):
+      return True
+    if any(text in str(error) for text in _NO_SPACE_TEXT):
+      return True
+    error = error.__cause__ or error.__context__
+  return False
+
+
+def free_bytes(p: PathLike) -> int | None:
+  """Bytes free on the filesystem of local path `p` (or its nearest existing parent);
+  None for URIs."""
+  if is_uri(p):
+    return None
+  p = absolute(p)
+  while not os.path.exists(p) and os.path.dirname(p) != p:
+    p = os.path.dirname(p)
+  return shutil.disk_usage(p).free
+
+
 def write_text(target: PathLike, text: str) -> epath.Path:
-  """Writes `text` to `target` atomically (temporary file + rename); makes parents."""
+  """Writes `text` to `target` atomically (temporary file + rename); makes parents.
+  Raises `NoSpace` when the disk is full (the target then is as it was)."""
   target = path(target)
-  target.parent.mkdir(parents=True, exist_ok=True)
   # A unique hidden name: two writers of one file never share a temporary file.
   tmp = target.parent / f".{target.name}.{uuid.uuid4().hex[:12]}.tmp"
   try:
+    target.parent.mkdir(parents=True, exist_ok=True)
     tmp.write_text(text)
     tmp.replace(target)
-  except BaseException:
+  except BaseException as e:
     if tmp.exists():
       tmp.unlink()
+    if isinstance(e, OSError) and is_no_space(e):
+      free = free_bytes(target)
+      raise NoSpace(f"no space left on device writing {target}: it needs "
+                    f"{len(text.encode()):,} bytes"
+                    f"{f', {free:,} are free there' if free is not None else ''}; it is as it "
+                    "was before") from e
     raise
   return target
 

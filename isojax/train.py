@@ -14,7 +14,7 @@ import functools
 import logging as std_logging
 import threading
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +25,8 @@ from absl import logging
 from flax import nnx
 
 from isojax import (checkpointing, config_lib, eval_settings, evaluation, host_memory,
-                    memory_plan, metric_writers, metrics, preemption, run_dir, tasks, workdir_lock)
+                    memory_plan, metric_writers, metrics, preemption, resume_settings, run_dir,
+                    storage, tasks, workdir_lock)
 from isojax.models import hf_checkpoint, lora, sharding
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.rl import (advantages, dynamic_sampling, guard, off_policy, problem_pool, rollout,
@@ -36,10 +37,6 @@ from isojax.rl import names
 from isojax.rl import step as rl_step
 from isojax.tasks import demo_bases, prompts
 
-# Allocation fields that must not change when a run resumes.
-_RESUME_INVARIANTS = ("rollouts_per_problem", "problems_per_batch", "num_steps", "seed")
-
-
 @dataclasses.dataclass
 class Counters:
   """Cumulative compute and the guard's state, restored with the checkpoint."""
@@ -48,6 +45,7 @@ class Counters:
   tokens: int = 0
   wall_s: float = 0.0
   collapse_streak: int = 0  # steps in a row with zero reward and gradient (rl/guard.py)
+  kept_step: int = -1       # the checkpoint kept from before a collapse (-1: none)
   batches: int = 0          # rollout batches consumed: trained, or dropped as too stale
 
 
@@ -120,30 +118,50 @@ def plan_passes(config: ml_collections.ConfigDict, path: str, prompt_len: int
   return plan
 
 
-def _check_resume(workdir: str, config: ml_collections.ConfigDict) -> None:
-  saved = run_dir.read_config(workdir)
-  changed = [f for f in _RESUME_INVARIANTS if saved.get(f) != config[f]]
-  if changed:
-    raise ValueError(
-        f"{run_dir.config_path(workdir)}: the run in this workdir has different "
-        f"{', '.join(f'{f}={saved.get(f)}' for f in changed)}; use a new --workdir")
+def kept_before_collapse(ckpt, counters: Counters) -> set[int]:
+  """The checkpoints kept beside the newest `checkpoint_keep`: the newest one from before
+  the collapse streak in progress (if any), and the one a confirmed collapse kept."""
+  healthy = guard.healthy_step(counters.step, counters.collapse_streak)
+  before = None if healthy is None else checkpointing.newest_at_or_before(ckpt, healthy)
+  return {s for s in (before, counters.kept_step) if s is not None and s >= 0}
+
+
+def resume_hint(kept_step: int | None, last: int | None, checkpoints: str) -> str:
+  """Where a stopped run can go on from: the checkpoint kept from before a collapse
+  (with the command that goes back to it), and the last one."""
+  hint = (f"The last checkpoint, step {last} in {checkpoints}, is where a rerun resumes"
+          if last is not None else "No checkpoint was saved yet: a rerun starts afresh")
+  if kept_step is None or kept_step == last:
+    return hint
+  return (f"To go back to checkpoint step {kept_step} in {checkpoints}, from before the "
+          f"collapse: rerun with --resume_step={kept_step} --allow_changed=optim.learning_rate "
+          "--config.optim.learning_rate=<lower> (the same command otherwise). " + hint)
 
 
 class _DropLibraryInfo(std_logging.Filter):
-  """Orbax logs every save step at INFO through absl; keep its warnings only."""
+  """Orbax logs every save step at INFO through absl; keep its warnings only. A full disk
+  it also logs, with a traceback, from each of its writer threads: the save raises
+  `storage.NoSpace`, whose one line says it all."""
 
   def filter(self, record: std_logging.LogRecord) -> bool:
-    return record.levelno >= std_logging.WARNING or "orbax" not in record.pathname
+    if "orbax" not in record.pathname:
+      return True
+    error = record.exc_info[1] if record.exc_info else None
+    return record.levelno >= std_logging.WARNING and not (
+        storage.is_no_space(error) or storage.is_no_space(Exception(record.getMessage())))
 
 
-def run(config: ml_collections.ConfigDict, workdir: str, *, force_unlock: bool = False
+def run(config: ml_collections.ConfigDict, workdir: str, *, force_unlock: bool = False,
+        allow_changed: Sequence[str] = (), resume_step: int | None = None
         ) -> dict[str, float]:
   """Trains; returns the last evaluation's metrics (without the per-problem counts).
 
   The workdir is locked for the run once the inputs are checked (`workdir_lock`: one
   writer; `force_unlock` takes over a stale lock). A SIGTERM stops the run at the next
   step boundary with that step saved and raises `preemption.Preempted`; rerunning
-  resumes it exactly.
+  resumes it exactly. A rerun resumes from the newest checkpoint, or from `resume_step`
+  (the newer ones are moved aside), with the run's settings: the fields that
+  `allow_changed` names may differ, and are recorded (`resume_settings`).
   """
   config = config_lib.resolve(config)
   with contextlib.ExitStack() as stack:
@@ -153,11 +171,13 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, force_unlock: bool =
       if jax.process_index() == 0:  # the one writer; the other processes share its workdir
         stack.enter_context(workdir_lock.hold(workdir, force=force_unlock))
 
-    return _run(config, workdir, notice, hold_workdir)
+    return _run(config, workdir, notice, hold_workdir, stack.push,
+                allow_changed=tuple(allow_changed), from_step=resume_step)
 
 
 def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Notice,
-         hold_workdir: Callable[[], None]) -> dict[str, float]:
+         hold_workdir: Callable[[], None], on_exit: Callable[[Callable], None], *,
+         allow_changed: tuple[str, ...], from_step: int | None) -> dict[str, float]:
   handler = logging.get_absl_handler()
   if not any(isinstance(f, _DropLibraryInfo) for f in handler.filters):
     handler.addFilter(_DropLibraryInfo())
@@ -171,16 +191,43 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
   rollout.interruption(config.sampling, tok)  # its text must fit the tokenizer: fail fast
   critic_lib.check_vocabulary(config, path)   # a loaded critic reads the policy's tokens
   train_problems, val_problems, book, skipped, skipped_rows = load_task(config, tok)
+  requested = resume_settings.settings(config)  # as set: before the plan fills in passes
   plan_passes(config, path, book.max_len)  # the context and memory: fail fast
   verifier = tasks.make_verifier(config.task)
 
   # ==================== Run directory and checkpoints ====================
   hold_workdir()  # before anything is read from or written to it
-  ckpt = checkpointing.manager(run_dir.checkpoint_dir(workdir), keep=config.checkpoint_keep)
-  if ckpt.latest_step() is not None:
-    _check_resume(workdir, config)
+  kept = checkpointing.KeptSteps()  # the healthy checkpoint from before a collapse
+  ckpt = checkpointing.manager(run_dir.checkpoint_dir(workdir), keep=config.checkpoint_keep,
+                               kept=kept)
+  bar = viewers = generator = None  # the progress bar, metric viewers, off-policy sampler
+  closed = []
+
+  def close(*exc) -> None:
+    """Closes the viewers, the checkpoints and the generator, once. After an error
+    (`exc`), quietly: no second error hides the first, no thread outlives the run."""
+    if closed:
+      return
+    closed.append(True)
+    closers = [x.close for x in (bar, viewers) if x is not None]
+    closers += [ckpt.wait_until_finished, ckpt.close]
+    closers += [generator.close] if generator is not None else []
+    for closer in closers:
+      try:
+        closer()
+      except Exception as e:  # pylint: disable=broad-except
+        if not (exc and exc[0]):
+          raise
+        logging.warning("while stopping: %s: %s", type(e).__name__, e)
+
+  on_exit(close)
+  # Nothing is written before the settings check: a workdir with a checkpoint holds a run.
+  checkpointing.check_step(ckpt, from_step)
+  start = ckpt.latest_step() if from_step is None else from_step
+  changed = ({} if start is None else
+             resume_settings.check(workdir, requested, step=start, allow=allow_changed))
   primary = jax.process_index() == 0  # one writer per job, however many hosts
-  if primary:
+  if primary and start is None:  # the run that creates the workdir (or starts it afresh)
     run_dir.write_config(workdir, config.to_dict())
 
   # ==================== Model ====================
@@ -208,8 +255,14 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
   restored = checkpointing.restore_newest(
       ckpt, params=trained, opt_state=opt_state,
       corrupt_dir=run_dir.corrupt_checkpoint_dir(workdir), primary=primary,
-      critic=critic.checkpoint_tree() if critic else None)
+      critic=critic.checkpoint_tree() if critic else None, step=from_step,
+      superseded_dir=run_dir.superseded_checkpoint_dir(workdir))
   resume_step = restored.step if restored else None
+  settings_event = None  # a resume that changed settings (allowed) or went back
+  if restored is not None and primary and resume_settings.needs_record(
+      workdir, restored.step, changed, restored.superseded):
+    settings_event = resume_settings.record(workdir, restored.step, changed,
+                                            restored.superseded)
   if restored is not None:
     opt_state = restored.opt_state
     params = lora.merge(restored.params, base) if use_lora else restored.params
@@ -221,6 +274,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
           {k: np.asarray(v) for k, v in restored.counters["pool"].items()})
     logging.info("resumed %s at step %d (%d rollouts)", workdir, counters.step,
                  counters.rollouts)
+  kept.steps = kept_before_collapse(ckpt, counters)
   # Lines after the restored step are dropped: the run ends as if never interrupted.
   writer = run_dir.MetricsWriter(workdir, resume_step=resume_step, enabled=primary)
   viewers = metric_writers.create(config.metric_writers, workdir, resume_step=resume_step,
@@ -296,7 +350,6 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
 
   snapshot = (None if rollout_mesh is None
               else functools.partial(sharding.on_mesh, mesh=rollout_mesh))
-  generator = None
   if config.rl.max_staleness and config.rl.off_policy == "pipeline_in_flight":
     pool_lock = threading.Lock()  # the generator chooses while the learner records
 
@@ -336,19 +389,12 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
                        critic=learner.critic.checkpoint_tree() if learner.critic else None)
 
   def stop(event: dict) -> None:
-    """Logs the guard's `event` and ends the run, leaving the last checkpoint to resume."""
+    """Logs the guard's `event` and ends the run, naming the checkpoints to resume from."""
     record(event)
-    bar.close()
-    viewers.close()
-    last = ckpt.latest_step()
-    ckpt.close()
-    if generator:
-      generator.close()
-    raise guard.RunStopped(
-        f"{event['message']}. " + (f"The last checkpoint, step {last} in "
-                                   f"{run_dir.checkpoint_dir(workdir)}, is where a rerun "
-                                   "resumes" if last is not None else
-                                   "No checkpoint was saved yet: a rerun starts afresh"))
+    last, before = ckpt.latest_step(), max(kept.steps, default=None)
+    close()
+    raise guard.RunStopped(f"{event['message']}. " + resume_hint(
+        before, last, str(run_dir.checkpoint_dir(workdir))))
 
   def preempt() -> None:
     """Saves the step reached (if it is not saved yet), flushes and ends the run."""
@@ -361,25 +407,23 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
     message = f"preempted after {step} steps (SIGTERM): {where}"
     if last is not None:
       record({run_dir.EVENT: metrics.EVENT_PREEMPTED, "message": message})
-    if bar is not None:
-      bar.close()
-    viewers.close()
-    ckpt.wait_until_finished()
-    ckpt.close()
-    if generator:
-      generator.close()
+    close()
     raise preemption.Preempted(message)
 
   # ==================== Loop ====================
   for failure in restored.corrupt if restored else ():
     record(failure.event())
-  bar = None  # the progress bar, from the first step on
+  if settings_event:
+    record(settings_event)
   if notice.reached(counters.step):  # during start-up: before the step-0 evaluation
     preempt()
-  last_eval = run_eval() if counters.step == 0 else {}
-  if counters.step == 0:
+  last_eval = run_eval() if restored is None else {}
+  if restored is None:
     record(dict(last_eval, **{metrics.TASK_SKIPPED_PREFIX + k: v for k, v in skipped.items()},
                 **{metrics.TASK_SKIPPED_ROWS_PREFIX + k: v for k, v in skipped_rows.items()}))
+    if notice.reached(counters.step):  # during the evaluation: stop before step 1 compiles
+      preempt()
+    save()  # the state before any update: kept if a collapse begins at once
   bar = tqdm.tqdm(total=num_steps, initial=counters.step, desc="RL steps", unit="step",
                   dynamic_ncols=True, disable=None if primary else True)
   while counters.step < num_steps:
@@ -446,6 +490,12 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
     counters.collapse_streak, collapsed = guard.collapse(
         values, streak=counters.collapse_streak, collapse_steps=config.guard.collapse_steps,
         stop=config.guard.stop_on_collapse, step=counters.step)
+    kept.steps = kept_before_collapse(ckpt, counters)  # before this step's save rotates
+    if collapsed and kept.steps:
+      counters.kept_step = max(kept.steps)
+      collapsed = dict(collapsed, kept_step=counters.kept_step, message=(
+          f"{collapsed['message']}; checkpoint step {counters.kept_step}, from before the "
+          "collapse began, is kept"))
     evaluate_now = counters.step in eval_at
     values.update(timings)
     if evaluate_now:
@@ -465,12 +515,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
     bar.update(1)
     bar.set_postfix(reward=f"{values[metrics.TRAIN_REWARD]:.3f}",
                     val=f"{last_eval.get(metrics.val_avg(config.eval.k), float('nan')):.3f}")
-  bar.close()
-  if generator:
-    generator.close()
-  ckpt.wait_until_finished()
-  ckpt.close()
-  viewers.close()
+  close()
   final = last_eval or {k: v for k, v in run_dir.read_metrics(workdir)[-1].items()
                         if k.startswith(metrics.VAL_PREFIX)}
   # The summary metrics; the per-problem counts are in metrics.jsonl.

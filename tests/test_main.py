@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from isojax import run_dir, train
+from isojax import metrics, resume_settings, run_dir, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -78,6 +78,93 @@ def test_resume_refuses_a_different_allocation(tmp_path):
   with pytest.raises(ValueError, match="rollouts_per_problem"):
     train.run(_micro(tmp_path / "cache", num_steps=2, rollouts_per_problem=2),
               str(tmp_path / "run"))
+
+
+def _files(workdir):
+  """config.json, metrics.jsonl and the checkpoint steps, as they are on disk."""
+  return ((workdir / "config.json").read_text(), (workdir / "metrics.jsonl").read_text(),
+          sorted(os.listdir(workdir / "checkpoints")))
+
+
+def test_resume_with_changed_settings_is_refused_unless_allowed_and_recorded(tmp_path):
+  lr = "optim.learning_rate"
+  workdir = tmp_path / "run"
+  first = _micro(None, num_steps=2)
+  first.eval.train_problems = 0
+  train.run(first, str(workdir))
+  before = _files(workdir)
+  old = json.loads(before[0])["optim"]["learning_rate"]
+
+  def changed(**sections):
+    config = _micro(None, num_steps=2)
+    config.eval.train_problems = 0
+    for section, fields in sections.items():
+      config[section].update(fields)
+    return config
+
+  faster = changed(optim=dict(learning_rate=old * 10))
+  with pytest.raises(resume_settings.SettingsChanged) as refused:
+    train.run(changed(optim=dict(learning_rate=old * 10), sampling=dict(temperature=1.0)),
+              str(workdir))
+  assert f"{lr} {old} -> {old * 10}" in str(refused.value)
+  assert "sampling.temperature 0.6 -> 1.0" in str(refused.value)
+  with pytest.raises(resume_settings.SettingsChanged, match="model.lora.rank 0 -> 2"):
+    train.run(changed(model=dict(lora=dict(rank=2))), str(workdir))
+  # Refused before anything was written or moved.
+  assert _files(workdir) == before
+  assert not run_dir.config_history_path(str(workdir)).exists()
+
+  train.run(faster, str(workdir), allow_changed=[lr])
+  assert _files(workdir)[0] == before[0]  # config.json keeps the first values
+  assert run_dir.read_config_history(str(workdir)) == [
+      {"step": 2, "time": run_dir.read_config_history(str(workdir))[0]["time"],
+       "changed": {lr: {"old": old, "new": old * 10}}}]
+  (event,) = run_dir.read_events(str(workdir))
+  assert event["event"] == metrics.EVENT_SETTINGS_CHANGED and event["step"] == 2
+  assert event["changed"] == {lr: {"old": old, "new": old * 10}}
+  # The allowed value is the run's from then on; the first one is now the change.
+  train.run(faster, str(workdir))
+  with pytest.raises(resume_settings.SettingsChanged, match=f"{lr} {old * 10} -> {old}"):
+    train.run(changed(), str(workdir))
+  assert len(run_dir.read_config_history(str(workdir))) == 1
+
+
+_FULL_DISK = """
+import runpy, sys
+import orbax.checkpoint as ocp
+save = ocp.CheckpointManager.save
+
+def full(self, step, *args, **kwargs):
+  if step < 2:
+    return save(self, step, *args, **kwargs)
+  partial = self.directory / f"{step}.orbax-checkpoint-tmp-1" / "params"
+  partial.mkdir(parents=True)
+  raise ValueError('RESOURCE_EXHAUSTED: Error writing "w/0" in OCDBT database: Failed to '
+                   "write 1049395 bytes to file 30: No space left on device "
+                   "[os_error_code='28']")
+
+ocp.CheckpointManager.save = full
+sys.argv = ["isojax.main", *sys.argv[1:]]
+runpy.run_module("isojax.main", run_name="__main__")
+"""
+
+
+def test_a_full_disk_during_a_save_ends_with_one_line_and_loses_nothing(tmp_path):
+  workdir = tmp_path / "run"
+  proc = subprocess.run(
+      [sys.executable, "-c", _FULL_DISK, "--config=configs/hard.py:micro",
+       f"--workdir={workdir}", "--config.num_steps=2", "--config.eval.train_problems=0"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, GLIBC_TUNABLES="glibc.malloc.hugetlb=0"))  # no restart
+  assert proc.returncode == 1, proc.stderr[-3000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith("isojax.main: error: no space left on device saving checkpoint "
+                         f"step 2 to {workdir / 'checkpoints' / '2'}: it needs up to "), last
+  assert "step 0, the newest whole one, is where a rerun resumes" in last
+  assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+  # Nothing lost: the metrics of steps 0 to 2, checkpoint 0 whole, no partial directory.
+  assert [r["step"] for r in run_dir.read_metrics(str(workdir))] == [0, 1, 2]
+  assert os.listdir(workdir / "checkpoints") == ["0"]
 
 
 @pytest.mark.parametrize("flag,message", [

@@ -16,7 +16,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from isojax import metrics, preemption, run_dir, train, workdir_lock
+from isojax import evaluation, metrics, preemption, run_dir, train, workdir_lock
 from isojax.rl import batch as rl_batch
 from isojax.sweeps import plan as sweep_plan
 from isojax.sweeps import runner
@@ -121,6 +121,27 @@ def test_sigterm_before_the_first_step_saves_nothing_and_says_so(tmp_path, monke
   assert run_dir.read_events(str(tmp_path / "early")) == []
 
 
+def test_sigterm_during_the_step_0_evaluation_stops_before_step_1(tmp_path, monkeypatch):
+  """The signal arrives while the base model is evaluated: the run stops once that
+  evaluation is logged, before step 1 is compiled, sampled or trained, saving nothing."""
+  evaluate, calls = evaluation.evaluate, []
+
+  def evaluate_and_signal(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return evaluate(*args, **kwargs)
+
+  monkeypatch.setattr(evaluation, "evaluate", evaluate_and_signal)
+  monkeypatch.setattr(rl_batch, "build_train_batch", lambda *a, **k: calls.append(1))
+  workdir = tmp_path / "eval"
+  with pytest.raises(preemption.Preempted, match="after 0 steps .* nothing was saved yet: "
+                     "a rerun starts afresh"):
+    train.run(_micro(), str(workdir))
+  assert calls == []  # no update was built
+  assert [r["step"] for r in run_dir.read_metrics(str(workdir))] == [0]
+  assert run_dir.read_events(str(workdir)) == []
+  assert not os.listdir(run_dir.checkpoint_dir(str(workdir)))
+
+
 def test_main_exits_0_on_sigterm_with_the_step_saved(tmp_path):
   """The real signal to `python -m isojax.main`: exit status 0 (not 143), a line saying
   where the run resumes, and a checkpoint of that step."""
@@ -143,7 +164,8 @@ def test_main_exits_0_on_sigterm_with_the_step_saved(tmp_path):
   (event,) = run_dir.read_events(str(workdir))
   step = event["step"]
   assert 1 <= step < 50 and f"preempted after {step} steps (SIGTERM)" in err
-  assert os.listdir(run_dir.checkpoint_dir(str(workdir))) == [str(step)]
+  # The step reached, beside step 0's (the state before any update).
+  assert sorted(os.listdir(run_dir.checkpoint_dir(str(workdir))), key=int) == ["0", str(step)]
   assert run_dir.read_metrics(str(workdir))[-1]["step"] == step
 
 

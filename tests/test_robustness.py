@@ -7,6 +7,8 @@ import dataclasses
 import importlib.util
 import os
 import shutil
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -128,6 +130,75 @@ def test_nothing_is_moved_when_no_checkpoint_restores(tmp_path):
   assert checkpointing.restore_newest(
       checkpointing.manager(tmp_path / "empty", 2), params=None, opt_state=None,
       corrupt_dir=tmp_path / "empty" / "corrupt") is None
+
+
+def test_kept_steps_outlive_the_newest_n_until_released(tmp_path):
+  kept = checkpointing.KeptSteps({1})
+  ckpt = checkpointing.manager(tmp_path / "checkpoints", keep=2, kept=kept)
+  for step in range(6):
+    checkpointing.save(ckpt, step, params=_tree(step), opt_state={"mu": _tree(step)["w"]},
+                       counters={})
+  assert ckpt.all_steps() == [1, 4, 5]
+  assert checkpointing.newest_at_or_before(ckpt, 3) == 1
+  assert checkpointing.newest_at_or_before(ckpt, 0) is None
+  kept.steps = set()  # released: the next save's rotation deletes it
+  checkpointing.save(ckpt, 6, params=_tree(6), opt_state={"mu": _tree(6)["w"]}, counters={})
+  assert ckpt.all_steps() == [5, 6]
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["5", "6"]
+
+
+def test_going_back_to_an_older_step_moves_the_newer_ones_aside(tmp_path):
+  ckpt = _save_steps(tmp_path / "checkpoints", [2, 4, 6])
+  with pytest.raises(ValueError, match=r"--resume_step=3: .* has \[2, 4, 6\]"):
+    checkpointing.check_step(ckpt, 3)
+  checkpointing.check_step(ckpt, 2)
+  restored = checkpointing.restore_newest(
+      ckpt, params=_tree(0), opt_state={"mu": _tree(0)["w"]}, step=2,
+      corrupt_dir=tmp_path / "checkpoints" / "corrupt",
+      superseded_dir=tmp_path / "checkpoints" / "superseded")
+  assert restored.step == 2 and restored.superseded == (4, 6) and not restored.corrupt
+  np.testing.assert_array_equal(np.asarray(restored.params["w"]), np.asarray(_tree(2)["w"]))
+  assert ckpt.all_steps() == [2]
+  assert sorted(os.listdir(tmp_path / "checkpoints" / "superseded")) == ["4", "6"]
+  # Whole, not deleted: orbax still restores what was set aside.
+  aside = ocp.CheckpointManager(tmp_path / "checkpoints" / "superseded")
+  assert aside.restore(6, args=ocp.args.Composite(
+      counters=ocp.args.JsonRestore())).counters["counters"] == {"step": 6}
+  aside.close()
+
+
+def test_a_full_disk_during_a_save_says_so_in_one_line(tmp_path, monkeypatch):
+  """What tensorstore raises under orbax when the disk fills (its threads' text): the
+  partial directory goes, the checkpoints before it stay, and the error names the
+  checkpoint, the bytes its arrays need and the bytes free."""
+  ckpt = _save_steps(tmp_path / "checkpoints", [2])
+
+  def full(self, step, *args, **kwargs):
+    partial = tmp_path / "checkpoints" / f"{step}.orbax-checkpoint-tmp-1234" / "params"
+    partial.mkdir(parents=True)
+    (partial / "data").write_bytes(b"x" * 4096)
+    raise ValueError('RESOURCE_EXHAUSTED: Error writing "w/0" in OCDBT database: Failed to '
+                     "write 4096 bytes to file 30: No space left on device "
+                     "[os_error_code='28']")
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", full)
+  tree = _tree(4)
+  with pytest.raises(checkpointing.storage.NoSpace) as error:
+    checkpointing.save(ckpt, 4, params=tree, opt_state={"mu": tree["w"]}, counters={})
+  needed = sum(np.asarray(x).nbytes for x in jax.tree.leaves(tree)) + 64 * 64 * 4
+  message = str(error.value)
+  assert "\n" not in message
+  assert message.startswith("no space left on device saving checkpoint step 4 to "
+                            f"{tmp_path / 'checkpoints' / '4'}: it needs up to {needed:,} "
+                            "bytes")
+  assert "are free there" in message and "step 2, the newest whole one" in message
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2"]
+  monkeypatch.undo()
+  # Other errors pass through as they were.
+  monkeypatch.setattr(ocp.CheckpointManager, "save",
+                      lambda *a, **k: (_ for _ in ()).throw(ValueError("other")))
+  with pytest.raises(ValueError, match="^other$"):
+    checkpointing.save(ckpt, 4, params=tree, opt_state={}, counters={})
 
 
 def _line(step, **kw):
@@ -253,7 +324,7 @@ def test_non_finite_update_stops_before_its_checkpoint(full_run, tmp_path, monke
   (event,) = run_dir.read_events(str(workdir))
   assert event["step"] == 4 and event["event"] == "non_finite"
   assert event["quantities"] == ["train/loss", "train/grad_norm", "params"]
-  assert os.listdir(run_dir.checkpoint_dir(str(workdir))) == ["2"]
+  assert sorted(os.listdir(run_dir.checkpoint_dir(str(workdir)))) == ["0", "2"]
   params, _ = _saved(workdir, 2)
   want, _ = _saved(full, 2)
   for got, expected in zip(params, want, strict=True):
@@ -265,3 +336,57 @@ def test_non_finite_update_stops_before_its_checkpoint(full_run, tmp_path, monke
   train.run(config, str(workdir))
   assert _metrics(workdir) == _metrics(full)
   assert run_dir.read_events(str(workdir)) == []  # left with the lines after step 2
+
+
+def _collapse_flags(learning_rate):
+  """A micro run that `learning_rate=100` collapses within its first steps: evaluated at
+  steps 0 and 8 only, stopped after 4 collapsed steps in a row."""
+  return ["--config=configs/hard.py:micro", "--config.num_steps=8",
+          "--config.checkpoint_every=2", f"--config.optim.learning_rate={learning_rate}",
+          "--config.guard.stop_on_collapse=True", "--config.guard.collapse_steps=4",
+          "--config.eval.every=100", "--config.eval.train_problems=0"]
+
+
+def test_a_collapse_keeps_a_checkpoint_from_before_it_to_resume_with_a_lower_lr(tmp_path):
+  config = importlib.import_module("isojax.configs.hard").get_config("micro")
+  config.update(dict(num_steps=8, checkpoint_every=2))
+  config.optim.learning_rate = 100.0
+  config.guard.update(stop_on_collapse=True, collapse_steps=4)
+  config.eval.update(every=100, train_problems=0)
+  workdir = tmp_path / "run"
+  with pytest.raises(guard.RunStopped) as stopped:
+    train.run(config, str(workdir))
+
+  # When the collapse began, from the metrics: the first step of the last streak of zero
+  # reward and zero gradient. Its rollouts came from the policy of the step before.
+  lines = run_dir.read_metrics(str(workdir))[1:]
+  zero = [r["train/reward"] == 0 and r["train/grad_norm"] == 0 for r in lines]
+  began = next(r["step"] for i, r in enumerate(lines) if all(zero[i:]))
+  (event,) = run_dir.read_events(str(workdir))
+  assert event["event"] == "collapse" and event["step"] == began + 3 == lines[-1]["step"]
+  saved = list(range(0, event["step"], 2))  # steps 0, 2, ... before the stop
+  healthy = max(s for s in saved if s <= began - 2)
+  assert event["kept_step"] == healthy
+  present = sorted({healthy, *saved[-2:]})  # beside the newest checkpoint_keep=2
+  assert sorted(int(s) for s in os.listdir(run_dir.checkpoint_dir(str(workdir)))) == present
+  assert f"--resume_step={healthy} --allow_changed=optim.learning_rate" in str(stopped.value)
+
+  # The rerun the message names, with a lower LR, goes back to the healthy checkpoint.
+  proc = subprocess.run(
+      [sys.executable, "-m", "isojax.main", *_collapse_flags(1e-4), f"--workdir={workdir}",
+       f"--resume_step={healthy}", "--allow_changed=optim.learning_rate"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert run_dir.read_config(str(workdir))["optim"]["learning_rate"] == 100.0
+  (line,) = run_dir.read_config_history(str(workdir))
+  newer = [s for s in present if s > healthy]
+  assert line["step"] == healthy and line["superseded_checkpoints"] == newer
+  assert line["changed"] == {"optim.learning_rate": {"old": 100.0, "new": 1e-4}}
+  (event,) = run_dir.read_events(str(workdir))
+  assert event["event"] == "settings_changed" and event["step"] == healthy
+  resumed = run_dir.read_metrics(str(workdir))
+  assert [r["step"] for r in resumed] == list(range(9))
+  assert all(r["train/learning_rate"] < 1e-4 for r in resumed[1:])
+  assert any(r["train/reward"] > 0 for r in resumed[began:])  # no collapse this time
+  assert sorted(int(s) for s in os.listdir(
+      run_dir.superseded_checkpoint_dir(str(workdir)))) == newer

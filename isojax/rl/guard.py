@@ -11,6 +11,9 @@
     advantage is zero). It warns once per streak, and stops the run when
     `guard.stop_on_collapse` is set.
 
+While a streak runs, `healthy_step` names the newest step whose policy the guard has
+not condemned, so the run can keep the checkpoint from before the collapse began.
+
 Both return the fields of a `metrics.jsonl` event row (`event`, `message`, ...); the
 caller adds step, rollouts, tokens and wall_s. They are pure functions of the step's
 metrics, testable on synthetic sequences; the streak lives in the checkpointed counters
@@ -73,3 +76,11 @@ def collapse(values: dict[str, float], *, streak: int, collapse_steps: int, stop
                   "message": f"step {step}: zero train/reward and zero train/grad_norm for "
                              f"{streak} consecutive steps (guard.collapse_steps): the policy "
                              f"has collapsed or learns nothing; {then}"}
+
+
+def healthy_step(step: int, streak: int) -> int | None:
+  """The newest step known healthy while a collapse streak of `streak` steps runs up to
+  `step` (None when no streak runs). Step s's rollouts are sampled by the policy of step
+  s - 1, so a streak that began at step b = step - streak + 1 condemns the policy of
+  b - 1 already; b - 2 is the newest one before it."""
+  return step - streak - 1 if streak > 0 else None

@@ -2,6 +2,7 @@
 on a gs:// bucket (`fake_gcs` of conftest.py: an in-memory fsspec filesystem standing in
 for gcsfs, which, like GCS, cannot append): the same code, the same files."""
 
+import errno
 import json
 import os
 
@@ -50,6 +51,28 @@ def test_write_json_is_atomic_and_leaves_no_temporary_file(root):
   (storage.path(root) / "bad.json").write_text("{nope")
   with pytest.raises(ValueError, match=r"bad\.json: not valid JSON"):
     storage.read_json(storage.path(root) / "bad.json")
+
+
+def test_a_full_disk_names_the_file_and_the_bytes_and_changes_nothing(tmp_path, monkeypatch):
+  target = storage.path(tmp_path) / "metrics.jsonl"
+  storage.write_text(target, "line 0\n")
+  real = type(target).write_text
+
+  def full(self, text, *args, **kwargs):
+    real(self, text[:3])  # a partial temporary file, then the kernel's error
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(type(target), "write_text", full)
+  text = "line 0\nline 1 é\n"
+  with pytest.raises(storage.NoSpace) as error:
+    storage.write_text(target, text)
+  assert str(error.value).startswith(
+      f"no space left on device writing {target}: it needs {len(text.encode()):,} bytes, ")
+  assert "are free there" in str(error.value) and storage.is_no_space(error.value)
+  monkeypatch.undo()
+  assert target.read_text() == "line 0\n" and os.listdir(tmp_path) == ["metrics.jsonl"]
+  assert storage.is_no_space(ValueError("Failed to write: [os_error_code='28']"))
+  assert not storage.is_no_space(OSError(errno.EACCES, "Permission denied"))
 
 
 def test_run_directory_round_trip(root):

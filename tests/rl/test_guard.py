@@ -68,6 +68,21 @@ def test_collapse_steps_zero_disables_the_detector():
   assert streaks == list(range(1, 11)) and events == []
 
 
+def test_healthy_step_is_the_one_before_the_policy_that_began_the_streak():
+  """Step s trains on rollouts of the policy after s - 1 updates. Zero reward at steps
+  4, 5, 6 condemns the policies of steps 3 to 5; the rollouts of step 3, sampled by the
+  policy of step 2, still earned reward."""
+  rewards = {1: 0.2, 2: 0.1, 3: 0.1, 4: 0.0, 5: 0.0, 6: 0.0}
+  streak = 0
+  for step in range(1, 7):
+    streak, _ = guard.collapse(_values(rewards[step], 0.0 if rewards[step] == 0 else 0.3),
+                               streak=streak, collapse_steps=3, stop=False, step=step)
+    first_zero = min((s for s in rewards if s <= step and rewards[s] == 0), default=None)
+    want = None if first_zero is None else first_zero - 2
+    assert guard.healthy_step(step, streak) == want
+  assert guard.healthy_step(6, 3) == 2
+
+
 @pytest.mark.parametrize("loss,grad_norm,params_finite,expected", [
     (0.2, 0.1, True, None),
     (math.nan, 0.1, True, ["train/loss"]),

@@ -1,0 +1,173 @@
+"""What a resumed run must share with the run it resumes: its settings cannot drift.
+
+`config.json` is written once, by the run that creates the workdir. A rerun that finds a
+checkpoint compares its settings with the ones the run used up to that checkpoint
+(`config.json`, with the changes of `config_history.jsonl` applied) before it writes
+anything, and is refused, naming every changed field with both values, unless
+`--allow_changed` names it. An allowed change is appended to the history (step, fields,
+old and new values) and recorded as a `settings_changed` event in `metrics.jsonl`;
+`config.json` keeps the first values.
+
+A setting is every config field but those that say how or where the run works rather
+than what it computes (`NOT_SETTINGS`: the metric viewers, checkpoint and log cadence,
+the guard, the device layout, verifier workers), which a resume may change freely. The
+passes that `memory_plan` fills in from the machine when left at 0 (`PLANNED`) are
+compared only when the resume sets them by hand. The allocation (`FIXED`) defines the
+run and no allowance changes it. A field that `config.json` lacks (added to isojax after
+the run began) is not compared.
+
+Pure functions of dicts and the workdir's files: no JAX.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Iterable
+
+import ml_collections
+
+from isojax import config_lib, metrics, run_dir, storage
+
+# The allocation: the run's point in a sweep. A change needs a new --workdir.
+FIXED = ("rollouts_per_problem", "problems_per_batch", "num_steps", "budget_rollouts", "seed")
+# Fields (or sections) that do not change what the run computes.
+NOT_SETTINGS = ("metric_writers", "checkpoint_every", "checkpoint_keep", "log_every", "guard",
+                "mesh.data", "mesh.fsdp", "mesh.tensor", "task.verifier_workers")
+# Set from the machine's memory when 0 (train.plan_passes); compared only when set by hand.
+PLANNED = ("rl.micro_batch_size", "rl.logprob_chunk_size", "sampling.max_rollouts_per_call")
+
+
+class SettingsChanged(ValueError):
+  """A resume whose settings differ from the run's, without an allowance."""
+
+
+def settings(config: ml_collections.ConfigDict | dict[str, Any]) -> dict[str, Any]:
+  """The config as dotted field -> value, with values as config.json holds them (JSON:
+  tuples as lists). Free-form sections (`task.dataset_kwargs`) are one value."""
+  as_dict = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else config
+  return _flatten(json.loads(json.dumps(as_dict, default=storage.json_default)))
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+  flat = {}
+  for key, value in tree.items():
+    name = f"{prefix}{key}"
+    if isinstance(value, dict) and name not in config_lib.FREE_FORM_FIELDS:
+      flat.update(_flatten(value, name + "."))
+    else:
+      flat[name] = value
+  return flat
+
+
+def _under(name: str, fields: Iterable[str]) -> bool:
+  return any(name == f or name.startswith(f + ".") for f in fields)
+
+
+def _changes_until(workdir: storage.PathLike, step: int) -> dict[str, Any]:
+  """{field: value} of the history's changes made at or before `step`, the later ones
+  winning. A history line at step t ends the lines after t written before it: the run
+  went back to t, and what followed was discarded."""
+  live: list[dict[str, Any]] = []
+  for line in run_dir.read_config_history(workdir):
+    live = [kept for kept in live if kept[run_dir.STEP] <= line[run_dir.STEP]] + [line]
+  return {name: change["new"] for line in live if line[run_dir.STEP] <= step
+          for name, change in line["changed"].items()}
+
+
+def recorded(workdir: storage.PathLike, step: int) -> dict[str, Any]:
+  """The settings the run in `workdir` used at `step` (dotted, as `settings`)."""
+  return {**settings(run_dir.read_config(workdir)), **_changes_until(workdir, step)}
+
+
+def config_at(workdir: storage.PathLike, step: int) -> dict[str, Any]:
+  """config.json as the run had it at `step`: nested, with the history's changes."""
+  config = run_dir.read_config(workdir)
+  for name, value in _changes_until(workdir, step).items():
+    *parents, leaf = name.split(".")
+    node = config
+    for part in parents:
+      node = node[part]
+    node[leaf] = value
+  return config
+
+
+def changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict[str, Any]]:
+  """{field: {"old": ..., "new": ...}} for the settings that differ (see the module)."""
+  changed = {}
+  for name, new in after.items():
+    if name not in before or _under(name, NOT_SETTINGS):
+      continue
+    if name in PLANNED and new == 0:
+      continue
+    if before[name] != new:
+      changed[name] = {"old": before[name], "new": new}
+  return changed
+
+
+def check(workdir: storage.PathLike, requested: dict[str, Any], *, step: int,
+          allow: Iterable[str] = ()) -> dict[str, dict[str, Any]]:
+  """The changes of a resume at `step` with the settings `requested` (`settings(config)`
+  before the memory plan), all of them allowed; raises `SettingsChanged` naming those
+  `allow` leaves out, and any of the allocation. Reads only."""
+  allow = tuple(allow)
+  _check_allowance(allow)
+  changed = changes(recorded(workdir, step), requested)
+  config = run_dir.config_path(workdir)
+  fixed = {n: c for n, c in changed.items() if n in FIXED}
+  if fixed:
+    had = ", ".join(f"{n}={c['old']}" for n, c in fixed.items())
+    asked = ", ".join(f"{n}={c['new']}" for n, c in fixed.items())
+    raise SettingsChanged(f"{config}: the run in this workdir has different {had} (asked "
+                          f"for {asked}); the allocation defines a run: use a new --workdir")
+  refused = {n: c for n, c in changed.items() if not _under(n, allow)}
+  if refused:
+    raise SettingsChanged(
+        f"{config}: resuming at step {step} with changed settings: {describe(refused)}. "
+        f"Rerun with the run's values, or pass --allow_changed={','.join(refused)} to "
+        f"record the change in {run_dir.CONFIG_HISTORY_FILE} and go on, or use a new "
+        "--workdir")
+  return changed
+
+
+def _check_allowance(allow: tuple[str, ...]) -> None:
+  names = [name for name in allow if name]
+  unknown = config_lib.unknown_names(names)
+  if unknown:
+    raise ValueError(f"--allow_changed: unknown config field(s) "
+                     f"{config_lib.describe_unknown(unknown)}")
+  fixed = [name for name in names if name in FIXED]
+  if fixed:
+    raise ValueError(f"--allow_changed={','.join(fixed)}: the allocation "
+                     f"({', '.join(FIXED)}) defines a run and cannot change on resume: use a "
+                     "new --workdir")
+
+
+def describe(changed: dict[str, dict[str, Any]]) -> str:
+  """'optim.learning_rate 100.0 -> 0.001, sampling.temperature 0.6 -> 1.0'."""
+  return ", ".join(f"{n} {json.dumps(c['old'])} -> {json.dumps(c['new'])}"
+                   for n, c in changed.items())
+
+
+def needs_record(workdir: storage.PathLike, step: int, changed: dict[str, Any],
+                 superseded: Iterable[int]) -> bool:
+  """A history line is due when settings changed, when checkpoints after `step` were set
+  aside, or when history lines after `step` must be ended (see `recorded`)."""
+  later = any(line[run_dir.STEP] > step for line in run_dir.read_config_history(workdir))
+  return bool(changed) or bool(tuple(superseded)) or later
+
+
+def record(workdir: storage.PathLike, step: int, changed: dict[str, dict[str, Any]],
+           superseded: Iterable[int] = ()) -> dict[str, Any] | None:
+  """Appends the resume at `step` to config_history.jsonl; returns the `settings_changed`
+  event for metrics.jsonl (None when no setting changed)."""
+  superseded = sorted(superseded)
+  run_dir.append_config_history(workdir, {
+      run_dir.STEP: step, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "changed": changed,
+      **({"superseded_checkpoints": superseded} if superseded else {})})
+  if not changed:
+    return None
+  return {run_dir.EVENT: metrics.EVENT_SETTINGS_CHANGED, "changed": changed,
+          "message": f"resumed at step {step} with {describe(changed)} (--allow_changed); "
+                     f"{run_dir.CONFIG_HISTORY_FILE} holds every change, config.json the "
+                     "first values"}
