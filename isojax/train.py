@@ -140,15 +140,16 @@ def resume_hint(kept_step: int | None, last: int | None, checkpoints: str) -> st
 
 class _DropLibraryInfo(std_logging.Filter):
   """Orbax logs every save step at INFO through absl; keep its warnings only. A full disk
-  it also logs, with a traceback, from each of its writer threads: the save raises
-  `storage.NoSpace`, whose one line says it all."""
+  the libraries log too, with a traceback, from each of orbax's writer threads and each
+  asyncio task left with the error: the save raises `storage.NoSpace`, whose one line
+  says it all."""
 
   def filter(self, record: std_logging.LogRecord) -> bool:
-    if "orbax" not in record.pathname:
-      return True
-    error = record.exc_info[1] if record.exc_info else None
-    return record.levelno >= std_logging.WARNING and not (
-        storage.is_no_space(error) or storage.is_no_space(Exception(record.getMessage())))
+    if "/isojax/" not in record.pathname and record.levelno >= std_logging.WARNING:
+      error = record.exc_info[1] if record.exc_info else None
+      return not (storage.is_no_space(error)
+                  or storage.is_no_space(Exception(record.getMessage())))
+    return record.levelno >= std_logging.WARNING or "orbax" not in record.pathname
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, *, force_unlock: bool = False,
