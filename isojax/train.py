@@ -182,6 +182,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
   handler = logging.get_absl_handler()
   if not any(isinstance(f, _DropLibraryInfo) for f in handler.filters):
     handler.addFilter(_DropLibraryInfo())
+  resume_settings.check_allowance(allow_changed)  # a mistyped field fails before any work
   n, b_p, num_steps = config.rollouts_per_problem, config.problems_per_batch, config.num_steps
   eval_at = eval_settings.EvalSettings.from_config(config.eval).steps(num_steps)  # a function of config: resumes agree
   # ==================== Mesh, tokenizer and task (fail fast, before any write) ====
@@ -495,7 +496,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
       counters.kept_step = max(kept.steps)
       collapsed = dict(collapsed, kept_step=counters.kept_step, message=(
           f"{collapsed['message']}; checkpoint step {counters.kept_step}, from before the "
-          "collapse began, is kept"))
+          f"collapse began, is kept (--resume_step={counters.kept_step} goes back to it)"))
     evaluate_now = counters.step in eval_at
     values.update(timings)
     if evaluate_now:
