@@ -25,8 +25,10 @@ checkpoints before it are left whole.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, Sequence
+import sys
+from typing import Any, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -122,13 +124,43 @@ def save(ckpt: ocp.CheckpointManager, step: int, *, params: Any, opt_state: Any,
                **({CRITIC: critic} if critic is not None else {}))
   counters = dict(counters, **{FINGERPRINTS: {k: fingerprint(v) for k, v in trees.items()}})
   try:
-    ckpt.save(step, args=ocp.args.Composite(
-        **{k: ocp.args.StandardSave(v) for k, v in trees.items()},
-        counters=ocp.args.JsonSave(counters)), force=True)
+    with _late_writes_quiet():
+      ckpt.save(step, args=ocp.args.Composite(
+          **{k: ocp.args.StandardSave(v) for k, v in trees.items()},
+          counters=ocp.args.JsonSave(counters)), force=True)
   except Exception as e:  # pylint: disable=broad-except  # tensorstore raises ValueError
     if not storage.is_no_space(e):
       raise
     raise _no_space(ckpt, step, sum(x.nbytes for x in jax.tree.leaves(trees))) from e
+
+
+@contextlib.contextmanager
+def _late_writes_quiet() -> Iterator[None]:
+  """When one tensorstore write fails, orbax closes its asyncio loop; the writes still in
+  flight then complete into the closed loop, each printing "RuntimeError: Event loop is
+  closed" as an unraisable exception. Those are held during the save: passed on if it
+  succeeds or fails otherwise, dropped for the rest of the run (which ends with
+  `storage.NoSpace`) if it found the disk full."""
+  previous, held = sys.unraisablehook, []
+
+  def hook(unraisable) -> None:
+    if (isinstance(unraisable.exc_value, RuntimeError)
+        and str(unraisable.exc_value) == "Event loop is closed"):
+      held.append(unraisable)
+    else:
+      previous(unraisable)
+
+  sys.unraisablehook, full = hook, False
+  try:
+    yield
+  except Exception as e:  # pylint: disable=broad-except
+    full = storage.is_no_space(e)
+    raise
+  finally:
+    if not full:
+      sys.unraisablehook = previous
+      for unraisable in held:
+        previous(unraisable)
 
 
 def _no_space(ckpt: ocp.CheckpointManager, step: int, needed: int) -> storage.NoSpace:

@@ -39,7 +39,8 @@ PLANNED = ("rl.micro_batch_size", "rl.logprob_chunk_size", "sampling.max_rollout
 
 
 class SettingsChanged(ValueError):
-  """A resume whose settings differ from the run's, without an allowance."""
+  """A resume whose settings differ from the run's without an allowance, or an allowance
+  that names no field or one of the allocation."""
 
 
 def settings(config: ml_collections.ConfigDict | dict[str, Any]) -> dict[str, Any]:
@@ -111,7 +112,7 @@ def check(workdir: storage.PathLike, requested: dict[str, Any], *, step: int,
   before the memory plan), all of them allowed; raises `SettingsChanged` naming those
   `allow` leaves out, and any of the allocation. Reads only."""
   allow = tuple(allow)
-  _check_allowance(allow)
+  check_allowance(allow)
   changed = changes(recorded(workdir, step), requested)
   config = run_dir.config_path(workdir)
   fixed = {n: c for n, c in changed.items() if n in FIXED}
@@ -130,15 +131,16 @@ def check(workdir: storage.PathLike, requested: dict[str, Any], *, step: int,
   return changed
 
 
-def _check_allowance(allow: tuple[str, ...]) -> None:
+def check_allowance(allow: Iterable[str]) -> None:
+  """Raises SettingsChanged for a name that is no config field, or one of the allocation."""
   names = [name for name in allow if name]
   unknown = config_lib.unknown_names(names)
   if unknown:
-    raise ValueError(f"--allow_changed: unknown config field(s) "
+    raise SettingsChanged(f"--allow_changed: unknown config field(s) "
                      f"{config_lib.describe_unknown(unknown)}")
   fixed = [name for name in names if name in FIXED]
   if fixed:
-    raise ValueError(f"--allow_changed={','.join(fixed)}: the allocation "
+    raise SettingsChanged(f"--allow_changed={','.join(fixed)}: the allocation "
                      f"({', '.join(FIXED)}) defines a run and cannot change on resume: use a "
                      "new --workdir")
 

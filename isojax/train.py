@@ -140,15 +140,16 @@ def resume_hint(kept_step: int | None, last: int | None, checkpoints: str) -> st
 
 class _DropLibraryInfo(std_logging.Filter):
   """Orbax logs every save step at INFO through absl; keep its warnings only. A full disk
-  it also logs, with a traceback, from each of its writer threads: the save raises
-  `storage.NoSpace`, whose one line says it all."""
+  the libraries log too, with a traceback, from each of orbax's writer threads and each
+  asyncio task left with the error: the save raises `storage.NoSpace`, whose one line
+  says it all."""
 
   def filter(self, record: std_logging.LogRecord) -> bool:
-    if "orbax" not in record.pathname:
-      return True
-    error = record.exc_info[1] if record.exc_info else None
-    return record.levelno >= std_logging.WARNING and not (
-        storage.is_no_space(error) or storage.is_no_space(Exception(record.getMessage())))
+    if "/isojax/" not in record.pathname and record.levelno >= std_logging.WARNING:
+      error = record.exc_info[1] if record.exc_info else None
+      return not (storage.is_no_space(error)
+                  or storage.is_no_space(Exception(record.getMessage())))
+    return record.levelno >= std_logging.WARNING or "orbax" not in record.pathname
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, *, force_unlock: bool = False,
@@ -181,6 +182,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
   handler = logging.get_absl_handler()
   if not any(isinstance(f, _DropLibraryInfo) for f in handler.filters):
     handler.addFilter(_DropLibraryInfo())
+  resume_settings.check_allowance(allow_changed)  # a mistyped field fails before any work
   n, b_p, num_steps = config.rollouts_per_problem, config.problems_per_batch, config.num_steps
   eval_at = eval_settings.EvalSettings.from_config(config.eval).steps(num_steps)  # a function of config: resumes agree
   # ==================== Mesh, tokenizer and task (fail fast, before any write) ====
@@ -495,7 +497,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
       counters.kept_step = max(kept.steps)
       collapsed = dict(collapsed, kept_step=counters.kept_step, message=(
           f"{collapsed['message']}; checkpoint step {counters.kept_step}, from before the "
-          "collapse began, is kept"))
+          f"collapse began, is kept (--resume_step={counters.kept_step} goes back to it)"))
     evaluate_now = counters.step in eval_at
     values.update(timings)
     if evaluate_now:

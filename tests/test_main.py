@@ -172,6 +172,8 @@ def test_a_full_disk_during_a_save_ends_with_one_line_and_loses_nothing(tmp_path
     ("--config.budget_rollouts=17", "budget_rollouts=17"),
     ("--config.rollouts_per_problem=1", "rollouts_per_problem=1"),
     ("--config.no_such_field=1", "no_such_field"),
+    ("--allow_changed=optim.learning_rat", "optim.learning_rat (did you mean "
+     "optim.learning_rate?)"),
 ])
 def test_bad_input_fails_fast_and_writes_nothing(tmp_path, flag, message):
   workdir = tmp_path / "run"

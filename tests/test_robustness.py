@@ -5,6 +5,7 @@ metrics.jsonl; the config fields of both. The guard's own rules: tests/rl/test_g
 
 import dataclasses
 import importlib.util
+import logging
 import os
 import shutil
 import subprocess
@@ -172,11 +173,18 @@ def test_a_full_disk_during_a_save_says_so_in_one_line(tmp_path, monkeypatch):
   partial directory goes, the checkpoints before it stay, and the error names the
   checkpoint, the bytes its arrays need and the bytes free."""
   ckpt = _save_steps(tmp_path / "checkpoints", [2])
+  unraisable = []
+  monkeypatch.setattr(sys, "unraisablehook", lambda u: unraisable.append(str(u.exc_value)))
+
+  class LateWrite:  # a write completing into orbax's closed event loop
+    def __del__(self):
+      raise RuntimeError("Event loop is closed")
 
   def full(self, step, *args, **kwargs):
     partial = tmp_path / "checkpoints" / f"{step}.orbax-checkpoint-tmp-1234" / "params"
     partial.mkdir(parents=True)
     (partial / "data").write_bytes(b"x" * 4096)
+    LateWrite()
     raise ValueError('RESOURCE_EXHAUSTED: Error writing "w/0" in OCDBT database: Failed to '
                      "write 4096 bytes to file 30: No space left on device "
                      "[os_error_code='28']")
@@ -193,12 +201,39 @@ def test_a_full_disk_during_a_save_says_so_in_one_line(tmp_path, monkeypatch):
                             "bytes")
   assert "are free there" in message and "step 2, the newest whole one" in message
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2"]
+  LateWrite()  # after the error too: the run ends with the one line
+  assert unraisable == []
   monkeypatch.undo()
-  # Other errors pass through as they were.
-  monkeypatch.setattr(ocp.CheckpointManager, "save",
-                      lambda *a, **k: (_ for _ in ()).throw(ValueError("other")))
+  # Other errors pass through as they were, and so do late writes.
+  monkeypatch.setattr(sys, "unraisablehook", lambda u: unraisable.append(str(u.exc_value)))
+
+  def other(*args, **kwargs):
+    LateWrite()
+    raise ValueError("other")
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", other)
   with pytest.raises(ValueError, match="^other$"):
     checkpointing.save(ckpt, 4, params=tree, opt_state={}, counters={})
+  assert unraisable == ["Event loop is closed"]
+
+
+def test_the_libraries_echoes_of_a_full_disk_are_not_logged():
+  """Orbax's writer threads and asyncio's tasks log the error that `storage.NoSpace`
+  reports in one line; isojax's own lines and other errors stay."""
+  keep = train._DropLibraryInfo()  # pylint: disable=protected-access
+  full = "Task exception was never retrieved: ... No space left on device [os_error_code='28']"
+
+  def record(path, level, message):
+    return logging.LogRecord("x", level, path, 1, message, None, None)
+
+  asyncio_path = "/usr/lib/python3.11/asyncio/base_events.py"
+  orbax_path = "/site-packages/orbax/checkpoint/future.py"
+  assert not keep.filter(record(asyncio_path, logging.ERROR, full))
+  assert not keep.filter(record(orbax_path, logging.ERROR, full))
+  assert not keep.filter(record(orbax_path, logging.INFO, "saved step 4"))
+  assert keep.filter(record(orbax_path, logging.ERROR, "another error"))
+  assert keep.filter(record(asyncio_path, logging.INFO, "anything"))
+  assert keep.filter(record("/work/isojax/train.py", logging.WARNING, full))
 
 
 def _line(step, **kw):
