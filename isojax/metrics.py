@@ -50,6 +50,7 @@ EVENT_COLLAPSE = "collapse"                # zero reward and gradient for guard.
 EVENT_CHECKPOINT_CORRUPT = "checkpoint_corrupt"  # moved aside; an older one restored
 EVENT_PREEMPTED = "preempted"              # SIGTERM: this step saved, the run stopped
 EVENT_SETTINGS_CHANGED = "settings_changed"  # resumed with --allow_changed fields changed
+EVENT_IN_FLIGHT_RESTARTED = "in_flight_restarted"  # resumed in flight: sampling restarts
 
 VAL_PREFIX = "val/"
 VAL_TRUNCATED = "val/truncated_fraction"

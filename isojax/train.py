@@ -407,8 +407,13 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
     where = (f"a rerun resumes at step {last} from {run_dir.checkpoint_dir(workdir)}"
              if last is not None else "nothing was saved yet: a rerun starts afresh")
     message = f"preempted after {step} steps (SIGTERM): {where}"
+    lost = {}
+    if isinstance(generator, off_policy.InFlightGenerator):  # its queue is not saved
+      lost = {"discarded_rollouts": generator.unconsumed_rollouts()}
+      message += (f"; in flight, the {lost['discarded_rollouts']} queued rollouts not yet "
+                  "trained and the batch being generated are discarded (not counted)")
     if last is not None:
-      record({run_dir.EVENT: metrics.EVENT_PREEMPTED, "message": message})
+      record({run_dir.EVENT: metrics.EVENT_PREEMPTED, "message": message, **lost})
     close()
     raise preemption.Preempted(message)
 
@@ -417,6 +422,11 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
     record(failure.event())
   if settings_event:
     record(settings_event)
+  if restored and isinstance(generator, off_policy.InFlightGenerator):
+    record({run_dir.EVENT: metrics.EVENT_IN_FLIGHT_RESTARTED, "first_batch": counters.batches,
+            "message": f"resumed in flight at step {counters.step}: sampling restarts at "
+                       f"batch {counters.batches} from the restored weights; batches sampled "
+                       "after this checkpoint and not trained were discarded (not counted)"})
   if notice.reached(counters.step):  # during start-up: before the step-0 evaluation
     preempt()
   last_eval = run_eval() if restored is None else {}

@@ -261,6 +261,12 @@ class InFlightGenerator:
     """Nothing queued is saved in flight: a resumed run samples afresh (see above)."""
     return []
 
+  def unconsumed_rollouts(self) -> int:
+    """The rollouts of finished batches waiting for the learner: what a stop now
+    discards (besides the batch being generated)."""
+    with self._queue.mutex:
+      return sum(g.scored.rewards_GN.size for g in self._queue.queue)
+
   def close(self) -> None:
     self._stop.set()
     if self._thread is not None:

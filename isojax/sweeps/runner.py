@@ -101,9 +101,24 @@ class Interrupted(Exception):
   """The launcher got SIGTERM; the running runs were stopped and marked pending."""
 
 
-def _raise_interrupted(signum, frame):
-  del frame
-  raise Interrupted(signal.Signals(signum).name)
+class _SignalFlag:
+  """Records SIGTERM / SIGINT for the loop to act on at its next safe point.
+
+  Raising from the handler could land between `Popen` returning and the run being
+  tracked, leaving a worker nobody stops; the loop instead checks `raise_if_set`
+  after every start and every poll.
+  """
+
+  def __init__(self):
+    self.signum: int | None = None
+
+  def __call__(self, signum, frame):
+    del frame
+    self.signum = signum
+
+  def raise_if_set(self):
+    if self.signum is not None:
+      raise Interrupted(signal.Signals(self.signum).name)
 
 
 def _log_tail(path: str, lines: int = 15) -> str:
@@ -150,10 +165,15 @@ def run_local(out_dir: str, manifest: dict[str, Any], *, workers: int,
   # The bar shows on a terminal; logs get one line per finished run either way.
   bar = tqdm.tqdm(total=len(entries), initial=done_before, unit="run",
                   desc=f"sweep {manifest['name']}", dynamic_ncols=True, disable=None)
-  previous_handler = signal.signal(signal.SIGTERM, _raise_interrupted)
+  received = _SignalFlag()
+  # A second signal while the workers stop is only recorded: the stop runs to its end.
+  previous_handlers = {signum: signal.signal(signum, received)
+                       for signum in (signal.SIGTERM, signal.SIGINT)}
   try:
     while queue or active or busy:
+      received.raise_if_set()
       while queue and len(active) < workers:
+        received.raise_if_set()
         entry = queue.pop(0)
         started = _start(out_dir, entry, env)
         if started is None:
@@ -202,7 +222,8 @@ def run_local(out_dir: str, manifest: dict[str, Any], *, workers: int,
     raise
   finally:
     bar.close()
-    signal.signal(signal.SIGTERM, previous_handler)
+    for signum, handler in previous_handlers.items():
+      signal.signal(signum, handler)
   return [e["name"] for e in entries if e["state"] == FAILED]
 
 

@@ -9,6 +9,7 @@ and a changed plan is refused.
 import fcntl
 import json
 import os
+import signal
 import sys
 import threading
 
@@ -114,6 +115,32 @@ def test_workers_run_in_parallel_and_a_locked_run_waits(tmp_path, fake_main):
   assert starts["bp4_n4"] < ends["bp4_n2"]  # the two workers overlapped
   assert manifest["runs"][2]["state"] == "done"
   assert manifest["runs"][2]["final"] == {"val/avg@4": 0.5}
+
+
+def test_a_sigterm_just_after_a_start_stops_that_worker_too(tmp_path, fake_main,
+                                                            monkeypatch):
+  """The signal lands right after `Popen` returns, before the run is tracked: the
+  launcher still stops that worker, waits for it and marks its run pending."""
+  out = str(tmp_path / "sweep")
+  manifest = sweep_plan.prepare(_sweep(), out, "local")
+  started = []
+  real_popen = sweep_runner.subprocess.Popen
+
+  def popen_then_signal(*args, **kwargs):
+    proc = real_popen(*args, **kwargs)
+    started.append(proc)
+    os.kill(os.getpid(), signal.SIGTERM)
+    return proc
+  monkeypatch.setattr(sweep_runner.subprocess, "Popen", popen_then_signal)
+  before = signal.getsignal(signal.SIGTERM)
+  with pytest.raises(sweep_runner.Interrupted, match="SIGTERM"):
+    sweep_runner.run_local(out, manifest, workers=1, cache_dir=None, poll_s=0.05)
+  assert len(started) == 1
+  assert started[0].returncode is not None  # waited for, not left running
+  with open(os.path.join(out, "sweep.json")) as f:
+    states = [e["state"] for e in json.load(f)["runs"]]
+  assert states == ["pending"] * 3
+  assert signal.getsignal(signal.SIGTERM) is before  # the caller's handler is back
 
 
 def test_a_changed_plan_is_refused_and_worker_env(tmp_path):

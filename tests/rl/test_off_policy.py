@@ -4,10 +4,6 @@ ratio taken against the sampler's log-probs."""
 
 import importlib
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 
 import jax
@@ -19,7 +15,6 @@ from isojax import config_lib, run_dir, train
 from isojax.models import sharding
 from isojax.rl import off_policy, rollout, update
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.parametrize("k,mode,expected", [
@@ -165,28 +160,6 @@ def test_ratio_takes_the_sampler_log_probs_of_a_stale_batch(run_parts):
   want = (per_token * valid).sum() / valid.sum()
   assert abs(np.abs(np.log(ratio[valid])).max()) > 0.05  # the batch is really stale
   np.testing.assert_allclose(stats["loss"], want, rtol=2e-4, atol=1e-6)
-
-
-@pytest.mark.slow("two runs of isojax.main, one killed by SIGKILL mid-run")
-def test_resume_after_sigkill_is_bit_identical(tmp_path):
-  flags = ["--config=configs/hard.py:micro", "--config.num_steps=10",
-           "--config.checkpoint_every=2", "--config.rl.max_staleness=2",
-           "--config.eval.train_problems=0"]
-  main = lambda workdir: subprocess.Popen(
-      [sys.executable, "-m", "isojax.main", *flags, f"--workdir={workdir}"], cwd=ROOT,
-      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  full, killed = tmp_path / "full", tmp_path / "killed"
-  assert main(full).wait(timeout=600) == 0
-  proc = main(killed)
-  first = killed / "checkpoints" / "2"
-  while not first.exists() and proc.poll() is None:
-    time.sleep(0.02)
-  proc.send_signal(signal.SIGKILL)
-  proc.wait(timeout=60)
-  assert not (killed / "checkpoints" / "10").exists(), "the run ended before it was killed"
-  assert main(killed).wait(timeout=600) == 0
-  strip = lambda w: [run_dir.without_timings(r) for r in run_dir.read_metrics(str(w))]
-  assert strip(killed) == strip(full)
 
 
 def test_sampling_on_devices_of_its_own(on_8_devices):
