@@ -96,7 +96,8 @@ class Notice:
 
   def reached(self, step: int) -> bool:
     """True when the run should stop before `step`; every process calls it with the same
-    increasing `step` and gets the same answer."""
+    non-decreasing `step`s (step 0 twice: before and after the first evaluation) and gets
+    the same answer."""
     if self._multihost:
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
       return multihost_utils.reached_preemption_sync_point(step)
