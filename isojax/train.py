@@ -260,6 +260,9 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
       critic=critic.checkpoint_tree() if critic else None, step=from_step,
       superseded_dir=run_dir.superseded_checkpoint_dir(workdir))
   resume_step = restored.step if restored else None
+  if restored is not None and restored.step != start:  # a damaged newest one set aside:
+    changed = resume_settings.check(  # the settings to compare are those of the older step
+        workdir, requested, step=restored.step, allow=allow_changed)
   settings_event = None  # a resume that changed settings (allowed) or went back
   if restored is not None and primary and resume_settings.needs_record(
       workdir, restored.step, changed, restored.superseded):

@@ -3,10 +3,13 @@ trees, then end to end on the micro preset, where the run ends as if never inter
 a non-finite update stopping the run before it is checkpointed; event lines in
 metrics.jsonl; the config fields of both. The guard's own rules: tests/rl/test_guard.py."""
 
+import copy
 import dataclasses
 import importlib.util
+import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +21,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from isojax import checkpointing, config_lib, run_dir, train
+from isojax import checkpointing, config_lib, resume_settings, run_dir, train
 from isojax.rl import batch as rl_batch
 from isojax.rl import guard
 
@@ -331,6 +334,28 @@ def test_damaged_latest_checkpoint_resumes_from_the_previous_one(full_run, tmp_p
   assert counters["fingerprints"] == want_counters["fingerprints"]
   for got, want in zip(params, want_params, strict=True):
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_fallback_to_an_older_checkpoint_checks_the_settings_of_that_step(full_run,
+                                                                             tmp_path):
+  """The learning rate was changed (allowed) at step 3, so checkpoint 4 has the new one
+  and checkpoint 2 the old. With 4 damaged, a resume with the new rate restarts at step
+  2, where it is a change: refused, naming it, with config.json as it was."""
+  full, config = full_run
+  workdir = tmp_path / "fallback"
+  shutil.copytree(full, workdir)
+  old = config.optim.learning_rate
+  with open(run_dir.config_history_path(str(workdir)), "w") as f:
+    f.write(json.dumps({"step": 3, "time": "2026-01-01T00:00:00", "changed": {
+        "optim.learning_rate": {"old": old, "new": old * 10}}}) + "\n")
+  _flip_zstd_header(os.path.join(run_dir.checkpoint_dir(str(workdir)), "4"))
+  config_json = (workdir / "config.json").read_bytes()
+  faster = copy.deepcopy(config)
+  faster.optim.learning_rate = old * 10
+  with pytest.raises(resume_settings.SettingsChanged, match=re.escape(
+      f"resuming at step 2 with changed settings: optim.learning_rate {old} -> {old * 10}")):
+    train.run(faster, str(workdir))
+  assert (workdir / "config.json").read_bytes() == config_json
 
 
 def test_non_finite_update_stops_before_its_checkpoint(full_run, tmp_path, monkeypatch):
