@@ -5,7 +5,7 @@ XLA:CPU allocates each execution's large buffers (activations, logits, gradients
 sampler's caches) afresh, and glibc's malloc serves every block above its mmap
 threshold from new pages that the kernel zeroes and maps 4 KiB at a time on first
 touch. On a small CPU machine that page-faulting can take as long as the matmul that
-writes the buffer (the README's `launch.bench` section has the figures).
+writes the buffer (docs/performance.md, "Where the CPU limits are").
 The glibc tunable `glibc.malloc.hugetlb=1` (glibc >= 2.35) makes malloc advise
 transparent huge pages for the memory it maps, so those buffers fault in 2 MiB at a
 time. Results are bit-identical: only where the bytes live changes.
