@@ -31,8 +31,8 @@ FUNCTION_LEVEL_IMPORTS: dict[tuple[str, str], str] = {
     **{("isojax.bench.trl_step", target): _TRL_SIDES for target in (
         "isojax.bench.train_step", "isojax.config_lib", "isojax.configs", "isojax.memory_plan",
         "isojax.metrics", "isojax.models.gguf_checkpoint", "isojax.models.hf_checkpoint",
-        "isojax.models.tokenizer", "isojax.run_dir", "isojax.tasks", "isojax.tasks.prompts",
-        "isojax.train")},
+        "isojax.models.tokenizer", "isojax.rl.sources", "isojax.run_dir", "isojax.tasks",
+        "isojax.tasks.prompts", "isojax.train")},
     **{("isojax.reproduce.smollm2", target): _CANDIDATES for target in (
         "isojax.config_lib", "isojax.configs.smollm2", "isojax.evaluation",
         "isojax.models.hf_checkpoint", "isojax.models.tokenizer", "isojax.tasks",

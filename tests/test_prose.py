@@ -123,7 +123,7 @@ def _module_names(module):
 
 
 def _resolves(dotted):
-  """Whether `isojax.a.b[.name[.attr]]` is a module of the repository, or a name one
+  """Whether a dotted `isojax` or `launch` name is a module of the repository, or a name one
   defines (a class attribute, or a name reached through one of its imports)."""
   parts = dotted.split(".")
   for cut in range(len(parts), 0, -1):

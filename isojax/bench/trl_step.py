@@ -111,6 +111,7 @@ def run_trl(config_path: str, steps: int) -> dict:
   from isojax import config_lib, tasks, train  # pylint: disable=g-import-not-at-top
   from isojax.models import gguf_checkpoint  # pylint: disable=g-import-not-at-top
   from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from isojax.rl import sources  # pylint: disable=g-import-not-at-top
   from isojax.tasks import prompts  # pylint: disable=g-import-not-at-top
 
   torch.set_num_threads(os.cpu_count())
@@ -133,7 +134,7 @@ def run_trl(config_path: str, steps: int) -> dict:
   train_problems, _, _, _, _ = train.load_task(config, tok)
   instruction = tasks.default_instruction(config.task)
   n, b_p = config.rollouts_per_problem, config.problems_per_batch
-  order = np.concatenate([train.problems_for_step(config.seed, s, len(train_problems), b_p)
+  order = np.concatenate([sources.problems_for_step(config.seed, s, len(train_problems), b_p)
                           for s in range(steps)])
   chosen = [train_problems[i] for i in order]
   messages = lambda p: ([{"role": "system", "content": config.task.system_prompt}]

@@ -14,7 +14,7 @@ two off-policy setups:
   staleness is 0 .. k - 1.
 
 The rollouts of a step are a function of (the version that samples them, the step),
-because each step's problems and random key are (`train.problems_for_step`,
+because each step's problems and random key are (`sources.problems_for_step`,
 `fold_in(key, step)`); the batches are generated in step order on one host thread, so
 No-Positive-Resampling's pool sees the same rewards in the same order on every run. A
 run is therefore reproducible, and the batches sampled but not yet trained are saved

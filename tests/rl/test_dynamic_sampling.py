@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from isojax import config_lib, run_dir, train
-from isojax.rl import dynamic_sampling, rollout
+from isojax.rl import dynamic_sampling, rollout, sources
 from isojax.sampling import sampler
 
 N = 3
@@ -121,7 +121,7 @@ def test_run_trains_on_the_groups_a_plain_loop_collects(tmp_path, rl, run_parts)
     parts, kept, spare = [], [], []
     while len(kept) < b_p and len(parts) < cap:
       r = len(parts)
-      ids = (train.problems_for_step(config.seed, step, len(problems), b_p) if r == 0
+      ids = (sources.problems_for_step(config.seed, step, len(problems), b_p) if r == 0
              else dynamic_sampling.extra_problems(config.seed, step, r, len(problems), b_p))
       key = jax.random.fold_in(sample_key, step)
       parts.append(rollout.generate(graphdef, source, tok, book, [problems[i] for i in ids],

@@ -13,7 +13,7 @@ import pytest
 
 from isojax import config_lib, run_dir, train
 from isojax.models import sharding
-from isojax.rl import off_policy, rollout, update
+from isojax.rl import off_policy, rollout, sources, update
 
 
 
@@ -113,7 +113,7 @@ def test_off_policy_run_equals_a_loop_that_keeps_old_versions(tmp_path, k, mode,
   n, b_p = config.rollouts_per_problem, config.problems_per_batch
   expected = []
   for step in range(config.num_steps):
-    ids = train.problems_for_step(config.seed, step, len(problems), b_p)
+    ids = sources.problems_for_step(config.seed, step, len(problems), b_p)
     scored = rollout.generate(graphdef, versions[off_policy.source_version(step, k, mode)],
                               tok, book, [problems[i] for i in ids], verifier, n=n,
                               rng=jax.random.fold_in(sample_key, step),

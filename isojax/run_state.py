@@ -1,0 +1,134 @@
+"""What a run changes besides the policy, and what leaves the process.
+
+`RunState` owns the counters, No-Positive-Resampling's pool, the checkpoint manager,
+the metric writers, the progress bar and the rollout source: `record` writes a metrics
+line, `save` a checkpoint, `stop` ends the run on a guard's event, `preempt` on a
+SIGTERM, and `close` releases all of it once, quietly after an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from absl import logging
+
+from isojax import checkpointing, metrics, preemption, run_dir
+from isojax.models import lora
+from isojax.rl import guard, problem_pool
+from isojax.rl import sources as sources_lib
+
+
+@dataclasses.dataclass
+class Counters:
+  """Cumulative compute and the guard's state, restored with the checkpoint."""
+  step: int = 0
+  rollouts: int = 0
+  tokens: int = 0
+  wall_s: float = 0.0
+  collapse_streak: int = 0  # steps in a row with zero reward and gradient (rl/guard.py)
+  kept_step: int = -1       # the checkpoint kept from before a collapse (-1: none)
+  batches: int = 0          # rollout batches consumed: trained, or dropped as too stale
+
+
+def kept_before_collapse(ckpt, counters: Counters) -> set[int]:
+  """The checkpoints kept beside the newest `checkpoint_keep`: the newest one from before
+  the collapse streak in progress (if any), and the one a confirmed collapse kept."""
+  healthy = guard.healthy_step(counters.step, counters.collapse_streak)
+  before = None if healthy is None else checkpointing.newest_at_or_before(ckpt, healthy)
+  return {s for s in (before, counters.kept_step) if s is not None and s >= 0}
+
+
+def resume_hint(kept_step: int | None, last: int | None, checkpoints: str) -> str:
+  """Where a stopped run can go on from: the checkpoint kept from before a collapse
+  (with the command that goes back to it), and the last one."""
+  hint = (f"The last checkpoint, step {last} in {checkpoints}, is where a rerun resumes"
+          if last is not None else "No checkpoint was saved yet: a rerun starts afresh")
+  if kept_step is None or kept_step == last:
+    return hint
+  return (f"To go back to checkpoint step {kept_step} in {checkpoints}, from before the "
+          f"collapse: rerun with --resume_step={kept_step} --allow_changed=optim.learning_rate "
+          "--config.optim.learning_rate=<lower> (the same command otherwise). " + hint)
+
+
+@dataclasses.dataclass(eq=False)
+class RunState:
+  """A run's state and outputs. The fields after `kept` are set as the run builds them
+  (`close` closes what exists)."""
+  workdir: str
+  ckpt: Any                                    # orbax CheckpointManager
+  kept: checkpointing.KeptSteps                # the healthy checkpoint before a collapse
+  primary: bool                                # the one writer of a multi-host job
+  counters: Counters = dataclasses.field(default_factory=Counters)
+  pool: problem_pool.ProblemPool | None = None
+  writer: run_dir.MetricsWriter | None = None
+  viewers: Any = None                          # TensorBoard / W&B (metric_writers)
+  bar: Any = None                              # tqdm
+  source: sources_lib.RolloutSource | None = None
+  learner: Any = None                          # rl.step.Learner
+  use_lora: bool = False
+  _closed: bool = False
+
+  def record(self, values: dict) -> None:
+    c = self.counters
+    line = {run_dir.STEP: c.step, run_dir.ROLLOUTS: c.rollouts, run_dir.TOKENS: c.tokens,
+            run_dir.WALL_S: round(c.wall_s, 3), **values}
+    self.writer.write(line)
+    if run_dir.EVENT not in line:  # events stay in metrics.jsonl
+      self.viewers.write(line)  # TensorBoard / W&B: what metrics.jsonl holds
+
+  def save(self) -> None:
+    learner, pool = self.learner, self.pool
+    queue = self.source.checkpoint_tree() if self.source else None
+    checkpointing.save(
+        self.ckpt, self.counters.step,
+        params=lora.split(learner.params)[0] if self.use_lora else learner.params,
+        opt_state=learner.opt_state,
+        counters=dict(counters=dataclasses.asdict(self.counters), pool={
+            k: v.tolist() for k, v in pool.to_dict().items()} if pool else None),
+        queue=queue, critic=learner.critic.checkpoint_tree() if learner.critic else None)
+
+  def stop(self, event: dict) -> None:
+    """Logs the guard's `event` and ends the run, naming the checkpoints to resume from."""
+    self.record(event)
+    last, before = self.ckpt.latest_step(), max(self.kept.steps, default=None)
+    self.close()
+    raise guard.RunStopped(f"{event['message']}. " + resume_hint(
+        before, last, str(run_dir.checkpoint_dir(self.workdir))))
+
+  def preempt(self) -> None:
+    """Saves the step reached (if it is not saved yet), flushes and ends the run."""
+    step, last = self.counters.step, self.ckpt.latest_step()
+    if step > 0 and last != step:
+      self.save()
+      last = step
+    where = (f"a rerun resumes at step {last} from {run_dir.checkpoint_dir(self.workdir)}"
+             if last is not None else "nothing was saved yet: a rerun starts afresh")
+    message = f"preempted after {step} steps (SIGTERM): {where}"
+    lost = {}
+    discarded = self.source.discarded_rollouts() if self.source else None
+    if discarded is not None:  # in flight: its queue is not saved
+      lost = {"discarded_rollouts": discarded}
+      message += (f"; in flight, the {discarded} queued rollouts not yet trained and the "
+                  "batch being generated are discarded (not counted)")
+    if last is not None:
+      self.record({run_dir.EVENT: metrics.EVENT_PREEMPTED, "message": message, **lost})
+    self.close()
+    raise preemption.Preempted(message)
+
+  def close(self, *exc) -> None:
+    """Closes the viewers, the checkpoints and the source, once. After an error
+    (`exc`), quietly: no second error hides the first, no thread outlives the run."""
+    if self._closed:
+      return
+    self._closed = True
+    closers = [x.close for x in (self.bar, self.viewers) if x is not None]
+    closers += [self.ckpt.wait_until_finished, self.ckpt.close]
+    closers += [self.source.close] if self.source is not None else []
+    for closer in closers:
+      try:
+        closer()
+      except Exception as e:  # pylint: disable=broad-except
+        if not (exc and exc[0]):
+          raise
+        logging.warning("while stopping: %s: %s", type(e).__name__, e)
