@@ -286,13 +286,12 @@ print("graded", g.rewards.mean(), flush=True)
 
 
 @pytest.mark.parametrize("n", [100, 400])  # zeros and a silent hang, before the checks
-def test_an_unguarded_script_raises_within_seconds_naming_the_guard(tmp_path, n):
+def test_an_unguarded_script_raises_naming_the_guard(tmp_path, n):
   script = tmp_path / "grade.py"  # no `if __name__ == "__main__":`
   script.write_text(_UNGUARDED.format(n=n))
-  start = time.monotonic()
+  # A hang (what the pool did before it checked) fails here, as a TimeoutExpired.
   proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
                         text=True, timeout=120)
-  assert time.monotonic() - start < 30
   assert proc.returncode != 0 and "graded" not in proc.stdout
   assert "VerifierPoolError: the math grading pool" in proc.stderr, proc.stderr[-2000:]
   error = _pool_error(proc.stderr)
