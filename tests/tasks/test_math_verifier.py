@@ -234,7 +234,6 @@ def test_raising_and_crashing_completions_count_as_errors(verifier):
 
 def test_grade_async_overlaps_and_matches_grade(verifier):
   completions, problems, expected = _batch({0: HANG})
-  start = time.monotonic()
   future = verifier.grade_async(completions, problems)
   assert not future.done()  # queued, not graded, before returning
   grades = future.result(timeout=TIMEOUT_S + 10.0)
