@@ -13,6 +13,7 @@ import sys
 import nbclient
 import nbformat
 import numpy as np
+import pytest
 
 from isojax.configs import hard
 from isojax import metrics, run_dir
@@ -59,6 +60,7 @@ def _plan(budget, law):
                              min_steps=10).to_dict()
 
 
+@pytest.mark.slow("executes the quick-start notebook, a training run included")
 def test_quickstart_runs_and_reports_the_run_it_wrote(tmp_path, monkeypatch):
   workdir = str(tmp_path / "run")
   budget = 2**16

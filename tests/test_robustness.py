@@ -407,6 +407,7 @@ def _collapse_flags(learning_rate):
           "--config.eval.every=100", "--config.eval.train_problems=0"]
 
 
+@pytest.mark.slow("a collapsing run and its resume")
 def test_a_collapse_keeps_a_checkpoint_from_before_it_to_resume_with_a_lower_lr(tmp_path):
   config = importlib.import_module("isojax.configs.hard").get_config("micro")
   config.update(dict(num_steps=8, checkpoint_every=2))

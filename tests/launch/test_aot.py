@@ -130,6 +130,7 @@ def test_sampler_is_compiled_with_the_configured_slots_and_dtype(model_dir):
   assert bf16_weights["temp"] - bf16["temp"] >= 0.5 * cache, (bf16_weights["temp"], bf16["temp"])
 
 
+@pytest.mark.slow("compiles a step for 8 fake devices")
 def test_too_small_hbm_fails_naming_programs_and_fields(model_dir):
   proc = subprocess.run(
       [sys.executable, "-m", "launch.aot", "--config=configs/hard.py:micro", "--topology=cpu:8",

@@ -153,6 +153,7 @@ def test_a_rank_above_a_layers_width_and_lora_with_a_critic_are_refused():
   assert LoraSettings().enabled is False and dataclasses.replace(LoraSettings(), rank=2).enabled
 
 
+@pytest.mark.slow("three LoRA runs, one resumed")
 def test_checkpoints_hold_the_adapters_and_resume_exactly(tmp_path):
   from isojax import run_dir, train  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top

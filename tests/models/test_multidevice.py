@@ -4,9 +4,10 @@ Each test runs a child Python with XLA_FLAGS set before JAX starts (the flag can
 be changed inside a running process): the `on_8_devices` fixture of conftest.py.
 """
 
+import pytest
 
 
-
+@pytest.mark.slow("the model and update compiled for 8 fake devices in a child process")
 def test_sharded_model_and_update_match_single_device(on_8_devices):
   out = on_8_devices("""
     import jax, jax.numpy as jnp, numpy as np, optax
@@ -54,6 +55,7 @@ def test_sharded_model_and_update_match_single_device(on_8_devices):
   assert out.startswith("ok")
 
 
+@pytest.mark.slow("a run compiled for 8 fake devices in a child process")
 def test_main_runs_on_a_three_axis_mesh(tmp_path, on_8_devices):
   out = on_8_devices(f"""
     import json

@@ -201,6 +201,7 @@ def test_clear_errors(sweep, tmp_path):
     analysis.analyze_directory(root, analysis.Options(metric="val/pass@4"))
 
 
+@pytest.mark.slow("fits two hundred synthetic runs")
 def test_two_hundred_runs_of_fifty_evaluations(tmp_path):
   """The issue's scale, every run its own allocation. The timing target (< 10 s)
   is measured by `python -m launch.bench_analyze`; here only a generous bound."""

@@ -211,6 +211,7 @@ def _micro(**rl):
   return config
 
 
+@pytest.mark.slow("three PPO runs with a critic, one resumed")
 @pytest.mark.parametrize("trunk", ["own", "policy"])
 def test_ppo_run_resumes_bit_identically(tmp_path, trunk):
   """A copy of a finished run, its last checkpoint removed, resumes from step 2 and logs

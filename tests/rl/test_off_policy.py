@@ -162,6 +162,7 @@ def test_ratio_takes_the_sampler_log_probs_of_a_stale_batch(run_parts):
   np.testing.assert_allclose(stats["loss"], want, rtol=2e-4, atol=1e-6)
 
 
+@pytest.mark.slow("off-policy runs compiled for 8 fake devices in a child process")
 def test_sampling_on_devices_of_its_own(on_8_devices):
   """mesh.rollout_fraction = 0.5 on 8 devices: the generator thread samples on the last
   4, evaluation and the update run on the first 4; every step trains B_p * n rollouts
@@ -261,6 +262,7 @@ def test_in_flight_generator_reraises_the_generator_error():
   gen.close()
 
 
+@pytest.mark.slow("an in-flight run compiled for 8 fake devices in a child process")
 def test_in_flight_pipeline_on_devices_of_its_own(on_8_devices):
   """rl.off_policy=pipeline_in_flight, 4 devices sampling and 4 learning: no trained
   rollout begun more than k updates before, B_p * n rollouts per step, every dropped

@@ -437,6 +437,7 @@ def _pool_error(stderr: str) -> str:
           if l.startswith("isojax.tasks.math_verifier.VerifierPoolError")][-1]
 
 
+@pytest.mark.slow("a script on standard input starts a grading pool that fails")
 def test_a_guarded_script_on_standard_input_is_told_to_be_a_file(tmp_path):
   """`python - <<EOF`: the workers cannot re-run a main script that has no file. The
   error says so, and not that the (present) `__main__` guard is missing."""
