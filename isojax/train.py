@@ -74,18 +74,24 @@ def load_task(config: ml_collections.ConfigDict, tok: tokenizer_lib.TextTokenize
   return train_problems, val_problems, book, skipped, data.skipped_rows
 
 
+def checked_model_config(config: ml_collections.ConfigDict, path: str, prompt_len: int):
+  """The policy's `ModelConfig`, read from its config file, once prompt +
+  `sampling.max_new_tokens` is checked against its context (raises, naming them)."""
+  hf = hf_checkpoint.read_hf_config(path)
+  source = hf_checkpoint.config_source(path)
+  memory_plan.check_context(prompt_len=prompt_len,
+                            max_new_tokens=config.sampling.max_new_tokens,
+                            context=hf.get("max_position_embeddings"), source=source)
+  return hf_checkpoint.model_config_from_hf(hf, **config.model, source=source)
+
+
 def plan_passes(config: ml_collections.ConfigDict, path: str, prompt_len: int
                 ) -> memory_plan.Plan:
   """Checks prompt + max_new_tokens against the model's context and sets the passes
   left at 0 (micro-batch, LM-head chunk, sampler call) in `config` from the model's
   shape and the memory there is (`memory_plan`); logs the plan. Raises, naming the
   fields, when the run cannot fit."""
-  hf = hf_checkpoint.read_hf_config(path)
-  source = hf_checkpoint.config_source(path)
-  memory_plan.check_context(prompt_len=prompt_len,
-                            max_new_tokens=config.sampling.max_new_tokens,
-                            context=hf.get("max_position_embeddings"), source=source)
-  model_cfg = hf_checkpoint.model_config_from_hf(hf, **config.model, source=source)
+  model_cfg = checked_model_config(config, path, prompt_len)
   plan = memory_plan.for_config(config, model_cfg, prompt_len=prompt_len)
   config.rl.micro_batch_size = plan.passes.micro_batch_size
   config.rl.logprob_chunk_size = plan.passes.logprob_chunk_size

@@ -28,7 +28,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from isojax import config_lib, evaluation, storage, tasks, train
+from isojax import config_lib, evaluation, memory_plan, storage, tasks, train
 from isojax.models import hf_checkpoint, sharding
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.tasks import arithmetic, demo_bases, prompts, splits
@@ -116,7 +116,8 @@ def cached(config: ml_collections.ConfigDict, options: Options) -> bool:
 class _Sampler:
   """The base policy, its prompts and verifier, and a correct-count function."""
 
-  def __init__(self, config: ml_collections.ConfigDict, problems: Sequence[tasks.Problem]):
+  def __init__(self, config: ml_collections.ConfigDict, problems: Sequence[tasks.Problem],
+               options: Options):
     self.config = config
     mesh = sharding.make_mesh(config.mesh)
     path = train.policy_path(config)
@@ -127,6 +128,17 @@ class _Sampler:
     if dropped["pool"]:
       raise ProfileError(f"{dropped['pool']} pool problems have prompts longer than "
                          f"task.max_prompt_tokens={config.task.max_prompt_tokens}")
+    # The sampler's calls sized from the memory there is (left at 0, a whole chunk of
+    # --chunk_rollouts would be one call); the context is checked and a problem's samples
+    # that cannot fit are refused here, before the model loads or anything is sampled.
+    model_cfg = train.checked_model_config(config, path, self.book.max_len)
+    if not config.sampling.max_rollouts_per_call:
+      config.sampling.max_rollouts_per_call = memory_plan.sampler_calls(
+          memory_plan.Shape.of(model_cfg), rollouts=options.chunk_rollouts,
+          group=max(options.num_samples, options.hard_samples),
+          prompt_len=self.book.max_len, max_new_tokens=config.sampling.max_new_tokens)
+      logging.info("profile sampler calls of %s rollouts",
+                   config.sampling.max_rollouts_per_call or "every")
     self.verifier = tasks.make_verifier(config.task)
     policy = hf_checkpoint.load_model(path, mesh, **config.model)
     self.graphdef, self.params = nnx.split(policy)
@@ -218,7 +230,7 @@ def profile(config: ml_collections.ConfigDict, options: Options) -> list[SplitSu
   start = time.time()
   train_pool, val_pool = (_pool(options) if config.task.name == "arithmetic"
                           else _task_pool(config, options))
-  sampler = _Sampler(config, train_pool + val_pool)
+  sampler = _Sampler(config, train_pool + val_pool, options)
   rng = jax.random.key(options.seed)
   wants_xh = any(EXTREMELY_HARD in SPLITS[s] for s in options.splits)
   train_rates = _measure(sampler, train_pool, options, jax.random.fold_in(rng, 0),

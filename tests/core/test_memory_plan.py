@@ -180,3 +180,22 @@ def test_the_shipped_demo_keeps_one_pass_and_one_call():
   assert dataclasses.astuple(plan.passes) == (config.rl.micro_batch_size,
                                               config.rl.logprob_chunk_size,
                                               config.sampling.max_rollouts_per_call)
+
+
+@pytest.mark.parametrize("available_gib", [0.5, 2.0, 8.0, 64.0])
+def test_a_sampling_job_calls_the_most_rollouts_that_fit(available_gib):
+  """Brute force over call sizes: the weights plus r rollouts' caches, prefill and
+  logits within the usable fraction of the memory."""
+  available, fraction = int(available_gib * memory_plan.GIB), memory_plan.USABLE_FRACTION["cpu"]
+  kw = dict(rollouts=4096, group=16, prompt_len=120, max_new_tokens=256)
+  fits = lambda r: (4 * SMOLLM2.params + memory_plan.sample_bytes(SMOLLM2, r, 120, 256)
+                    <= available * fraction)
+  if not fits(16):
+    with pytest.raises(ValueError, match="sampling 16 rollouts of one problem"):
+      memory_plan.sampler_calls(SMOLLM2, available=available, **kw)
+    return
+  got = memory_plan.sampler_calls(SMOLLM2, available=available, **kw)
+  if fits(4096):
+    assert got == 0  # one call
+  else:
+    assert fits(got) and not fits(got + 1) and got >= 16

@@ -137,3 +137,40 @@ def test_empty_split_is_reported_by_name_and_short_ones_are_kept():
   assert [p.name for p in plans] == ["hard", "easy"]
   assert [len(p.train) for p in plans] == [4, 2]   # easy: only 2 of 4, still written
   assert len(empty) == 1 and empty[0].startswith("very_easy")
+
+
+@pytest.mark.parametrize("available_mib", [64 * 1024, 40])
+def test_profile_sampler_calls_fit_the_memory(tmp_path, monkeypatch, available_mib):
+  """With the memory there is, every --chunk_rollouts chunk is one sampler call; with
+  little, each call holds the most rollouts that fit beside the weights (brute force
+  over call sizes here), and the model is profiled with those calls."""
+  from isojax import config_lib, evaluation, memory_plan, train  # pylint: disable=g-import-not-at-top
+  from isojax.configs import hard  # pylint: disable=g-import-not-at-top
+  seen = []
+
+  def correct_counts(graphdef, params, tok, book, problems, verifier, *, num_samples,
+                     chunk, rng, sampling):
+    del graphdef, params, tok, verifier, chunk, rng
+    seen.append((sampling.max_rollouts_per_call, book.max_len))
+    return np.full(len(problems), num_samples // 2), None  # no sampling: avg 0.5, easy
+  monkeypatch.setattr(evaluation, "correct_counts", correct_counts)
+  available = available_mib * 1024 ** 2
+  monkeypatch.setattr(memory_plan, "available_bytes", lambda: (available, "cpu"))
+  config = hard.get_config("micro")
+  options = profiling.Options(out_dir=str(tmp_path), num_samples=8, hard_samples=16,
+                              pool_size=32, val_pool_size=8, num_train=4, num_val=2,
+                              min_digits=3, max_digits=3, splits=("easy",))
+  profiling.profile(config, options)
+  assert seen and len(set(seen)) == 1
+  calls, prompt_len = seen[0]
+  resolved = config_lib.resolve(config)
+  shape = memory_plan.Shape.of(train.checked_model_config(
+      resolved, train.policy_path(resolved), prompt_len))
+  new_tokens = resolved.sampling.max_new_tokens
+  fits = lambda r: (4 * shape.params + memory_plan.sample_bytes(shape, r, prompt_len,
+                                                                new_tokens)
+                    <= available * memory_plan.USABLE_FRACTION["cpu"])
+  if fits(options.chunk_rollouts):
+    assert available_mib > 1024 and calls == 0  # one call per chunk
+  else:
+    assert available_mib == 40 and fits(calls) and not fits(calls + 1) and calls >= 16
