@@ -13,11 +13,11 @@ import ast
 import functools
 import os
 import re
-import subprocess
 
 import pytest
 
 from isojax import config_lib
+from test_docs import _tracked  # the repository's files, as git lists them
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("isojax", "launch")
@@ -30,15 +30,6 @@ TICKED = re.compile(r"`([a-z_]+(?:\.[a-z_0-9]+)+)(?:=[^`]*)?`")
 LINK = re.compile(r"\]\(([^)\s]*#[^)\s]+)\)")
 # A section named in words: the README's `Quick start` section, docs/x.md, "Limits".
 NAMED_SECTION = re.compile(r"(README|docs/[\w/]+\.md)(?:'s)? [`\"]([^`\"]+)[`\"](?: section)?")
-
-
-def _tracked(*patterns):
-  try:
-    out = subprocess.run(["git", "ls-files", *patterns], cwd=ROOT, capture_output=True,
-                         text=True, check=True).stdout.split()
-  except (OSError, subprocess.CalledProcessError):
-    pytest.skip("not a git checkout")
-  return [f for f in out if os.path.isfile(os.path.join(ROOT, f))]
 
 
 def _python_prose(path):

@@ -18,6 +18,7 @@ is what they share: which problems a step samples, and the sampling itself.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import functools
 import threading
@@ -125,11 +126,12 @@ class Problems:
             rl_batch.training_rewards(self.config, scored)))
 
 
-class RolloutSource:
+class RolloutSource(abc.ABC):
   """The interface; see the module docstring."""
 
+  @abc.abstractmethod
   def next_batch(self, step: int, learner) -> Batch:
-    raise NotImplementedError
+    """The rollouts update `step` trains on; `learner.params` is the policy it updates."""
 
   def checkpoint_tree(self) -> dict[str, Any] | None:
     """The checkpoint item `queue`: what a resume needs of this source (None: nothing)."""
