@@ -195,7 +195,7 @@ class Pipelined(RolloutSource):
 
   def __init__(self, problems: Problems, *, num_steps: int, queued: list,
                snapshot: Callable[[Any], Any] | None):
-    self._problems, self._config = problems, problems.config
+    self._config = problems.config
 
     def sample_step(step: int, version: int, params) -> off_policy.Generated:
       collected = problems.collect(step, params)
@@ -226,7 +226,7 @@ class InFlight(RolloutSource):
 
   def __init__(self, problems: Problems, *, first_batch: int,
                snapshot: Callable[[Any], Any] | None):
-    self._problems, self._config = problems, problems.config
+    self._config = problems.config
     self._consumed = 0  # batches taken or dropped since the last next_batch
     lock = threading.Lock()  # the generator chooses while the learner records
 
