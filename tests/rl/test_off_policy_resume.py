@@ -67,14 +67,21 @@ def _signal_at(proc, workdir, step, signum, what):
 
 def _interrupted_run(workdir, flags, rng):
   """SIGKILL after a random step, then SIGTERM to the rerun after a later random step,
-  then a rerun to the end. Returns (what was drawn, the SIGTERM'd rerun's stderr)."""
-  kill_step = rng.randint(3, NUM_STEPS - 4)
-  term_step = rng.randint(kill_step + 1, NUM_STEPS - 2)
-  what = f"SIGKILL after step {kill_step}, SIGTERM after step {term_step}"
+  then a rerun to the end. Returns (what was drawn, the SIGTERM'd rerun's stderr).
+
+  The SIGTERM step is drawn past every step the killed run logged (it may log one or two
+  more before the kill lands), so it can only be the rerun's own line: the rerun keeps
+  the killed run's lines up to its checkpoint until it has started up.
+  """
+  kill_step = rng.randint(3, NUM_STEPS - 5)
+  what = f"SIGKILL after step {kill_step}"
   proc = _signal_at(_start(workdir, flags), workdir, kill_step, signal.SIGKILL, what)
   proc.communicate(timeout=120)
   assert proc.returncode == -signal.SIGKILL, f"{what}: the run ended before the kill"
-  assert NUM_STEPS not in _logged_steps(workdir), what
+  killed_last = max(_logged_steps(workdir))
+  assert killed_last <= NUM_STEPS - 3, f"{what}: the killed run logged up to {killed_last}"
+  term_step = rng.randint(killed_last + 1, NUM_STEPS - 2)
+  what += f" (it logged up to {killed_last}), SIGTERM after step {term_step}"
   proc = _signal_at(_start(workdir, flags), workdir, term_step, signal.SIGTERM, what)
   stderr = _finish(proc, what + " (the SIGTERM'd rerun exits 0)")
   assert "preempted after" in stderr, f"{what}: {stderr[-2000:]}"
