@@ -40,7 +40,9 @@ from flax import nnx
 from isojax import config_lib
 from isojax.models import hf_checkpoint, lora, sharding, transformer
 from isojax.rl import critic as critic_lib
-from isojax.rl import names, rollout, update
+from isojax.models import settings as model_settings
+from isojax.rl import rollout, update
+from isojax.rl import settings as rl_settings
 from isojax.sampling import sampler
 from isojax.tasks import demo_bases
 
@@ -145,16 +147,17 @@ def hbm_bytes(devices: list, hbm_gib: float | None = None) -> int | None:
     return gib * GIB if gib else None
 
 
-def critic_model_config(config: ml_collections.ConfigDict, policy_cfg):
+def critic_model_config(critic: rl_settings.CriticSettings,
+                        model: model_settings.ModelSettings, policy_cfg):
   """The critic's `ModelConfig`: the policy's, or that of `critic.path`/config.json."""
-  path = config.critic.path
+  path = critic.path
   if not path:
     return policy_cfg
   if not os.path.isfile(os.path.join(path, "config.json")):
     raise ValueError(f"critic.path={path}: no config.json")
   return hf_checkpoint.model_config_from_hf(
       hf_checkpoint.read_hf_config(path), source=os.path.join(path, "config.json"),
-      **config.model)
+      **model.as_kwargs())
 
 
 def weight_counts(state) -> tuple[int, int]:
@@ -219,12 +222,11 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
   optimizer state are resident in every program of those chips, the policy's in the
   critic's.
   """
-  config = config_lib.resolve(config)
-  mesh, rollout_mesh = sharding.make_meshes(config.mesh, devices)
+  s = config_lib.settings(config_lib.resolve(config))
+  mesh, rollout_mesh = sharding.make_meshes(s.mesh.as_kwargs(), devices)
   sample_mesh = mesh if rollout_mesh is None else rollout_mesh
-  n, m, b_p = (config.rollouts_per_problem, config_lib.train_rollouts_per_problem(config),
-               config.problems_per_batch)
-  p, t = prompt_len, config.sampling.max_new_tokens
+  n, m, b_p = s.rollouts_per_problem, s.train_rollouts_per_problem, s.problems_per_batch
+  p, t = prompt_len, s.sampling.max_new_tokens
   graphdef, abstract = nnx.split(transformer.abstract_model(model_cfg))
   placed = lambda tree, shardings: jax.tree.map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
@@ -232,31 +234,32 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
   sample_params = placed(abstract, sharding.state_shardings(abstract, sample_mesh))
   # LoRA: the update trains (and Adam holds) the adapters; the base is read, not donated.
   trained, frozen = lora.split(params) if model_cfg.lora.enabled else (params, None)
-  tx, _ = update.make_optimizer(config)
+  tx, _ = update.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
+                                updates_per_step=s.rl.updates_per_step)
   opt_state = placed(jax.eval_shape(tx.init, trained),
                      update.opt_state_shardings(tx, trained, mesh))
-  settings = update.UpdateSettings.from_config(config, group_size=m, prompt_len=p)
-  keep_reference = config.rl.kl_coef > 0 or config.rl.log_kl_to_base
+  settings = update.UpdateSettings.derive(s.rl, s.sampling, group_size=m, prompt_len=p)
   param_bytes, opt_bytes = _chip_bytes(params), _chip_bytes(opt_state)
   # The reference: a copy of the weights, or with LoRA the base itself (zero adapters).
   ref_bytes = (_chip_bytes(trained) if frozen is not None else param_bytes
-               ) if keep_reference else 0
+               ) if s.rl.keeps_reference else 0
   # The generator's weights beside the learner's (off-policy on shared devices).
-  snapshot_bytes = param_bytes if config.rl.max_staleness and rollout_mesh is None else 0
+  snapshot_bytes = param_bytes if s.rl.max_staleness and rollout_mesh is None else 0
   # PPO's critic on the learner's chips: its weights and Adam state stay there.
-  uses_critic = config.rl.advantage == names.GAE
+  uses_critic = s.rl.uses_critic
   if uses_critic:
-    critic_graphdef, critic_abstract = critic_lib.abstract(critic_model_config(config,
-                                                                               model_cfg))
+    critic_graphdef, critic_abstract = critic_lib.abstract(
+        critic_model_config(s.critic, s.model, model_cfg))
     critic_params = placed(critic_abstract, sharding.state_shardings(critic_abstract, mesh))
     critic_frozen = None
-    if config.critic.trunk == "policy":  # the head alone; the policy's weights its trunk
+    if s.critic.trunk == "policy":  # the head alone; the policy's weights its trunk
       critic_params = nnx.State({"head": critic_params["head"]})
       critic_frozen = critic_lib.policy_trunk(params)
-    critic_tx = critic_lib.make_optimizer(config)
+    critic_tx = critic_lib.make_optimizer(s.critic, s.optim,
+                                          updates_per_step=s.rl.updates_per_step)
     critic_opt = jax.eval_shape(critic_tx.init, critic_params)
     opt_placement = critic_lib.opt_state_shardings(critic_tx, critic_params, mesh,
-                                                   config.critic.train_trunk)
+                                                   s.critic.train_trunk)
     if isinstance(opt_placement, jax.sharding.Sharding):  # one placement for every leaf
       opt_placement = jax.tree.map(lambda _: opt_placement, critic_opt)
     critic_opt = placed(critic_opt, opt_placement)
@@ -271,10 +274,10 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
 
   # One sampler call as `rollout.sample` makes it: whole groups, each device the same
   # number, at most sampling.max_rollouts_per_call rollouts; under the mesh.
-  groups, _ = rollout.call_plan(b_p, n, config.sampling.max_rollouts_per_call,
+  groups, _ = rollout.call_plan(b_p, n, s.sampling.max_rollouts_per_call,
                                 sharding.batch_shards(sample_mesh))
 
-  spec = rollout.sample_spec(config.sampling, n=n, rollouts_per_call=groups * n,
+  spec = rollout.sample_spec(s.sampling, n=n, rollouts_per_call=groups * n,
                              shards=sharding.batch_shards(sample_mesh),
                              stop_ids=(model_cfg.vocab_size - 1,), pad_id=0)
   sample = lambda: sampler.sample.lower(
@@ -282,7 +285,7 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
       _spec((groups, p), bool, sample_mesh), key_on(sample_mesh), spec)
   decoding = (f", {spec.num_slots} decode slots" if spec.num_slots else "") + (
       f" halving down to {spec.min_slots}" if spec.min_slots else "") + (
-      f", {config.sampling.dtype} activations and caches" if config.sampling.dtype else "")
+      f", {s.sampling.dtype} activations and caches" if s.sampling.dtype else "")
 
   b = b_p * m  # rollouts scored and trained per step; train_step splits the minibatches
   score = lambda: update.score.lower(
@@ -306,7 +309,7 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
   # Model FLOPs: 2 per weight per token forward, 6 with the backward pass; the LM head
   # sees only the response positions; the sampler prefills each prompt once.
   body, head = weight_counts(abstract)
-  epochs = config.rl.num_epochs
+  epochs = s.rl.num_epochs
   flops = dict(sample=2 * (body * groups * p + (body + head) * groups * n * t),  # one call
                score=2 * (body * b * (p + t) + head * b * t),
                # LoRA: no weight gradients for the frozen base, 4 FLOPs per weight
@@ -333,7 +336,9 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
                  f"{on(mesh, 'learner')}",
                  flops["train_step"])]
     if uses_critic:
-      results += _critic_programs(config, critic_graphdef, critic_params, critic_frozen,
+      value_settings = critic_lib.ValueUpdateSettings.derive(s.critic, s.rl, group_size=m,
+                                                             prompt_len=p)
+      results += _critic_programs(value_settings, critic_graphdef, critic_params, critic_frozen,
                                   critic_opt, critic_tx, tokens, mask, batch, settings,
                                   param_bytes + opt_bytes + ref_bytes + snapshot_bytes,
                                   weight_counts(critic_abstract)[0],
@@ -341,7 +346,8 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
   return results
 
 
-def _critic_programs(config, graphdef, params, frozen, opt_state, tx, tokens, mask,
+def _critic_programs(critic_settings: critic_lib.ValueUpdateSettings, graphdef, params, frozen,
+                     opt_state, tx, tokens, mask,
                      batch: update.TrainBatch, settings: update.UpdateSettings,
                      resident: int, body: int, where: str) -> list[ProgramMemory]:
   """The critic's value pass and update, lowered from `critic_lib`'s jitted functions
@@ -349,26 +355,23 @@ def _critic_programs(config, graphdef, params, frozen, opt_state, tx, tokens, ma
   weights as the trunk of a head on it (`critic.trunk="policy"`), else None."""
   b, s = tokens.shape
   p = settings.prompt_len
-  c = config.critic
   values = lambda: critic_lib.values.lower(graphdef, params, tokens, mask, prompt_len=p,
                                            micro_batch_size=settings.micro_batch_size,
                                            frozen=frozen)
   f32_BT = batch.old_logp   # a [B, T] float32 placed like every response row
   value_batch = critic_lib.ValueBatch(tokens, mask, batch.response_mask, old_values=f32_BT,
                                       returns=f32_BT, shuffle_rng=batch.shuffle_rng)
-  critic_settings = critic_lib.CriticSettings.from_config(
-      config, group_size=settings.group_size, prompt_len=p)
   step = lambda: critic_lib.critic_step.lower(graphdef, params, opt_state, value_batch,
                                               tx=tx, settings=critic_settings, frozen=frozen)
   trunk = ("the policy's (head only)" if frozen is not None else
-           "trained" if c.train_trunk else "frozen (head only)")
-  per_token = 6 if c.train_trunk else 2   # a frozen trunk runs forward only
+           "trained" if critic_settings.train_trunk else "frozen (head only)")
+  per_token = 6 if critic_settings.train_trunk else 2   # a frozen trunk runs forward only
   return [
       _measure("values", values, resident, f"[{b}, {s}] tokens, micro-batches of "
                f"{settings.micro_batch_size or 'all'}{where}", 2 * body * b * s),
       _measure("critic_step", step, resident,
                f"[{b}, {s}] tokens, {settings.num_minibatches} minibatch(es), trunk "
-               f"{trunk}{where}", per_token * config.rl.num_epochs * body * b * s)]
+               f"{trunk}{where}", per_token * settings.num_epochs * body * b * s)]
 
 
 def format_table(results: list[ProgramMemory], hbm: int | None) -> str:

@@ -13,6 +13,8 @@ import numpy as np
 
 from isojax import validation
 
+F = validation.field
+
 # "linear": every `every` steps; "log": `count` log-spaced steps (dense early, where the
 # metric moves fastest).
 SCHEDULES = ("linear", "log")
@@ -20,15 +22,16 @@ SCHEDULES = ("linear", "log")
 
 @dataclasses.dataclass(frozen=True)
 class EvalSettings(validation.Section):
-  """`config.eval`; the defaults and what each field means are in
-  `config_lib.base_config`, the one place they are defined."""
-  schedule: str
-  every: int
-  count: int
-  k: int
-  num_samples: int
-  chunk_problems: int
-  train_problems: int
+  """`config.eval`: when the validation set is evaluated, with how many samples."""
+  schedule: str = F("linear", "`linear` (every `every` steps) or `log` (`count` log-spaced "
+                    "steps, dense early where the metric moves fastest); always step 0 "
+                    "and M")
+  every: int = F(10, "linear: steps between evaluations")
+  count: int = F(16, "log: evaluations after step 0, at most")
+  k: int = F(4, "k of avg@k / best@k / worst@k")
+  num_samples: int = F(8, "N >= k samples per validation problem")
+  chunk_problems: int = F(256, "validation problems per sampler call")
+  train_problems: int = F(128, "training problems in the pass@1 histogram; 0 disables")
 
   def __post_init__(self):
     validation.choice("eval.schedule", self.schedule, SCHEDULES)

@@ -12,19 +12,20 @@ from __future__ import annotations
 from typing import Sequence
 
 import jax
-import ml_collections
 import numpy as np
 
-from isojax import metrics
+from isojax import eval_settings, metrics
 from isojax.models.tokenizer import TextTokenizer
 from isojax.rl import rollout
+from isojax.sampling import settings as sampling_settings
 from isojax.tasks import Problem, Verifier
 from isojax.tasks.prompts import PromptBook
 
 
 def correct_counts(graphdef, params, tok: TextTokenizer, book: PromptBook,
                    problems: Sequence[Problem], verifier: Verifier, *, num_samples: int,
-                   chunk: int, rng: jax.Array, sampling: ml_collections.ConfigDict
+                   chunk: int, rng: jax.Array,
+                   sampling: sampling_settings.SamplingSettings
                    ) -> tuple[np.ndarray, float]:
   """Correct samples out of `num_samples` per problem [G] int, and the fraction of
   samples truncated at `max_new_tokens`."""
@@ -42,7 +43,8 @@ def correct_counts(graphdef, params, tok: TextTokenizer, book: PromptBook,
 
 def evaluate(graphdef, params, tok: TextTokenizer, book: PromptBook,
              problems: Sequence[Problem], verifier: Verifier,
-             config: ml_collections.ConfigDict, *, rng: jax.Array,
+             settings: eval_settings.EvalSettings,
+             sampling: sampling_settings.SamplingSettings, *, rng: jax.Array,
              histogram_problems: Sequence[Problem] = ()) -> dict[str, float | list[int]]:
   """avg@k, best@k, worst@k (with standard errors) and the truncated fraction on
   `problems`, plus the pass@1 histogram of `histogram_problems` if there are any.
@@ -55,15 +57,15 @@ def evaluate(graphdef, params, tok: TextTokenizer, book: PromptBook,
   paper's interference diagnostic: with small n a few problems get solved (pass@1 -> 1)
   while others fall to 0, and its mass moving to both ends shows it.
   """
-  num_samples = config.eval.num_samples
+  num_samples = settings.num_samples
 
   def count(part: Sequence[Problem]) -> tuple[np.ndarray, float]:
     return correct_counts(graphdef, params, tok, book, part, verifier, num_samples=num_samples,
-                          chunk=min(config.eval.chunk_problems, len(part)), rng=rng,
-                          sampling=config.sampling)
+                          chunk=min(settings.chunk_problems, len(part)), rng=rng,
+                          sampling=sampling)
 
   counts_G, truncated = count(problems)
-  result = dict(metrics.summarize_correct(counts_G, num_samples, config.eval.k),
+  result = dict(metrics.summarize_correct(counts_G, num_samples, settings.k),
                 **{metrics.VAL_TRUNCATED: truncated,
                    metrics.VAL_CORRECT_COUNTS: counts_G.tolist()})
   if histogram_problems:

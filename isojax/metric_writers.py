@@ -24,15 +24,18 @@ Only the primary process writes (`enabled=False` elsewhere).
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import os
 import time
 import uuid
 from typing import Any, Protocol, Sequence
 
-import ml_collections
 import numpy as np
 
-from isojax import metrics, run_dir, storage
+from isojax import metrics, run_dir, storage, validation
+
+F = validation.field
 
 Scalars = dict[str, float]
 Histograms = dict[str, list[int]]
@@ -120,7 +123,7 @@ class TensorBoardWriter:
 class WandbWriter:
   """One W&B run per workdir, continued when the run resumes."""
 
-  def __init__(self, settings: ml_collections.ConfigDict, workdir: str,
+  def __init__(self, settings: MetricWritersSettings, workdir: str,
                resume_step: int | None, run_config: dict[str, Any] | None):
     try:
       import wandb  # pylint: disable=g-import-not-at-top
@@ -152,6 +155,26 @@ class WandbWriter:
     self._run.finish()
 
 
+@dataclasses.dataclass(frozen=True)
+class MetricWritersSettings(validation.Section):
+  """`config.metric_writers`: where metrics are watched besides `metrics.jsonl` (the
+  record analysis reads) ([run_directory.md](run_directory.md))."""
+  tensorboard: bool = F(True, "TensorBoard event files in the workdir")
+  wandb: bool = F(False, "W&B (`pip install -e \".[wandb]\"`)")
+  wandb_project: str = F("isojax", "W&B project")
+  wandb_entity: str = F("", "`\"\"` = your default entity")
+  wandb_name: str = F("", "`\"\"` = the workdir's name")
+
+  def __post_init__(self):
+    for field in ("tensorboard", "wandb"):
+      validation.boolean(f"metric_writers.{field}", getattr(self, field))
+    if self.wandb and importlib.util.find_spec("wandb") is None:
+      raise ValueError("metric_writers.wandb=True but the wandb package is not installed: "
+                       "`pip install wandb`, or set --config.metric_writers.wandb=False")
+    if self.wandb and not self.wandb_project:
+      raise ValueError("metric_writers.wandb=True needs metric_writers.wandb_project")
+
+
 class MetricWriters:
   """Sends each metrics line to every enabled writer."""
 
@@ -171,9 +194,9 @@ class MetricWriters:
     self.writers = []
 
 
-def create(settings: ml_collections.ConfigDict, workdir: str, *, resume_step: int | None,
+def create(settings: MetricWritersSettings, workdir: str, *, resume_step: int | None,
            enabled: bool = True, run_config: dict[str, Any] | None = None) -> MetricWriters:
-  """The writers `settings` (a config's `metric_writers`) enables; none when not
+  """The writers `settings` enables; none when not
   `enabled`. `resume_step`: the restored checkpoint's step (None for a fresh run)."""
   workdir = str(workdir)
   writers: list[Writer] = []

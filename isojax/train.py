@@ -27,14 +27,14 @@ import tqdm
 from absl import logging
 from flax import nnx
 
-from isojax import (checkpointing, config_lib, eval_settings, evaluation, host_memory,
-                    memory_plan, metric_writers, metrics, preemption, resume_settings, run_dir,
-                    run_state, storage, tasks, workdir_lock)
+from isojax import (checkpointing, config_lib, evaluation, host_memory, memory_plan,
+                    metric_writers, metrics, preemption, resume_settings, run_dir,
+                    run_settings, run_state, storage, tasks, workdir_lock)
 from isojax.models import hf_checkpoint, lora, sharding
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.rl import guard, problem_pool, rollout, sources, update
 from isojax.rl import critic as critic_lib
-from isojax.rl import names
+from isojax.rl import settings as rl_settings
 from isojax.rl import step as rl_step
 from isojax.tasks import demo_bases, prompts
 
@@ -157,12 +157,13 @@ class _Inputs:
 def _check_inputs(config: ml_collections.ConfigDict) -> _Inputs:
   """The mesh, model files, tokenizer, task, memory plan and verifier; fails fast,
   before anything is written."""
-  mesh, rollout_mesh = sharding.make_meshes(config.mesh)
+  s = config_lib.settings(config)
+  mesh, rollout_mesh = sharding.make_meshes(s.mesh.as_kwargs())
   path = policy_path(config)
-  hf_checkpoint.check_files(path, **config.model)  # headers and sizes; reads no weights
-  tok = tokenizer_lib.load_tokenizer(path, extra_stop_ids=tuple(config.sampling.stop_token_ids))
-  rollout.interruption(config.sampling, tok)  # its text must fit the tokenizer
-  critic_lib.check_vocabulary(config, path)   # a loaded critic reads the policy's tokens
+  hf_checkpoint.check_files(path, **s.model.as_kwargs())  # headers and sizes; reads no weights
+  tok = tokenizer_lib.load_tokenizer(path, extra_stop_ids=s.sampling.stop_token_ids)
+  rollout.interruption(s.sampling, tok)  # its text must fit the tokenizer
+  critic_lib.check_vocabulary(s.critic, s.model, path)  # a loaded critic reads the policy's tokens
   train_problems, val_problems, book, skipped, skipped_rows = load_task(config, tok)
   requested = resume_settings.settings(config)  # as set: before the plan fills in passes
   plan_passes(config, path, book.max_len)  # the context and memory
@@ -170,30 +171,33 @@ def _check_inputs(config: ml_collections.ConfigDict) -> _Inputs:
                  skipped_rows, requested, tasks.make_verifier(config.task))
 
 
-def _learner(config: ml_collections.ConfigDict, inputs: _Inputs, state: run_state.RunState,
+def _learner(s: run_settings.RunSettings, inputs: _Inputs, state: run_state.RunState,
              *, from_step: int | None):
   """The policy, its optimizer, reference and critic, restored from the newest
   checkpoint that restores (newer ones that do not are moved aside); the restored
   counters and pool go into `state`. Returns (learner, restore result or None, the
   learning-rate schedule)."""
   mesh, workdir = inputs.mesh, state.workdir
-  policy = hf_checkpoint.load_model(inputs.path, mesh, **config.model)
+  policy = hf_checkpoint.load_model(inputs.path, mesh, **s.model.as_kwargs())
   graphdef, params = nnx.split(policy)
   # LoRA: only the adapters train, are held by the optimizer and are checkpointed; the
   # base weights stay as loaded and are the reference policy (its B matrices at zero).
-  state.use_lora = config.model.lora.rank > 0
+  state.use_lora = s.model.lora.enabled
   trained, base = lora.split(params) if state.use_lora else (params, None)
   ref_params = None
-  if config.rl.kl_coef > 0 or config.rl.log_kl_to_base:  # a reference is kept
+  if s.rl.keeps_reference:
     ref_params = lora.disabled(params) if state.use_lora else jax.tree.map(jnp.copy, params)
-  if config.rl.retire_pass_rate > 0:
+  if s.rl.retire_pass_rate > 0:
     state.pool = problem_pool.ProblemPool(len(inputs.train_problems),
-                                          threshold=config.rl.retire_pass_rate)
-  tx, schedule = update.make_optimizer(config)
+                                          threshold=s.rl.retire_pass_rate)
+  tx, schedule = update.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
+                                       updates_per_step=s.rl.updates_per_step)
   opt_state = jax.jit(tx.init, out_shardings=update.opt_state_shardings(tx, trained, mesh))(
       trained)
-  critic = (critic_lib.create(config, mesh, graphdef, params)
-            if config.rl.advantage == names.GAE else None)  # PPO's value model
+  critic = (critic_lib.create(s.critic, s.rl, s.optim, s.model,
+                              group_size=s.train_rollouts_per_problem, mesh=mesh,
+                              policy_graphdef=graphdef, policy_params=params)
+            if s.rl.uses_critic else None)  # PPO's value model
   restored = checkpointing.restore_newest(
       state.ckpt, params=trained, opt_state=opt_state,
       corrupt_dir=run_dir.corrupt_checkpoint_dir(workdir), primary=state.primary,
@@ -210,7 +214,10 @@ def _learner(config: ml_collections.ConfigDict, inputs: _Inputs, state: run_stat
           {k: np.asarray(v) for k, v in restored.counters["pool"].items()})
     logging.info("resumed %s at step %d (%d rollouts)", workdir, state.counters.step,
                  state.counters.rollouts)
-  learner = rl_step.Learner(config, mesh, graphdef, params, opt_state, ref_params, tx, critic)
+  learner = rl_step.Learner(
+      s.rl, s.sampling, s.rollouts_per_problem, lora=state.use_lora, mesh=mesh,
+      graphdef=graphdef, params=params, opt_state=opt_state, ref_params=ref_params, tx=tx,
+      critic=critic)
   return learner, restored, schedule
 
 
@@ -245,7 +252,8 @@ def _start_events(state: run_state.RunState, restored, settings_event) -> None:
                              "counted)"})
 
 
-def _train_on(state: run_state.RunState, batch: sources.Batch, config, schedule, *,
+def _train_on(state: run_state.RunState, batch: sources.Batch, s: run_settings.RunSettings,
+              schedule, *,
               select_key, shuffle_key, step_start: float
               ) -> tuple[dict[str, Any], dict[str, float]]:
   """One update on `batch`; advances the counters. Returns the step's metrics and its
@@ -260,7 +268,7 @@ def _train_on(state: run_state.RunState, batch: sources.Batch, config, schedule,
                         prefetched=batch.prefetched,
                         # the critic's warm-up: its steps leave the policy as it is
                         train_policy=(learner.critic is None
-                                      or step >= config.critic.warmup_steps))
+                                      or step >= s.critic.warmup_steps))
   timings = metrics.step_timings(batch.scored.timings, update_s=time.time() - update_start,
                                  step_s=time.time() - step_start,
                                  rollout_wait_s=batch.rollout_wait_s)
@@ -271,20 +279,20 @@ def _train_on(state: run_state.RunState, batch: sources.Batch, config, schedule,
   c.tokens += batch.scored.num_tokens
   c.wall_s += time.time() - step_start
   values = rl_step.step_metrics(
-      config, result,
-      learning_rate=schedule(step * config.rl.num_minibatches * config.rl.num_epochs),
+      s.rl, s.sampling, result, learning_rate=schedule(step * s.rl.updates_per_step),
       active_problems=batch.active_problems, has_reference=learner.ref_params is not None)
   values.update(batch.metrics)
   return values, timings
 
 
-def _collapse(state: run_state.RunState, values: dict, config) -> dict | None:
+def _collapse(state: run_state.RunState, values: dict,
+              settings: rl_settings.GuardSettings) -> dict | None:
   """The guard's collapse event of this step (None: none), naming the checkpoint kept
   from before the collapse began."""
   c = state.counters
   c.collapse_streak, collapsed = guard.collapse(
-      values, streak=c.collapse_streak, collapse_steps=config.guard.collapse_steps,
-      stop=config.guard.stop_on_collapse, step=c.step)
+      values, streak=c.collapse_streak, collapse_steps=settings.collapse_steps,
+      stop=settings.stop_on_collapse, step=c.step)
   state.kept.steps = run_state.kept_before_collapse(state.ckpt, c)  # before a save rotates
   if collapsed and state.kept.steps:
     c.kept_step = max(state.kept.steps)
@@ -301,15 +309,16 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
   if not any(isinstance(f, _DropLibraryInfo) for f in handler.filters):
     handler.addFilter(_DropLibraryInfo())
   resume_settings.check_allowance(allow_changed)  # a mistyped field fails before any work
-  num_steps = config.num_steps
-  eval_at = eval_settings.EvalSettings.from_config(config.eval).steps(num_steps)
   inputs = _check_inputs(config)  # fail fast, before any write
+  s = config_lib.settings(config)  # as planned: the passes left at 0 are filled in
+  num_steps = s.num_steps
+  eval_at = s.eval.steps(num_steps)
 
   # ==================== Run directory and checkpoints ====================
   hold_workdir()  # before anything is read from or written to it
   kept = checkpointing.KeptSteps()  # the healthy checkpoint from before a collapse
   state = run_state.RunState(workdir, checkpointing.manager(
-      run_dir.checkpoint_dir(workdir), keep=config.checkpoint_keep, kept=kept), kept,
+      run_dir.checkpoint_dir(workdir), keep=s.checkpoint_keep, kept=kept), kept,
       primary=jax.process_index() == 0)  # one writer per job, however many hosts
   on_exit(state.close)
   # Nothing is written before the settings check: a workdir with a checkpoint holds a run.
@@ -321,21 +330,22 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
     run_dir.write_config(workdir, config.to_dict())
 
   # ==================== Model, optimizer and restore ====================
-  state.learner, restored, schedule = _learner(config, inputs, state, from_step=from_step)
+  state.learner, restored, schedule = _learner(s, inputs, state, from_step=from_step)
   settings_event = _settings_event(workdir, inputs, restored, start=start, changed=changed,
                                    allow_changed=allow_changed, primary=state.primary)
   kept.steps = run_state.kept_before_collapse(state.ckpt, state.counters)
   # Lines after the restored step are dropped: the run ends as if never interrupted.
   resume_step = restored.step if restored else None
   state.writer = run_dir.MetricsWriter(workdir, resume_step=resume_step, enabled=state.primary)
-  state.viewers = metric_writers.create(config.metric_writers, workdir,
+  state.viewers = metric_writers.create(s.metric_writers, workdir,
                                         resume_step=resume_step, enabled=state.primary,
                                         run_config=config.to_dict())
   sample_key, eval_key, shuffle_key, select_key = jax.random.split(
-      jax.random.key(config.seed), 4)
+      jax.random.key(s.seed), 4)
   graphdef = state.learner.graphdef
-  problems = sources.Problems(config, graphdef, inputs.tok, inputs.book, inputs.train_problems,
-                              inputs.verifier, state.pool, sample_key)
+  problems = sources.Problems(s.seed, s.rollouts_per_problem, s.problems_per_batch, s.rl,
+                              s.sampling, graphdef, inputs.tok, inputs.book,
+                              inputs.train_problems, inputs.verifier, state.pool, sample_key)
   state.source = sources.make(
       problems, num_steps=num_steps, batches=state.counters.batches,
       queue=restored and restored.queue,
@@ -346,8 +356,8 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
     start_s = time.time()
     result = evaluation.evaluate(
         graphdef, state.learner.params, inputs.tok, inputs.book, inputs.val_problems,
-        inputs.verifier, config, rng=eval_key,
-        histogram_problems=inputs.train_problems[:config.eval.train_problems])
+        inputs.verifier, s.eval, s.sampling, rng=eval_key,
+        histogram_problems=inputs.train_problems[:s.eval.train_problems])
     state.counters.wall_s += time.time() - start_s
     host_memory.release_free_memory()  # the evaluation's sampler buffers
     logging.info("step %d eval: %s", state.counters.step, " ".join(  # lists: jsonl only
@@ -375,33 +385,33 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
       state.preempt()
     step_start = time.time()
     batch = state.source.next_batch(c.step, state.learner)
-    values, timings = _train_on(state, batch, config, schedule, select_key=select_key,
+    values, timings = _train_on(state, batch, s, schedule, select_key=select_key,
                                 shuffle_key=shuffle_key, step_start=step_start)
     diverged = guard.non_finite(values, step=c.step,
                                 params_finite=bool(guard.all_finite(state.learner.params)))
     if diverged:
       state.stop(diverged)  # before anything of this step is evaluated, logged or saved
-    collapsed = _collapse(state, values, config)
+    collapsed = _collapse(state, values, s.guard)
     evaluate_now = c.step in eval_at
     values.update(timings)
     if evaluate_now:
       eval_start = time.time()
       last_eval = run_eval()
       values.update(last_eval, **{metrics.TIME_EVAL: time.time() - eval_start})
-    if evaluate_now or c.step % config.log_every == 0:
+    if evaluate_now or c.step % s.log_every == 0:
       state.record(values)
-    if collapsed and config.guard.stop_on_collapse:
+    if collapsed and s.guard.stop_on_collapse:
       state.stop(collapsed)
     elif collapsed:
       logging.warning(collapsed["message"])
       state.record(collapsed)
-    if c.step % config.checkpoint_every == 0 or c.step == num_steps:
+    if c.step % s.checkpoint_every == 0 or c.step == num_steps:
       state.save()
     host_memory.release_free_memory()
     state.bar.update(1)
     state.bar.set_postfix(
         reward=f"{values[metrics.TRAIN_REWARD]:.3f}",
-        val=f"{last_eval.get(metrics.val_avg(config.eval.k), float('nan')):.3f}")
+        val=f"{last_eval.get(metrics.val_avg(s.eval.k), float('nan')):.3f}")
   state.close()
   final = last_eval or {k: v for k, v in run_dir.read_metrics(workdir)[-1].items()
                         if k.startswith(metrics.VAL_PREFIX)}

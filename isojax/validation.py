@@ -7,6 +7,7 @@ dotted field, the value given and what was expected.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any, Mapping, TypeVar
 
@@ -42,13 +43,33 @@ def choice(field: str, value: Any, choices) -> Any:
   return value
 
 
+def field(default: Any, doc: str, *, kind: type | None = None, shown: str = "") -> Any:
+  """A settings field: its default and its meaning, the one place both are written.
+
+  `doc` is the meaning as `docs/configs.md`'s field reference shows it (Markdown; that
+  table is generated from these). `kind` types a field whose default is None (the
+  command line parses an override of it by that type); `shown` replaces the default in the
+  table where the value itself is too long to read there.
+  """
+  metadata = {"doc": doc, "kind": kind, "shown": shown}
+  if isinstance(default, (dict, list)):
+    return dataclasses.field(default_factory=lambda: copy.deepcopy(default),
+                             metadata=metadata)
+  return dataclasses.field(default=default, metadata=metadata)
+
+
 class Section:
   """Base of the settings dataclasses: one built from the same-named keys of its config
-  section (`from_config`), checking itself in `__post_init__`."""
+  section (`from_config`), checking itself in `__post_init__`. Every field has its
+  default and meaning (`field`), so `cls()` is the section's defaults."""
 
   @classmethod
   def from_config(cls: type[T], section: Mapping[str, Any]) -> T:
     return from_mapping(cls, section)
+
+  def as_kwargs(self) -> dict[str, Any]:
+    """The fields by name, nested sections kept whole (for `f(**section.as_kwargs())`)."""
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 def from_mapping(cls: type[T], section: Mapping[str, Any]) -> T:

@@ -45,20 +45,13 @@ FUNCTION_LEVEL_IMPORTS: dict[tuple[str, str], str] = {
         "Hugging Face",
 }
 
-# Imports that close the one cycle left between packages (isojax.rl <-> config_lib),
-# awaiting the typed settings: rl/ reads derived values of the ConfigDict it is given
-# (`config_lib.learning_rate`, `train_rollouts_per_problem`), while config_lib checks
-# `config.rl` with `rl/settings`.
-PENDING_PACKAGE_EDGES = {
-    ("isojax.rl.batch", "isojax.config_lib"), ("isojax.rl.critic", "isojax.config_lib"),
-    ("isojax.rl.step", "isojax.config_lib"), ("isojax.rl.update", "isojax.config_lib"),
-}
-
 # What the planner may not import: it is pure functions of numbers (no device, no
 # config layer, no tokenizer).
 PLANNER_FORBIDDEN = ("ml_collections", "isojax.config_lib", "jax", "flax")
-# The model layer reads typed settings, never the config layer.
-MODELS_FORBIDDEN = ("ml_collections", "isojax.config_lib")
+# The layers below the command line read typed settings, never the config layer.
+SETTINGS_READERS = ("isojax.rl", "isojax.sampling", "isojax.models", "isojax.planner",
+                    "isojax.evaluation")
+CONFIG_LAYER = ("ml_collections", "isojax.config_lib")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,14 +205,10 @@ def test_no_import_cycle_among_packages():
   edges: dict[str, set[str]] = {}
   for source, targets in _edges(import_graph()).items():
     for target in targets:
-      pending = (source, target) in PENDING_PACKAGE_EDGES
-      if not pending and _package(source) != _package(target):
+      if _package(source) != _package(target):
         edges.setdefault(_package(source), set()).add(_package(target))
   cycle = find_cycle(edges)
   assert cycle is None, "import cycle between packages: " + " -> ".join(cycle)
-  edges = _edges(import_graph())
-  stale = sorted(e for e in PENDING_PACKAGE_EDGES if e[1] not in edges.get(e[0], ()))
-  assert not stale, f"PENDING_PACKAGE_EDGES lists imports that no longer exist: {stale}"
 
 
 def test_function_level_imports_of_the_package_are_listed_with_a_reason():
@@ -254,10 +243,11 @@ def test_the_planner_reaches_no_config_layer_through_other_modules():
   assert not bad, "the planner reaches, through the modules it imports:\n" + "\n".join(bad)
 
 
-def test_the_models_import_no_config_layer():
+def test_the_layers_below_the_command_line_import_no_config_layer():
+  """rl/, sampling/, models/, the planner and evaluation receive settings objects."""
   bad = [_where(i) for i in import_graph()
-         if i.source.startswith("isojax.models") and _names(i, MODELS_FORBIDDEN)]
-  assert not bad, "isojax.models reads typed settings:\n" + "\n".join(bad)
+         if i.source.startswith(SETTINGS_READERS) and _names(i, CONFIG_LAYER)]
+  assert not bad, "these read typed settings, not the ConfigDict:\n" + "\n".join(bad)
 
 
 def test_no_binary_imports_another():

@@ -148,7 +148,7 @@ def run_trl(config_path: str, steps: int) -> dict:
     texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
     return verifier.grade(texts, [chosen[i] for i in index]).rewards.tolist()
 
-  lr = config_lib.learning_rate(config)
+  lr = config_lib.settings(config).learning_rate
   args = trl.GRPOConfig(
       output_dir=tempfile.mkdtemp(prefix="isojax_bench_trl_out_"), use_cpu=True, bf16=False,
       per_device_train_batch_size=b_p * n, num_generations=n, gradient_accumulation_steps=1,

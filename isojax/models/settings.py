@@ -1,8 +1,9 @@
-"""The run-time settings of the model (`config.model`): typed, validated, JAX-free.
+"""The model's settings (`config.base_model`, `config.model`, `config.mesh`): typed,
+validated, JAX-free, each field with its default and meaning (`validation.field`).
 
 The architecture comes from the checkpoint (`hf_checkpoint`); these fields say how it
-runs. `transformer.ModelConfig` carries them and validates them here, so the config
-layer (`config_lib.resolve`) and a model built by hand obey one rule.
+runs. `transformer.ModelConfig` carries them and validates them here, so a run's
+settings (`run_settings.RunSettings`) and a model built by hand obey one rule.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 
 from isojax import validation
+
+F = validation.field
 
 # `jax.checkpoint_policies` names `model.remat` may take besides none and full.
 REMAT_POLICIES = ("everything_saveable", "nothing_saveable", "dots_saveable",
@@ -27,10 +30,14 @@ class LoraSettings(validation.Section):
 
   Hashable (a tuple of targets): it is part of `ModelConfig`, hence of the graphdef.
   """
-  rank: int = 0
-  alpha: float = 16.0
-  targets: tuple[str, ...] = LORA_TARGETS
-  dropout: float = 0.0
+  rank: int = F(0, "LoRA adapters of this rank beside the target projections; 0 = none: "
+                 "every weight trains ([models.md](models.md#lora-modellora))")
+  alpha: float = F(16.0, "the adapters' output is scaled by alpha / rank")
+  targets: tuple[str, ...] = F(LORA_TARGETS, "which of `q_proj`, `k_proj`, `v_proj`, "
+                               "`o_proj`, `gate_proj`, `up_proj`, `down_proj` get adapters",
+                               shown="all seven")
+  dropout: float = F(0.0, "only 0: dropout would make the trainer's log-probs differ from "
+                     "the sampler's")
 
   def __post_init__(self):
     validation.non_negative_int("model.lora.rank", self.rank, "0: no adapters")
@@ -64,14 +71,23 @@ class LoraSettings(validation.Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class BaseModelSettings(validation.Section):
+  """`config.base_model`: the policy's starting checkpoint ([models.md](models.md))."""
+  path: str = F("", "Hugging Face checkpoint directory or GGUF file; `\"\"` = the shipped "
+                "demo base model of `task.name`")
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSettings(validation.Section):
-  """`config.model`; the defaults and what each field means are in
-  `config_lib.base_config`, the one place they are defined."""
-  dtype: str
-  fp32_lm_head: bool
-  remat: str
-  attention_chunk: int
-  lora: LoraSettings = LoraSettings()
+  """`config.model`: how the checkpoint's architecture runs ([models.md](models.md))."""
+  dtype: str = F("float32", "activation dtype, `float32` or `bfloat16`; parameters stay "
+                 "float32")
+  fp32_lm_head: bool = F(True, "logits from float32 products")
+  remat: str = F("none", "what the backward pass recomputes: `none`, `full`, or a "
+                 "`models.settings.REMAT_POLICIES` name")
+  attention_chunk: int = F(0, "queries per attention block (scores [B, N, chunk, S]); "
+                           "0 = all")
+  lora: LoraSettings = dataclasses.field(default_factory=LoraSettings)
 
   def __post_init__(self):
     object.__setattr__(self, "lora", LoraSettings.from_config(self.lora))
@@ -85,11 +101,15 @@ class ModelSettings(validation.Section):
 @dataclasses.dataclass(frozen=True)
 class MeshSettings(validation.Section):
   """`config.mesh`: the learner's (data, fsdp, tensor) axis sizes, checked against the
-  devices by `sharding.mesh_shape`, and the share of devices that only sample."""
-  data: int
-  fsdp: int
-  tensor: int
-  rollout_fraction: float
+  devices by `sharding.mesh_shape`, and the share of devices that only sample
+  ([models.md](models.md#sharding))."""
+  data: int = F(-1, "data-parallel axis size; one axis at -1 takes the devices left over")
+  fsdp: int = F(1, "FSDP axis size (parameters and optimizer state sharded)")
+  tensor: int = F(1, "tensor-parallel axis size")
+  rollout_fraction: float = F(
+      0.0, "> 0 (with `rl.max_staleness` > 0): this share of the devices only samples, on "
+      "its own data-parallel mesh; the axes above span the rest "
+      "([rl_algorithms.md](rl_algorithms.md#off-policy-generation-rlmax_staleness))")
 
   def __post_init__(self):
     if isinstance(self.rollout_fraction, bool) or not 0 <= self.rollout_fraction < 1:

@@ -54,7 +54,9 @@ def base_candidates(out: str) -> tuple[list[dict[str, Any]], float]:
     _, val, book, _, _ = train.load_task(config, tok)
     model = model or nnx.split(hf_checkpoint.load_model(path))
     verifier = tasks.make_verifier(config.task)
-    r = evaluation.evaluate(*model, tok, book, val, verifier, config, rng=jax.random.key(0))
+    s = config_lib.settings(config)
+    r = evaluation.evaluate(*model, tok, book, val, verifier, s.eval, s.sampling,
+                            rng=jax.random.key(0))
     verifier.close()
     counts = r[metrics.VAL_CORRECT_COUNTS]
     rows.append(dict(name=name, avg=r[metrics.val_avg(4)],

@@ -12,12 +12,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
-from isojax import config_lib
 from isojax.rl import advantages as advantages_lib
 from isojax.rl import downsampling, names, rollout, update
+from isojax.rl import settings as rl_settings
+
 
 def dapo_overlong_penalty(lengths_B: np.ndarray, max_new_tokens: int,
                           cache_tokens: int) -> np.ndarray:
@@ -60,21 +60,21 @@ def _filter_masks(mode: str, zero_var_G: np.ndarray, m: int) -> tuple[np.ndarray
                    f"{update.ZERO_VARIANCE_MODES}")
 
 
-def training_rewards(config: ml_collections.ConfigDict,
-                     scored: rollout.ScoredRollouts) -> np.ndarray:
+def training_rewards(rl: rl_settings.RLSettings, scored: rollout.ScoredRollouts, *,
+                     max_new_tokens: int) -> np.ndarray:
   """[G, n] rewards the update optimises: verified rewards under `rl.overlong`."""
   r = scored.rollouts
   return shape_rewards(
-      config.rl.overlong, scored.rewards_GN.reshape(-1), np.asarray(r.mask).sum(-1),
-      np.asarray(r.finished), max_new_tokens=config.sampling.max_new_tokens,
-      cache_tokens=config.rl.overlong_cache_tokens).reshape(scored.rewards_GN.shape)
+      rl.overlong, scored.rewards_GN.reshape(-1), np.asarray(r.mask).sum(-1),
+      np.asarray(r.finished), max_new_tokens=max_new_tokens,
+      cache_tokens=rl.overlong_cache_tokens).reshape(scored.rewards_GN.shape)
 
 
-def selected_rows(config: ml_collections.ConfigDict, rewards_GN: np.ndarray, *,
+def selected_rows(rl: rl_settings.RLSettings, rewards_GN: np.ndarray, *,
                   select_rng: jax.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """(rows [G * m] into the B = G * n rollouts, advantages [G, m], rewards [G, m])."""
-  rl = config.rl
-  n, m = config.rollouts_per_problem, config_lib.train_rollouts_per_problem(config)
+  n = np.shape(rewards_GN)[1]
+  m = rl.train_rollouts(n)
   rewards_GN = jnp.asarray(rewards_GN)
   g = rewards_GN.shape[0]
   group_advantages = functools.partial(_group_advantages, rl.advantage, eps=rl.advantage_eps)
@@ -98,22 +98,24 @@ def _group_advantages(name: str, rewards_GN: jax.Array, *, eps: float) -> jax.Ar
   return advantages_lib.compute_advantages(name, rewards_GN, eps=eps)
 
 
-def build_train_batch(config: ml_collections.ConfigDict, scored: rollout.ScoredRollouts, *,
-                      select_rng: jax.Array) -> tuple[update.TrainBatch, np.ndarray]:
+def build_train_batch(rl: rl_settings.RLSettings, scored: rollout.ScoredRollouts, *,
+                      max_new_tokens: int, select_rng: jax.Array
+                      ) -> tuple[update.TrainBatch, np.ndarray]:
   """Shaped rewards, advantages, PODS down-sampling and zero-variance masks.
 
   Returns a host (NumPy) batch whose old/ref log-probs and shuffle key the caller
   fills after sharding it, and the [G] zero-variance flags of the trained groups.
   """
-  m = config_lib.train_rollouts_per_problem(config)
-  rows, adv_GM, rewards_GM = selected_rows(config, training_rewards(config, scored),
-                                           select_rng=select_rng)
+  n = scored.rewards_GN.shape[1]
+  m = rl.train_rollouts(n)
+  rewards_GN = training_rewards(rl, scored, max_new_tokens=max_new_tokens)
+  rows, adv_GM, rewards_GM = selected_rows(rl, rewards_GN, select_rng=select_rng)
   zero_var_G = np.asarray(advantages_lib.zero_variance_groups(jnp.asarray(rewards_GM)))
   # Under dynamic sampling the only zero-variance groups fill a batch the rounds could not
   # complete: they leave every loss term, so the step trains on what there is.
   keep_pg, keep_reg = _filter_masks(
-      "all" if config.rl.dynamic_sampling else config.rl.zero_variance_filter, zero_var_G, m)
-  tokens, mask = rollout.sequences(scored, config.rollouts_per_problem)
+      "all" if rl.dynamic_sampling else rl.zero_variance_filter, zero_var_G, m)
+  tokens, mask = rollout.sequences(scored, n)
   # The policy's own tokens: forced interruption text is context (in `mask`), not action.
   response_mask = scored.rollouts.actions[rows]
   batch = update.TrainBatch(

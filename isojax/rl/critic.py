@@ -28,14 +28,14 @@ from typing import Any
 import flax
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from flax import nnx
 
-from isojax import config_lib
 from isojax.models import hf_checkpoint, sharding, transformer
+from isojax.models import settings as model_settings
 from isojax.models.transformer import Transformer
 from isojax.rl import advantages as advantages_lib
+from isojax.rl import settings as rl_settings
 from isojax.rl import update
 
 
@@ -61,14 +61,14 @@ class ValueModel(nnx.Module):
     return (hidden_BTD.astype(jnp.float32) @ kernel_D1)[..., 0] + self.head.bias[...][0]
 
 
-def build(config: ml_collections.ConfigDict, mesh, policy_graphdef, policy_params
-          ) -> tuple[Any, Any]:
+def build(critic: rl_settings.CriticSettings, model: model_settings.ModelSettings, mesh,
+          policy_graphdef, policy_params) -> tuple[Any, Any]:
   """(graphdef, params) of the critic on `mesh`: from `critic.path`, or a copy of the
   policy's weights; the trunk's LM head removed, a zero value head added. With
   `critic.trunk="policy"`, params are the head's alone (`policy_trunk` gives the rest)."""
-  shared = config.critic.trunk == "policy"
-  if config.critic.path:
-    trunk = hf_checkpoint.load_model(config.critic.path, mesh, **config.model)
+  shared = critic.trunk == "policy"
+  if critic.path:
+    trunk = hf_checkpoint.load_model(critic.path, mesh, **model.as_kwargs())
   else:
     trunk = nnx.merge(policy_graphdef, policy_params if shared
                       else jax.tree.map(jnp.copy, policy_params))
@@ -113,18 +113,19 @@ def opt_state_shardings(tx: optax.GradientTransformation, params, mesh, train_tr
   return sharding.replicated(mesh)
 
 
-def check_vocabulary(config: ml_collections.ConfigDict, policy_path: str) -> None:
+def check_vocabulary(critic: rl_settings.CriticSettings, model: model_settings.ModelSettings,
+                     policy_path: str) -> None:
   """A critic loaded from `critic.path` reads the policy's tokens: same vocabulary size.
 
   Reads the config.json files and the critic's file headers only (`check_files`),
   before anything is loaded, compiled or written."""
-  if not config.critic.path:
+  if not critic.path:
     return
-  hf_checkpoint.check_files(config.critic.path, **config.model)
+  hf_checkpoint.check_files(critic.path, **model.as_kwargs())
   policy = hf_checkpoint.read_hf_config(policy_path)["vocab_size"]
-  critic = hf_checkpoint.read_hf_config(config.critic.path)["vocab_size"]
-  if critic != policy:
-    raise ValueError(f"critic.path={config.critic.path!r}: vocab_size {critic} differs from "
+  vocab = hf_checkpoint.read_hf_config(critic.path)["vocab_size"]
+  if vocab != policy:
+    raise ValueError(f"critic.path={critic.path!r}: vocab_size {vocab} differs from "
                      f"the policy's {policy} ({policy_path}); the critic reads the policy's "
                      "token ids")
 
@@ -134,15 +135,14 @@ def trunk_mask(params) -> Any:
   return jax.tree_util.tree_map_with_path(lambda path, _: path[0].key == "head", params)
 
 
-def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def make_optimizer(critic: rl_settings.CriticSettings, optim: rl_settings.OptimSettings, *,
+                   updates_per_step: int) -> optax.GradientTransformation:
   """AdamW at `critic.learning_rate` with the policy's warm-up, betas, decay and clip;
   with a frozen trunk, over the head only (no moments for the trunk)."""
-  o = config.optim
-  schedule = update.warmup_schedule(config, config.critic.learning_rate)
-  tx = optax.chain(
-      optax.clip_by_global_norm(o.grad_clip_norm) if o.grad_clip_norm else optax.identity(),
-      optax.adamw(schedule, b1=o.b1, b2=o.b2, weight_decay=o.weight_decay))
-  return tx if config.critic.train_trunk else optax.masked(tx, trunk_mask)
+  schedule = update.warmup_schedule(critic.learning_rate,
+                                    optim.warmup_steps * updates_per_step)
+  tx = update.adamw(optim, schedule)
+  return tx if critic.train_trunk else optax.masked(tx, trunk_mask)
 
 
 def init_optimizer(tx: optax.GradientTransformation, params, mesh, train_trunk: bool):
@@ -163,8 +163,9 @@ class ValueBatch:
 
 
 @dataclasses.dataclass(frozen=True)
-class CriticSettings:
-  """The static part of the critic's update."""
+class ValueUpdateSettings:
+  """The hashable, static part of the critic's update (`derive`: from the `critic` and
+  `rl` settings)."""
   prompt_len: int
   value_clip: float
   train_trunk: bool
@@ -174,12 +175,12 @@ class CriticSettings:
   micro_batch_size: int = 0
 
   @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict, group_size: int,
-                  prompt_len: int) -> "CriticSettings":
-    return cls(prompt_len=prompt_len, value_clip=float(config.critic.value_clip),
-               train_trunk=bool(config.critic.train_trunk), group_size=group_size,
-               num_minibatches=config.rl.num_minibatches, num_epochs=config.rl.num_epochs,
-               micro_batch_size=config.rl.micro_batch_size)
+  def derive(cls, critic: rl_settings.CriticSettings, rl: rl_settings.RLSettings, *,
+             group_size: int, prompt_len: int = 0) -> "ValueUpdateSettings":
+    return cls(prompt_len=prompt_len, value_clip=float(critic.value_clip),
+               train_trunk=bool(critic.train_trunk), group_size=group_size,
+               num_minibatches=rl.num_minibatches, num_epochs=rl.num_epochs,
+               micro_batch_size=rl.micro_batch_size)
 
 
 def value_loss(values_BT: jax.Array, old_values_BT: jax.Array, returns_BT: jax.Array,
@@ -223,7 +224,7 @@ def advantages(rewards_B, old_values_BT, response_mask_BT, *, gamma: float, lam:
   return advantages_lib.whiten(adv_BT, response_mask_BT), returns_BT
 
 
-def _minibatch_loss(params, graphdef, mb: ValueBatch, weights_BT, s: CriticSettings,
+def _minibatch_loss(params, graphdef, mb: ValueBatch, weights_BT, s: ValueUpdateSettings,
                     frozen=None):
   """The share of rows `mb` in their minibatch's token-mean value loss."""
   model = _merge(graphdef, params, frozen)
@@ -234,7 +235,7 @@ def _minibatch_loss(params, graphdef, mb: ValueBatch, weights_BT, s: CriticSetti
   return jnp.sum(weights_BT * loss_BT), (values_BT, clipped_BT)
 
 
-def _minibatch_grads(params, graphdef, mb: ValueBatch, s: CriticSettings, frozen=None):
+def _minibatch_grads(params, graphdef, mb: ValueBatch, s: ValueUpdateSettings, frozen=None):
   """(gradient, stats) of one minibatch's value loss, accumulated over micro-batches."""
   weights_BT = mb.response_mask / jnp.maximum(mb.response_mask.sum(), 1)
   grad_fn = jax.value_and_grad(functools.partial(_minibatch_loss, frozen=frozen),
@@ -271,7 +272,7 @@ def _minibatch_grads(params, graphdef, mb: ValueBatch, s: CriticSettings, frozen
 @functools.partial(jax.jit, static_argnames=("graphdef", "tx", "settings"),
                    donate_argnames=("params", "opt_state"))
 def critic_step(graphdef, params, opt_state, batch: ValueBatch, *,
-                tx: optax.GradientTransformation, settings: CriticSettings, frozen=None):
+                tx: optax.GradientTransformation, settings: ValueUpdateSettings, frozen=None):
   """num_epochs x num_minibatches critic updates. Returns (params, opt_state, stats).
   `frozen`: the policy's trunk when the head sits on it (read, not donated)."""
   def one_update(carry, mb):
@@ -304,26 +305,26 @@ class Critic:
   params: Any
   opt_state: Any
   tx: optax.GradientTransformation
+  settings: ValueUpdateSettings  # prompt_len set per step
+  gamma: float                   # GAE's discount and lambda (`rl.gamma`, `rl.gae_lambda`)
+  gae_lambda: float
 
-  def targets(self, batch: update.TrainBatch, prompt_len: int,
-              config: ml_collections.ConfigDict, policy_params=None) -> Targets:
+  def targets(self, batch: update.TrainBatch, prompt_len: int, policy_params=None) -> Targets:
     """Values before the update, then GAE advantages and returns of `batch`'s rollouts.
     `policy_params`: the policy's state, read as the trunk when the head sits on it."""
     old_values_BT = values(self.graphdef, self.params, batch.tokens, batch.mask,
-                           prompt_len=prompt_len, micro_batch_size=config.rl.micro_batch_size,
+                           prompt_len=prompt_len,
+                           micro_batch_size=self.settings.micro_batch_size,
                            frozen=self.trunk(policy_params))
     adv_BT, returns_BT = advantages(batch.rewards, old_values_BT, batch.response_mask,
-                                    gamma=float(config.rl.gamma),
-                                    lam=float(config.rl.gae_lambda))
+                                    gamma=float(self.gamma), lam=float(self.gae_lambda))
     return Targets(adv_BT, ValueBatch(batch.tokens, batch.mask, batch.response_mask,
                                       old_values_BT, returns_BT, shuffle_rng=None))
 
   def update(self, targets: Targets, shuffle_rng: jax.Array, prompt_len: int,
-             config: ml_collections.ConfigDict, policy_params=None) -> dict[str, jax.Array]:
+             policy_params=None) -> dict[str, jax.Array]:
     """One `critic_step` on the step's returns; its stats (`value_loss`, ...)."""
-    settings = CriticSettings.from_config(
-        config, group_size=config_lib.train_rollouts_per_problem(config),
-        prompt_len=prompt_len)
+    settings = dataclasses.replace(self.settings, prompt_len=prompt_len)
     self.params, self.opt_state, stats = critic_step(
         self.graphdef, self.params, self.opt_state,
         targets.batch.replace(shuffle_rng=shuffle_rng), tx=self.tx, settings=settings,
@@ -347,9 +348,13 @@ class Critic:
     return {"params": self.params, "opt_state": self.opt_state}
 
 
-def create(config: ml_collections.ConfigDict, mesh, policy_graphdef, policy_params) -> Critic:
-  """The critic of a run with `rl.advantage=gae`, its optimizer state placed on `mesh`."""
-  graphdef, params = build(config, mesh, policy_graphdef, policy_params)
-  tx = make_optimizer(config)
-  return Critic(graphdef, params, init_optimizer(tx, params, mesh, config.critic.train_trunk),
-                tx)
+def create(critic: rl_settings.CriticSettings, rl: rl_settings.RLSettings,
+           optim: rl_settings.OptimSettings, model: model_settings.ModelSettings, *,
+           group_size: int, mesh, policy_graphdef, policy_params) -> Critic:
+  """The critic of a run with `rl.advantage=gae` training on `group_size` (m) rollouts per
+  problem, its optimizer state placed on `mesh`."""
+  graphdef, params = build(critic, model, mesh, policy_graphdef, policy_params)
+  tx = make_optimizer(critic, optim, updates_per_step=rl.updates_per_step)
+  return Critic(graphdef, params, init_optimizer(tx, params, mesh, critic.train_trunk), tx,
+                settings=ValueUpdateSettings.derive(critic, rl, group_size=group_size),
+                gamma=rl.gamma, gae_lambda=rl.gae_lambda)

@@ -123,8 +123,8 @@ POLICY_LOSSES: dict[str, Callable[..., tuple[jax.Array, jax.Array, jax.Array]]] 
 
 
 def policy_loss(name: str, *, logp_BT: jax.Array, old_logp_BT: jax.Array,
-                advantages_B: jax.Array, mask_BT: jax.Array, clip_eps: float = 0.2,
-                clip_eps_high: float = 0.28, cispo_eps_max: float = 4.0,
+                advantages_B: jax.Array, mask_BT: jax.Array, clip_eps: float,
+                clip_eps_high: float, cispo_eps_max: float
                 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Per-token loss [B, T] to minimise (0 where mask is 0) and scalar diagnostics.
 

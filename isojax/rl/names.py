@@ -2,7 +2,7 @@
 
 The registries (`advantages.ADVANTAGE_ESTIMATORS`, `losses.POLICY_LOSSES`, ...) are
 keyed by these tuples, and tests/rl/test_registry_names.py proves each registry's keys
-equal its tuple, so the config layer (`config_lib.resolve`) and the planner can check
+equal its tuple, so the settings (`rl.settings.RLSettings`) and the planner can check
 `rl.*` fields before anything is compiled without importing JAX or the registries.
 """
 

@@ -17,12 +17,12 @@ import time
 from typing import Any, Callable, Sequence
 
 import jax
-import ml_collections
 import numpy as np
 
 from isojax.models import sharding
 from isojax.models.tokenizer import TextTokenizer
 from isojax.sampling import sampler
+from isojax.sampling import settings as sampling_settings
 from isojax.tasks.problem import Problem, Verifier
 from isojax.tasks.prompts import PromptBook
 
@@ -132,7 +132,7 @@ def _decode_in_flight(graphdef, in_flight: InFlight, prompts, mask, rng,
 
 
 def sample(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Sequence[Problem],
-           verifier: Verifier, *, n: int, rng: jax.Array, sampling: ml_collections.ConfigDict,
+           verifier: Verifier, *, n: int, rng: jax.Array, sampling: sampling_settings.SamplingSettings,
            temperature: float | None = None, in_flight: InFlight | None = None) -> Pending:
   """Samples n rollouts per problem; decoding and grading go on on the host thread.
 
@@ -204,7 +204,7 @@ def call_plan(num_problems: int, n: int, max_rollouts_per_call: int, shards: int
   return per_call, -(-num_problems // per_call)
 
 
-def interruption(sampling: ml_collections.ConfigDict, tok: TextTokenizer
+def interruption(sampling: sampling_settings.SamplingSettings, tok: TextTokenizer
                  ) -> sampler.Interruption | None:
   """`sampling`'s forced interruption in token ids (None when `think_budget` is 0).
 
@@ -214,7 +214,7 @@ def interruption(sampling: ml_collections.ConfigDict, tok: TextTokenizer
   if not sampling.think_budget:
     return None
   def encode(field: str) -> tuple[int, ...]:
-    text = sampling[field]
+    text = getattr(sampling, field)
     try:
       ids = tuple(tok.encode(text, add_bos=False))
     except Exception as e:  # pylint: disable=broad-except  # tokenizers raises bare Exception
@@ -238,12 +238,12 @@ def interruption(sampling: ml_collections.ConfigDict, tok: TextTokenizer
   return cut
 
 
-def sample_spec(sampling: ml_collections.ConfigDict, *, n: int, rollouts_per_call: int,
+def sample_spec(sampling: sampling_settings.SamplingSettings, *, n: int, rollouts_per_call: int,
                 shards: int, stop_ids: tuple[int, ...], pad_id: int,
                 temperature: float | None = None,
                 interruption: sampler.Interruption | None = None) -> sampler.SampleSpec:
   """The sampler's settings for one call of `rollouts_per_call` rollouts from
-  `config.sampling`, the tokenizer's stop and pad ids and the call's device shards.
+  the `sampling` settings, the tokenizer's stop and pad ids and the call's device shards.
 
   `sampling.decode_slots` (0: lockstep decoding) and `sampling.decode_slots_min` (0: the
   slots never shrink) are each rounded up to a multiple of `shards`; more slots than the
@@ -264,7 +264,7 @@ def sample_spec(sampling: ml_collections.ConfigDict, *, n: int, rollouts_per_cal
 
 
 def generate(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Sequence[Problem],
-             verifier: Verifier, *, n: int, rng: jax.Array, sampling: ml_collections.ConfigDict,
+             verifier: Verifier, *, n: int, rng: jax.Array, sampling: sampling_settings.SamplingSettings,
              temperature: float | None = None, in_flight: InFlight | None = None
              ) -> ScoredRollouts:
   """`sample` and wait for the grades."""

@@ -1,4 +1,5 @@
-"""The RL update's settings (`config.rl`, `config.optim`): typed, validated, JAX-free.
+"""The RL settings (`config.rl`, `config.critic`, `config.optim`, `config.guard`): typed,
+validated, JAX-free, each field with its default and meaning (`validation.field`).
 
 `RLSettings` checks each field alone; `check_allocation` checks what depends on the
 allocation (n, B_p) and on the sampler (max_new_tokens). The names each registry
@@ -13,6 +14,8 @@ import math
 
 from isojax import validation
 from isojax.rl import names
+
+F = validation.field
 
 # Advantage estimators that normalise within a group and so need n >= 2.
 GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "batch_norm")
@@ -31,40 +34,68 @@ IS_SEQUENCE_RATIOS = ("product", "geometric")
 
 @dataclasses.dataclass(frozen=True)
 class RLSettings(validation.Section):
-  """`config.rl`; the field comments of `config_lib.base_config` say what each means."""
-  advantage: str
-  advantage_eps: float
-  policy_loss: str
-  clip_eps: float
-  clip_eps_high: float
-  cispo_eps_max: float
-  tis_threshold: float
-  is_level: str
-  is_mode: str
-  is_sequence_ratio: str
-  aggregation: str
-  kl_coef: float
-  kl_form: str
-  log_kl_to_base: bool
-  entropy_coef: float
-  zero_variance_filter: str
-  num_minibatches: int
-  num_epochs: int
-  downsample: str
-  train_rollouts_per_problem: int
-  advantages_on: str
-  retire_pass_rate: float
-  overlong: str
-  overlong_cache_tokens: int
-  micro_batch_size: int
-  logprob_chunk_size: int
-  max_staleness: int
-  off_policy: str
-  in_flight_tokens: int
-  dynamic_sampling: bool
-  dynamic_sampling_max_rounds: int
-  gamma: float
-  gae_lambda: float
+  """`config.rl`: the advantage, the loss and its regularisers, PODS, off-policy
+  generation and dynamic sampling ([rl_algorithms.md](rl_algorithms.md))."""
+  advantage: str = F("grpo", "`grpo`, `drgrpo`, `batch_norm`, `rloo`, or `gae` (PPO with a "
+                     "critic)")
+  advantage_eps: float = F(1e-6, "floor of the standard deviation in normalised advantages")
+  policy_loss: str = F("ppo_clip", "`ppo_clip`, `dapo`, `cispo`, `gspo`")
+  clip_eps: float = F(0.2, "ratio clip (lower clip under `dapo`)")
+  clip_eps_high: float = F(0.28, "`dapo`'s upper clip")
+  cispo_eps_max: float = F(4.0, "`cispo`'s importance-weight cap")
+  tis_threshold: float = F(
+      2.0, "c, the sampler/trainer correction's bound (> 1); <= 0 disables "
+      "([rl_algorithms.md](rl_algorithms.md#samplertrainer-correction-rltis_threshold-rlis_level-rlis_mode))")
+  is_level: str = F("token", "the ratio π_trainer / π_sampler per `token` or per `sequence`")
+  is_mode: str = F("truncate", "`truncate` (weight min(ρ, c)) or `mask` (weight ρ inside "
+                   "[1/c, c], 0 outside)")
+  is_sequence_ratio: str = F("product", "a sequence's ratio: the `product` of its token "
+                             "ratios or their `geometric` mean")
+  aggregation: str = F("token_mean", "`token_mean`, `sequence_mean`, `constant`, "
+                       "`prompt_mean`")
+  kl_coef: float = F(0.0, "KL penalty to the base model")
+  kl_form: str = F("k3", "`k1`, `k2`, `k3`")
+  log_kl_to_base: bool = F(True, "keep the base model to log `train/kl` even when "
+                           "`kl_coef` = 0")
+  entropy_coef: float = F(0.0, "entropy bonus (needs `kl_coef` > 0)")
+  zero_variance_filter: str = F(
+      "off", "groups whose rewards are all equal: `off`, `all` (left out of every loss "
+      "term), `regularizers` (left out of the KL and entropy terms only)")
+  num_minibatches: int = F(1, "optimizer updates per epoch; must divide B_p (whole groups)")
+  num_epochs: int = F(1, "passes over each rollout batch")
+  downsample: str = F("none", "PODS: `none`, `max_variance`, `max_reward`, `random`")
+  train_rollouts_per_problem: int = F(0, "m; 0 = n")
+  advantages_on: str = F("selected", "PODS advantages from the `selected` m or all "
+                         "`generated` n")
+  retire_pass_rate: float = F(0.0, "No-Positive-Resampling: retire problems whose "
+                              "historical pass rate reaches this (ScaleRL: 0.9); 0 disables")
+  overlong: str = F("reward", "what a truncated rollout earns: its verified `reward`, "
+                    "`zero`, or `dapo` (the reward plus DAPO's soft penalty, linear from 0 "
+                    "to -1 over the last `overlong_cache_tokens` tokens)")
+  overlong_cache_tokens: int = F(0, "`dapo`: the soft-penalty window, 0 < this <= "
+                                 "`max_new_tokens`")
+  micro_batch_size: int = F(0, "rollouts per forward/backward pass of the update and the "
+                            "log-prob passes; 0 = derived "
+                            "([Memory](#memory-the-passes-of-a-step))")
+  logprob_chunk_size: int = F(0, "response positions per LM-head chunk of the log-prob and "
+                              "entropy passes; 0 = derived")
+  max_staleness: int = F(
+      0, "k: rollouts may come from a policy up to k updates old, sampled ahead of the "
+      "update; 0 = synchronous "
+      "([rl_algorithms.md](rl_algorithms.md#off-policy-generation-rlmax_staleness))")
+  off_policy: str = F(
+      "pipeline", "the schedule when k > 0: `pipeline` (step s sampled by version s − k), "
+      "`ppo_off_policy` (one version samples k successive steps) or `pipeline_in_flight` "
+      "(free-running, weights switched within rollouts, stale batches dropped)")
+  in_flight_tokens: int = F(16, "`pipeline_in_flight`: tokens decoded between reads of the "
+                            "newest weights")
+  dynamic_sampling: bool = F(
+      False, "DAPO's dynamic sampling: further rounds of B_p problems until B_p groups have "
+      "reward variance "
+      "([rl_algorithms.md](rl_algorithms.md#dynamic-sampling-rldynamic_sampling))")
+  dynamic_sampling_max_rounds: int = F(8, "the cap of sampling rounds per step, >= 1")
+  gamma: float = F(1.0, "GAE's discount (`advantage=gae`)")
+  gae_lambda: float = F(1.0, "GAE's λ (`advantage=gae`)")
 
   def __post_init__(self):
     for field, choices in names.CHOICES.items():
@@ -109,9 +140,28 @@ class RLSettings(validation.Section):
     return self.advantage == names.GAE
 
   @property
+  def keeps_reference(self) -> bool:
+    """The base model's weights are kept beside the policy: for the KL penalty, or to
+    log `train/kl` (`log_kl_to_base`)."""
+    return self.kl_coef > 0 or self.log_kl_to_base
+
+  @property
   def ratio_to_sampler(self) -> bool:
     """The losses' ratios take the sampler's log-probs as the old policy (off-policy runs)."""
     return self.max_staleness > 0
+
+  @property
+  def old_logp_known(self) -> bool:
+    """Whether the policy before the update is the one the loss differentiates: a
+    synchronous step of one epoch over one minibatch. Its old log-probs are then the
+    pass's own log-probs (stop-gradient), so no separate pass computes them; the
+    ratios are 1 and their gradient is the policy gradient, as with the separate pass."""
+    return not self.max_staleness and self.num_epochs == 1 and self.num_minibatches == 1
+
+  @property
+  def updates_per_step(self) -> int:
+    """Optimizer updates an RL step makes: one per minibatch per epoch."""
+    return self.num_minibatches * self.num_epochs
 
   def train_rollouts(self, n: int) -> int:
     """m: rollouts per problem the update trains on (n unless PODS down-samples)."""
@@ -162,13 +212,18 @@ CRITIC_TRUNKS = ("own", "policy")
 
 @dataclasses.dataclass(frozen=True)
 class CriticSettings(validation.Section):
-  """`config.critic`: PPO's value model, used when `rl.advantage` is `gae`."""
-  trunk: str
-  path: str
-  train_trunk: bool
-  learning_rate: float
-  warmup_steps: int
-  value_clip: float
+  """`config.critic`: PPO's value model (`isojax.rl.critic`), built when `rl.advantage` is
+  `gae`: a scalar value head on a decoder of its own or on the policy's trunk
+  ([rl_algorithms.md](rl_algorithms.md#ppo-with-a-critic-rladvantagegae-configcritic))."""
+  trunk: str = F("own", "`own`: a decoder of its own; `policy`: a value head on the "
+                 "policy's trunk (needs `train_trunk=False`, no `path`)")
+  path: str = F("", "`\"\"`: initialised from the policy's weights; else a checkpoint "
+                "directory with the policy's vocabulary")
+  train_trunk: bool = F(True, "False: only the value head learns")
+  learning_rate: float = F(1e-4, "its own AdamW (the rest of `optim` as the policy's)")
+  warmup_steps: int = F(0, "RL steps at the start that train the critic alone")
+  value_clip: float = F(0.2, "PPO value clipping around the values before the update; "
+                        "0 = off")
 
   def __post_init__(self):
     validation.choice("critic.trunk", self.trunk, CRITIC_TRUNKS)
@@ -191,14 +246,15 @@ class CriticSettings(validation.Section):
 @dataclasses.dataclass(frozen=True)
 class OptimSettings(validation.Section):
   """`config.optim`: AdamW with warm-up, the LR given at the reference batch."""
-  learning_rate: float
-  lr_reference_batch: int
-  lr_scaling: str
-  warmup_steps: int
-  weight_decay: float
-  b1: float
-  b2: float
-  grad_clip_norm: float
+  learning_rate: float = F(1e-4, "peak LR at `lr_reference_batch`")
+  lr_reference_batch: int = F(128, "B_ref, in trained rollouts")
+  lr_scaling: str = F("sqrt", "how the LR follows the trained batch B: `constant`, `sqrt` "
+                      "or `linear` in B / B_ref")
+  warmup_steps: int = F(10, "linear warm-up, in steps")
+  weight_decay: float = F(0.0, "AdamW decay")
+  b1: float = F(0.9, "AdamW's first moment decay")
+  b2: float = F(0.99, "AdamW's second moment decay")
+  grad_clip_norm: float = F(1.0, "global-norm clip; 0 disables")
 
   def __post_init__(self):
     validation.choice("optim.lr_scaling", self.lr_scaling, LR_SCALING_RULES)
@@ -220,3 +276,22 @@ def scaled_learning_rate(base_lr: float, batch_rollouts: int, reference_batch: i
   validation.choice("optim.lr_scaling", rule, LR_SCALING_RULES)
   ratio = batch_rollouts / reference_batch
   return base_lr * {"constant": 1.0, "sqrt": math.sqrt(ratio), "linear": ratio}[rule]
+
+
+@dataclasses.dataclass(frozen=True)
+class GuardSettings(validation.Section):
+  """`config.guard`: the divergence guard (`isojax.rl.guard`). A non-finite loss, gradient
+  or parameter always stops the run before it is checkpointed; these fields set what a
+  collapse (zero reward and zero gradient norm, step after step) does."""
+  collapse_steps: int = F(5, "zero reward and zero gradient norm this many steps in a row "
+                          "logs a `collapse` event; 0 disables")
+  stop_on_collapse: bool = F(False, "stop the run on a collapse (needs `collapse_steps` > "
+                             "0); the message names the checkpoint kept from before it and "
+                             "the rerun that goes back to it")
+
+  def __post_init__(self):
+    steps = validation.non_negative_int("guard.collapse_steps", self.collapse_steps,
+                                        "0 disables the collapse detector")
+    validation.boolean("guard.stop_on_collapse", self.stop_on_collapse)
+    if self.stop_on_collapse and not steps:
+      raise ValueError("guard.stop_on_collapse=True needs guard.collapse_steps > 0")

@@ -29,6 +29,8 @@ import numpy as np
 
 from isojax.rl import advantages, dynamic_sampling, off_policy, problem_pool, rollout
 from isojax.rl import batch as rl_batch
+from isojax.rl import settings as rl_settings
+from isojax.sampling import settings as sampling_settings
 
 
 def problems_for_step(seed: int, step: int, num_problems: int, batch: int) -> np.ndarray:
@@ -60,7 +62,11 @@ class Batch:
 class Problems:
   """The training problems and how a step samples them: ids are functions of (seed,
   step, round), or drawn from No-Positive-Resampling's pool; keys of (step, round)."""
-  config: Any                      # the run's config (ml_collections.ConfigDict)
+  seed: int                        # the run's seed: problem order and draws
+  n: int                           # rollouts per problem
+  b_p: int                         # problems per batch
+  rl: rl_settings.RLSettings
+  sampling: sampling_settings.SamplingSettings
   graphdef: Any
   tok: Any
   book: Any
@@ -69,19 +75,11 @@ class Problems:
   pool: problem_pool.ProblemPool | None
   sample_key: jax.Array
 
-  @property
-  def n(self) -> int:
-    return self.config.rollouts_per_problem
-
-  @property
-  def b_p(self) -> int:
-    return self.config.problems_per_batch
-
   def choose(self, step: int) -> np.ndarray:
     """The B_p training-problem ids of update `step`."""
     if self.pool is None:
-      return problems_for_step(self.config.seed, step, len(self.train_problems), self.b_p)
-    return self.pool.sample(np.random.default_rng([self.config.seed, step]), self.b_p)
+      return problems_for_step(self.seed, step, len(self.train_problems), self.b_p)
+    return self.pool.sample(np.random.default_rng([self.seed, step]), self.b_p)
 
   def active(self) -> int:
     return len(self.train_problems) if self.pool is None else int(self.pool.active_ids().size)
@@ -95,7 +93,7 @@ class Problems:
                ) -> rollout.ScoredRollouts:
     return rollout.generate(self.graphdef, params, self.tok, self.book,
                             [self.train_problems[i] for i in chosen], self.verifier,
-                            n=self.n, rng=key, sampling=self.config.sampling, **kwargs)
+                            n=self.n, rng=key, sampling=self.sampling, **kwargs)
 
   def draw(self, step: int, params, round_index: int
            ) -> tuple[np.ndarray, rollout.ScoredRollouts]:
@@ -105,10 +103,10 @@ class Problems:
       chosen, key = self.choose(step), step_key
     else:  # dynamic sampling's further rounds
       key = jax.random.fold_in(step_key, round_index)
-      chosen = (dynamic_sampling.extra_problems(self.config.seed, step, round_index,
+      chosen = (dynamic_sampling.extra_problems(self.seed, step, round_index,
                                                 len(self.train_problems), self.b_p)
                 if self.pool is None else
-                self.pool.sample(np.random.default_rng([self.config.seed, step, round_index]),
+                self.pool.sample(np.random.default_rng([self.seed, step, round_index]),
                                  self.b_p))
     scored = self.generate(chosen, params, key)
     self.record(chosen, scored)
@@ -116,14 +114,15 @@ class Problems:
 
   def collect(self, step: int, params) -> dynamic_sampling.Collected:
     """The groups `step` trains on: one round, or rounds until B_p carry a signal."""
-    if not self.config.rl.dynamic_sampling:
+    if not self.rl.dynamic_sampling:
       chosen, scored = self.draw(step, params, 0)
       return dynamic_sampling.Collected(chosen, scored, scored.rewards_GN.size, rounds=1)
     return dynamic_sampling.collect(
         functools.partial(self.draw, step, params), problems_per_batch=self.b_p,
-        max_rounds=self.config.rl.dynamic_sampling_max_rounds,
+        max_rounds=self.rl.dynamic_sampling_max_rounds,
         informative=lambda scored: ~advantages.zero_variance_groups(
-            rl_batch.training_rewards(self.config, scored)))
+            rl_batch.training_rewards(self.rl, scored,
+                                      max_new_tokens=self.sampling.max_new_tokens)))
 
 
 class RolloutSource(abc.ABC):
@@ -158,7 +157,7 @@ class Synchronous(RolloutSource):
     pending = rollout.sample(p.graphdef, learner.params, p.tok, p.book,
                              [p.train_problems[i] for i in chosen], p.verifier, n=p.n,
                              rng=jax.random.fold_in(p.sample_key, step),
-                             sampling=p.config.sampling)
+                             sampling=p.sampling)
     prefetched = learner.prefetch(pending)  # devices score while the host decodes and grades
     scored = pending.result()
     p.record(chosen, scored)
@@ -180,10 +179,10 @@ class DynamicSampling(RolloutSource):
 
 
 def _off_policy_batch(generated: off_policy.Generated, step: int, wait_s: float,
-                      config: Any, batches: int) -> Batch:
+                      rl: rl_settings.RLSettings, batches: int) -> Batch:
   values = (dynamic_sampling.metrics(generated.generated, generated.rounds)
-            if config.rl.dynamic_sampling else {})
-  values.update(off_policy.staleness_metrics(generated, step, config.rl.max_staleness))
+            if rl.dynamic_sampling else {})
+  values.update(off_policy.staleness_metrics(generated, step, rl.max_staleness))
   return Batch(generated.scored, generated.active_problems,
                generated_rollouts=generated.generated + generated.dropped,  # dropped: sampled
                batches=batches, rollout_wait_s=wait_s, metrics=values)
@@ -195,7 +194,7 @@ class Pipelined(RolloutSource):
 
   def __init__(self, problems: Problems, *, num_steps: int, queued: list,
                snapshot: Callable[[Any], Any] | None):
-    self._config = problems.config
+    self._rl = problems.rl
 
     def sample_step(step: int, version: int, params) -> off_policy.Generated:
       collected = problems.collect(step, params)
@@ -203,14 +202,14 @@ class Pipelined(RolloutSource):
                                   problems.active(), generated=collected.generated_rollouts,
                                   rounds=collected.rounds)
     self._generator = off_policy.Generator(
-        sample_step, max_staleness=self._config.rl.max_staleness,
-        mode=self._config.rl.off_policy, num_steps=num_steps, queued=queued,
+        sample_step, max_staleness=self._rl.max_staleness,
+        mode=self._rl.off_policy, num_steps=num_steps, queued=queued,
         snapshot=snapshot)
 
   def next_batch(self, step: int, learner) -> Batch:
     self._generator.publish(step, learner.params)
     generated, wait_s = self._generator.take(step)
-    return _off_policy_batch(generated, step, wait_s, self._config, batches=1)
+    return _off_policy_batch(generated, step, wait_s, self._rl, batches=1)
 
   def checkpoint_tree(self) -> dict[str, Any]:
     # Waiting for the queued batches leaves the pool as they left it.
@@ -226,7 +225,7 @@ class InFlight(RolloutSource):
 
   def __init__(self, problems: Problems, *, first_batch: int,
                snapshot: Callable[[Any], Any] | None):
-    self._config = problems.config
+    self._rl = problems.rl
     self._consumed = 0  # batches taken or dropped since the last next_batch
     lock = threading.Lock()  # the generator chooses while the learner records
 
@@ -244,15 +243,15 @@ class InFlight(RolloutSource):
         problems.record(generated.chosen, generated.scored)
 
     self._generator = off_policy.InFlightGenerator(
-        sample_batch, max_staleness=self._config.rl.max_staleness, first_batch=first_batch,
-        in_flight_tokens=self._config.rl.in_flight_tokens, consumed=consumed,
+        sample_batch, max_staleness=self._rl.max_staleness, first_batch=first_batch,
+        in_flight_tokens=self._rl.in_flight_tokens, consumed=consumed,
         snapshot=snapshot)
 
   def next_batch(self, step: int, learner) -> Batch:
     self._generator.publish(step, learner.params)
     generated, wait_s = self._generator.take(step)
     batches, self._consumed = self._consumed, 0
-    return _off_policy_batch(generated, step, wait_s, self._config, batches=batches)
+    return _off_policy_batch(generated, step, wait_s, self._rl, batches=batches)
 
   def checkpoint_tree(self) -> dict[str, Any]:
     return off_policy.queue_tree(self._generator.queued())  # empty: see the class
@@ -266,8 +265,8 @@ class InFlight(RolloutSource):
 
 def make(problems: Problems, *, num_steps: int, batches: int, queue: dict | None,
          snapshot: Callable[[Any], Any] | None) -> RolloutSource:
-  """The source `problems.config` asks for; `batches` and `queue` as restored."""
-  rl = problems.config.rl
+  """The source `problems.rl` asks for; `batches` and `queue` as restored."""
+  rl = problems.rl
   if rl.max_staleness and rl.off_policy == "pipeline_in_flight":
     return InFlight(problems, first_batch=batches, snapshot=snapshot)
   if rl.max_staleness:

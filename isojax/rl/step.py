@@ -13,16 +13,17 @@ import functools
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from isojax import config_lib, metrics
+from isojax import metrics
 from isojax.models import lora, sharding
 from isojax.rl import batch as rl_batch
 from isojax.rl import critic as critic_lib
 from isojax.rl import rollout, update
+from isojax.rl import settings as rl_settings
+from isojax.sampling import settings as sampling_settings
 
 
 @dataclasses.dataclass
@@ -35,7 +36,10 @@ class StepResult:
 @dataclasses.dataclass
 class Learner:
   """The policy being trained and everything its update needs; mutated by `step`."""
-  config: ml_collections.ConfigDict
+  rl: rl_settings.RLSettings
+  sampling: sampling_settings.SamplingSettings
+  rollouts_per_problem: int  # n
+  lora: bool            # the trained state is the LoRA adapters (`model.lora.rank` > 0)
   mesh: Mesh
   graphdef: Any
   params: Any           # the whole policy (with LoRA: its adapters and the frozen base)
@@ -46,29 +50,25 @@ class Learner:
 
   @functools.cached_property
   def settings(self) -> update.UpdateSettings:
-    return update.UpdateSettings.from_config(
-        self.config, group_size=config_lib.train_rollouts_per_problem(self.config),
+    return update.UpdateSettings.derive(
+        self.rl, self.sampling, group_size=self.rl.train_rollouts(self.rollouts_per_problem),
         prompt_len=0)
-
-  @functools.cached_property
-  def ratio_to_sampler(self) -> bool:
-    """Off-policy runs: the old policy of the ratios is the sampler's (rl/off_policy.py)."""
-    return self.config.rl.max_staleness > 0
 
   def log_probs(self, tokens_BS, mask_BS, prompt_len: int, sampler_logp_BT=None):
     """(old, reference) log-probs [B, T] of the responses, dispatched asynchronously.
 
     The old log-probs are the trainer's before this update, `sampler_logp_BT` itself
-    when the ratios are taken against the sampler (`ratio_to_sampler`), or None when
-    the update computes them in its own pass (`UpdateSettings.old_logp_in_pass`); the
-    reference log-probs are the base model's, or the old ones when no reference is kept.
+    when the ratios are taken against the sampler (`RLSettings.ratio_to_sampler`), or
+    None when the update computes them in its own pass
+    (`UpdateSettings.old_logp_in_pass`); the reference log-probs are the base model's,
+    or the old ones when no reference is kept.
     """
     s = self.settings
     score = functools.partial(update.score, prompt_len=prompt_len, temperature=s.temperature,
                               micro_batch_size=s.micro_batch_size,
                               chunk_size=s.logprob_chunk_size)
     with jax.set_mesh(self.mesh):
-      old_logp = (sampler_logp_BT if self.ratio_to_sampler
+      old_logp = (sampler_logp_BT if self.rl.ratio_to_sampler
                   else None if s.old_logp_in_pass
                   else score(self.graphdef, self.params, tokens_BS, mask_BS))
       ref_logp = old_logp if self.ref_params is None else score(
@@ -78,9 +78,9 @@ class Learner:
   def prefetch(self, pending: rollout.Pending):
     """Log-probs of every rollout while grades compute (None under PODS: the trained
     subset depends on the rewards)."""
-    if self.config.rl.downsample != "none":
+    if self.rl.downsample != "none":
       return None
-    tokens, mask = rollout.sequences(pending, self.config.rollouts_per_problem)
+    tokens, mask = rollout.sequences(pending, self.rollouts_per_problem)
     return self.log_probs(*sharding.shard_batch((tokens, mask), self.mesh),
                           pending.prompt_len)
 
@@ -92,7 +92,8 @@ class Learner:
     `train_policy` False (the critic's warm-up) computes the policy's loss and stats but
     leaves the policy and its optimizer as they are.
     """
-    batch, zero_var_G = rl_batch.build_train_batch(self.config, scored, select_rng=select_rng)
+    batch, zero_var_G = rl_batch.build_train_batch(
+        self.rl, scored, max_new_tokens=self.sampling.max_new_tokens, select_rng=select_rng)
     batch = sharding.shard_batch(batch, self.mesh)
     old_logp, ref_logp = prefetched or self.log_probs(batch.tokens, batch.mask,
                                                       scored.prompt_len, batch.sampler_logp)
@@ -102,14 +103,14 @@ class Learner:
     critic_stats = {}
     with jax.set_mesh(self.mesh):  # activations pinned to their logical axes
       if self.critic is not None:
-        targets = self.critic.targets(batch, scored.prompt_len, self.config, self.params)
+        targets = self.critic.targets(batch, scored.prompt_len, self.params)
         batch = batch.replace(advantages=targets.advantages)
         update_critic = functools.partial(
             self.critic.update, targets, jax.random.fold_in(shuffle_rng, 1),
-            scored.prompt_len, self.config)
+            scored.prompt_len)
         if self.critic.shares_policy_trunk:  # on the trunk its old values were read from,
           critic_stats = update_critic(self.params)  # before the policy's update donates it
-      trained, frozen = (lora.split(self.params) if self.config.model.lora.rank
+      trained, frozen = (lora.split(self.params) if self.lora
                          else (self.params, None))
       trained, self.opt_state, stats = update.train_step(
           self.graphdef, trained, self.opt_state, batch, tx=self.tx, settings=settings,
@@ -120,7 +121,8 @@ class Learner:
     return StepResult(scored, zero_var_G, jax.device_get(dict(stats, **critic_stats)))
 
 
-def step_metrics(config: ml_collections.ConfigDict, result: StepResult, *,
+def step_metrics(rl: rl_settings.RLSettings, sampling: sampling_settings.SamplingSettings,
+                 result: StepResult, *,
                  learning_rate: float, active_problems: int,
                  has_reference: bool) -> dict[str, float]:
   """The `train/...` metrics of one step."""
@@ -139,11 +141,11 @@ def step_metrics(config: ml_collections.ConfigDict, result: StepResult, *,
       metrics.TRAIN_VERIFIER_TIMEOUTS: scored.verifier_timeouts,
       metrics.TRAIN_VERIFIER_ERRORS: scored.verifier_errors,
   }
-  if config.sampling.think_budget:
+  if sampling.think_budget:
     values[metrics.TRAIN_INTERRUPTED] = float(np.mean(scored.rollouts.interrupted))
-  if config.rl.overlong != "reward":
-    values[metrics.TRAIN_SHAPED_REWARD] = float(
-        rl_batch.training_rewards(config, scored).mean())
+  if rl.overlong != "reward":
+    values[metrics.TRAIN_SHAPED_REWARD] = float(rl_batch.training_rewards(
+        rl, scored, max_new_tokens=sampling.max_new_tokens).mean())
   # Entropy and KL are absent when neither a coefficient nor a logged metric needs them.
   if "entropy" in stats:
     values[metrics.TRAIN_ENTROPY] = float(stats.pop("entropy"))

@@ -31,13 +31,13 @@ import functools
 import flax
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from flax import nnx
 
-from isojax import config_lib
 from isojax.models import sharding
 from isojax.rl import logprobs, losses, names
+from isojax.rl import settings as rl_settings
+from isojax.sampling import settings as sampling_settings
 
 ZERO_VARIANCE_MODES = names.ZERO_VARIANCE_MODES
 
@@ -61,7 +61,8 @@ class TrainBatch:
 
 @dataclasses.dataclass(frozen=True)
 class UpdateSettings:
-  """The hashable, static part of the update (from `config.rl` and friends)."""
+  """The hashable, static part of the update (`derive`: from the `rl` and `sampling`
+  settings)."""
   group_size: int
   prompt_len: int
   temperature: float
@@ -88,15 +89,6 @@ class UpdateSettings:
                                 # critic's warm-up steps)
   old_logp_in_pass: bool = False  # the old log-probs are this pass's own (see below)
 
-  @staticmethod
-  def old_logp_known(config: ml_collections.ConfigDict) -> bool:
-    """Whether the policy before the update is the one the loss differentiates: a
-    synchronous step of one epoch over one minibatch. Its old log-probs are then the
-    pass's own log-probs (stop-gradient), so no separate pass computes them; the
-    ratios are 1 and their gradient is the policy gradient, as with the separate pass."""
-    rl = config.rl
-    return not rl.max_staleness and rl.num_epochs == 1 and rl.num_minibatches == 1
-
   @property
   def need_entropy(self) -> bool:
     return bool(self.entropy_coef) or self.log_entropy
@@ -106,42 +98,50 @@ class UpdateSettings:
     return bool(self.kl_coef) or self.log_kl
 
   @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict, group_size: int,
-                  prompt_len: int) -> "UpdateSettings":
-    rl = config.rl
+  def derive(cls, rl: rl_settings.RLSettings, sampling: sampling_settings.SamplingSettings,
+             *, group_size: int, prompt_len: int) -> "UpdateSettings":
+    """The update's static settings from the run's `rl` and `sampling` sections: the one
+    place they are derived. Runs always log train/entropy."""
     return cls(group_size=group_size, prompt_len=prompt_len,
-               temperature=float(config.sampling.temperature) or 1.0,
+               temperature=float(sampling.temperature) or 1.0,
                policy_loss=rl.policy_loss, clip_eps=rl.clip_eps,
                clip_eps_high=rl.clip_eps_high, cispo_eps_max=rl.cispo_eps_max,
                aggregation=rl.aggregation,
-               constant_normalizer=float(config.sampling.max_new_tokens),
+               constant_normalizer=float(sampling.max_new_tokens),
                kl_coef=rl.kl_coef, kl_form=rl.kl_form, entropy_coef=rl.entropy_coef,
                tis_threshold=rl.tis_threshold, num_minibatches=rl.num_minibatches,
                num_epochs=rl.num_epochs, micro_batch_size=rl.micro_batch_size,
                logprob_chunk_size=rl.logprob_chunk_size,
                log_entropy=True, log_kl=bool(rl.log_kl_to_base), is_level=rl.is_level,
                is_mode=rl.is_mode, is_sequence_ratio=rl.is_sequence_ratio,
-               old_logp_in_pass=cls.old_logp_known(config))  # runs always log train/entropy
+               old_logp_in_pass=rl.old_logp_known)
 
 
-def make_optimizer(config: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation,
-                                                                optax.Schedule]:
-  """AdamW with linear warm-up then constant LR, peak scaled with the rollout batch."""
-  o = config.optim
-  schedule = warmup_schedule(config, config_lib.learning_rate(config))
-  tx = optax.chain(
-      optax.clip_by_global_norm(o.grad_clip_norm) if o.grad_clip_norm else optax.identity(),
-      optax.adamw(schedule, b1=o.b1, b2=o.b2, weight_decay=o.weight_decay))
-  return tx, schedule
+def make_optimizer(optim: rl_settings.OptimSettings, *, peak_learning_rate: float,
+                   updates_per_step: int) -> tuple[optax.GradientTransformation,
+                                                   optax.Schedule]:
+  """AdamW with linear warm-up then constant LR at `peak_learning_rate` (the run's,
+  scaled with the rollout batch: `RunSettings.learning_rate`)."""
+  schedule = warmup_schedule(peak_learning_rate, optim.warmup_steps * updates_per_step)
+  return adamw(optim, schedule), schedule
 
 
-def warmup_schedule(config: ml_collections.ConfigDict, peak: float) -> optax.Schedule:
-  """Linear from 0 to `peak` over `optim.warmup_steps` RL steps' updates, then constant;
-  `warmup_steps=0` is `peak` from the first update on."""
-  updates = config.optim.warmup_steps * config.rl.num_minibatches * config.rl.num_epochs
-  if not updates:
+def adamw(optim: rl_settings.OptimSettings,
+          schedule: optax.Schedule) -> optax.GradientTransformation:
+  """`optim`'s clipped AdamW at `schedule` (the policy's, and the critic's at its own LR)."""
+  return optax.chain(
+      optax.clip_by_global_norm(optim.grad_clip_norm) if optim.grad_clip_norm
+      else optax.identity(),
+      optax.adamw(schedule, b1=optim.b1, b2=optim.b2, weight_decay=optim.weight_decay))
+
+
+def warmup_schedule(peak: float, warmup_updates: int) -> optax.Schedule:
+  """Linear from 0 to `peak` over `warmup_updates` optimizer updates (`optim.warmup_steps`
+  RL steps of `RLSettings.updates_per_step` each), then constant; 0 is `peak` from the
+  first update on."""
+  if not warmup_updates:
     return optax.constant_schedule(peak)
-  return optax.warmup_constant_schedule(0.0, peak, updates)
+  return optax.warmup_constant_schedule(0.0, peak, warmup_updates)
 
 
 def opt_state_shardings(tx: optax.GradientTransformation, params, mesh):

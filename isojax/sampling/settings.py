@@ -1,7 +1,6 @@
 """The sampler's settings (`config.sampling`): typed, validated, JAX-free.
 
-`SamplingSettings.from_config` is what the config layer (`config_lib.resolve`) checks a
-run's `config.sampling` with; `attended_lengths` is the one rule for
+`SamplingSettings` holds each field with its default and meaning and checks them; `attended_lengths` is the one rule for
 `sampling.decode_block`, used by the check and by the decode step that compiles one
 attention branch per length.
 """
@@ -13,6 +12,8 @@ from typing import Any, Mapping
 
 from isojax import validation
 from isojax.validation import is_int
+
+F = validation.field
 
 # Attention branches a decode step may compile (`decode_block`): T / block of them.
 MAX_DECODE_BLOCKS = 64
@@ -37,23 +38,35 @@ def attended_lengths(cache_len: int, block: int) -> tuple[int, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class SamplingSettings(validation.Section):
-  """`config.sampling`; the defaults and what each field means are in
-  `config_lib.base_config`, the one place they are defined."""
-  temperature: float
-  top_p: float
-  top_k: int
-  max_new_tokens: int
-  max_rollouts_per_call: int
-  weights_dtype: str
-  dtype: str
-  decode_slots: int
-  decode_slots_min: int
-  decode_block: int
-  stop_token_ids: tuple[int, ...]
-  think_budget: int
-  answer_budget: int
-  interruption_text: str
-  think_end_text: str
+  """`config.sampling`: the sampler's distribution, lengths, batching and memory, and
+  ScaleRL's forced interruptions ([sampling.md](sampling.md))."""
+  temperature: float = F(0.6, "sampling temperature (>= 0)")
+  top_p: float = F(1.0, "nucleus mass, in (0, 1]")
+  top_k: int = F(0, "top-k; 0 disables")
+  max_new_tokens: int = F(8, "T, the response length cap")
+  max_rollouts_per_call: int = F(
+      0, "rollouts per sampler call (whole groups), training and evaluation; 0 = derived "
+      "from the model and the memory ([Memory](#memory-the-passes-of-a-step))")
+  weights_dtype: str = F("", "`\"\"` (as trained), `float32` or `bfloat16`: weights cast "
+                         "for sampling")
+  dtype: str = F("", "`\"\"` (= `model.dtype`), `float32` or `bfloat16`: the sampler's "
+                 "activations and KV caches")
+  decode_slots: int = F(0, "> 0: continuous batching in this many decode rows per call")
+  decode_slots_min: int = F(0, "> 0: halve the slots down to this many once the queue is "
+                            "empty and at most half are busy")
+  decode_block: int = F(0, "> 0: attend over the generated cache in blocks of this many "
+                        "tokens, only the filled ones")
+  stop_token_ids: tuple[int, ...] = F((), "ids that end a rollout besides the "
+                                      "checkpoint's EOS ids")
+  think_budget: int = F(0, "> 0: forced interruption after this many tokens without "
+                        "`think_end_text` ([sampling.md](sampling.md))")
+  answer_budget: int = F(0, "tokens an interrupted rollout may generate after the "
+                         "interruption text")
+  interruption_text: str = F(
+      "Okay, time is up. Let me stop thinking and formulate a final answer now. </think>",
+      "written in by the sampler at the budget (context, not actions)",
+      shown="ScaleRL's \"Okay, time is up. ... </think>\"")
+  think_end_text: str = F("</think>", "a rollout that generated it has finished thinking")
 
   def __post_init__(self):
     if not self.temperature >= 0:

@@ -149,7 +149,8 @@ class _Sampler:
     chunk = max(1, min(len(problems), chunk_rollouts // num_samples))
     counts, _ = evaluation.correct_counts(
         self.graphdef, self.params, self.tok, self.book, problems, self.verifier,
-        num_samples=num_samples, chunk=chunk, rng=rng, sampling=self.config.sampling)
+        num_samples=num_samples, chunk=chunk, rng=rng,
+        sampling=config_lib.settings(self.config).sampling)
     return counts
 
 

@@ -23,12 +23,10 @@ import ml_collections
 import numpy as np
 
 from isojax.tasks import splits
+from isojax.tasks.settings import PROMPT_FORMATS, TaskSettings
 from isojax.tasks.problem import Grades, PerItemVerifier, Problem, Verifier
 
 NAMES = ("arithmetic", "reasoning_gym", "math")
-# `task.prompt_format`: the checkpoint's chat template whenever it has one, the template,
-# or plain text (`isojax.tasks.prompts`).
-PROMPT_FORMATS = ("auto", "chat", "plain")
 _MODULES = {"arithmetic": "isojax.tasks.arithmetic",
             "reasoning_gym": "isojax.tasks.reasoning_gym_task",
             "math": "isojax.tasks.math_data"}
@@ -109,5 +107,5 @@ def describe(data: TaskData) -> dict[str, Any]:
 
 
 __all__ = ["NAMES", "PROMPT_FORMATS", "Grades", "PerItemVerifier", "Problem", "TaskData",
-           "Verifier", "default_instruction", "describe", "family", "load", "make_verifier",
+           "TaskSettings", "Verifier", "default_instruction", "describe", "family", "load", "make_verifier",
            "validate"]

@@ -106,7 +106,7 @@ def sft_text(problem: Problem) -> tuple[str, str]:
 
 def validate(task: ml_collections.ConfigDict) -> None:
   for field in ("min_digits", "max_digits", "num_train", "num_val"):
-    value = task[field]
+    value = getattr(task, field)
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
       raise ValueError(f"task.{field}={value!r}: expected a positive integer")
   if task.min_digits > task.max_digits:

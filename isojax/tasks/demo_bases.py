@@ -123,7 +123,8 @@ def check_task(manifest: Mapping[str, Any], task: ml_collections.ConfigDict,
   if task.name != "reasoning_gym":
     return
   for field in REASONING_GYM_DATA_FIELDS:
-    value = task[field].to_dict() if hasattr(task[field], "to_dict") else task[field]
+    value = getattr(task, field)
+    value = value.to_dict() if hasattr(value, "to_dict") else value
     if built.get(field) != value:
       raise ValueError(
           f"task.{field}={value!r}, but the shipped reasoning-gym demo base was supervised "

@@ -65,8 +65,9 @@ def validate(task: ml_collections.ConfigDict) -> None:
     raise ValueError(f"task.tfds_name={task.tfds_name!r} needs task.data_dir, the local "
                      "directory the dataset was prepared in (downloads are off)")
   for field in ("num_train", "num_val"):
-    if not isinstance(task[field], int) or task[field] < 0:
-      raise ValueError(f"task.{field}={task[field]!r}: expected an integer >= 0")
+    value = getattr(task, field)
+    if not isinstance(value, int) or value < 0:
+      raise ValueError(f"task.{field}={value!r}: expected an integer >= 0")
 
 
 # -------------------------------------------------------------------------- sources

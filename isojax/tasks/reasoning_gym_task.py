@@ -279,7 +279,7 @@ class ReasoningGymVerifier(problem_lib.Verifier):
 
 def make_verifier(task) -> ReasoningGymVerifier:
   return ReasoningGymVerifier(task.dataset, dataset_kwargs(task), answer_pattern(task),
-                              binary=bool(task.get("binary_reward", False)))
+                              binary=bool(task.binary_reward))
 
 
 # ---------------------------------------------------------------------------------

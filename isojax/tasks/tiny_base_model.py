@@ -80,7 +80,7 @@ def task_settings(task: ml_collections.ConfigDict) -> dict[str, Any]:
   """The task fields a build's SFT data and prompts depend on (its manifest's `task`)."""
   out = dict(name=task.name)
   if task.name == "reasoning_gym":
-    out.update(dataset=task.dataset, dataset_kwargs=task.dataset_kwargs.to_dict(),
+    out.update(dataset=task.dataset, dataset_kwargs=reasoning_gym_task.dataset_kwargs(task),
                seed=task.seed, num_train=task.num_train, num_val=task.num_val,
                system_prompt=task.system_prompt, instruction=task.instruction,
                bpe_vocab=_BPE_VOCAB)

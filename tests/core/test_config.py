@@ -80,7 +80,7 @@ def test_entropy_needs_kl():
 def test_learning_rate_scaling(rule, expected):
   c = _config(rollouts_per_problem=16, problems_per_batch=32)  # B = 512 = 4 * B_ref
   c.optim.update(learning_rate=1e-3, lr_reference_batch=128, lr_scaling=rule)
-  assert config_lib.learning_rate(config_lib.resolve(c)) == pytest.approx(expected)
+  assert config_lib.settings(config_lib.resolve(c)).learning_rate == pytest.approx(expected)
 
 
 def test_recipe_table_rows():

@@ -16,6 +16,7 @@ from absl import logging as absl_logging
 
 from isojax import config_lib, eval_settings, evaluation, metrics, run_dir, train
 from isojax.planner import records
+from isojax.sampling import settings as sampling_settings
 from isojax.tasks.problem import Problem
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -54,13 +55,14 @@ def _fake_generate(graphdef, params, tok, book, problems, verifier, *, n, rng, s
 
 def test_evaluate_reports_counts_per_problem_in_order(monkeypatch):
   monkeypatch.setattr(evaluation.rollout, "generate", _fake_generate)
-  config = config_lib.base_config()
-  config.eval.update(num_samples=4, k=2, chunk_problems=3)  # 7 problems: 3 + 3 + 1 padded
+  # 7 problems in calls of 3: 3 + 3 + 1 padded
+  settings = eval_settings.EvalSettings(num_samples=4, k=2, chunk_problems=3)
+  sampling = sampling_settings.SamplingSettings()
   answers = [3, 0, 4, 1, 2, 9, 4]
   val = [Problem(prompt=f"v{i}", answer=str(a)) for i, a in enumerate(answers)]
   train_answers = [0, 4, 4, 2, 1]
   histogram = [Problem(prompt=f"t{i}", answer=str(a)) for i, a in enumerate(train_answers)]
-  result = evaluation.evaluate(None, None, None, None, val, None, config,
+  result = evaluation.evaluate(None, None, None, None, val, None, settings, sampling,
                                rng=jax.random.key(0), histogram_problems=histogram)
   expected_P = [a % 5 for a in answers]
   assert result[metrics.VAL_CORRECT_COUNTS] == expected_P == [3, 0, 4, 1, 2, 4, 4]
@@ -69,7 +71,7 @@ def test_evaluate_reports_counts_per_problem_in_order(monkeypatch):
     assert result[name] == pytest.approx(value, rel=1e-9, abs=1e-12), name
   assert result[metrics.TRAIN_PASS1_COUNTS] == [0, 4, 4, 2, 1]
   assert result[metrics.TRAIN_PASS1_HISTOGRAM] == [1, 1, 1, 0, 2]
-  without = evaluation.evaluate(None, None, None, None, val, None, config,
+  without = evaluation.evaluate(None, None, None, None, val, None, settings, sampling,
                                 rng=jax.random.key(0))
   assert metrics.TRAIN_PASS1_COUNTS not in without
   assert without[metrics.VAL_CORRECT_COUNTS] == expected_P

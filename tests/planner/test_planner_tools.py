@@ -147,4 +147,4 @@ def test_planned_config_round_trips_through_from_json(tmp_path):
   assert config.problems_per_batch == plan["problems_per_batch"]
   assert config.num_steps == plan["num_steps"]
   assert config.budget_rollouts == plan["budget_rollouts"] <= 131072
-  assert config_lib.learning_rate(config) == pytest.approx(plan["effective_learning_rate"])
+  assert config_lib.settings(config).learning_rate == pytest.approx(plan["effective_learning_rate"])

@@ -116,7 +116,7 @@ def test_to_config_is_a_plain_dict_from_json_reads_and_keeps_the_base_lr(tmp_pat
   path = tmp_path / "plan.json"
   path.write_text(json.dumps(resolved))
   config = config_lib.resolve(from_json.get_config(str(path)))
-  assert config_lib.learning_rate(config) == pytest.approx(3e-4 * math.sqrt(256 / 128))
+  assert config_lib.settings(config).learning_rate == pytest.approx(3e-4 * math.sqrt(256 / 128))
   # A plain dict base gives the same prescription as the ConfigDict.
   assert prescribe.to_config(grids.Allocation(32, 8, 40), base.to_dict()) == fields
 

@@ -16,6 +16,7 @@ def _run_parts(config):
   """What train.run builds before its loop, built here step by step: (resolved config,
   tokenizer, training problems, prompt book, verifier, graphdef, learner)."""
   config = config_lib.resolve(config)
+  s = config_lib.settings(config)
   mesh = sharding.make_mesh(config.mesh)
   path = train.policy_path(config)
   tok = tokenizer_lib.load_tokenizer(path)
@@ -24,13 +25,16 @@ def _run_parts(config):
   graphdef, params = nnx.split(hf_checkpoint.load_model(path, mesh, **config.model))
   use_lora = config.model.lora.rank > 0
   trained = lora.split(params)[0] if use_lora else params
-  tx, _ = update.make_optimizer(config)
+  tx, _ = update.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
+                                updates_per_step=s.rl.updates_per_step)
   opt_state = jax.jit(tx.init, out_shardings=update.opt_state_shardings(tx, trained, mesh))(
       trained)
   ref = None
   if config.rl.log_kl_to_base:
     ref = lora.disabled(params) if use_lora else jax.tree.map(jnp.copy, params)
-  learner = rl_step.Learner(config, mesh, graphdef, params, opt_state, ref, tx)
+  learner = rl_step.Learner(s.rl, s.sampling, s.rollouts_per_problem, lora=use_lora, mesh=mesh,
+                            graphdef=graphdef, params=params, opt_state=opt_state,
+                            ref_params=ref, tx=tx)
   return config, tok, train_problems, book, verifier, graphdef, learner
 
 

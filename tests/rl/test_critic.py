@@ -85,15 +85,24 @@ def _tiny(vocab=11):
   return nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
 
 
-def _critic(train_trunk, trunk="own"):
+def _create(config, mesh, graphdef, params):
+  """`critic.create` as `train.run` calls it, from a config's settings."""
+  s = config_lib.settings(config_lib.resolve(config))
+  return s, critic.create(s.critic, s.rl, s.optim, s.model,
+                          group_size=s.train_rollouts_per_problem, mesh=mesh,
+                          policy_graphdef=graphdef, policy_params=params)
+
+
+def _critic(train_trunk, trunk="own", n=8, learning_rate=1e-4):
   config = config_lib.base_config()
-  config.critic.update(train_trunk=train_trunk, trunk=trunk)
+  config.num_steps, config.rollouts_per_problem = 1, n
+  config.critic.update(train_trunk=train_trunk, trunk=trunk, learning_rate=learning_rate)
   config.rl.num_minibatches = 2
   config.optim.warmup_steps = 0
   mesh = sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
   graphdef, params = _tiny()
   params = jax.device_put(params, sharding.state_shardings(params, mesh))
-  return config, critic.create(config, mesh, graphdef, params), params
+  return (*_create(config, mesh, graphdef, params), params)
 
 
 def test_values_read_the_policy_trunk_at_the_logit_positions():
@@ -130,7 +139,8 @@ def test_the_critic_gradient_flows_only_where_configured(train_trunk):
     batch = critic.ValueBatch(tokens, mask, response, old, ret, jax.random.key(step))
     c.params, c.opt_state, stats = critic.critic_step(
         c.graphdef, c.params, c.opt_state, batch, tx=c.tx,
-        settings=critic.CriticSettings.from_config(config, group_size=2, prompt_len=2))
+        settings=critic.ValueUpdateSettings.derive(config.critic, config.rl, group_size=2,
+                                                   prompt_len=2))
   changed = jax.tree.map(lambda a, b: bool(np.any(a != np.asarray(b))), before, c.params)
   assert all(jax.tree.leaves(changed["head"]))
   assert any(jax.tree.leaves(changed["trunk"])) == train_trunk
@@ -145,8 +155,8 @@ def test_a_head_on_the_policy_trunk_reads_and_keeps_the_policy_weights():
   """critic.trunk='policy': the critic's state is the head alone; its values are the
   head on the policy's own hidden states; its update changes the head only, holds Adam
   moments for the head only, and leaves every policy weight's bits (not donated)."""
-  config, c, policy_params = _critic(False, trunk="policy")
-  config.rollouts_per_problem = 2  # 4 rollouts: two groups, one per minibatch
+  # n = 2: 4 rollouts are two groups, one per minibatch
+  _, c, policy_params = _critic(False, trunk="policy", n=2)
   assert set(c.params.keys()) == {"head"} and c.shares_policy_trunk
   c.params["head"]["kernel"][...] = jnp.linspace(-1, 1, 16)[:, None]
   c.params["head"]["bias"][...] = jnp.array([0.3])
@@ -165,9 +175,9 @@ def test_a_head_on_the_policy_trunk_reads_and_keeps_the_policy_weights():
       tokens=tokens, mask=mask, response_mask=response, sampler_logp=None, old_logp=None,
       ref_logp=None, advantages=None, keep_pg=None, keep_reg=None, shuffle_rng=None,
       rewards=jnp.array([1.0, 0.0, 1.0, 0.0]))
-  targets = c.targets(batch, 3, config, policy_params)
+  targets = c.targets(batch, 3, policy_params)
   np.testing.assert_allclose(targets.batch.old_values, got)
-  c.update(targets, jax.random.key(0), 3, config, policy_params)
+  c.update(targets, jax.random.key(0), 3, policy_params)
   for x, y in zip(jax.tree.leaves(before_policy), jax.tree.leaves(policy_params), strict=True):
     np.testing.assert_array_equal(x, np.asarray(y))
   assert all(np.any(a != np.asarray(b)) for a, b in zip(
@@ -175,14 +185,11 @@ def test_a_head_on_the_policy_trunk_reads_and_keeps_the_policy_weights():
   moments = sorted(x.shape for x in jax.tree.leaves(c.opt_state) if x.ndim)
   assert moments == [(1,), (1,), (16, 1), (16, 1)]
   with pytest.raises(ValueError, match="needs the policy's parameters"):
-    c.targets(batch, 3, config)
+    c.targets(batch, 3)
 
 
 def test_critic_update_fits_the_returns():
-  config, c, _ = _critic(True)
-  config.critic.learning_rate = 3e-3
-  c.tx = critic.make_optimizer(config)
-  c.opt_state = c.tx.init(c.params)
+  config, c, _ = _critic(True, learning_rate=3e-3)
   rng = np.random.default_rng(4)
   tokens = rng.integers(0, 11, (8, 6)).astype(np.int32)
   mask, response = np.ones((8, 6), bool), np.ones((8, 4), bool)
@@ -194,7 +201,8 @@ def test_critic_update_fits_the_returns():
     c.params, c.opt_state, stats = critic.critic_step(
         c.graphdef, c.params, c.opt_state,
         critic.ValueBatch(tokens, mask, response, old, ret, jax.random.key(step)), tx=c.tx,
-        settings=critic.CriticSettings.from_config(config, group_size=2, prompt_len=2))
+        settings=critic.ValueUpdateSettings.derive(config.critic, config.rl, group_size=2,
+                                                   prompt_len=2))
     losses.append(float(stats["value_loss"]))
   final = np.asarray(critic.values(c.graphdef, c.params, tokens, mask, prompt_len=2))
   # Monte Carlo returns are the rewards: the values move from 0 towards them.
@@ -287,7 +295,7 @@ def test_a_critic_loaded_from_a_checkpoint_starts_from_its_weights(tmp_path):
   hf_checkpoint.save_model(nnx.merge(graphdef, other), path, eos_token_id=1, bos_token_id=0,
                              pad_token_id=0)
   config.critic.path = path
-  c = critic.create(config_lib.resolve(config), mesh, graphdef, params)
+  _, c = _create(config, mesh, graphdef, params)
   got = c.params["trunk"]["embed"]["embedding"][...]
   np.testing.assert_allclose(got, 0.5 * np.asarray(params["embed"]["embedding"][...]))
   assert got.shape[0] == vocab

@@ -56,13 +56,16 @@ def test_option_trains_one_step(field, value):
       prompts_GP=np.full((g, p), 4, np.int32), prompt_mask_GP=np.ones((g, p), bool),
       rollouts=rollouts, rewards_GN=np.array([[1, 0, 0, 1], [0, 1, 0, 0]], np.float32),
       completions=[""] * (g * n))
-  batch, _ = rl_batch.build_train_batch(config, scored, select_rng=jax.random.key(0))
-  settings = update.UpdateSettings.from_config(
-      config, group_size=config_lib.train_rollouts_per_problem(config), prompt_len=p)
+  s = config_lib.settings(config)
+  batch, _ = rl_batch.build_train_batch(s.rl, scored, max_new_tokens=s.sampling.max_new_tokens,
+                                        select_rng=jax.random.key(0))
+  settings = update.UpdateSettings.derive(s.rl, s.sampling,
+                                          group_size=s.train_rollouts_per_problem, prompt_len=p)
   logp = update.score(graphdef, params, batch.tokens, batch.mask, prompt_len=p,
                       temperature=settings.temperature)
   batch = batch.replace(old_logp=logp, ref_logp=logp - 0.1, shuffle_rng=jax.random.key(1))
-  tx, _ = update.make_optimizer(config)
+  tx, _ = update.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
+                                updates_per_step=s.rl.updates_per_step)
   before = jax.tree.map(np.array, params)
   new, _, stats = update.train_step(graphdef, params, tx.init(params), batch, tx=tx,
                                     settings=settings)
@@ -132,8 +135,9 @@ def test_importance_correction_enters_the_update_loss(level, mode):
   shift = np.array([[0.1, -0.2, 0.3], [0.6, 0.0, 0.0], [-0.9, 0.0, 0.0], [0.05, 0.05, 0.1]])
   sampler_logp = (logp - shift).astype(np.float32)  # trainer - sampler = shift
   adv = np.array([1.0, -0.5, 2.0, -1.0], np.float32)
-  settings = dataclasses.replace(update.UpdateSettings.from_config(
-      config, group_size=2, prompt_len=p), log_kl=False)
+  s = config_lib.settings(config)
+  settings = dataclasses.replace(update.UpdateSettings.derive(
+      s.rl, s.sampling, group_size=2, prompt_len=p), log_kl=False)
   batch = update.TrainBatch(tokens=tokens, mask=mask, response_mask=response,
                             sampler_logp=sampler_logp, old_logp=logp, ref_logp=logp,
                             advantages=adv, keep_pg=np.ones(b, bool),

@@ -17,6 +17,13 @@ from isojax.rl import losses
 # --------------------------------------------------------------------------------
 
 
+def _policy_loss(name, **kwargs):
+  """`losses.policy_loss` at the clips these tests compute by hand: PPO's 0.2, DAPO's
+  upper 0.28 and CISPO's cap 4 (the settings' defaults), unless a test sets one."""
+  return losses.policy_loss(name, **{"clip_eps": 0.2, "clip_eps_high": 0.28,
+                                     "cispo_eps_max": 4.0, **kwargs})
+
+
 def np_policy_loss(name, logp, old, adv, mask, clip_eps=0.2, clip_eps_high=0.28,
                    eps_max=4.0):
   """Per-token loss, clip-active flags and the ratio the loss uses."""
@@ -92,7 +99,7 @@ def x64():
 
 
 def _loss_fn(name, **kwargs):
-  return functools.partial(losses.policy_loss, name, **kwargs)
+  return functools.partial(_policy_loss, name, **kwargs)
 
 
 # --------------------------------------------------------------------------------
@@ -129,18 +136,18 @@ def test_ppo_clip_and_dapo_hand_computed():
   logp = jnp.log(jnp.array([[1.5], [1.25], [0.5], [0.9]]))
   adv = jnp.array([1.0, 1.0, -1.0, -1.0])
   mask = jnp.ones((4, 1))
-  ppo, ppo_stats = losses.policy_loss("ppo_clip", logp_BT=logp, old_logp_BT=old,
+  ppo, ppo_stats = _policy_loss("ppo_clip", logp_BT=logp, old_logp_BT=old,
                                       advantages_B=adv, mask_BT=mask)
   # min(1.5, 1.2) = 1.2; min(1.25, 1.2) = 1.2; min(-0.5, -0.8) = -0.8; min(-.9, -.9).
   np.testing.assert_allclose(ppo[:, 0], [-1.2, -1.2, 0.8, 0.9], atol=1e-6)
   np.testing.assert_allclose(ppo_stats["clip_fraction"], 0.75)
-  dapo, dapo_stats = losses.policy_loss("dapo", logp_BT=logp, old_logp_BT=old,
+  dapo, dapo_stats = _policy_loss("dapo", logp_BT=logp, old_logp_BT=old,
                                         advantages_B=adv, mask_BT=mask)
   # Clip-higher at 1.28 lets the 1.25 ratio through.
   np.testing.assert_allclose(dapo[:, 0], [-1.28, -1.25, 0.8, 0.9], atol=1e-6)
   np.testing.assert_allclose(dapo_stats["clip_fraction"], 0.5)
   # A ratio above 1 + eps with a negative advantage is not clipped: min picks r * A.
-  neg, neg_stats = losses.policy_loss("ppo_clip", logp_BT=jnp.log(jnp.array([[1.5]])),
+  neg, neg_stats = _policy_loss("ppo_clip", logp_BT=jnp.log(jnp.array([[1.5]])),
                                       old_logp_BT=jnp.zeros((1, 1)),
                                       advantages_B=jnp.array([-1.0]), mask_BT=jnp.ones((1, 1)))
   np.testing.assert_allclose(neg, [[1.5]], atol=1e-6)
@@ -151,7 +158,7 @@ def test_cispo_hand_computed():
   # ratio 5 > eps_max 4 is truncated to 4: loss = -4 * 2 * (-0.5) = 4; ratio e^0.1 not.
   logp = jnp.array([[-0.5, -1.0]])
   old = jnp.array([[-0.5 - np.log(5.0), -1.1]])
-  loss_bt, stats = losses.policy_loss("cispo", logp_BT=logp, old_logp_BT=old,
+  loss_bt, stats = _policy_loss("cispo", logp_BT=logp, old_logp_BT=old,
                                       advantages_B=jnp.array([2.0]), mask_BT=jnp.ones((1, 2)))
   np.testing.assert_allclose(loss_bt, [[4.0, -np.exp(0.1) * 2 * -1.0]], rtol=1e-5)
   np.testing.assert_allclose(stats["clip_fraction"], 0.5)
@@ -161,7 +168,7 @@ def test_gspo_hand_computed():
   # Log-ratios 0.1 and 0.2 on the two valid tokens: s = exp(0.15), inside the clip.
   logp = jnp.array([[-1.0, -2.0, -5.0]])
   old = jnp.array([[-1.1, -2.2, 0.0]])
-  loss_bt, stats = losses.policy_loss("gspo", logp_BT=logp, old_logp_BT=old,
+  loss_bt, stats = _policy_loss("gspo", logp_BT=logp, old_logp_BT=old,
                                       advantages_B=jnp.array([1.0]),
                                       mask_BT=jnp.array([[1, 1, 0]]))
   np.testing.assert_allclose(loss_bt, [[-np.exp(0.15), -np.exp(0.15), 0.0]], rtol=1e-5)
@@ -194,7 +201,7 @@ def test_clipped_loss_gradient_matches_finite_differences(x64, name, aggregation
     return np_aggregate(aggregation, loss, mask, group_size=2)
 
   def jax_objective(lp):
-    loss_bt, _ = losses.policy_loss(name, logp_BT=lp, old_logp_BT=jnp.asarray(old),
+    loss_bt, _ = _policy_loss(name, logp_BT=lp, old_logp_BT=jnp.asarray(old),
                                     advantages_B=jnp.asarray(adv), mask_BT=jnp.asarray(mask))
     return losses.aggregate(aggregation, loss_bt, jnp.asarray(mask), group_size=2)
 
@@ -216,7 +223,7 @@ def test_cispo_gradient_matches_finite_differences_of_frozen_weight_objective(x6
     return np_aggregate("token_mean", -weights * adv[:, None] * lp, mask, group_size=1)
 
   def jax_objective(lp):
-    loss_bt, _ = losses.policy_loss("cispo", logp_BT=lp, old_logp_BT=jnp.asarray(old),
+    loss_bt, _ = _policy_loss("cispo", logp_BT=lp, old_logp_BT=jnp.asarray(old),
                                     advantages_B=jnp.asarray(adv), mask_BT=jnp.asarray(mask),
                                     cispo_eps_max=2.0)
     return losses.aggregate("token_mean", loss_bt, jnp.asarray(mask), group_size=1)
@@ -229,7 +236,7 @@ def test_gspo_sequence_mean_is_the_gspo_objective_in_value_and_gradient(x64):
   logp, old, adv, mask = random_batch(5, spread=0.3)
 
   def jax_objective(lp):
-    loss_bt, _ = losses.policy_loss("gspo", logp_BT=lp, old_logp_BT=jnp.asarray(old),
+    loss_bt, _ = _policy_loss("gspo", logp_BT=lp, old_logp_BT=jnp.asarray(old),
                                     advantages_B=jnp.asarray(adv), mask_BT=jnp.asarray(mask))
     return losses.aggregate("sequence_mean", loss_bt, jnp.asarray(mask), group_size=1)
 
@@ -247,7 +254,7 @@ def test_padding_with_inf_logp_stays_finite(name):
   mask = jnp.array([[1, 0], [1, 0]])
 
   def total(lp):
-    loss_bt, _ = losses.policy_loss(name, logp_BT=lp, old_logp_BT=old,
+    loss_bt, _ = _policy_loss(name, logp_BT=lp, old_logp_BT=old,
                                     advantages_B=jnp.array([1.0, -1.0]), mask_BT=mask)
     return losses.aggregate("token_mean", loss_bt, mask, group_size=1)
 
@@ -259,11 +266,11 @@ def test_padding_with_inf_logp_stays_finite(name):
 def test_policy_loss_errors_and_empty_mask():
   z = jnp.zeros((2, 3))
   with pytest.raises(ValueError, match="'nope'"):
-    losses.policy_loss("nope", logp_BT=z, old_logp_BT=z, advantages_B=jnp.zeros(2), mask_BT=z)
+    _policy_loss("nope", logp_BT=z, old_logp_BT=z, advantages_B=jnp.zeros(2), mask_BT=z)
   with pytest.raises(ValueError, match="advantages_B"):
-    losses.policy_loss("ppo_clip", logp_BT=z, old_logp_BT=z, advantages_B=jnp.zeros(3),
+    _policy_loss("ppo_clip", logp_BT=z, old_logp_BT=z, advantages_B=jnp.zeros(3),
                        mask_BT=z)
-  loss_bt, stats = losses.policy_loss("ppo_clip", logp_BT=z + 1, old_logp_BT=z,
+  loss_bt, stats = _policy_loss("ppo_clip", logp_BT=z + 1, old_logp_BT=z,
                                       advantages_B=jnp.ones(2), mask_BT=z)
   assert np.all(loss_bt == 0)
   assert stats == {"clip_fraction": 0.0, "ratio_mean": 1.0, "ratio_max": 1.0, "ratio_min": 1.0}

@@ -15,7 +15,9 @@ from isojax.rl import sources
 
 
 def _problems(config):
-  return sources.Problems(config_lib.resolve(config), graphdef=None, tok=None, book=None,
+  s = config_lib.settings(config_lib.resolve(config))
+  return sources.Problems(s.seed, s.rollouts_per_problem, s.problems_per_batch, s.rl,
+                          s.sampling, graphdef=None, tok=None, book=None,
                           train_problems=list(range(64)), verifier=None, pool=None,
                           sample_key=jax.random.key(0))
 

@@ -28,15 +28,20 @@ def _scored(rewards_GN, t=3, p=2, forced=None):
 
 
 def _config(**rl):
+  """The `rl` settings of a run with n = 6, B_p = 2 and these `rl` fields."""
   c = config_lib.base_config()
   c.rollouts_per_problem, c.problems_per_batch, c.num_steps = 6, 2, 1
   c.rl.update(rl)
-  return config_lib.resolve(c)
+  return config_lib.settings(config_lib.resolve(c)).rl
+
+
+def _build(rl, scored, select_rng):
+  return rl_batch.build_train_batch(rl, scored, max_new_tokens=8, select_rng=select_rng)
 
 
 def test_plain_grpo_batch():
   rewards = np.array([[1, 0, 0, 1, 0, 0], [1, 1, 1, 1, 1, 1]], np.float32)
-  batch, zero_var = rl_batch.build_train_batch(_config(), _scored(rewards),
+  batch, zero_var = _build(_config(), _scored(rewards),
                                             select_rng=jax.random.key(0))
   r = rewards[0]
   np.testing.assert_allclose(np.asarray(batch.advantages[:6]),
@@ -51,7 +56,7 @@ def test_pods_max_variance_rows_and_subset_advantages():
   config = _config(downsample="max_variance", train_rollouts_per_problem=2,
                    zero_variance_filter="all")
   scored = _scored(rewards)
-  batch, zero_var = rl_batch.build_train_batch(config, scored, select_rng=jax.random.key(0))
+  batch, zero_var = _build(config, scored, select_rng=jax.random.key(0))
   # Max variance with m = 2 keeps one correct and one wrong rollout per group.
   kept_rewards = []
   full_tokens, _ = rollout.sequences(scored, 6)
@@ -70,7 +75,7 @@ def test_decoupled_baseline_uses_generated_statistics():
   rewards = np.array([[1, 0, 0, 0, 0, 0], [1, 1, 0, 1, 0, 1]], np.float32)
   config = _config(downsample="max_reward", train_rollouts_per_problem=2,
                    advantages_on="generated")
-  batch, _ = rl_batch.build_train_batch(config, _scored(rewards), select_rng=jax.random.key(0))
+  batch, _ = _build(config, _scored(rewards), select_rng=jax.random.key(0))
   full = (rewards - rewards.mean(1, keepdims=True)) / (rewards.std(1, keepdims=True) + 1e-6)
   # max_reward keeps indices [0, 1] of group 0 and [0, 1] of group 1.
   np.testing.assert_allclose(np.asarray(batch.advantages),
@@ -81,7 +86,7 @@ def test_decoupled_baseline_uses_generated_statistics():
                                          ("regularizers", [1, 1], [1, 0])])
 def test_zero_variance_filter_modes(mode, pg, reg):
   rewards = np.array([[1, 0, 0, 1, 0, 0], [0] * 6], np.float32)
-  batch, _ = rl_batch.build_train_batch(_config(zero_variance_filter=mode), _scored(rewards),
+  batch, _ = _build(_config(zero_variance_filter=mode), _scored(rewards),
                                      select_rng=jax.random.key(0))
   np.testing.assert_array_equal(np.asarray(batch.keep_pg), np.repeat(pg, 6))
   np.testing.assert_array_equal(np.asarray(batch.keep_reg), np.repeat(reg, 6))
@@ -152,7 +157,7 @@ def test_truncated_rollouts_earn_zero_in_the_batch():
   finished[[0, 6]] = False  # the first rollout of each group hit max_new_tokens
   scored.rollouts = scored.rollouts.replace(finished=jnp.asarray(finished))
   config = _config(overlong="zero")
-  batch, _ = rl_batch.build_train_batch(config, scored, select_rng=jax.random.key(0))
+  batch, _ = _build(config, scored, select_rng=jax.random.key(0))
   r = np.array([0, 1, 0, 0, 1, 0], np.float32)
   np.testing.assert_allclose(np.asarray(batch.advantages[:6]),
                              (r - r.mean()) / (r.std() + 1e-6), rtol=1e-5)
@@ -166,7 +171,7 @@ def test_forced_interruption_tokens_are_context_not_actions():
   forced[[1, 3, 8], 1] = True
   scored = _scored(rewards, forced=forced)
   config = _config(downsample="max_variance", train_rollouts_per_problem=2)
-  batch, _ = rl_batch.build_train_batch(config, scored, select_rng=jax.random.key(0))
+  batch, _ = _build(config, scored, select_rng=jax.random.key(0))
   full_tokens, _ = rollout.sequences(scored, 6)
   rows = [int(np.flatnonzero((full_tokens == r).all(axis=1))[0]) for r in np.asarray(batch.tokens)]
   np.testing.assert_array_equal(np.asarray(batch.response_mask), ~forced[rows])

@@ -253,10 +253,8 @@ def test_old_logp_in_pass_equals_a_separate_scoring_pass(policy_loss, micro_batc
 
 
 def test_old_logp_is_known_only_for_one_synchronous_update():
-  from isojax import config_lib  # pylint: disable=g-import-not-at-top
-  config = config_lib.base_config()
-  assert update.UpdateSettings.old_logp_known(config)
+  from isojax.rl import settings as rl_settings  # pylint: disable=g-import-not-at-top
+  assert rl_settings.RLSettings().old_logp_known
   for field, value in (("num_epochs", 2), ("num_minibatches", 2), ("max_staleness", 1)):
-    changed = config_lib.base_config()
-    changed.rl[field] = value
-    assert not update.UpdateSettings.old_logp_known(changed), field
+    changed = dataclasses.replace(rl_settings.RLSettings(), **{field: value})
+    assert not changed.old_logp_known, field

@@ -10,15 +10,16 @@ import ml_collections
 import numpy as np
 import pytest
 
+from isojax import tasks
 from isojax.tasks import reasoning_gym_task as rgt
 
 
 def _task(dataset=rgt.DEMO_DATASET, kwargs=None, **overrides):
   kwargs = rgt.DEMO_KWARGS if kwargs is None and dataset == rgt.DEMO_DATASET else kwargs
-  fields = dict(dataset=dataset, dataset_kwargs=ml_collections.ConfigDict(kwargs or {}),
+  fields = dict(name="reasoning_gym", dataset=dataset, dataset_kwargs=dict(kwargs or {}),
                 answer_pattern="", num_train=48, num_val=16, seed=7)
   fields.update(overrides)
-  return ml_collections.ConfigDict(fields)
+  return tasks.TaskSettings(**fields)
 
 
 # A numeric family (the demo), string families (one graded with metadata), and ARC,
