@@ -5,7 +5,7 @@ Each field's default and meaning are written once, beside the field
 module renders them as the Markdown tables between `BEGIN` and `END` in the doc, in
 `config.json`'s order: the run's own fields, then one table per section.
 `python -m launch.config_reference` rewrites that part of the doc, and
-`tests/test_config_reference.py` fails when the doc and the code disagree.
+`tests/core/test_config_reference.py` fails when the doc and the code disagree.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ def test_a_shipped_configs_settings_hold_its_values(name):
 
 def test_base_config_is_the_settings_defaults_with_the_command_lines_types():
   """The ConfigDict the command line overrides: every field of the tree, with each
-  default, and the fields whose default is None typed for `--config.x=...`."""
+  default, and the fields whose default is None typed for their overrides."""
   base = config_lib.base_config()
   assert sorted(_flat(base.to_dict())) == sorted(n for n, _ in _leaf_fields(
       run_settings.RunSettings))
