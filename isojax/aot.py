@@ -7,7 +7,10 @@ at most `sampling.max_rollouts_per_call` rollouts), the old / reference log-prob
 (`rl.update.score`, one program run once or twice) and the update
 (`rl.update.train_step`); with `rl.advantage=gae` also PPO's critic, its value pass
 (`rl.critic.values`) and its update (`rl.critic.critic_step`). Everything is lowered from
-`jax.ShapeDtypeStruct`s carrying the run's NamedShardings, so no weight is allocated.
+`jax.ShapeDtypeStruct`s carrying the run's NamedShardings, so no weight is allocated;
+the update's arrays (LoRA's split, the optimizer state, the KL reference) and the
+critic's come from the functions a run builds them with (`rl.step.policy_arrays`,
+`rl.critic.abstract`, `rl.critic.init_optimizer`), given shapes instead of weights.
 It prints each program's per-chip memory (XLA's `memory_analysis`) plus the train
 state that stays on the chips while it runs (`resident`: optimizer state, reference
 weights, the critic and its optimizer state), against the chip's HBM, and exits non-zero
@@ -38,12 +41,14 @@ from absl import logging
 from flax import nnx
 
 from isojax import config_lib
-from isojax.models import hf_checkpoint, lora, sharding, transformer
+from isojax.models import hf_checkpoint, sharding, transformer
 from isojax.rl import critic as critic_lib
 from isojax.models import settings as model_settings
 from isojax.rl import rollout, update
+from isojax.rl import step as rl_step
 from isojax.rl import settings as rl_settings
 from isojax.sampling import sampler
+from isojax.sampling import settings as sampling_settings
 from isojax.tasks import demo_bases
 
 GIB = 1 << 30
@@ -232,60 +237,45 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
   params = placed(abstract, sharding.state_shardings(abstract, mesh))
   sample_params = placed(abstract, sharding.state_shardings(abstract, sample_mesh))
-  # LoRA: the update trains (and Adam holds) the adapters; the base is read, not donated.
-  trained, frozen = lora.split(params) if model_cfg.lora.enabled else (params, None)
+  # The update's arrays as a run builds them: LoRA trains (and Adam holds) the adapters,
+  # the base is read, not donated.
   tx, _ = update.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
                                 updates_per_step=s.rl.updates_per_step)
-  opt_state = placed(jax.eval_shape(tx.init, trained),
-                     update.opt_state_shardings(tx, trained, mesh))
+  arrays = rl_step.policy_arrays(params, tx, mesh, lora=model_cfg.lora.enabled,
+                                 keeps_reference=s.rl.keeps_reference, abstract=True)
+  trained, frozen, opt_state = arrays.trained, arrays.frozen, arrays.opt_state
   settings = update.UpdateSettings.derive(s.rl, s.sampling, group_size=m, prompt_len=p)
   param_bytes, opt_bytes = _chip_bytes(params), _chip_bytes(opt_state)
-  # The reference: a copy of the weights, or with LoRA the base itself (zero adapters).
-  ref_bytes = (_chip_bytes(trained) if frozen is not None else param_bytes
-               ) if s.rl.keeps_reference else 0
+  # The reference: a copy of the weights, or with LoRA the base itself, whose arrays it
+  # shares (only its zero adapters are new).
+  ref_bytes = (0 if arrays.reference is None else _chip_bytes(trained) if frozen is not None
+               else _chip_bytes(arrays.reference))
   # The generator's weights beside the learner's (off-policy on shared devices).
   snapshot_bytes = param_bytes if s.rl.max_staleness and rollout_mesh is None else 0
   # PPO's critic on the learner's chips: its weights and Adam state stay there.
   uses_critic = s.rl.uses_critic
   if uses_critic:
-    critic_graphdef, critic_abstract = critic_lib.abstract(
-        critic_model_config(s.critic, s.model, model_cfg))
-    critic_params = placed(critic_abstract, sharding.state_shardings(critic_abstract, mesh))
-    critic_frozen = None
-    if s.critic.trunk == "policy":  # the head alone; the policy's weights its trunk
-      critic_params = nnx.State({"head": critic_params["head"]})
-      critic_frozen = critic_lib.policy_trunk(params)
+    critic_graphdef, critic_params = critic_lib.abstract(
+        critic_model_config(s.critic, s.model, model_cfg), mesh, s.critic.trunk)
+    # A head on the policy's trunk: the policy's weights are its (frozen) trunk.
+    critic_frozen = critic_lib.policy_trunk(params) if s.critic.trunk == "policy" else None
     critic_tx = critic_lib.make_optimizer(s.critic, s.optim,
                                           updates_per_step=s.rl.updates_per_step)
-    critic_opt = jax.eval_shape(critic_tx.init, critic_params)
-    opt_placement = critic_lib.opt_state_shardings(critic_tx, critic_params, mesh,
-                                                   s.critic.train_trunk)
-    if isinstance(opt_placement, jax.sharding.Sharding):  # one placement for every leaf
-      opt_placement = jax.tree.map(lambda _: opt_placement, critic_opt)
-    critic_opt = placed(critic_opt, opt_placement)
+    critic_opt = critic_lib.init_optimizer(critic_tx, critic_params, mesh,
+                                           s.critic.train_trunk, abstract=True)
     critic_bytes = _chip_bytes(critic_params) + _chip_bytes(critic_opt)
   else:
     critic_bytes = 0
-  key = jax.eval_shape(jax.random.key, 0)
-  key_on = lambda mesh: jax.ShapeDtypeStruct(key.shape, key.dtype,
-                                             sharding=sharding.replicated(mesh))
   on = lambda mesh, what: ("" if rollout_mesh is None else
                            f" on the {mesh.devices.size} {what} chips")
-
-  # One sampler call as `rollout.sample` makes it: whole groups, each device the same
-  # number, at most sampling.max_rollouts_per_call rollouts; under the mesh.
-  groups, _ = rollout.call_plan(b_p, n, s.sampling.max_rollouts_per_call,
-                                sharding.batch_shards(sample_mesh))
-
-  spec = rollout.sample_spec(s.sampling, n=n, rollouts_per_call=groups * n,
-                             shards=sharding.batch_shards(sample_mesh),
-                             stop_ids=(model_cfg.vocab_size - 1,), pad_id=0)
-  sample = lambda: sampler.sample.lower(
-      graphdef, sample_params, _spec((groups, p), jnp.int32, sample_mesh),
-      _spec((groups, p), bool, sample_mesh), key_on(sample_mesh), spec)
-  decoding = (f", {spec.num_slots} decode slots" if spec.num_slots else "") + (
-      f" halving down to {spec.min_slots}" if spec.min_slots else "") + (
-      f", {s.sampling.dtype} activations and caches" if s.sampling.dtype else "")
+  body, head = weight_counts(abstract)
+  # While one copy of the weights is an argument the other (and Adam's state) waits.
+  sampled = _sample_program(
+      graphdef, sample_params, s.sampling, n=n, problems=b_p, prompt_len=p,
+      mesh=sample_mesh, vocab_size=model_cfg.vocab_size, weights=(body, head),
+      resident=0 if rollout_mesh is not None else (opt_bytes + ref_bytes + snapshot_bytes
+                                                   + critic_bytes),
+      where=on(sample_mesh, "sampling"))
 
   b = b_p * m  # rollouts scored and trained per step; train_step splits the minibatches
   score = lambda: update.score.lower(
@@ -301,29 +291,19 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
       # GAE: one advantage per token, and the outcome rewards the critic's returns use
       advantages=row(f32) if uses_critic else _spec((b,), f32, mesh),
       keep_pg=_spec((b,), bool, mesh), keep_reg=_spec((b,), bool, mesh),
-      shuffle_rng=key_on(mesh), rewards=_spec((b,), f32, mesh) if uses_critic else None)
+      shuffle_rng=_key_on(mesh), rewards=_spec((b,), f32, mesh) if uses_critic else None)
   train_step = lambda: update.train_step.lower(graphdef, trained, opt_state, batch, tx=tx,
                                                settings=settings, frozen=frozen)
   split = (f"micro-batches of {settings.micro_batch_size or 'all'}, LM head chunks of "
            f"{settings.logprob_chunk_size or 'all'}")
   # Model FLOPs: 2 per weight per token forward, 6 with the backward pass; the LM head
-  # sees only the response positions; the sampler prefills each prompt once.
-  body, head = weight_counts(abstract)
+  # sees only the response positions.
   epochs = s.rl.num_epochs
-  flops = dict(sample=2 * (body * groups * p + (body + head) * groups * n * t),  # one call
-               score=2 * (body * b * (p + t) + head * b * t),
+  flops = dict(score=2 * (body * b * (p + t) + head * b * t),
                # LoRA: no weight gradients for the frozen base, 4 FLOPs per weight
                train_step=(6 if frozen is None else 4) * epochs * (body * b * (p + t)
                                                                    + head * b * t))
-  # While one copy of the weights is an argument the other (and Adam's state) waits.
   # Lowered under their meshes, as isojax runs them: activations take their logical axes.
-  with jax.set_mesh(sample_mesh):
-    sampled = _measure(
-        "sample", sample,
-        0 if rollout_mesh is not None else (opt_bytes + ref_bytes + snapshot_bytes
-                                            + critic_bytes),
-        f"{groups} prompts [{groups}, {p}] x {n} rollouts of {t} tokens{decoding}"
-        f"{on(sample_mesh, 'sampling')}", flops["sample"])
   with jax.set_mesh(mesh):
     results = [
         sampled,
@@ -341,9 +321,40 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
       results += _critic_programs(value_settings, critic_graphdef, critic_params, critic_frozen,
                                   critic_opt, critic_tx, tokens, mask, batch, settings,
                                   param_bytes + opt_bytes + ref_bytes + snapshot_bytes,
-                                  weight_counts(critic_abstract)[0],
+                                  weight_counts(critic_params if critic_frozen is None else
+                                                nnx.merge_state(critic_frozen, critic_params))[0],
                                   on(mesh, "learner"))
   return results
+
+
+def _key_on(mesh) -> jax.ShapeDtypeStruct:
+  key = jax.eval_shape(jax.random.key, 0)
+  return jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=sharding.replicated(mesh))
+
+
+def _sample_program(graphdef, params, sampling: sampling_settings.SamplingSettings, *,
+                    n: int, problems: int, prompt_len: int, mesh, vocab_size: int,
+                    weights: tuple[int, int], resident: int, where: str) -> ProgramMemory:
+  """One sampler call as `rollout.sample` makes it for a step of `problems` problems:
+  whole groups, each device the same number, at most `sampling.max_rollouts_per_call`
+  rollouts; lowered under `mesh`. `weights`: (body, LM head) weight counts; the
+  sampler prefills each prompt once."""
+  p, t, shards = prompt_len, sampling.max_new_tokens, sharding.batch_shards(mesh)
+  groups, _ = rollout.call_plan(problems, n, sampling.max_rollouts_per_call, shards)
+  spec = rollout.sample_spec(sampling, n=n, rollouts_per_call=groups * n, shards=shards,
+                             stop_ids=(vocab_size - 1,), pad_id=0)
+  sample = lambda: sampler.sample.lower(
+      graphdef, params, _spec((groups, p), jnp.int32, mesh), _spec((groups, p), bool, mesh),
+      _key_on(mesh), spec)
+  decoding = (f", {spec.num_slots} decode slots" if spec.num_slots else "") + (
+      f" halving down to {spec.min_slots}" if spec.min_slots else "") + (
+      f", {sampling.dtype} activations and caches" if sampling.dtype else "")
+  body, head = weights
+  with jax.set_mesh(mesh):
+    return _measure("sample", sample, resident,
+                    f"{groups} prompts [{groups}, {p}] x {n} rollouts of {t} tokens"
+                    f"{decoding}{where}",
+                    2 * (body * groups * p + (body + head) * groups * n * t))
 
 
 def _critic_programs(critic_settings: critic_lib.ValueUpdateSettings, graphdef, params, frozen,

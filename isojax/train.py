@@ -20,7 +20,6 @@ import time
 from typing import Any, Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import tqdm
@@ -106,6 +105,12 @@ class _DropLibraryInfo(std_logging.Filter):
   asyncio task left with the error: the save raises `storage.NoSpace`, whose one line
   says it all."""
 
+  @classmethod
+  def install(cls) -> None:
+    handler = logging.get_absl_handler()
+    if not any(isinstance(f, cls) for f in handler.filters):
+      handler.addFilter(cls())
+
   def filter(self, record: std_logging.LogRecord) -> bool:
     if "/isojax/" not in record.pathname and record.levelno >= std_logging.WARNING:
       error = record.exc_info[1] if record.exc_info else None
@@ -183,23 +188,20 @@ def _learner(s: run_settings.RunSettings, inputs: _Inputs, state: run_state.RunS
   # LoRA: only the adapters train, are held by the optimizer and are checkpointed; the
   # base weights stay as loaded and are the reference policy (its B matrices at zero).
   state.use_lora = s.model.lora.enabled
-  trained, base = lora.split(params) if state.use_lora else (params, None)
-  ref_params = None
-  if s.rl.keeps_reference:
-    ref_params = lora.disabled(params) if state.use_lora else jax.tree.map(jnp.copy, params)
+  tx, schedule = update.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
+                                       updates_per_step=s.rl.updates_per_step)
+  arrays = rl_step.policy_arrays(params, tx, mesh, lora=state.use_lora,
+                                 keeps_reference=s.rl.keeps_reference)
+  base, opt_state, ref_params = arrays.frozen, arrays.opt_state, arrays.reference
   if s.rl.retire_pass_rate > 0:
     state.pool = problem_pool.ProblemPool(len(inputs.train_problems),
                                           threshold=s.rl.retire_pass_rate)
-  tx, schedule = update.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
-                                       updates_per_step=s.rl.updates_per_step)
-  opt_state = jax.jit(tx.init, out_shardings=update.opt_state_shardings(tx, trained, mesh))(
-      trained)
   critic = (critic_lib.create(s.critic, s.rl, s.optim, s.model,
                               group_size=s.train_rollouts_per_problem, mesh=mesh,
                               policy_graphdef=graphdef, policy_params=params)
             if s.rl.uses_critic else None)  # PPO's value model
   restored = checkpointing.restore_newest(
-      state.ckpt, params=trained, opt_state=opt_state,
+      state.ckpt, params=arrays.trained, opt_state=opt_state,
       corrupt_dir=run_dir.corrupt_checkpoint_dir(workdir), primary=state.primary,
       critic=critic.checkpoint_tree() if critic else None, step=from_step,
       superseded_dir=run_dir.superseded_checkpoint_dir(workdir))
@@ -302,12 +304,27 @@ def _collapse(state: run_state.RunState, values: dict,
   return collapsed
 
 
+def _evaluate(state: run_state.RunState, inputs: _Inputs, s: run_settings.RunSettings,
+              key: jax.Array) -> dict[str, float | list[int]]:
+  """The validation metrics of the learner's policy now (and the training set's pass@1
+  histogram); the time counts in the run's wall time."""
+  start_s = time.time()
+  result = evaluation.evaluate(
+      state.learner.graphdef, state.learner.params, inputs.tok, inputs.book,
+      inputs.val_problems, inputs.verifier, s.eval, s.sampling, rng=key,
+      histogram_problems=inputs.train_problems[:s.eval.train_problems])
+  state.counters.wall_s += time.time() - start_s
+  host_memory.release_free_memory()  # the evaluation's sampler buffers
+  logging.info("step %d eval: %s", state.counters.step, " ".join(  # lists: jsonl only
+      f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()
+      if k not in metrics.PER_PROBLEM_COUNTS))
+  return result
+
+
 def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Notice,
          hold_workdir: Callable[[], None], on_exit: Callable[[Callable], None], *,
          allow_changed: tuple[str, ...], from_step: int | None) -> dict[str, float]:
-  handler = logging.get_absl_handler()
-  if not any(isinstance(f, _DropLibraryInfo) for f in handler.filters):
-    handler.addFilter(_DropLibraryInfo())
+  _DropLibraryInfo.install()
   resume_settings.check_allowance(allow_changed)  # a mistyped field fails before any work
   inputs = _check_inputs(config)  # fail fast, before any write
   s = config_lib.settings(config)  # as planned: the passes left at 0 are filled in
@@ -342,9 +359,8 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
                                         run_config=config.to_dict())
   sample_key, eval_key, shuffle_key, select_key = jax.random.split(
       jax.random.key(s.seed), 4)
-  graphdef = state.learner.graphdef
   problems = sources.Problems(s.seed, s.rollouts_per_problem, s.problems_per_batch, s.rl,
-                              s.sampling, graphdef, inputs.tok, inputs.book,
+                              s.sampling, state.learner.graphdef, inputs.tok, inputs.book,
                               inputs.train_problems, inputs.verifier, state.pool, sample_key)
   state.source = sources.make(
       problems, num_steps=num_steps, batches=state.counters.batches,
@@ -352,18 +368,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
       snapshot=(None if inputs.rollout_mesh is None
                 else functools.partial(sharding.on_mesh, mesh=inputs.rollout_mesh)))
 
-  def run_eval() -> dict[str, float | list[int]]:
-    start_s = time.time()
-    result = evaluation.evaluate(
-        graphdef, state.learner.params, inputs.tok, inputs.book, inputs.val_problems,
-        inputs.verifier, s.eval, s.sampling, rng=eval_key,
-        histogram_problems=inputs.train_problems[:s.eval.train_problems])
-    state.counters.wall_s += time.time() - start_s
-    host_memory.release_free_memory()  # the evaluation's sampler buffers
-    logging.info("step %d eval: %s", state.counters.step, " ".join(  # lists: jsonl only
-        f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()
-        if k not in metrics.PER_PROBLEM_COUNTS))
-    return result
+  run_eval = functools.partial(_evaluate, state, inputs, s, eval_key)
 
   # ==================== Loop ====================
   c = state.counters

@@ -80,8 +80,13 @@ def build(critic: rl_settings.CriticSettings, model: model_settings.ModelSetting
   head = jax.device_put(nnx.state(model.head), sharding.state_shardings(
       nnx.state(model.head), mesh))
   nnx.update(model.head, head)
-  state = nnx.state(model)
-  return graphdef, (nnx.State({"head": state["head"]}) if shared else state)
+  return graphdef, _own_state(nnx.state(model), shared)
+
+
+def _own_state(state, shared: bool):
+  """The critic's own state: the whole value model, or with `critic.trunk="policy"` the
+  head alone (the policy's weights are its trunk: `policy_trunk`)."""
+  return nnx.State({"head": state["head"]}) if shared else state
 
 
 def policy_trunk(policy_params):
@@ -91,9 +96,10 @@ def policy_trunk(policy_params):
                                         if k != "lm_head"})})
 
 
-def abstract(model_cfg: transformer.ModelConfig) -> tuple[Any, Any]:
-  """(graphdef, state) of a critic on a trunk of `model_cfg`, shapes only (nothing
-  initialised): what `build` makes, for `launch.aot`."""
+def abstract(model_cfg: transformer.ModelConfig, mesh, trunk: str) -> tuple[Any, Any]:
+  """(graphdef, params) of a critic on a trunk of `model_cfg` as `build` makes them on
+  `mesh`, as placed `jax.ShapeDtypeStruct`s (nothing initialised), for `launch.aot`;
+  `trunk` is `critic.trunk`."""
   def make():
     trunk = Transformer(model_cfg, rngs=nnx.Rngs(0))
     if hasattr(trunk, "lm_head"):
@@ -102,7 +108,10 @@ def abstract(model_cfg: transformer.ModelConfig) -> tuple[Any, Any]:
       return ValueModel(trunk, rngs=nnx.Rngs(0))
 
   with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
-    return nnx.split(nnx.eval_shape(make))
+    graphdef, state = nnx.split(nnx.eval_shape(make))
+  placed = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        state, sharding.state_shardings(state, mesh))
+  return graphdef, _own_state(placed, trunk == "policy")
 
 
 def opt_state_shardings(tx: optax.GradientTransformation, params, mesh, train_trunk: bool):
@@ -145,10 +154,11 @@ def make_optimizer(critic: rl_settings.CriticSettings, optim: rl_settings.OptimS
   return tx if critic.train_trunk else optax.masked(tx, trunk_mask)
 
 
-def init_optimizer(tx: optax.GradientTransformation, params, mesh, train_trunk: bool):
-  """`tx.init(params)` placed by `opt_state_shardings`."""
-  return jax.jit(tx.init, out_shardings=opt_state_shardings(tx, params, mesh, train_trunk))(
-      params)
+def init_optimizer(tx: optax.GradientTransformation, params, mesh, train_trunk: bool, *,
+                   abstract: bool = False):
+  """`tx.init(params)` placed by `opt_state_shardings` (`update.init_optimizer`)."""
+  return update.init_optimizer(tx, params, opt_state_shardings(tx, params, mesh, train_trunk),
+                               abstract=abstract)
 
 
 @flax.struct.dataclass

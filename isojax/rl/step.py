@@ -13,17 +13,48 @@ import functools
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh
 
 from isojax import metrics
-from isojax.models import lora, sharding
+from isojax.models import lora as lora_lib
+from isojax.models import sharding
 from isojax.rl import batch as rl_batch
 from isojax.rl import critic as critic_lib
 from isojax.rl import rollout, update
 from isojax.rl import settings as rl_settings
 from isojax.sampling import settings as sampling_settings
+
+
+@dataclasses.dataclass
+class PolicyArrays:
+  """What the update holds of the policy: the state it trains, LoRA's frozen base, the
+  optimizer state and the KL reference."""
+  trained: Any    # every parameter, or LoRA's adapters: what the optimizer updates
+  frozen: Any     # LoRA's base weights, read and never donated (None without LoRA)
+  opt_state: Any  # of `trained`, each moment beside its parameter
+  reference: Any  # the base policy: a copy of the weights, or with LoRA the base itself
+                  # with zero adapters; None when `RLSettings.keeps_reference` is false
+
+
+def policy_arrays(params, tx: optax.GradientTransformation, mesh: Mesh, *, lora: bool,
+                  keeps_reference: bool, abstract: bool = False) -> PolicyArrays:
+  """The update's arrays for the policy `params`, as a run builds them (`train.run`).
+
+  With `abstract` the parameters are placed `jax.ShapeDtypeStruct`s and so is every
+  array returned (`launch.aot` compiles a pod's step against them): the reference is
+  then the parameters' shapes, as a copy (or the LoRA base with zero adapters) has them.
+  """
+  trained, frozen = lora_lib.split(params) if lora else (params, None)
+  opt_state = update.init_optimizer(tx, trained, update.opt_state_shardings(tx, trained, mesh),
+                                    abstract=abstract)
+  reference = None
+  if keeps_reference:
+    reference = (params if abstract else lora_lib.disabled(params) if lora
+                 else jax.tree.map(jnp.copy, params))
+  return PolicyArrays(trained, frozen, opt_state, reference)
 
 
 @dataclasses.dataclass
@@ -110,12 +141,12 @@ class Learner:
             scored.prompt_len)
         if self.critic.shares_policy_trunk:  # on the trunk its old values were read from,
           critic_stats = update_critic(self.params)  # before the policy's update donates it
-      trained, frozen = (lora.split(self.params) if self.lora
+      trained, frozen = (lora_lib.split(self.params) if self.lora
                          else (self.params, None))
       trained, self.opt_state, stats = update.train_step(
           self.graphdef, trained, self.opt_state, batch, tx=self.tx, settings=settings,
           frozen=frozen)
-      self.params = trained if frozen is None else lora.merge(trained, frozen)
+      self.params = trained if frozen is None else lora_lib.merge(trained, frozen)
       if self.critic is not None and not self.critic.shares_policy_trunk:
         critic_stats = update_critic()
     return StepResult(scored, zero_var_G, jax.device_get(dict(stats, **critic_stats)))

@@ -157,6 +157,22 @@ def opt_state_shardings(tx: optax.GradientTransformation, params, mesh):
       transform_non_params=lambda _: jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
 
 
+def init_optimizer(tx: optax.GradientTransformation, params, shardings, *,
+                   abstract: bool = False):
+  """`tx.init(params)` placed by `shardings` (a tree, or one Sharding for every leaf).
+
+  With `abstract` the parameters are `jax.ShapeDtypeStruct`s and so is the result,
+  placed the same way: what `launch.aot` compiles against, nothing allocated.
+  """
+  if not abstract:
+    return jax.jit(tx.init, out_shardings=shardings)(params)
+  state = jax.eval_shape(tx.init, params)
+  if isinstance(shardings, jax.sharding.Sharding):
+    shardings = jax.tree.map(lambda _: shardings, state)
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      state, shardings)
+
+
 def num_micro_batches(rows: int, micro_batch_size: int, what: str, why: str = "") -> int:
   """How many micro-batches of `micro_batch_size` rollouts cover `rows` rollouts.
 
