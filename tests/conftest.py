@@ -86,6 +86,17 @@ def pytest_configure(config):
   config.addinivalue_line(
       "markers", "slow(reason): in the full suite only, not the fast tier (-m 'not slow'); "
       "the reason says what makes it slow")
+  # With workers (-n 2), each takes the next test when it is free (pytest-xdist's
+  # "worksteal"): the suite's minutes-long tests cannot leave one worker idle at the end.
+  if getattr(config.option, "dist", "no") == "load":
+    config.option.dist = "worksteal"
+
+
+def pytest_collection_modifyitems(config, items):
+  """The slow tests first (in their order): started early, they end before the last
+  short ones, so both workers finish together."""
+  del config
+  items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def pytest_unconfigure(config):

@@ -260,3 +260,23 @@ def test_the_package_imports_no_binary():
   bad = [_where(i) for i in import_graph()
          if i.source.startswith("isojax") and i.target.split(".")[0] == "launch"]
   assert not bad, "the library never imports launch/:\n" + "\n".join(bad)
+
+
+# A function a reader holds in their head: the loop, the pod check and the sampler are
+# the longest, each under this.
+MAX_FUNCTION_LINES = 120
+
+
+def test_no_function_of_the_package_is_longer_than_a_reader_holds():
+  long = []
+  for module, path in sorted(_module_files().items()):
+    if not module.startswith("isojax"):
+      continue
+    with open(path) as f:
+      tree = ast.parse(f.read())
+    long += [f"{path}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines"
+             for node in ast.walk(tree)
+             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+             and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+  assert not long, (f"functions over {MAX_FUNCTION_LINES} lines (split them into parts):\n"
+                    + "\n".join(long))
