@@ -100,8 +100,43 @@ def _change(c: records.RunCurve) -> float:
 # --- Statistics per kind: {group: [RunCurve]} -> named floats ---------------------
 
 
+def _asymptote(c: records.RunCurve, metric: str) -> float:
+  """A of the run's own fitted sigmoid (R0 its first evaluation); NaN when it cannot be
+  fitted."""
+  lower, upper = analysis.value_bounds(metric)
+  try:
+    return sigmoid_fit.fit_sigmoid(c.rollouts_E, c.values_E, r0=float(c.values_E[0]),
+                                   lower=lower, upper=upper).a
+  except ValueError:
+    return float("nan")
+
+
+def saturation_stats(curves: Sequence[records.RunCurve], metric: str) -> dict[str, float]:
+  """Whether the runs reached their ceilings, and whether every n has the same one.
+
+  headroom: each run's fitted asymptote minus its final value, averaged over the runs
+    (> 0: the budget stops before the runs saturate, so the frontier's end is not the
+    regime where the paper finds larger n winning);
+  asymptote_spread: the largest minus the smallest asymptote of the values of n (each
+    the mean over its runs): near 0 when every allocation heads for one ceiling (a
+    model limited by its capacity, where the allocation only sets the speed).
+  """
+  a = np.array([_asymptote(c, metric) for c in curves])
+  finals = np.array([final_value(c) for c in curves])
+  by_n: dict[int, list[float]] = {}
+  for c, a_c in zip(curves, a):
+    if np.isfinite(a_c):
+      by_n.setdefault(c.rollouts_per_problem, []).append(a_c)
+  means = [float(np.mean(v)) for v in by_n.values()]
+  ok = np.isfinite(a)
+  return {"headroom": float(np.mean(a[ok] - finals[ok])) if ok.any() else float("nan"),
+          "asymptote_spread": max(means) - min(means) if len(means) > 1 else float("nan")}
+
+
 def iso_compute_stats(groups, *, metric: str, variant: str = "") -> dict[str, float]:
   out = frontier_stats(groups[_key(variant, metric)], metric)
+  if not variant:
+    out.update(saturation_stats(groups[_key(variant, metric)], metric))
   for name in analysis.companion_metrics(metric):
     curves = groups.get(_key(variant, name))
     if curves:
@@ -138,15 +173,22 @@ def _overfit_drop(c: records.RunCurve) -> float:
 
 def problem_set_size_stats(groups, *, metric: str, sizes: Mapping[str, float]
                            ) -> dict[str, float]:
-  """Per size: the mean overfitting drop and log2 n* at the end; the smallest set's
-  drop minus the largest set's."""
+  """Per size: the mean overfitting drop, the mean held-out gain (final minus first
+  validation value: the validation problems are never trained on) and log2 n* at the
+  end; the smallest set's drop minus the largest set's; and transfer: the smallest
+  set's held-out gain, and as a fraction of the largest set's (near 1: training on a
+  few problems raises unseen ones as much as training on all of them)."""
   out = {}
   for variant in sizes:
     curves = groups[_key(variant, metric)]
     out[f"drop_{variant}"] = float(np.mean([_overfit_drop(c) for c in curves]))
+    out[f"gain_{variant}"] = float(np.mean([_change(c) for c in curves]))
     out[f"log2_n_star_end_{variant}"] = frontier_stats(curves, metric)["log2_n_star_end"]
   smallest, largest = min(sizes, key=sizes.get), max(sizes, key=sizes.get)
   out["overfit_gap"] = out[f"drop_{smallest}"] - out[f"drop_{largest}"]
+  out["transfer_gain"] = out[f"gain_{smallest}"]
+  full = out[f"gain_{largest}"]
+  out["transfer_fraction"] = out[f"gain_{smallest}"] / full if full > 0 else float("nan")
   return out
 
 

@@ -12,6 +12,7 @@ from isojax import run_dir
 from isojax.planner import analysis
 from isojax.planner import bootstrap
 from isojax.planner import experiments
+from isojax.planner import records
 from isojax.planner import synthetic
 
 NUM_SAMPLES = 8
@@ -179,6 +180,34 @@ def test_problem_set_size_sees_the_small_set_overfit(tmp_path):
   assert e["lo"] - 0.02 <= true_drop <= e["hi"] + 0.02  # max over noisy points: biased up
   change = result["details"]["train_reward_change"]
   assert change["p16"] > change["all"] > 0
+  # Transfer: the validation problems are held out, so p16's gain on them is transfer.
+  gain_16 = float(p16_T[-2:].mean() - p16_T[0])
+  gain_all = float((0.2 + 0.3 * x_T[-2:]).mean() - 0.2)
+  for name, want in (("transfer_gain", gain_16), ("transfer_fraction", gain_16 / gain_all)):
+    e = result["effects"][name]
+    assert e["lo"] - 0.01 <= want <= e["hi"] + 0.01, (name, want, e)
+  assert result["effects"]["transfer_gain"]["lo"] > 0
+
+
+def _sigmoid_curve(n, a, c_mid, *, r0=0.2, b=2.0, c_end=65536.0):
+  """A run's exact avg@k along a ScaleRL sigmoid of asymptote `a`."""
+  c_E = np.linspace(0.0, c_end, 17)
+  v_E = r0 + (a - r0) / (1 + (c_mid / np.maximum(c_E, 1e-9)) ** b)
+  return records.RunCurve(f"n{n}", 16, n, c_E, v_E)
+
+
+def test_saturation_is_the_headroom_to_each_runs_asymptote_and_their_spread():
+  """One n still far below its ceiling at the budget, one at it; then two ceilings."""
+  rising, flat = _sigmoid_curve(4, 0.6, c_mid=60000.0), _sigmoid_curve(8, 0.6, c_mid=3000.0)
+  got = experiments.saturation_stats([rising, flat], metrics.val_avg(4))
+  want = np.mean([0.6 - c.values_E[-experiments.TAIL:].mean() for c in (rising, flat)])
+  assert got["headroom"] == pytest.approx(want, abs=2e-3) and want > 0.05
+  assert got["asymptote_spread"] == pytest.approx(0.0, abs=2e-3)
+  apart = [_sigmoid_curve(4, 0.5, c_mid=3000.0), _sigmoid_curve(8, 0.8, c_mid=3000.0),
+           _sigmoid_curve(8, 0.7, c_mid=3000.0)]
+  got = experiments.saturation_stats(apart, metrics.val_avg(4))
+  assert got["asymptote_spread"] == pytest.approx(0.75 - 0.5, abs=2e-3)  # n=8: mean 0.75
+  assert got["headroom"] == pytest.approx(0.0, abs=2e-3)
 
 
 def test_sweep_analysis_writes_variant_analyses_experiment_and_findings(tmp_path):

@@ -67,6 +67,33 @@ def test_extrapolation_verdict_against_the_tolerance():
   assert nine.verdict == "no" and nine.effect["lo"] > findings.EXTRAPOLATION_TOLERANCE
 
 
+def test_mechanisms_transfer_saturation_and_ceilings_follow_their_intervals():
+  rng = np.random.default_rng(1)
+  hard = _iso("hard", [1.0] * 5, [1.0] * 5, [0.0] * 5, [0.0] * 5, [0.0] * 5)
+  hard["effects"].update(headroom=_effect(rng.normal(0.08, 0.01, 200)),
+                         asymptote_spread=_effect(rng.uniform(0.0, 0.01, 200)))
+  easy = _iso("easy", [1.0] * 5, [1.0] * 5, [0.0] * 5, [0.0] * 5, [0.0] * 5)
+  easy["effects"].update(headroom=_effect(rng.normal(0.0, 0.02, 200)),
+                         asymptote_spread=_effect(rng.normal(0.1, 0.01, 200)))
+  sizes = {"kind": "problem_set_size", "variants": [], "extrapolation": [],
+           "details": {"sizes": {"all": None, "p16": 16, "p64": 64}},
+           "effects": {"transfer_gain": _effect(rng.normal(0.2, 0.02, 200)),
+                       "transfer_fraction": _effect(rng.normal(0.9, 0.05, 200))}}
+  rows = findings.mechanism_table({"hard": hard, "easy": easy, "sizes": sizes})
+  verdicts = {(r.finding, r.sweep): r.verdict for r in rows}
+  assert verdicts == {("T", "sizes"): "yes", ("S", "hard"): "yes",
+                      ("S", "easy"): "inconclusive", ("K", "hard"): "yes",
+                      ("K", "easy"): "no"}
+  (t,) = [r for r in rows if r.finding == "T"]
+  f = sizes["effects"]["transfer_fraction"]
+  assert "16 problems" in t.measured  # the smallest set of the sweep
+  assert t.note == (f"fraction of the full set's gain {f['value']:+.3f} "
+                    f"[{f['lo']:+.3f}, {f['hi']:+.3f}]")
+  assert [r.finding for r in rows] == sorted([r.finding for r in rows],
+                                             key=list(findings.MECHANISMS).index)
+  assert "what is tested" in findings.to_markdown(rows, "what is tested")
+
+
 def test_study_directory_to_markdown(tmp_path):
   exp = _iso("hard", [1.0, 2.0, 1.5], [2.0] * 3, [0.01] * 3, [0.0] * 3, [0.0] * 3)
   exp["effects"]["n_star_rise"]["value"] = None  # as JSON holds a NaN
