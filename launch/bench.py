@@ -33,7 +33,9 @@ process it measures
   9. trl, only when asked for (`isojax.bench.trl_step`): isojax's whole RL step against
      TRL's GRPOTrainer on a real model (--trl_config, default configs/smollm2.py), the
      same problems, allocation and loss, each side in its own process, --trl_rounds
-     alternations of --trl_steps steps.
+     alternations of --trl_steps steps; with --tunix_python (the interpreter of an
+     environment that has google-tunix), Tunix's GRPO learner as a third side
+     (`isojax.bench.tunix_step`; docs/performance.md says how to set it up).
 Tokens/s = generated (or trained) tokens / wall seconds of one call, median of
 --repeats rounds after a warm-up call (the sides of a comparison called in turn in each
 round); compile = warm-up minus that median. --sections picks what runs, e.g. on a GPU:
@@ -70,13 +72,15 @@ from isojax.models import hf_checkpoint
 
 def run(o: Options) -> dict:
   """Every measurement; the JSON-ready figures."""
-  print(tunix_lib.tunix_status())
   rng = np.random.default_rng(o.seed)
   wanted = set(o.sections)
+  if "sampling" in wanted:   # this interpreter's Tunix, for the sampler comparison
+    print(tunix_lib.tunix_status())
   if wanted == {"trl"}:   # a real model of its own: no random checkpoint to build
     return dict(options=dataclasses.asdict(o), jax=jax.__version__,
                 backend=jax.default_backend(), cpu_count=os.cpu_count(),
-                trl=trl_step.compare(o.trl_config, steps=o.trl_steps, rounds=o.trl_rounds))
+                trl=trl_step.compare(o.trl_config, steps=o.trl_steps, rounds=o.trl_rounds,
+                                     tunix_python=o.tunix_python))
   hf = hf_model = tunix = None
   with tempfile.TemporaryDirectory(prefix="isojax_bench_") as path:
     ours.write_checkpoint(path, o)
@@ -111,7 +115,8 @@ def run(o: Options) -> dict:
       roofline=lambda: [roofline.bench_decode_roofline(model, counts, w, o, rng, tied=False)
                         for w in o.roofline],
       lora=lambda: lora_sampling.bench_lora_sampling(lora_models, o, rng),
-      trl=lambda: trl_step.compare(o.trl_config, steps=o.trl_steps, rounds=o.trl_rounds))
+      trl=lambda: trl_step.compare(o.trl_config, steps=o.trl_steps, rounds=o.trl_rounds,
+                                   tunix_python=o.tunix_python))
   return dict(info, **{name: fn() if name in wanted else None
                        for name, fn in sections.items()})
 
@@ -146,6 +151,8 @@ _HELP = {"": "Model size (the Qwen2Config field of that meaning).",
          "lora": "LoRA sampling: the adapters' rank and a workload GxNxPxT (the adapted "
                  "model against its merged weights).",
          "trl": "TRL comparison: the config file, RL steps per child process, rounds.",
+         "tunix": "TRL comparison: the python of an environment with google-tunix, which "
+                  "runs Tunix's GRPO learner as a third side (empty: no Tunix side).",
          "sections": f"Sections to run, of {','.join(SECTIONS)} (trl only when named).",
          "repeats": "Timed rounds per comparison (each side called once per round; "
                     "medians are reported).", "seed": "Seed."}

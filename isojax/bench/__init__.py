@@ -11,5 +11,7 @@
   train_step    the update's tokens/s and fraction of a measured matmul peak
   rl_step       where the time of an RL step goes
   roofline      decode against the memory-bandwidth roofline
+  trl_step      the whole RL step against TRL's GRPOTrainer (and Tunix's) on a real model
+  tunix_step    Tunix's GRPO learner as a side of that comparison
   report        the figures as a text table
 """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from isojax.bench.timing import parse_workload
 from isojax.sampling import settings
@@ -51,6 +52,7 @@ class Options:
   trl_config: str = "configs/smollm2.py"   # the trl section's model, task and allocation
   trl_steps: int = 4                        # RL steps per child process (first left out)
   trl_rounds: int = 2                       # alternations of an isojax and a TRL child
+  tunix_python: str = ""                    # the trl section's Tunix side: its interpreter
   sections: tuple[str, ...] = DEFAULT_SECTIONS
   repeats: int = 3
   seed: int = 0
@@ -85,6 +87,12 @@ def check_options(o: Options) -> None:
   if o.trl_steps < 2 or o.trl_rounds < 1:
     raise ValueError(f"--trl_steps={o.trl_steps} --trl_rounds={o.trl_rounds}: expected "
                      "steps >= 2 (the first is left out) and rounds >= 1")
+  if o.tunix_python and not (os.path.isfile(o.tunix_python)
+                             and os.access(o.tunix_python, os.X_OK)):
+    raise ValueError(f"--tunix_python={o.tunix_python}: expected the python executable of an "
+                     "environment that has google-tunix")
+  if o.tunix_python and "trl" not in o.sections:
+    raise ValueError("--tunix_python adds a side to the trl section: add trl to --sections")
   if o.bandwidth_bytes < 4:
     raise ValueError(f"--bandwidth_bytes={o.bandwidth_bytes}: expected at least 4")
 

@@ -112,7 +112,10 @@ def _trl_lines(r, _):
   return ([f"RL step against TRL {t['versions']['trl']} (torch {t['versions']['torch']}, "
            f"{t['versions']['torch_threads']} threads) on {t['config']}: {t['rounds']} rounds "
            f"of {t['steps']} steps per side, the first of each left out; TRL / isojax step "
-           f"time {t['trl_over_isojax_step']:.2f}x"] + trl_step.format_table(t))
+           f"time {t['trl_over_isojax_step']:.2f}x"
+           + (f"; Tunix {t['versions']['tunix']} (GRPOLearner, vanilla rollout) / isojax "
+              f"{t['tunix_over_isojax_step']:.2f}x" if "tunix" in t else "")]
+          + trl_step.format_table(t))
 
 
 _SECTION_LINES = dict(sampling=_sampling_lines, sharing=_sharing_lines, skew=_skew_lines,

@@ -10,6 +10,17 @@ clipping with DAPO's upper clip, the token mean over the batch, no KL term: TRL'
 Not the same: TRL has no sampler/trainer importance correction without vLLM, and it
 normalises advantages with the unbiased standard deviation.
 
+With `tunix_python` (`launch.bench --tunix_python=...`), Tunix's GRPO learner is a
+third side (`run_tunix`, `isojax.bench.tunix_step`): its `GRPOLearner` with the vanilla
+rollout on the same weights, prompt token ids, problems, allocation, sampler, optimizer
+and token-mean loss, run by that interpreter (an environment with google-tunix and
+isojax's task stack; this checkout goes first on its `PYTHONPATH`). Not the same there:
+Tunix's completions end before the stop token, which its loss never trains; the
+unbiased standard deviation; the token mean of each micro-batch (isojax's micro-batch
+size, in whole groups), not of the batch; no sampler/trainer correction; one sampling
+key reused every step. Its generation is `_generate_and_compute_advantage` (sampling,
+grading, advantages), which Tunix runs on a thread while the trainer waits for it.
+
 Each side runs in a child process of its own (`python -m isojax.bench.trl_step
 --side=...`), so its peak resident memory is its own; rounds alternate the sides, so
 a machine that slows down slows both. Per step: seconds of generation (TRL: its
@@ -32,7 +43,11 @@ import time
 
 import numpy as np
 
+from isojax.bench import tunix_step
+
 DEFAULT_CONFIG = "configs/smollm2.py"
+# The checkout holding this isojax: a child in another interpreter (Tunix's) imports it.
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _config(config_path: str, steps: int):
@@ -193,6 +208,64 @@ def run_trl(config_path: str, steps: int) -> dict:
               torch=torch.__version__, torch_threads=torch.get_num_threads())
 
 
+def run_tunix(config_path: str, steps: int) -> dict:
+  """Tunix's GRPOLearner (vanilla rollout) on the same model, problems, allocation and
+  loss (`tunix_step`); in an interpreter that has google-tunix."""
+  from isojax import config_lib, tasks, train  # pylint: disable=g-import-not-at-top
+  from isojax.models import gguf_checkpoint  # pylint: disable=g-import-not-at-top
+  from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from isojax.rl import sources  # pylint: disable=g-import-not-at-top
+  from isojax.tasks import prompts  # pylint: disable=g-import-not-at-top
+
+  config = config_lib.resolve(_config(config_path, steps))
+  path = train.policy_path(config)
+  gguf_file = gguf_checkpoint.find(path)
+  if gguf_file is None:
+    raise ValueError(f"{path}: the Tunix comparison writes a GGUF checkpoint's tensors as "
+                     "safetensors for Tunix; expected base_model.path to be one")
+  tok = tokenizer_lib.load_tokenizer(path, extra_stop_ids=config.sampling.stop_token_ids)
+  train_problems, _, book, _, _ = train.load_task(config, tok)
+  # isojax's micro-batch of the update on this machine becomes Tunix's (its full batch
+  # does not fit: no remat, full-vocabulary logits).
+  train.plan_passes(config, path, book.max_len)
+  t = tunix_step.settings(config)
+  instruction = tasks.default_instruction(config.task)
+  fmt = prompts.resolve_format(config.task, tok)
+  text = lambda p: prompts.render(p, tok, fmt=fmt, system_prompt=config.task.system_prompt,
+                                  instruction=instruction)[0]
+  b_p = t.problems_per_step
+  order = [sources.problems_for_step(config.seed, s, len(train_problems), b_p)
+           for s in range(steps)]
+  chosen = [train_problems[i] for i in np.concatenate(order)]
+  # Each step's B_p prompts as the numpy arrays Tunix's data pipeline repeats n times.
+  batches = [{"prompts": np.array([text(train_problems[i]) for i in rows]),
+              "index": np.arange(s * b_p, (s + 1) * b_p)} for s, rows in enumerate(order)]
+  verifier = tasks.make_verifier(config.task)
+  rewards = []
+
+  def reward(prompts, completions, index, **_):  # pylint: disable=redefined-outer-name
+    del prompts
+    r = verifier.grade(list(completions), [chosen[i] for i in index]).rewards
+    rewards.append(float(np.mean(r)))
+    return [float(x) for x in r]
+
+  with tempfile.TemporaryDirectory(prefix="isojax_bench_tunix_") as folder:
+    tunix_step.export_in_child(gguf_file, folder)
+    model = tunix_step.load_llama(folder)
+  ids = {text(p): book.ids[p] for p in set(chosen)}
+  grpo = tunix_step.learner(t, model, tunix_step.PromptTokenizer(tok, ids), tok.eos_ids,
+                            book.max_len, reward, steps)
+  timings = tunix_step.time_steps(grpo, t.max_tokens_to_generate)
+  grpo.train(batches)
+  verifier.close()
+  if not tunix_step.nested(timings.pop("spans")) or len(timings["step_s"]) != steps:
+    raise RuntimeError(f"Tunix ran {len(timings['step_s'])} steps of {steps}, or generated "
+                       "outside them: the generation/update split does not hold")
+  import jax  # pylint: disable=g-import-not-at-top
+  return dict(timings, reward=rewards, peak_rss_gib=_peak_rss_gib(),
+              tunix=tunix_step.version(), jax=jax.__version__)
+
+
 def load_isojax(config_path: str, steps: int) -> dict:
   """Seconds to load the config's checkpoint and tokenizer with isojax (jax imported)."""
   del steps
@@ -225,16 +298,20 @@ def load_transformers(config_path: str, steps: int) -> dict:
   return dict(load_s=time.perf_counter() - start, peak_rss_gib=_peak_rss_gib())
 
 
-SIDES = {"isojax": run_isojax, "trl": run_trl, "load_isojax": load_isojax,
-         "load_transformers": load_transformers}
+SIDES = {"isojax": run_isojax, "trl": run_trl, "tunix": run_tunix,
+         "load_isojax": load_isojax, "load_transformers": load_transformers}
 
 
-def _child(side: str, config_path: str, steps: int) -> dict:
+def _child(side: str, config_path: str, steps: int, python: str = "") -> dict:
+  """One side in a child process of `python` (default: this interpreter), which imports
+  this checkout's isojax first on its path."""
   with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
     out = f.name
-  cmd = [sys.executable, "-m", "isojax.bench.trl_step", f"--side={side}",
+  cmd = [python or sys.executable, "-m", "isojax.bench.trl_step", f"--side={side}",
          f"--config={config_path}", f"--steps={steps}", f"--out={out}"]
-  proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      p for p in (REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p))
+  proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
   if proc.returncode:
     raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
   with open(out) as f:
@@ -253,19 +330,28 @@ def summarize(runs: list[dict]) -> dict:
               reward=[float(np.mean(v)) for v in zip(*[r["reward"] for r in runs])])
 
 
-def compare(config_path: str = DEFAULT_CONFIG, *, steps: int = 4, rounds: int = 2) -> dict:
-  """`rounds` alternations of an isojax child and a TRL child of `steps` steps each."""
+def compare(config_path: str = DEFAULT_CONFIG, *, steps: int = 4, rounds: int = 2,
+            tunix_python: str = "") -> dict:
+  """`rounds` alternations of an isojax child and a TRL child of `steps` steps each, and
+  of a Tunix child run by the interpreter `tunix_python` when given."""
   runs = {"trl": [], "isojax": []}
+  if tunix_python:
+    runs["tunix"] = []
   loads = {"load_isojax": [], "load_transformers": []}
   for _ in range(rounds):
     for side in loads:
       loads[side].append(_child(side, config_path, steps)["load_s"])
     for side in runs:
-      runs[side].append(_child(side, config_path, steps))
+      runs[side].append(_child(side, config_path, steps,
+                               tunix_python if side == "tunix" else ""))
   result = {side: summarize(r) for side, r in runs.items()}
   result["load_s"] = {side.split("_", 1)[1]: float(np.median(v)) for side, v in loads.items()}
   result["trl_over_isojax_step"] = result["trl"]["step_s"] / result["isojax"]["step_s"]
   result["versions"] = {k: runs["trl"][0][k] for k in ("trl", "torch", "torch_threads")}
+  if tunix_python:
+    result["tunix_over_isojax_step"] = result["tunix"]["step_s"] / result["isojax"]["step_s"]
+    result["versions"].update(tunix=runs["tunix"][0]["tunix"],
+                              tunix_jax=runs["tunix"][0]["jax"])
   profiles = [r["profile"] for r in runs["isojax"]]
   result["isojax"]["profile"] = {k: float(np.median([p[k] for p in profiles]))
                                  for k in profiles[0]}
@@ -277,10 +363,16 @@ def format_table(r: dict) -> list[str]:
   """The per-step table of `compare`, and the load times."""
   lines = ["| side | step s | generation s | update s | generated tokens/s | peak RSS GiB |",
            "|---|---|---|---|---|---|"]
-  for side in ("isojax", "trl"):
+  for side in ("isojax", "trl", "tunix"):
+    if side not in r:   # no Tunix side unless asked for
+      continue
     s = r[side]
     lines.append(f"| {side} | {s['step_s']:.1f} | {s['generate_s']:.1f} | {s['update_s']:.1f} "
                  f"| {s['tokens_per_s']:.0f} | {s['peak_rss_gib']:.2f} |")
+  ratios = [f"{name} {r[key]:.2f}x" for name, key in (("TRL", "trl_over_isojax_step"),
+                                                        ("Tunix", "tunix_over_isojax_step"))
+            if key in r]
+  lines += ["", "Step time over isojax's: " + ", ".join(ratios) + "."]
   load = r["load_s"]
   lines += ["", f"Loading the GGUF file (model and tokenizer, median of the rounds, each in a "
             f"fresh process): isojax {load['isojax']:.1f} s, transformers "
