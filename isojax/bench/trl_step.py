@@ -172,7 +172,10 @@ def run_trl(config_path: str, steps: int) -> dict:
       warmup_steps=config.optim.warmup_steps, adam_beta1=config.optim.b1,
       adam_beta2=config.optim.b2, weight_decay=config.optim.weight_decay,
       max_grad_norm=config.optim.grad_clip_norm, beta=0.0, loss_type="dapo",
-      epsilon=config.rl.clip_eps, epsilon_high=config.rl.clip_eps_high,
+      # isojax's clip: the upper bound is DAPO's only under `dapo`
+      epsilon=config.rl.clip_eps, epsilon_high=(config.rl.clip_eps_high
+                                                if config.rl.policy_loss == "dapo"
+                                                else config.rl.clip_eps),
       temperature=config.sampling.temperature, top_p=config.sampling.top_p,
       shuffle_dataset=False, seed=config.seed, report_to="none", logging_steps=1,
       save_strategy="no", disable_tqdm=True)
