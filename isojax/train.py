@@ -50,9 +50,10 @@ def load_task(config: ml_collections.ConfigDict, tok: tokenizer_lib.TextTokenize
 
   Fails (before anything is written or compiled) when too few problems remain.
   """
-  data = tasks.load(config.task)
-  book, kept, dropped = prompts.build({"train": data.train, "val": data.val}, tok,
-                                      config.task, tasks.default_instruction(config.task))
+  task = tasks.TaskSettings.from_config(config.task.to_dict())
+  data = tasks.load(task)
+  book, kept, dropped = prompts.build({"train": data.train, "val": data.val}, tok, task,
+                                      tasks.default_instruction(task))
   skipped = dict(data.skipped)
   long_prompts = dropped["train"] + dropped["val"]
   if long_prompts:
@@ -173,7 +174,7 @@ def _check_inputs(config: ml_collections.ConfigDict) -> _Inputs:
   requested = resume_settings.settings(config)  # as set: before the plan fills in passes
   plan_passes(config, path, book.max_len)  # the context and memory
   return _Inputs(mesh, rollout_mesh, path, tok, train_problems, val_problems, book, skipped,
-                 skipped_rows, requested, tasks.make_verifier(config.task))
+                 skipped_rows, requested, tasks.make_verifier(s.task))
 
 
 def _learner(s: run_settings.RunSettings, inputs: _Inputs, state: run_state.RunState,

@@ -19,7 +19,6 @@ import dataclasses
 import importlib
 from typing import Any
 
-import ml_collections
 import numpy as np
 
 from isojax.tasks import splits
@@ -52,18 +51,18 @@ def family(name: str):
   return importlib.import_module(_MODULES[name])
 
 
-def validate(task: ml_collections.ConfigDict) -> None:
+def validate(task: TaskSettings) -> None:
   """Family-specific field checks; reads no data and compiles nothing."""
   family(task.name).validate(task)
 
 
-def load(task: ml_collections.ConfigDict) -> TaskData:
+def load(task: TaskSettings) -> TaskData:
   """Train and validation problems: a named profiled split, or the family's own;
   at most `task.max_train_problems` training problems when that is set."""
   return limit_train(_load(task), task.max_train_problems, task.seed)
 
 
-def _load(task: ml_collections.ConfigDict) -> TaskData:
+def _load(task: TaskSettings) -> TaskData:
   if task.split:
     train, val = splits.load_split(task.splits_dir, task.split)
     return TaskData(train, val, {})
@@ -85,7 +84,7 @@ def limit_train(data: TaskData, max_train: int, seed: int) -> TaskData:
   return dataclasses.replace(data, train=[data.train[i] for i in order[:max_train]])
 
 
-def make_verifier(task: ml_collections.ConfigDict) -> Verifier:
+def make_verifier(task: TaskSettings) -> Verifier:
   if task.name == "math":
     from isojax.tasks import math_verifier  # pylint: disable=g-import-not-at-top
     return math_verifier.MathVerifier(pattern=task.answer_pattern,
@@ -94,7 +93,7 @@ def make_verifier(task: ml_collections.ConfigDict) -> Verifier:
   return family(task.name).make_verifier(task)
 
 
-def default_instruction(task: ml_collections.ConfigDict) -> str:
+def default_instruction(task: TaskSettings) -> str:
   if task.instruction is not None:
     return task.instruction
   if task.name == "math":

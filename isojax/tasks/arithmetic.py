@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import hashlib
 
-import ml_collections
 import numpy as np
 
 from isojax.tasks import problem as problem_lib
+from isojax.tasks.settings import TaskSettings
 
 ALPHABET = "0123456789+="
 
@@ -104,7 +104,7 @@ def sft_text(problem: Problem) -> tuple[str, str]:
   return problem.prompt, problem.answer
 
 
-def validate(task: ml_collections.ConfigDict) -> None:
+def validate(task: TaskSettings) -> None:
   for field in ("min_digits", "max_digits", "num_train", "num_val"):
     value = getattr(task, field)
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -113,11 +113,11 @@ def validate(task: ml_collections.ConfigDict) -> None:
     raise ValueError(f"task.min_digits={task.min_digits} > task.max_digits={task.max_digits}")
 
 
-def load(task: ml_collections.ConfigDict) -> tuple[list[Problem], list[Problem]]:
+def load(task: TaskSettings) -> tuple[list[Problem], list[Problem]]:
   return make_splits(task.seed, task.num_train, task.num_val, task.min_digits,
                      task.max_digits)
 
 
-def make_verifier(task: ml_collections.ConfigDict) -> problem_lib.Verifier:
+def make_verifier(task: TaskSettings) -> problem_lib.Verifier:
   del task  # exact match needs no settings
   return problem_lib.PerItemVerifier(reward)

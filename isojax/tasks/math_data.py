@@ -26,13 +26,13 @@ import glob
 import os
 from typing import Any, Callable, Iterable, Iterator
 
-import ml_collections
 import numpy as np
 from absl import logging
 
 from isojax.tasks import data_files, math_verifier
 from isojax.tasks.math_fields import MAPPINGS, Column, MultipleValues, mapping_for
 from isojax.tasks.problem import Problem
+from isojax.tasks.settings import TaskSettings
 
 # Read by `datasets` when it is imported (lazily, below): local files never need the
 # Hub. `setdefault`, so a person who exported the variable keeps their choice.
@@ -48,7 +48,7 @@ BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "c
 # ----------------------------------------------------------------------- validation
 
 
-def validate(task: ml_collections.ConfigDict) -> None:
+def validate(task: TaskSettings) -> None:
   """Checks the task fields without reading data, so a bad config fails before compiling."""
   if task.format not in MAPPINGS:
     raise ValueError(f"task.format={task.format!r}: expected one of {sorted(MAPPINGS)}")
@@ -220,7 +220,7 @@ def _decode(value: Any) -> Any:
   return value
 
 
-def _read_tfds(task: ml_collections.ConfigDict, split: str, split_field: str) -> _Table:
+def _read_tfds(task: TaskSettings, split: str, split_field: str) -> _Table:
   """A TFDS dataset prepared as array_record under task.data_dir (no TensorFlow needed)."""
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
   data_dir = os.path.expanduser(task.data_dir)
@@ -250,14 +250,14 @@ def _read_tfds(task: ml_collections.ConfigDict, split: str, split_field: str) ->
   return _Table(f"tfds:{task.tfds_name}[{split}]", columns, rows)
 
 
-def _train_tables(task: ml_collections.ConfigDict) -> list[_Table]:
+def _train_tables(task: TaskSettings) -> list[_Table]:
   if task.tfds_name:
     return [_read_tfds(task, task.train_split, "task.train_split")]
   return _read_files(task.train_files, "task.train_files", task.train_split,
                      "task.train_split")
 
 
-def _val_tables(task: ml_collections.ConfigDict) -> list[_Table] | None:
+def _val_tables(task: TaskSettings) -> list[_Table] | None:
   """Validation tables, or None when validation is held out of the training set."""
   if task.val_files:
     return _read_files(task.val_files, "task.val_files", task.val_split, "task.val_split")
@@ -286,7 +286,7 @@ class LoadReport:
 
 
 def _present(side: tuple[Column, ...], table: _Table, what: str,
-             task: ml_collections.ConfigDict) -> tuple[Column, ...]:
+             task: TaskSettings) -> tuple[Column, ...]:
   """The side's columns that this table has; raises naming the table if it has none."""
   present = tuple(c for c in side if c.name in table.columns)
   if not present:
@@ -309,7 +309,7 @@ def _first(columns: tuple[Column, ...], row: dict, where: str) -> str | None:
   return None
 
 
-def _problems(tables: list[_Table], task: ml_collections.ConfigDict, role: str,
+def _problems(tables: list[_Table], task: TaskSettings, role: str,
               skipped: dict[str, int], exclude: frozenset[str] = frozenset(),
               skipped_rows: dict[str, list[str]] | None = None) -> list[Problem]:
   """The usable rows of `tables` in file order, each question once.
@@ -383,7 +383,7 @@ def _hold_out(pool: list[Problem], num_val: int, seed: int
           [p for i, p in enumerate(pool) if i in val_idx])
 
 
-def load(task: ml_collections.ConfigDict
+def load(task: TaskSettings
          ) -> tuple[list[Problem], list[Problem], LoadReport]:
   """(train, val, report) from the sources and mapping that `task` names.
 

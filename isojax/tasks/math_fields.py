@@ -11,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-import ml_collections
 import numpy as np
 
 from isojax.tasks import math_verifier
+from isojax.tasks.settings import TaskSettings
 
 # DAPO-Math-17k wraps every question in its own instruction (answer on an `Answer:`
 # line). The family adds its own instruction and reads `\boxed{}`, so the wrapper is
@@ -125,7 +125,7 @@ MAPPINGS = {
 }
 
 
-def mapping_for(task: ml_collections.ConfigDict) -> Mapping:
+def mapping_for(task: TaskSettings) -> Mapping:
   """The format's mapping, with task.question_field / answer_field overriding columns.
 
   An override names the one column to read but keeps the format's reading of it (a

@@ -21,17 +21,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-import ml_collections
 import numpy as np
 
 from isojax import tasks
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.tasks.problem import Problem
+from isojax.tasks.settings import TaskSettings
 
 MIN_BUCKET = 16
 
 
-def resolve_format(task: ml_collections.ConfigDict, tok) -> str:
+def resolve_format(task: TaskSettings, tok) -> str:
   """`chat` or `plain` for this task and tokenizer."""
   fmt = task.prompt_format
   if fmt not in tasks.PROMPT_FORMATS:
@@ -85,7 +85,7 @@ class PromptBook:
                                   self.pad_id)
 
 
-def build(splits: dict[str, list[Problem]], tok, task: ml_collections.ConfigDict,
+def build(splits: dict[str, list[Problem]], tok, task: TaskSettings,
           instruction: str) -> tuple[PromptBook, dict[str, list[Problem]], dict[str, int]]:
   """Renders and tokenizes every problem; drops those over `task.max_prompt_tokens`.
 
