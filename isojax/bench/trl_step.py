@@ -72,6 +72,19 @@ def _load(config_path: str):
   return module.get_config()
 
 
+def _gguf_run(config_path: str, steps: int, why: str):
+  """(the resolved config of `steps` steps, its checkpoint path, the GGUF file there);
+  ValueError saying `why` a GGUF checkpoint is needed when there is none."""
+  from isojax import config_lib, train  # pylint: disable=g-import-not-at-top
+  from isojax.models import gguf_checkpoint  # pylint: disable=g-import-not-at-top
+  config = config_lib.resolve(_config(config_path, steps))
+  path = train.policy_path(config)
+  gguf_file = gguf_checkpoint.find(path)
+  if gguf_file is None:
+    raise ValueError(f"{path}: {why}; expected base_model.path to be one")
+  return config, path, gguf_file
+
+
 def _peak_rss_gib() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
 
@@ -124,18 +137,13 @@ def run_trl(config_path: str, steps: int) -> dict:
   import datasets  # pylint: disable=g-import-not-at-top
   import trl  # pylint: disable=g-import-not-at-top
   from isojax import config_lib, tasks, train  # pylint: disable=g-import-not-at-top
-  from isojax.models import gguf_checkpoint  # pylint: disable=g-import-not-at-top
   from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   from isojax.rl import sources  # pylint: disable=g-import-not-at-top
   from isojax.tasks import prompts  # pylint: disable=g-import-not-at-top
 
   torch.set_num_threads(os.cpu_count())
-  config = config_lib.resolve(_config(config_path, steps))
-  path = train.policy_path(config)
-  gguf_file = gguf_checkpoint.find(path)
-  if gguf_file is None:
-    raise ValueError(f"{path}: the TRL comparison reads a GGUF checkpoint with transformers; "
-                     "expected base_model.path to be one")
+  config, path, gguf_file = _gguf_run(config_path, steps, "the TRL comparison reads a GGUF "
+                                      "checkpoint with transformers")
   folder, name = os.path.split(gguf_file)
   model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name,
                                                             dtype=torch.float32)
@@ -214,18 +222,13 @@ def run_trl(config_path: str, steps: int) -> dict:
 def run_tunix(config_path: str, steps: int) -> dict:
   """Tunix's GRPOLearner (vanilla rollout) on the same model, problems, allocation and
   loss (`tunix_step`); in an interpreter that has google-tunix."""
-  from isojax import config_lib, tasks, train  # pylint: disable=g-import-not-at-top
-  from isojax.models import gguf_checkpoint  # pylint: disable=g-import-not-at-top
+  from isojax import tasks, train  # pylint: disable=g-import-not-at-top
   from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   from isojax.rl import sources  # pylint: disable=g-import-not-at-top
   from isojax.tasks import prompts  # pylint: disable=g-import-not-at-top
 
-  config = config_lib.resolve(_config(config_path, steps))
-  path = train.policy_path(config)
-  gguf_file = gguf_checkpoint.find(path)
-  if gguf_file is None:
-    raise ValueError(f"{path}: the Tunix comparison writes a GGUF checkpoint's tensors as "
-                     "safetensors for Tunix; expected base_model.path to be one")
+  config, path, gguf_file = _gguf_run(config_path, steps, "the Tunix comparison writes a "
+                                      "GGUF checkpoint's tensors as safetensors for Tunix")
   tok = tokenizer_lib.load_tokenizer(path, extra_stop_ids=config.sampling.stop_token_ids)
   train_problems, _, book, _, _ = train.load_task(config, tok)
   # isojax's micro-batch of the update on this machine becomes Tunix's (its full batch

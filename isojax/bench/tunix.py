@@ -44,6 +44,7 @@ import numpy as np
 
 from isojax.bench.ours import isojax_sample
 from isojax.bench.options import Options
+from isojax.bench import tunix_step
 from isojax.bench.timing import random_prompts
 from isojax.models import hf_checkpoint
 
@@ -100,11 +101,9 @@ def tunix_config(path: str):
   if cfg.rope_scaling:
     raise ValueError(f"{source}: rope_scaling={cfg.rope_scaling}; Tunix's Qwen2 has "
                      "only plain RoPE")
-  return qwen2.ModelConfig(
-      num_layers=cfg.num_layers, vocab_size=cfg.vocab_size, embed_dim=cfg.embed_dim,
-      hidden_dim=cfg.mlp_dim, num_heads=cfg.num_heads, head_dim=cfg.head_dim,
-      num_kv_heads=cfg.num_kv_heads, rope_theta=cfg.rope_theta, norm_eps=cfg.rms_norm_eps,
-      use_tied_embedding=cfg.tie_embeddings)
+  return qwen2.ModelConfig(**tunix_step.model_config_fields(cfg),
+                           use_tied_embedding=cfg.tie_embeddings)
+
 
 
 def load(path: str) -> Handle:

@@ -167,11 +167,16 @@ def llama_config(folder: str):
   if hf.get("model_type") != "llama" or cfg.rope_scaling:
     raise ValueError(f"{source}: model_type={hf.get('model_type')!r}, rope_scaling="
                      f"{cfg.rope_scaling}; the Tunix side loads plain-RoPE Llama checkpoints")
-  return llama.ModelConfig(
-      num_layers=cfg.num_layers, vocab_size=cfg.vocab_size, embed_dim=cfg.embed_dim,
-      hidden_dim=cfg.mlp_dim, num_heads=cfg.num_heads, head_dim=cfg.head_dim,
-      num_kv_heads=cfg.num_kv_heads, rope_theta=cfg.rope_theta, norm_eps=cfg.rms_norm_eps,
-      weight_tying=cfg.tie_embeddings)
+  return llama.ModelConfig(**model_config_fields(cfg), weight_tying=cfg.tie_embeddings)
+
+
+def model_config_fields(cfg) -> dict:
+  """The fields Tunix's model configs (Qwen2's, Llama's) share, from isojax's
+  `ModelConfig` of the same checkpoint."""
+  return dict(num_layers=cfg.num_layers, vocab_size=cfg.vocab_size, embed_dim=cfg.embed_dim,
+              hidden_dim=cfg.mlp_dim, num_heads=cfg.num_heads, head_dim=cfg.head_dim,
+              num_kv_heads=cfg.num_kv_heads, rope_theta=cfg.rope_theta,
+              norm_eps=cfg.rms_norm_eps)
 
 
 def patch_rope(rope_theta: float) -> None:
