@@ -2,6 +2,7 @@ r"""Builds a tiny demo base model: supervised training on the task of --config.
 
   python -m launch.build_base --config=configs/hard.py --out=/tmp/bases/arithmetic
   python -m launch.build_base --config=configs/reasoning.py --out=/tmp/bases/chain_sum
+  python -m launch.build_base --config=configs/recall.py --out=/tmp/bases/recall
   python -m isojax.main --config=configs/hard.py --config.base_model.path=/tmp/bases/arithmetic
 
 Writes a new directory in the Hugging Face layout (config.json, model.safetensors, the
@@ -16,6 +17,8 @@ same command on another CPU or jax version builds another model: that is why the
 demos load the shipped files instead of building. The task fields come from --config
 (its task.name picks the demo: arithmetic or reasoning_gym); the build settings from
 the flags below, whose defaults are those of the shipped model of that task.
+The recall task's base is constructed, not trained (`isojax.tasks.recall_base`): the
+build flags do not apply to it, and it is the same on every machine.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from ml_collections import config_flags
 
 from isojax import command_line
 from isojax.tasks import demo_bases
+from isojax.tasks import recall_base
 from isojax.tasks import tiny_base_model
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -58,6 +62,15 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   task = _CONFIG.value.task
+  command = shlex.join(["python", "-m", "launch.build_base", *sys.argv[1:]])
+  if task.name == "recall":  # constructed from the task's settings, nothing to train
+    try:
+      manifest = recall_base.build(task, _OUT.value, name=_NAME.value, command=command)
+    except (ValueError, FileExistsError) as e:
+      raise SystemExit(f"launch.build_base: error: {e}") from None
+    print(json.dumps({k: manifest[k] for k in ("name", "task", "build")}, indent=2))
+    print(f"wrote {_OUT.value}")
+    return
   try:
     defaults = shipped_settings(task.name)
   except (FileNotFoundError, ValueError):
@@ -67,8 +80,7 @@ def main(argv):
   try:
     settings.validate()
     manifest = tiny_base_model.build(
-        settings, task, _OUT.value, name=_NAME.value,
-        command=shlex.join(["python", "-m", "launch.build_base", *sys.argv[1:]]))
+        settings, task, _OUT.value, name=_NAME.value, command=command)
   except (ValueError, FileExistsError) as e:
     raise SystemExit(f"launch.build_base: error: {e}") from None
   print(json.dumps({k: manifest[k] for k in ("name", "build", "built_with")}, indent=2))

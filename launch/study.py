@@ -2,12 +2,16 @@ r"""The IsoCompute study in one command: profile -> sweep easy -> sweep hard -> 
 
     python -m launch.study --out=/tmp/isojax/study
     python -m launch.study --out=/tmp/isojax/study --workers=1    # share the machine
+    python -m launch.study --out=/tmp/isojax/recall --profile_config= \
+        --sweeps=configs/sweep_recall_easy.py,configs/sweep_recall_hard.py
 
 Steps, each reusing what an earlier (interrupted) invocation finished, so rerunning
 the same command resumes the study:
 
   1. `launch.profile` on --profile_config: the base model's avg@16 per problem and the
-     paper's splits in DIR/splits/ (reused when the model and settings are unchanged).
+     paper's splits in DIR/splits/ (reused when the model and settings are unchanged);
+     skipped with an empty --profile_config (the recall task's difficulty is set by
+     construction).
   2. `launch.sweep` for each of --sweeps (default: every experiment, `EXPERIMENTS`), with
      the splits of step 1, into DIR/<sweep name>/ (finished runs are skipped,
      interrupted ones resume from their checkpoints).
@@ -42,7 +46,8 @@ from isojax.sweeps import study as study_lib
 _OUT = flags.DEFINE_string("out", None, "The study directory.", required=True)
 _PROFILE_CONFIG = flags.DEFINE_string(
     "profile_config", "configs/hard.py", "Run config (file.py[:preset]) whose base model "
-    "and sampling settings are profiled; the sweeps must use the same base model.")
+    "and sampling settings are profiled; the sweeps must use the same base model. Empty: "
+    "no profiling, for sweeps that use no profiled split (the recall task's).")
 # Every experiment of the IsoCompute paper, sized for the tiny default.
 EXPERIMENTS = ["configs/sweep_easy.py", "configs/sweep_hard.py",
                "configs/sweep_fixed_batch.py", "configs/sweep_problems_per_batch.py",

@@ -195,6 +195,20 @@ def build_char_tokenizer(alphabet: str) -> TextTokenizer:
   return TextTokenizer(tok, eos_id=vocab[EOS], pad_id=vocab[PAD], bos_id=vocab[BOS])
 
 
+def build_word_tokenizer(words: Sequence[str]) -> TextTokenizer:
+  """One token per whitespace-separated word of `words`, after <pad>=0, <bos>=1, <eos>=2;
+  decoding joins tokens with spaces."""
+  vocab = {PAD: 0, BOS: 1, EOS: 2}
+  for word in words:
+    if not word or any(ch.isspace() for ch in word):
+      raise ValueError(f"build_word_tokenizer: {word!r} is not one word")
+    vocab.setdefault(word, len(vocab))
+  tok = Tokenizer(models.WordLevel(vocab, unk_token=None))
+  tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+  tok.add_special_tokens([PAD, BOS, EOS])
+  return TextTokenizer(tok, eos_id=vocab[EOS], pad_id=vocab[PAD], bos_id=vocab[BOS])
+
+
 QWEN2_SPLIT_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
                        r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 

@@ -34,12 +34,18 @@ def profile(out_dir: str, profile_config: str, options: profiling.Options
   return profiling.model_path(config), summaries
 
 
-def run_sweep(spec: str, out_dir: str, model: str, workers: int, budget: int = 0) -> dict:
-  """Runs one sweep on the study's splits; returns its entry of study.json."""
+def run_sweep(spec: str, out_dir: str, model: str | None, workers: int, budget: int = 0
+              ) -> dict:
+  """Runs one sweep on the study's splits (`model`: the profiled base model, None when
+  nothing was profiled); returns its entry of study.json."""
   sweep = sweep_plan.load_config_file(spec)
   if budget:
     sweep.budget_rollouts = budget
   split = sweep.overrides.get("task", {}).get("split")
+  if split and model is None:
+    raise sweep_plan.SweepError(
+        f"{spec}: its runs use the profiled split {split!r}, but this study profiles "
+        "nothing (an empty profile config); give the base model's config to profile")
   if split:
     sweep.overrides.task.splits_dir = os.path.join(out_dir, SPLITS_DIR)
   run_model = profiling.model_path(sweep_plan.base_run_config(sweep))
@@ -69,12 +75,16 @@ def run(out_dir: str, *, profile_config: str, sweeps: Sequence[str], workers: in
         ) -> dict[str, Any]:
   """The whole study into `out_dir`; returns study.json's contents (also written).
 
-  `options_from_dir(splits_dir)` gives the profiling options. Raises ProfileError and
-  SweepError (a run or an analysis that fails is recorded, not raised).
+  `options_from_dir(splits_dir)` gives the profiling options. An empty `profile_config`
+  profiles nothing: for sweeps on a task whose difficulty is set by construction (the
+  recall task), which use no split. Raises ProfileError and SweepError (a run or an
+  analysis that fails is recorded, not raised).
   """
   start = time.time()
-  model, summaries = profile(out_dir, profile_config,
-                             options_from_dir(os.path.join(out_dir, SPLITS_DIR)))
+  model, summaries = None, []
+  if profile_config:
+    model, summaries = profile(out_dir, profile_config,
+                               options_from_dir(os.path.join(out_dir, SPLITS_DIR)))
   entries = {}
   for spec in sweeps:
     entry = run_sweep(spec, out_dir, model, workers, budget)

@@ -7,6 +7,9 @@
   math           problems from local files (JSONL / JSON / Parquet / CSV / Arrow, a
                  `save_to_disk` directory, or a prepared TFDS dataset), graded with
                  `math-verify` in worker processes
+  recall         one key token -> one answer token, nothing shared between problems,
+                 base pass rates 2^-level by construction (the study's testbed for
+                 coverage and sharpening; exact-match verifier)
 
 Every family provides `validate(task)` (cheap field checks, run before anything is
 compiled or written), its problems and its verifier. Families are imported lazily, so
@@ -25,10 +28,11 @@ from isojax.tasks import splits
 from isojax.tasks.settings import PROMPT_FORMATS, TaskSettings
 from isojax.tasks.problem import Grades, PerItemVerifier, Problem, Verifier
 
-NAMES = ("arithmetic", "reasoning_gym", "math")
+NAMES = ("arithmetic", "reasoning_gym", "math", "recall")
 _MODULES = {"arithmetic": "isojax.tasks.arithmetic",
             "reasoning_gym": "isojax.tasks.reasoning_gym_task",
-            "math": "isojax.tasks.math_data"}
+            "math": "isojax.tasks.math_data",
+            "recall": "isojax.tasks.recall"}
 
 # The instruction appended to each question when `task.instruction` is unset: the
 # papers' boxed-answer instruction for math, answer tags for reasoning-gym, and none

@@ -36,7 +36,7 @@ from isojax.models import gguf_checkpoint
 MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = 1
 # task.name -> the shipped directory under isojax/assets/base_models/.
-SHIPPED = {"arithmetic": "arithmetic", "reasoning_gym": "chain_sum"}
+SHIPPED = {"arithmetic": "arithmetic", "reasoning_gym": "chain_sum", "recall": "recall"}
 # The reasoning-gym task fields that decide which problems the base model was
 # supervised on: with others, validation problems could be among its SFT data.
 REASONING_GYM_DATA_FIELDS = ("dataset", "dataset_kwargs", "seed")
@@ -120,6 +120,8 @@ def check_task(manifest: Mapping[str, Any], task: ml_collections.ConfigDict,
   if built.get("name") != task.name:
     raise ValueError(f"{directory}: built for task.name={built.get('name')!r}, not "
                      f"{task.name!r}")
+  if task.name == "recall":
+    _check_recall(built, task, directory)
   if task.name != "reasoning_gym":
     return
   for field in REASONING_GYM_DATA_FIELDS:
@@ -135,6 +137,18 @@ def check_task(manifest: Mapping[str, Any], task: ml_collections.ConfigDict,
     raise ValueError(f"task.num_val={task.num_val} is above the {built['num_val']} "
                      "validation problems the shipped reasoning-gym demo base was kept "
                      "away from; lower it or build a base model with launch.build_base")
+
+
+def _check_recall(built: Mapping[str, Any], task, directory: str) -> None:
+  """A recall base answers the keys of the settings it was constructed from, no others."""
+  from isojax.tasks import recall  # pylint: disable=g-import-not-at-top
+  for field in recall.MODEL_FIELDS:
+    if built.get(field) != getattr(task, field):
+      raise ValueError(
+          f"task.{field}={getattr(task, field)!r}, but {directory} was constructed for "
+          f"task.{field}={built.get(field)!r}: its keys and answers are another task's; "
+          "keep the field or construct a base with `python -m launch.build_base "
+          "--config=configs/recall.py --out=DIR` and set base_model.path=DIR")
 
 
 PACKAGE_PREFIX = "pip:"

@@ -23,9 +23,16 @@ PROMPT_FORMATS = ("auto", "chat", "plain")
 @dataclasses.dataclass(frozen=True)
 class TaskSettings(validation.Section):
   """`config.task`: the problems, their prompts and their grading ([tasks.md](tasks.md))."""
-  name: str = F("arithmetic", "task family: `arithmetic`, `reasoning_gym`, `math`")
+  name: str = F("arithmetic", "task family: `arithmetic`, `reasoning_gym`, `math`, "
+                "`recall`")
   min_digits: int = F(1, "arithmetic: the fewest operand digits (the difficulty knob)")
   max_digits: int = F(3, "arithmetic: the most operand digits")
+  recall_keys_per_level: int = F(64, "recall: keys (problems) of each difficulty level")
+  recall_levels: int = F(8, "recall: levels; the base model answers a level-l key right "
+                         "with probability 2^-l")
+  recall_answers: int = F(16, "recall: answer tokens a key's answer is drawn from")
+  recall_min_level: int = F(1, "recall: the easiest level trained on")
+  recall_max_level: int = F(8, "recall: the hardest level trained on")
   num_train: int = F(2048, "training problems (math: a cap, 0 = all)")
   num_val: int = F(256, "validation problems (math: held out, or a cap on a separate "
                    "source)")

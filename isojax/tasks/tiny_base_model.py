@@ -49,6 +49,7 @@ from isojax.tasks import arithmetic, demo_bases, prompts, reasoning_gym_task
 _SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 _BPE_VOCAB = 640
 DEMO_TASKS = ("arithmetic", "reasoning_gym")
+TOKENIZER_KINDS = {"arithmetic": "characters", "recall": "words"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,28 +228,39 @@ def build(base: BuildSettings, task: ml_collections.ConfigDict, out_dir: str,
           command: str, name: str = "") -> dict[str, Any]:
   """Trains a demo base model and writes it, with its manifest, to the new `out_dir`.
 
-  Refuses an existing `out_dir` (nothing written is replaced); writes to a temporary
-  sibling and renames it at the end. Returns the manifest.
+  Refuses an existing `out_dir` (nothing written is replaced). Returns the manifest.
   """
-  if os.path.exists(out_dir):
-    raise FileExistsError(f"{out_dir}: already exists; the builder writes a new directory")
+  refuse_existing(out_dir)
   start = time.time()
   model, tok = train_base_model(base, task)
+  return save_built(model, tok, out_dir, task_name=task.name, fields=dict(
+      name=name or os.path.basename(os.path.normpath(out_dir)), task=task_settings(task),
+      build=dataclasses.asdict(base), command=command, built_with=built_with(),
+      build_seconds=round(time.time() - start, 1)))
+
+
+def refuse_existing(out_dir: str) -> None:
+  if os.path.exists(out_dir):
+    raise FileExistsError(f"{out_dir}: already exists; the builder writes a new directory")
+
+
+def save_built(model: Transformer, tok: tokenizer_lib.TextTokenizer, out_dir: str, *,
+               task_name: str, fields: dict[str, Any]) -> dict[str, Any]:
+  """Writes a built model to the new `out_dir` with its manifest (`fields` plus the
+  architecture, tokenizer and file digests): to a temporary sibling, renamed at the
+  end, so an interrupted build leaves nothing behind. Returns the manifest."""
+  refuse_existing(out_dir)
   parent = os.path.dirname(os.path.abspath(out_dir))
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(dir=parent, prefix=".building-")
   try:
-    write_model(model, tok, tmp, task.name)
+    write_model(model, tok, tmp, task_name)
     hf = hf_checkpoint.read_hf_config(tmp)
+    kind = TOKENIZER_KINDS.get(task_name, "byte-level BPE")
     manifest = demo_bases.write_manifest(tmp, dict(
-        name=name or os.path.basename(os.path.normpath(out_dir)),
-        task=task_settings(task), build=dataclasses.asdict(base),
-        architecture={k: v for k, v in hf.items() if not k.endswith("token_id")},
-        tokenizer=dict(kind="characters" if task.name == "arithmetic" else "byte-level BPE",
-                       vocab_size=tok.vocab_size, eos_ids=list(tok.eos_ids),
-                       pad_id=tok.pad_id),
-        command=command, built_with=built_with(),
-        build_seconds=round(time.time() - start, 1)))
+        fields, architecture={k: v for k, v in hf.items() if not k.endswith("token_id")},
+        tokenizer=dict(kind=kind, vocab_size=tok.vocab_size, eos_ids=list(tok.eos_ids),
+                       pad_id=tok.pad_id)))
     for name in os.listdir(tmp):  # readable by all, as package data must be
       os.chmod(os.path.join(tmp, name), 0o644)
     os.chmod(tmp, 0o755)

@@ -1,0 +1,30 @@
+"""The recall section: the study's easy and hard iso-compute sweeps on the recall task,
+whose problems share nothing and whose base pass rates are set by construction."""
+
+from __future__ import annotations
+
+import os
+
+from isojax.reproduce import runs as runs_lib
+from isojax.reproduce import tables
+
+SWEEPS = ("configs/sweep_recall_easy.py", "configs/sweep_recall_hard.py")
+
+
+def run(inv: tables.Invocation, budget: int) -> str:
+  """study_recall.md and the sweeps' plots in img/; returns the table's path."""
+  study_dir = os.path.join(inv.out, f"recall_C{budget}")
+  findings, wall_s = runs_lib.launch_study(inv, study_dir, budget, SWEEPS, profile=False)
+  images = runs_lib.study_images(study_dir, inv.results, "recall")
+  body = "\n".join([
+      f"`launch.study` at C = {budget:,} rollouts per sweep on the recall task "
+      "(`configs/recall.py`, the shipped constructed base; [study.md](../study.md) gives the "
+      "design): one key token per problem, one answer token, nothing shared between "
+      "problems, base pass rates 2^-level at temperature 1. `recall_easy`: the 128 keys of "
+      "levels 1-2 (p = 1/2, 1/4); `recall_hard`: the 320 keys of levels 4-8 (p = 1/16 to "
+      "1/256). Both use the hard recipe and evaluate on their own training keys, since "
+      "nothing transfers to held-out ones; no transfer row is measured (there is none by "
+      "construction).", "", findings.strip(), "", *images, ""])
+  return tables.write(inv, "study_recall.md",
+                      "The study on the recall task: no transfer, difficulty by construction",
+                      wall_s, body)
