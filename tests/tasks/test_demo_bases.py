@@ -41,8 +41,9 @@ def test_shipped_files_match_their_manifest(task_name, directory):
     hf = json.load(f)
   assert manifest["architecture"] == {k: v for k, v in hf.items()
                                       if not k.endswith("token_id")}
-  assert hf["num_hidden_layers"] == manifest["build"]["num_layers"]
-  assert hf["hidden_size"] == manifest["build"]["embed_dim"]
+  if task_name != "recall":  # trained; the recall base is constructed (test_recall_base)
+    assert hf["num_hidden_layers"] == manifest["build"]["num_layers"]
+    assert hf["hidden_size"] == manifest["build"]["embed_dim"]
   assert manifest["command"].startswith("python -m launch.build_base ")
   assert demo_bases.verify(path) == manifest
 
@@ -57,7 +58,8 @@ def test_shipped_models_load_like_any_checkpoint(task_name, directory):
   ours = hf_checkpoint.load_model(path)
   hf = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
   tok = tokenizer_lib.load_tokenizer(path)
-  text = "12+345=" if task_name == "arithmetic" else "<|im_start|>user\n3+4-2 =<|im_end|>"
+  text = {"arithmetic": "12+345=", "recall": "k17 a3",
+          "reasoning_gym": "<|im_start|>user\n3+4-2 =<|im_end|>"}[task_name]
   tokens = np.asarray([tok.encode(text)])
   with torch.no_grad():
     expected = hf(torch.tensor(tokens)).logits.numpy()
