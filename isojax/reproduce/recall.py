@@ -15,7 +15,8 @@ def run(inv: tables.Invocation, budget: int = 0) -> str:
   """study_recall.md and the sweeps' plots in img/ (`budget` 0: each sweep config's own);
   returns the table's path."""
   study_dir = os.path.join(inv.out, f"recall_C{budget}" if budget else "recall")
-  findings, wall_s = runs_lib.launch_study(inv, study_dir, budget, SWEEPS, profile=False)
+  findings, wall_s = runs_lib.launch_study(inv, study_dir, budget, SWEEPS,
+                                            ["--profile_config="])
   images = runs_lib.study_images(study_dir, inv.results, "recall")
   budgets = (f"C = {budget:,} rollouts in both sweeps" if budget else
              "`recall_easy` at C = 4,096 rollouts (32 per key), `recall_hard` at C = 65,536 "

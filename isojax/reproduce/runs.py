@@ -112,16 +112,18 @@ def run_presets(inv: tables.Invocation, section: str, presets, seeds: Sequence[s
 
 
 def launch_study(inv: tables.Invocation, study_dir: str, budget: int,
-                 sweeps: Sequence[str] = (), profile: bool = True) -> tuple[str, float]:
-  """`launch.study` into `study_dir` (resumed if there; `profile=False`: no profiled
-  splits); its findings table and the elapsed seconds over every invocation that ran it."""
+                 sweeps: Sequence[str] = (), study_flags: Sequence[str] = ()
+                 ) -> tuple[str, float]:
+  """`launch.study` into `study_dir` (resumed if there) with `study_flags` (its profile
+  config and options); its findings table and the elapsed seconds over every
+  invocation that ran it."""
   timing = os.path.join(study_dir, TIMING_FILE)
   before = storage.read_json(timing)["wall_s"] if os.path.isfile(timing) else 0.0
   start = time.time()
   proc = subprocess.run([sys.executable, "-m", "launch.study", f"--out={study_dir}",
                          f"--budget_rollouts={budget}",
                          *([f"--sweeps={','.join(sweeps)}"] if sweeps else []),
-                         *([] if profile else ["--profile_config="])], cwd=inv.repo)
+                         *study_flags], cwd=inv.repo)
   wall_s = before + time.time() - start
   storage.write_json(timing, dict(wall_s=wall_s))
   if proc.returncode:
