@@ -9,6 +9,7 @@ import os
 from isojax import storage
 from isojax.reproduce import runs as runs_lib
 from isojax.reproduce import tables
+from isojax.tasks import splits
 
 SWEEP = "configs/sweep_smollm2.py"
 # The profile: 128 + 64 of the demo's problems, 16 samples each (the paper's avg@16).
@@ -19,7 +20,6 @@ PROFILE_FLAGS = ("--profile_config=configs/smollm2.py", "--pool_size=128",
 
 def run(inv: tables.Invocation) -> str:
   """smollm2_sweep.md and its plot in img/; returns the table's path."""
-  from isojax.sweeps import profiling  # pylint: disable=g-import-not-at-top
   study_dir = os.path.join(inv.out, "smollm2_sweep")
   findings, wall_s = runs_lib.launch_study(inv, study_dir, 0, [SWEEP], PROFILE_FLAGS)
   images = runs_lib.study_images(study_dir, inv.results, "smollm2_sweep")
@@ -31,7 +31,7 @@ def run(inv: tables.Invocation) -> str:
       "the hard recipe) profiled and swept by `launch.study`. The profile: the base "
       "model's avg@16 on 128 + 64 of the demo's problems, and the fraction of them in each "
       "of the paper's difficulty bands:", "", "```",
-      profiling.pool_table(os.path.join(study_dir, "splits")), "```", "",
+      splits.pool_table(os.path.join(study_dir, "splits")), "```", "",
       "The sweep (`configs/sweep_smollm2.py`): B_p = 8, n in {2, 4, 8, 16} at C = 1,024 "
       "rollouts (M = 64, 32, 16, 8), the demo's problems, evaluated on its 64 validation "
       "problems (4 samples each) at 5 log-spaced steps. Each allocation's first and final "

@@ -35,7 +35,7 @@ from isojax.tasks import arithmetic, demo_bases, prompts, splits
 from isojax.tasks.difficulty import BANDS, EXTREMELY_HARD, SPLITS, ProblemRates, SplitPlan
 from isojax.tasks.difficulty import plan_splits
 
-PROFILE_FILE = "profile.json"   # per-problem pass rates of the pool, beside the splits
+PROFILE_FILE = splits.PROFILE_FILE
 _VERSION = 1                    # bump when the selection rules (isojax.tasks.difficulty) change
 
 
@@ -333,17 +333,4 @@ def format_table(summaries: Sequence[SplitSummary], num_samples: int) -> str:
 
 def pool_table(out_dir: str) -> str:
   """Per digit count: problems, mean avg@k and the fraction in each class (profile.json)."""
-  path = storage.path(out_dir) / PROFILE_FILE
-  if not path.is_file():
-    return f"{path}: missing (rerun with --force to measure the pool again)"
-  data = storage.read_json(path)
-  k = data["settings"]["num_samples"]
-  rows = data["train"] + data["val"]
-  lines = [f"{'digits':<8}{'problems':>9}{'avg@' + str(k):>9}" +
-           "".join(f"{c:>11}" for c in BANDS)]
-  for d in sorted({r["difficulty"] for r in rows}):
-    rates = np.array([r["correct"] / k for r in rows if r["difficulty"] == d])
-    fractions = "".join(f"{np.mean([b.contains(x) for x in rates]):>11.2f}"
-                        for b in BANDS.values())
-    lines.append(f"{d:<8}{len(rates):>9}{rates.mean():>9.3f}{fractions}")
-  return "\n".join(lines)
+  return splits.pool_table(out_dir)

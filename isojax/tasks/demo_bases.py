@@ -32,6 +32,7 @@ from typing import Any, Mapping
 import ml_collections
 
 from isojax.models import gguf_checkpoint
+from isojax.tasks import recall
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = 1
@@ -141,7 +142,6 @@ def check_task(manifest: Mapping[str, Any], task: ml_collections.ConfigDict,
 
 def _check_recall(built: Mapping[str, Any], task, directory: str) -> None:
   """A recall base answers the keys of the settings it was constructed from, no others."""
-  from isojax.tasks import recall  # pylint: disable=g-import-not-at-top
   for field in recall.MODEL_FIELDS:
     if built.get(field) != getattr(task, field):
       raise ValueError(

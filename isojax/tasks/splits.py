@@ -18,10 +18,14 @@ from typing import Any, Sequence
 
 from etils import epath
 
+import numpy as np
+
 from isojax import storage
+from isojax.tasks.difficulty import BANDS
 from isojax.tasks.problem import Problem
 
 SPLIT_KEYS = ("train", "val")
+PROFILE_FILE = "profile.json"   # per-problem pass rates of the pool, beside the splits
 
 
 def split_path(splits_dir: storage.PathLike, name: str) -> epath.Path:
@@ -66,3 +70,22 @@ def read_split_meta(splits_dir: storage.PathLike, name: str) -> dict[str, Any]:
   payload = read_split(splits_dir, name)
   return dict(payload.get("meta", {}), num_train=len(payload["train"]),
               num_val=len(payload["val"]))
+
+
+def pool_table(splits_dir: storage.PathLike) -> str:
+  """Per difficulty knob value (arithmetic: digits): problems, mean avg@k and the
+  fraction in each of the paper's classes, from the profile beside the splits."""
+  path = storage.path(splits_dir) / PROFILE_FILE
+  if not path.is_file():
+    return f"{path}: missing (rerun with --force to measure the pool again)"
+  data = storage.read_json(path)
+  k = data["settings"]["num_samples"]
+  rows = data["train"] + data["val"]
+  lines = [f"{'digits':<8}{'problems':>9}{'avg@' + str(k):>9}" +
+           "".join(f"{c:>11}" for c in BANDS)]
+  for d in sorted({r["difficulty"] for r in rows}):
+    rates = np.array([r["correct"] / k for r in rows if r["difficulty"] == d])
+    fractions = "".join(f"{np.mean([b.contains(x) for x in rates]):>11.2f}"
+                        for b in BANDS.values())
+    lines.append(f"{d:<8}{len(rates):>9}{rates.mean():>9.3f}{fractions}")
+  return "\n".join(lines)
