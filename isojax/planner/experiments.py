@@ -135,8 +135,7 @@ def saturation_stats(curves: Sequence[records.RunCurve], metric: str) -> dict[st
 
 def iso_compute_stats(groups, *, metric: str, variant: str = "") -> dict[str, float]:
   out = frontier_stats(groups[_key(variant, metric)], metric)
-  if not variant:
-    out.update(saturation_stats(groups[_key(variant, metric)], metric))
+  out.update(saturation_stats(groups[_key(variant, metric)], metric))
   for name in analysis.companion_metrics(metric):
     curves = groups.get(_key(variant, name))
     if curves:

@@ -206,7 +206,8 @@ def table(experiments: Mapping[str, Mapping[str, Any]], *,
 
 def mechanism_table(experiments: Mapping[str, Mapping[str, Any]]) -> list[Row]:
   """Rows of `MECHANISMS` for the experiments that measure them: transfer from the
-  problem-set-size sweep; saturation and a shared ceiling from each iso-compute sweep."""
+  problem-set-size sweep; saturation and a shared ceiling from each sweep whose n*
+  trend is a claim (iso-compute, fixed-batch, and each algorithm's runs)."""
   experiments = {name: from_json(e) for name, e in experiments.items()}
   rows: list[Row] = []
   for name, exp in experiments.items():
@@ -221,16 +222,23 @@ def mechanism_table(experiments: Mapping[str, Mapping[str, Any]]) -> list[Row]:
                       f"fraction of the full set's gain {_number(f['value'])} "
                       f"[{_number(f['lo'])}, {_number(f['hi'])}]"))
   for name, exp in experiments.items():
-    effects = exp["effects"]
-    if exp["kind"] != "iso_compute" or "headroom" not in effects:
-      continue
-    rows.append(Row("S", name, "fitted asymptote minus final value, mean over runs",
-                    effects["headroom"], bootstrap.sign_verdict(effects["headroom"])))
-    rows.append(Row("K", name, "largest minus smallest fitted asymptote across n",
-                    effects["asymptote_spread"],
-                    bootstrap.margin_verdict(effects["asymptote_spread"], CEILING_MARGIN),
-                    f"margin {CEILING_MARGIN}"))
+    if exp["kind"] in ("iso_compute", "fixed_batch"):
+      rows += _rows_saturation(name, exp["effects"])
+    elif exp["kind"] == "algorithms":
+      for variant in exp["variants"]:
+        rows += _rows_saturation(f"{name}/{variant}", exp["effects"], f"_{variant}")
   return sorted(rows, key=lambda r: list(MECHANISMS).index(r.finding))
+
+
+def _rows_saturation(sweep: str, effects: Mapping[str, Any], suffix: str = "") -> list[Row]:
+  """S and K of one sweep (or one variant's runs): beside claims 1, 3 and 8."""
+  headroom, spread = effects.get(f"headroom{suffix}"), effects.get(f"asymptote_spread{suffix}")
+  if headroom is None or spread is None:
+    return []
+  return [Row("S", sweep, "fitted asymptote minus final value, mean over runs", headroom,
+              bootstrap.sign_verdict(headroom)),
+          Row("K", sweep, "largest minus smallest fitted asymptote across n", spread,
+              bootstrap.margin_verdict(spread, CEILING_MARGIN), f"margin {CEILING_MARGIN}")]
 
 
 def _number(x: float) -> str:

@@ -79,11 +79,24 @@ def test_mechanisms_transfer_saturation_and_ceilings_follow_their_intervals():
            "details": {"sizes": {"all": None, "p16": 16, "p64": 64}},
            "effects": {"transfer_gain": _effect(rng.normal(0.2, 0.02, 200)),
                        "transfer_fraction": _effect(rng.normal(0.9, 0.05, 200))}}
-  rows = findings.mechanism_table({"hard": hard, "easy": easy, "sizes": sizes})
+  fixed = dict(_iso("", [1.0] * 5, [1.0] * 5, [0.0] * 5, [0.0] * 5, [0.0] * 5),
+               kind="fixed_batch")
+  fixed["effects"].update(headroom=_effect(rng.normal(-0.05, 0.01, 200)),
+                          asymptote_spread=_effect(rng.normal(0.0, 0.005, 200)))
+  algorithms = {"kind": "algorithms", "variants": ["cispo", "pods"], "extrapolation": [],
+                "details": {}, "effects": {
+                    "headroom_cispo": _effect(rng.normal(0.1, 0.01, 200)),
+                    "asymptote_spread_cispo": _effect(rng.normal(0.3, 0.01, 200)),
+                    "headroom_pods": _effect(rng.normal(0.0, 0.05, 200)),
+                    "asymptote_spread_pods": _effect(rng.normal(0.0, 0.05, 200))}}
+  rows = findings.mechanism_table({"hard": hard, "easy": easy, "sizes": sizes,
+                                   "fixed": fixed, "alg": algorithms})
   verdicts = {(r.finding, r.sweep): r.verdict for r in rows}
   assert verdicts == {("T", "sizes"): "yes", ("S", "hard"): "yes",
                       ("S", "easy"): "inconclusive", ("K", "hard"): "yes",
-                      ("K", "easy"): "no"}
+                      ("K", "easy"): "no", ("S", "fixed"): "no", ("K", "fixed"): "yes",
+                      ("S", "alg/cispo"): "yes", ("K", "alg/cispo"): "no",
+                      ("S", "alg/pods"): "inconclusive", ("K", "alg/pods"): "inconclusive"}
   (t,) = [r for r in rows if r.finding == "T"]
   f = sizes["effects"]["transfer_fraction"]
   assert "16 problems" in t.measured  # the smallest set of the sweep
