@@ -255,8 +255,16 @@ class OptimSettings(validation.Section):
   b1: float = F(0.9, "AdamW's first moment decay")
   b2: float = F(0.99, "AdamW's second moment decay")
   grad_clip_norm: float = F(1.0, "global-norm clip; 0 disables")
+  frozen: tuple[str, ...] = F((), "policy parameters left unchanged: each entry a path "
+                              "prefix such as `embed` or `layers/attn` (each must match a "
+                              "trained parameter; their optimizer moments stay zero)")
 
   def __post_init__(self):
+    frozen = tuple(self.frozen) if isinstance(self.frozen, (list, tuple)) else None
+    if frozen is None or not all(isinstance(p, str) and p.strip("/") for p in frozen):
+      raise ValueError(f"optim.frozen={self.frozen!r}: expected a tuple of parameter path "
+                       "prefixes such as ('embed',)")
+    object.__setattr__(self, "frozen", tuple(p.strip("/") for p in frozen))
     validation.choice("optim.lr_scaling", self.lr_scaling, LR_SCALING_RULES)
     validation.positive_int("optim.lr_reference_batch", self.lr_reference_batch)
     validation.non_negative_int("optim.warmup_steps", self.warmup_steps, "0: no warm-up")

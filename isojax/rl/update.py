@@ -121,18 +121,54 @@ def make_optimizer(optim: rl_settings.OptimSettings, *, peak_learning_rate: floa
                    updates_per_step: int) -> tuple[optax.GradientTransformation,
                                                    optax.Schedule]:
   """AdamW with linear warm-up then constant LR at `peak_learning_rate` (the run's,
-  scaled with the rollout batch: `RunSettings.learning_rate`)."""
+  scaled with the rollout batch: `RunSettings.learning_rate`); the parameters under
+  `optim.frozen` get no update."""
   schedule = warmup_schedule(peak_learning_rate, optim.warmup_steps * updates_per_step)
-  return adamw(optim, schedule), schedule
+  if not optim.frozen:
+    return adamw(optim, schedule), schedule
+  frozen = frozen_mask(optim.frozen)
+  # Their gradients are zeroed first, so they add nothing to the clipped norm and Adam's
+  # moments stay zero (its update of a zero moment is zero); no weight decay either.
+  # optax.multi_transform would drop their moments, but its masked state is not
+  # parameter-shaped, which opt_state_shardings needs to place the moments.
+  trainable = lambda params: jax.tree.map(lambda f: not f, frozen(params))
+  return optax.chain(optax.masked(optax.set_to_zero(), frozen),
+                     adamw(optim, schedule, decay_mask=trainable)), schedule
 
 
-def adamw(optim: rl_settings.OptimSettings,
-          schedule: optax.Schedule) -> optax.GradientTransformation:
-  """`optim`'s clipped AdamW at `schedule` (the policy's, and the critic's at its own LR)."""
+def adamw(optim: rl_settings.OptimSettings, schedule: optax.Schedule,
+          decay_mask=None) -> optax.GradientTransformation:
+  """`optim`'s clipped AdamW at `schedule` (the policy's, and the critic's at its own LR),
+  decaying the parameters `decay_mask` marks (all when None)."""
   return optax.chain(
       optax.clip_by_global_norm(optim.grad_clip_norm) if optim.grad_clip_norm
       else optax.identity(),
-      optax.adamw(schedule, b1=optim.b1, b2=optim.b2, weight_decay=optim.weight_decay))
+      optax.adamw(schedule, b1=optim.b1, b2=optim.b2, weight_decay=optim.weight_decay,
+                  mask=decay_mask))
+
+
+def parameter_path(path) -> str:
+  """`embed/embedding` for a parameter's pytree key path (nnx's `value` key left out)."""
+  names = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+  return "/".join(n for n in names if n != "value")
+
+
+def frozen_mask(prefixes: tuple[str, ...]):
+  """params -> a pytree of bools: True under one of `prefixes` (`optim.frozen`); a prefix
+  that matches no parameter is an error naming it and the parameters there are."""
+  def under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + "/")
+
+  def mask(params):
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+    paths = [parameter_path(p) for p, _ in leaves]
+    unmatched = [p for p in prefixes if not any(under(path, p) for path in paths)]
+    if unmatched:
+      raise ValueError(f"optim.frozen: {unmatched} match no trained parameter; the trained "
+                       f"parameters are {paths}")
+    return jax.tree_util.tree_unflatten(
+        treedef, [any(under(path, p) for p in prefixes) for path in paths])
+  return mask
 
 
 def warmup_schedule(peak: float, warmup_updates: int) -> optax.Schedule:

@@ -14,7 +14,8 @@ assumes. Here nothing transfers:
 
 The base model is a table in transformer form: each key's next-token distribution is
 its own row of parameters, and the transformer block is exactly zero, a fixed point of
-gradient descent, so training one key moves no other key's logits.
+gradient descent. With the embedding frozen (configs/recall.py), training one key moves
+no other key's logits (`recall_base`).
 
 Because nothing transfers, held-out keys would stay at their base pass rates whatever
 RL does. The validation problems are therefore the first `num_val` training problems:

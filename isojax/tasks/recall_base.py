@@ -14,9 +14,13 @@ A one-layer Llama whose every next-token distribution is written down:
                 other answer token and `LOGIT_FLOOR` for every other token; after an
                 answer, 0 for EOS and `LOGIT_FLOOR` for the rest.
 
-So a key's logits depend on its own embedding row, norm weight and head row alone:
-training one key moves no other key's distribution except through the optimizer's
-global gradient-norm clip (the only coupling, and it rescales, never redirects).
+So a key's logits depend on its own embedding row, norm weight and head row alone.
+configs/recall.py freezes the embedding (`optim.frozen`): then a key's position has a
+hidden state on its own dimension only, the gradient reaches its own norm weight and
+head row only, and training one key moves no other key's distribution (the global
+gradient-norm clip only rescales a step). Left trainable, a trained key's embedding
+picks up every other dimension, and Adam, whose step is about the learning rate
+whatever the gradient's size, then drags every other key's head row at random.
 p_i = 2**-level holds at sampling temperature 1. The construction is exact arithmetic
 on the settings, so every machine builds the same weights, unlike a trained base.
 """

@@ -151,3 +151,55 @@ def test_importance_correction_enters_the_update_loss(level, mode):
   expected = np.sum(-adv[:, None] * w * response) / response.sum()
   np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
   assert 0 < float(stats["tis/mean_weight"]) != 1.0
+
+
+def _one_step(optim_fields):
+  """The tiny policy's parameters before and after one train step under `optim_fields`."""
+  config = _config("advantage", "grpo")
+  s = config_lib.settings(config)
+  optim = dataclasses.replace(s.optim, warmup_steps=0, **optim_fields)
+  graphdef, params = _tiny_policy()
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(3, 11, (8, 5)).astype(np.int32)
+  scored = rollout.ScoredRollouts(
+      prompts_GP=np.full((2, 2), 4, np.int32), prompt_mask_GP=np.ones((2, 2), bool),
+      rollouts=sampler.Rollouts(tokens=tokens, logprobs=np.zeros((8, 5), np.float32),
+                                mask=np.ones((8, 5), bool), finished=np.ones(8, bool),
+                                forced=np.zeros((8, 5), bool)),
+      rewards_GN=np.array([[1, 0, 0, 1], [0, 1, 0, 0]], np.float32), completions=[""] * 8)
+  batch, _ = rl_batch.build_train_batch(s.rl, scored, max_new_tokens=5,
+                                        select_rng=jax.random.key(0))
+  settings = update.UpdateSettings.derive(s.rl, s.sampling, group_size=4, prompt_len=2)
+  logp = update.score(graphdef, params, batch.tokens, batch.mask, prompt_len=2,
+                      temperature=settings.temperature)
+  batch = batch.replace(old_logp=logp, ref_logp=logp, shuffle_rng=jax.random.key(1))
+  tx, _ = update.make_optimizer(optim, peak_learning_rate=1e-2, updates_per_step=1)
+  before = {update.parameter_path(p): np.array(x)
+            for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+  new, _, _ = update.train_step(graphdef, params, tx.init(params), batch, tx=tx,
+                                settings=settings)
+  after = {update.parameter_path(p): np.asarray(x)
+           for p, x in jax.tree_util.tree_flatten_with_path(new)[0]}
+  return before, after
+
+
+def test_frozen_parameters_keep_their_values_and_decay_nothing():
+  before, after = _one_step(dict(frozen=("embed", "layers/attn"), weight_decay=0.1))
+  _, free = _one_step(dict(weight_decay=0.1))
+  for path in before:
+    if path == "embed/embedding" or path.startswith("layers/attn/"):
+      np.testing.assert_array_equal(after[path], before[path], err_msg=path)
+      assert not np.array_equal(free[path], before[path]), path  # they would have moved
+    else:
+      assert not np.array_equal(after[path], before[path]), path
+
+
+def test_a_frozen_prefix_that_matches_nothing_is_named():
+  from isojax.rl import settings as rl_settings  # pylint: disable=g-import-not-at-top
+  tx, _ = update.make_optimizer(rl_settings.OptimSettings(frozen=("embedding",)),
+                                peak_learning_rate=1e-3, updates_per_step=1)
+  with pytest.raises(ValueError, match=r"optim.frozen: \['embedding'\] match no trained "
+                     r"parameter; the trained parameters are \['embed/embedding'"):
+    tx.init(_tiny_policy()[1])
+  with pytest.raises(ValueError, match=r"optim.frozen='embed': expected a tuple"):
+    rl_settings.OptimSettings(frozen="embed")
