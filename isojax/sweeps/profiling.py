@@ -332,5 +332,5 @@ def format_table(summaries: Sequence[SplitSummary], num_samples: int) -> str:
 
 
 def pool_table(out_dir: str) -> str:
-  """Per digit count: problems, mean avg@k and the fraction in each class (profile.json)."""
+  """Per difficulty: problems, mean avg@k and the fraction in each class (profile.json)."""
   return splits.pool_table(out_dir)

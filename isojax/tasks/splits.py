@@ -73,19 +73,20 @@ def read_split_meta(splits_dir: storage.PathLike, name: str) -> dict[str, Any]:
 
 
 def pool_table(splits_dir: storage.PathLike) -> str:
-  """Per difficulty knob value (arithmetic: digits): problems, mean avg@k and the
-  fraction in each of the paper's classes, from the profile beside the splits."""
+  """Per value of the problems' difficulty (arithmetic: operand digits; chain_sum: terms
+  x digits): problems, mean avg@k and the fraction in each of the paper's classes, from
+  the profile beside the splits."""
   path = storage.path(splits_dir) / PROFILE_FILE
   if not path.is_file():
     return f"{path}: missing (rerun with --force to measure the pool again)"
   data = storage.read_json(path)
   k = data["settings"]["num_samples"]
   rows = data["train"] + data["val"]
-  lines = [f"{'digits':<8}{'problems':>9}{'avg@' + str(k):>9}" +
+  lines = [f"{'difficulty':<12}{'problems':>9}{'avg@' + str(k):>9}" +
            "".join(f"{c:>11}" for c in BANDS)]
   for d in sorted({r["difficulty"] for r in rows}):
     rates = np.array([r["correct"] / k for r in rows if r["difficulty"] == d])
     fractions = "".join(f"{np.mean([b.contains(x) for x in rates]):>11.2f}"
                         for b in BANDS.values())
-    lines.append(f"{d:<8}{len(rates):>9}{rates.mean():>9.3f}{fractions}")
+    lines.append(f"{d:<12}{len(rates):>9}{rates.mean():>9.3f}{fractions}")
   return "\n".join(lines)
