@@ -1,11 +1,12 @@
 """The demo base models shipped inside the package, their manifests, and the policy path.
 
-The embedded demos (the arithmetic default and the reasoning-gym demo) start from tiny
-base models that isojax built once (`launch.build_base`) and ships as package data
-under `isojax/assets/base_models/<name>/`, in the Hugging Face layout. A run with an
-empty `base_model.path` loads the shipped model of its task; nothing is trained at
-run time, so every machine starts RL from the same weights (SFT is chaotic in float
-rounding: rebuilt on another CPU or jax version it ends in another model).
+The embedded demos (the arithmetic default and the reasoning-gym demo) and the recall
+testbed start from tiny base models that isojax built once (`launch.build_base`) and
+ships as package data under `isojax/assets/base_models/<name>/`, in the Hugging Face
+layout. A run with an empty `base_model.path` loads the shipped model of its task;
+nothing is trained at run time, so every machine starts RL from the same weights (SFT
+is chaotic in float rounding: rebuilt on another CPU or jax version it ends in another
+model; the recall base is constructed, so it alone rebuilds byte for byte).
 
 Each model directory holds `manifest.json`:
 
