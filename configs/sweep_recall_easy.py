@@ -7,16 +7,21 @@ with probability 1/2 or 1/4. The paper's easy band is avg@16 in [0.3, 0.6]; leve
 (0.25) sits just below it, so the set is twice as large as level 1 alone. Like the hard
 sweep it uses the hard recipe, so the two differ only in the keys and the budget.
 
-The budget is C = 4,096 rollouts, 32 per key: at 16 times that every allocation ends at
-avg@4 = 1, so the final values would compare nothing. M >= 16 updates keep n <= 32 at
-B_p = 8 and n <= 16 at B_p = 16: 9 runs.
+The budget is C = 4,096 rollouts, 32 per key, where the runs are still learning (M >= 16
+updates keep n <= 32 at B_p = 8 and n <= 16 at B_p = 16: 9 runs). The `long` preset
+sweeps the same keys at C = 16,384, 128 per key, where the smaller n saturate: 12 runs
+with n up to 64, as the sweep `recall_easy_long`. (At 65,536 every allocation ends at
+avg@4 = 1 and the final values compare nothing.)
 
-Presets: default, micro (3 runs of 16 keys at C = 64: a smoke test).
+Presets: default, long, micro (3 runs of 16 keys at C = 64: a smoke test).
 """
 
 from isojax.configs import sweep_recall_hard
 
 
 def get_config(arg=None):
+  if arg == "long":
+    return sweep_recall_hard.recall_sweep("recall_easy_long", sweep_recall_hard.EASY_LEVELS,
+                                          "easy", None, budget=16384)
   return sweep_recall_hard.recall_sweep("recall_easy", sweep_recall_hard.EASY_LEVELS, "easy",
                                         arg, budget=4096)

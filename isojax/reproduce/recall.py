@@ -8,7 +8,8 @@ import os
 from isojax.reproduce import runs as runs_lib
 from isojax.reproduce import tables
 
-SWEEPS = ("configs/sweep_recall_easy.py", "configs/sweep_recall_hard.py")
+SWEEPS = ("configs/sweep_recall_easy.py", "configs/sweep_recall_easy.py:long",
+          "configs/sweep_recall_hard.py")
 
 
 def run(inv: tables.Invocation, budget: int = 0) -> str:
@@ -18,17 +19,18 @@ def run(inv: tables.Invocation, budget: int = 0) -> str:
   findings, wall_s = runs_lib.launch_study(inv, study_dir, budget, SWEEPS,
                                             ["--profile_config="])
   images = runs_lib.study_images(study_dir, inv.results, "recall")
-  budgets = (f"C = {budget:,} rollouts in both sweeps" if budget else
-             "`recall_easy` at C = 4,096 rollouts (32 per key), `recall_hard` at C = 65,536 "
-             "(205 per key)")
+  budgets = (f"C = {budget:,} rollouts in every sweep" if budget else
+             "`recall_easy` at C = 4,096 rollouts (32 per key) and `recall_easy_long` at "
+             "16,384 (128 per key), `recall_hard` at C = 65,536 (205 per key)")
   body = "\n".join([
       "`launch.study` on the recall task (`configs/recall.py`, the shipped constructed base; "
       "[study.md](../study.md) gives the design): one key token per problem, one answer "
       "token, nothing shared between problems, base pass rates 2^-level at temperature 1. "
-      "`recall_easy` trains on the 128 keys of levels 1-2 (p = 1/2, 1/4), `recall_hard` on "
-      "the 320 keys of levels 4-8 (p = 1/16 to 1/256); " + budgets + ". Both use the hard "
-      "recipe and evaluate on their own training keys, since nothing transfers to held-out "
-      "ones; no transfer row is measured (there is none by construction).", "",
+      "`recall_easy` and `recall_easy_long` train on the 128 keys of levels 1-2 (p = 1/2, "
+      "1/4), `recall_hard` on the 320 keys of levels 4-8 (p = 1/16 to 1/256); " + budgets +
+      ". All use the hard recipe with the embedding frozen and evaluate on their own "
+      "training keys, since nothing transfers to held-out ones; no transfer row is "
+      "measured (there is none by construction).", "",
       findings.strip(), "", *images, ""])
   return tables.write(inv, "study_recall.md",
                       "The study on the recall task: no transfer, difficulty by construction",

@@ -137,7 +137,8 @@ def test_limit_train_keeps_nested_subsets_and_the_validation_set():
 def test_recall_sweeps_spend_their_budgets_on_their_levels():
   for spec, budget, levels, runs_wanted in (
       ("configs/sweep_recall_hard.py", 65536, (4, 8), 12),
-      ("configs/sweep_recall_easy.py", 4096, (1, 2), 9)):
+      ("configs/sweep_recall_easy.py", 4096, (1, 2), 9),
+      ("configs/sweep_recall_easy.py:long", 16384, (1, 2), 12)):
     sweep = sweep_plan.load_config_file(spec)
     runs = {r.name: r for r in sweep_plan.plan_runs(sweep)}
     assert len(runs) == runs_wanted, spec

@@ -60,6 +60,19 @@ def test_verdicts_follow_the_intervals():
   assert nine.note.endswith("predicted - observed: hard -0.012")
 
 
+def test_a_set_swept_at_two_budgets_gets_a_row_for_each():
+  rng = np.random.default_rng(2)
+  hard = _iso("hard", [1.0] * 5, [4.0] * 5, rng.normal(0.02, 0.002, 200), [0.0] * 5, [0.0] * 5)
+  short = _iso("easy", [1.0] * 5, [1.0] * 5, [0.0] * 5, rng.normal(-0.1, 0.01, 200), [0.0] * 5)
+  long = _iso("easy", [1.0] * 5, [3.0] * 5, [0.0] * 5, rng.normal(0.03, 0.01, 200), [0.0] * 5)
+  rows = findings.table({"hard": hard, "easy": short, "easy_long": long})
+  verdicts = {(r.finding, r.sweep): r.verdict for r in rows if r.finding in ("2b", "2c")}
+  assert verdicts == {("2b", "easy"): "no", ("2b", "easy_long"): "yes",
+                      ("2c", "hard - easy"): "no", ("2c", "hard - easy_long"): "no"}
+  (c,) = [r for r in rows if r.sweep == "hard - easy_long"]
+  assert c.effect["value"] == 1.0  # 4 doublings minus 3
+
+
 def test_extrapolation_verdict_against_the_tolerance():
   exp = _iso("hard", [1.0] * 5, [1.0] * 5, [0.0] * 5, [0.0] * 5, [0.0] * 5,
              errors=[0.05, -0.06, 0.07, 0.08, -0.05, 0.09])
