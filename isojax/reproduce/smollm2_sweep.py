@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from isojax import storage
+from isojax import metrics, run_dir, storage
 from isojax.reproduce import runs as runs_lib
 from isojax.reproduce import tables
 from isojax.tasks import splits
@@ -26,6 +26,8 @@ def run(inv: tables.Invocation) -> str:
   sweep_dir = os.path.join(study_dir, "smollm2")
   analysis = storage.read_json(os.path.join(sweep_dir, "analysis.json"))
   experiment = storage.read_json(os.path.join(sweep_dir, "experiment.json"))
+  trajectories = {(f["problems_per_batch"], f["rollouts_per_problem"]): trajectory(f["runs"][0])
+                  for f in analysis["fits"] if f.get("runs")}
   body = "\n".join([
       "SmolLM2-135M-Instruct (`configs/smollm2.py`: chain_sum through its chat template, "
       "the hard recipe) profiled and swept by `launch.study`. The profile: the base "
@@ -34,9 +36,10 @@ def run(inv: tables.Invocation) -> str:
       splits.pool_table(os.path.join(study_dir, "splits")), "```", "",
       "The sweep (`configs/sweep_smollm2.py`): B_p = 8, n in {2, 4, 8, 16} at C = 1,024 "
       "rollouts (M = 64, 32, 16, 8), the demo's problems, evaluated on its 64 validation "
-      "problems (4 samples each) at 5 log-spaced steps. Each allocation's first and final "
-      "`val/avg@4` and its fitted sigmoid (asymptote +- its standard error, and the "
-      "compute at its midpoint):", "", allocation_table(analysis, experiment), "",
+      "problems (4 samples each) at 5 log-spaced steps. Each allocation's first, best and "
+      "final `val/avg@4`, the fraction of its final evaluation's responses cut at "
+      "max_new_tokens (64), and its fitted sigmoid (asymptote +- its standard error, and "
+      "the compute at its midpoint):", "", allocation_table(analysis, experiment, trajectories), "",
       "The measured frontier (the best `val/avg@4` reached by any allocation at each "
       "compute, and that allocation's n):", "", frontier_table(analysis), "",
       "n* along the frontier, with 90% bootstrap intervals (validation problems "
@@ -45,23 +48,37 @@ def run(inv: tables.Invocation) -> str:
                       "A sweep on a real model: n* on SmolLM2-135M-Instruct", wall_s, body)
 
 
-def allocation_table(analysis: dict, experiment: dict) -> str:
-  """Per allocation: n, B_p, M, the first and final values, the fitted sigmoid."""
+def allocation_table(analysis: dict, experiment: dict,
+                     trajectories: dict[tuple[int, int], dict] | None = None) -> str:
+  """Per allocation: n, B_p, M, the first, best and final values, the final truncated
+  fraction (`trajectories`, from `trajectory`), the fitted sigmoid."""
   fits = {(f["problems_per_batch"], f["rollouts_per_problem"]): f for f in analysis["fits"]}
+  trajectories = trajectories or {}
   finals = sorted((r for r in experiment["details"]["finals"]
                    if r["metric"] == analysis["metric"]),
                   key=lambda r: (r["problems_per_batch"], r["rollouts_per_problem"]))
-  rows = ["| n | B_p | M | first `val/avg@4` | final | fitted asymptote | midpoint "
-          "(rollouts) |", "|---|---|---|---|---|---|---|"]
+  rows = ["| n | B_p | M | first `val/avg@4` | best (at rollouts) | final | final truncated "
+          "| fitted asymptote | midpoint (rollouts) |", "|---|---|---|---|---|---|---|---|---|"]
   for run in finals:
     b_p, n = run["problems_per_batch"], run["rollouts_per_problem"]
-    fit = fits.get((b_p, n))
+    fit, path = fits.get((b_p, n)), trajectories.get((b_p, n))
     fitted = (f"{fit['a']:.3f} +- {fit['a_stderr']:.3f} | {fit['c_mid']:,.0f}" if fit
               else "not fitted | -")
     steps = f"{fit['max_rollouts'] / fit['batch_rollouts']:.0f}" if fit else "-"
-    rows.append(f"| {n} | {b_p} | {steps} | {run['first']:.3f} | {run['final']:.3f} | "
-                f"{fitted} |")
+    best = f"{path['best']:.3f} ({path['best_rollouts']:,})" if path else "-"
+    truncated = f"{path['final_truncated']:.2f}" if path else "-"
+    rows.append(f"| {n} | {b_p} | {steps} | {run['first']:.3f} | {best} | "
+                f"{run['final']:.3f} | {truncated} | {fitted} |")
   return "\n".join(rows)
+
+
+def trajectory(workdir: str) -> dict:
+  """A run's best `val/avg@4`, the rollouts it took, and its final evaluation's fraction
+  of responses cut at max_new_tokens."""
+  evals = [r for r in run_dir.read_metrics(workdir) if metrics.val_avg(4) in r]
+  best = max(evals, key=lambda r: r[metrics.val_avg(4)])
+  return dict(best=best[metrics.val_avg(4)], best_rollouts=int(best.get("rollouts", 0)),
+              final_truncated=evals[-1].get(metrics.VAL_TRUNCATED, float("nan")))
 
 
 def frontier_table(analysis: dict) -> str:

@@ -188,6 +188,18 @@ def test_the_binary_rejects_unknown_sections_and_seeds():
   assert proc.returncode != 0 and "--seeds=0,x: expected non-negative integers" in proc.stderr
 
 
+def test_smollm2_sweep_trajectory_of_a_run(tmp_path):
+  from isojax.reproduce import smollm2_sweep  # pylint: disable=g-import-not-at-top
+  lines = [dict(step=0, rollouts=0, **{"val/avg@4": 0.1, "val/truncated_fraction": 0.0}),
+           dict(step=1, rollouts=16, **{"train/reward": 0.5}),
+           dict(step=4, rollouts=64, **{"val/avg@4": 0.3, "val/truncated_fraction": 0.1}),
+           dict(step=8, rollouts=128, **{"val/avg@4": 0.05, "val/truncated_fraction": 0.9})]
+  lines = [dict(r, tokens=0, wall_s=1.0) for r in lines]
+  (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+  assert smollm2_sweep.trajectory(str(tmp_path)) == dict(best=0.3, best_rollouts=64,
+                                                         final_truncated=0.9)
+
+
 def test_smollm2_sweep_tables_from_an_analysis():
   from isojax.reproduce import smollm2_sweep  # pylint: disable=g-import-not-at-top
   fits = [dict(problems_per_batch=8, rollouts_per_problem=n, a=0.1 * n, a_stderr=0.01,
@@ -200,9 +212,10 @@ def test_smollm2_sweep_tables_from_an_analysis():
   experiment = dict(details=dict(finals=finals), effects=dict(
       n_star_rise=dict(value=1.0, lo=0.0, hi=2.0), log2_n_star_end=dict(value=2.0, lo=1.0,
                                                                          hi=2.0)))
-  assert smollm2_sweep.allocation_table(analysis, experiment).splitlines()[2:] == [
-      "| 2 | 8 | 64 | 0.100 | 0.220 | 0.200 +- 0.010 | 200 |",
-      "| 4 | 8 | 32 | 0.100 | 0.240 | 0.400 +- 0.010 | 400 |"]
+  paths = {(8, 2): dict(best=0.3, best_rollouts=160, final_truncated=0.5)}
+  assert smollm2_sweep.allocation_table(analysis, experiment, paths).splitlines()[2:] == [
+      "| 2 | 8 | 64 | 0.100 | 0.300 (160) | 0.220 | 0.50 | 0.200 +- 0.010 | 200 |",
+      "| 4 | 8 | 32 | 0.100 | - | 0.240 | - | 0.400 +- 0.010 | 400 |"]
   assert smollm2_sweep.frontier_table(analysis).splitlines()[2:] == [
       "| 16 | 0.110 | 2 | 8 |", "| 1,024 | 0.250 | 4 | 8 |"]
   assert smollm2_sweep.n_star_table(experiment).splitlines()[2:] == [
