@@ -66,7 +66,9 @@ def slope(x, y) -> float:
 
 def frontier_stats(curves: Sequence[records.RunCurve], metric: str) -> dict[str, float]:
   """n* at the start and end of the fitted frontier (log2), its rise in doublings and
-  the saturation n of the fitted law (NaN when there is no law)."""
+  the saturation n of the fitted law (NaN when there is no law). All NaN when no fit
+  rises significantly: every allocation then ties at its first value, so no n is best
+  and a tie broken towards the smallest n would read as a measured "no rise"."""
   nan = float("nan")
   try:
     result = analysis.analyze_metric(curves, metric, analysis.Options(metric=metric),
@@ -74,7 +76,7 @@ def frontier_stats(curves: Sequence[records.RunCurve], metric: str) -> dict[str,
   except ValueError:
     return dict(log2_n_star_start=nan, log2_n_star_end=nan, n_star_rise=nan,
                 log2_n_saturation=nan)
-  if not result.frontier:
+  if not result.frontier or all(f.fit.flat for f in result.curve_fits):
     return dict(log2_n_star_start=nan, log2_n_star_end=nan, n_star_rise=nan,
                 log2_n_saturation=nan)
   start = math.log2(result.frontier[0].rollouts_per_problem)

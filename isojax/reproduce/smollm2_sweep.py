@@ -37,7 +37,8 @@ def run(inv: tables.Invocation) -> str:
       "The sweep (`configs/sweep_smollm2.py`): B_p = 8, n in {2, 4, 8, 16} at C = 1,024 "
       "rollouts (M = 64, 32, 16, 8), the demo's problems, evaluated on its 64 validation "
       "problems (4 samples each) at 5 log-spaced steps. Each allocation's first, best and "
-      "final `val/avg@4`, the fraction of its final evaluation's responses cut at "
+      "final `val/avg@4` (final: the mean of the last evaluations, as the experiment takes "
+      "it), the fraction of its final evaluation's responses cut at "
       "max_new_tokens (64), and its fitted sigmoid (asymptote +- its standard error, and "
       "the compute at its midpoint):", "", allocation_table(analysis, experiment, trajectories), "",
       "The measured frontier (the best `val/avg@4` reached by any allocation at each "
@@ -57,7 +58,7 @@ def allocation_table(analysis: dict, experiment: dict,
   finals = sorted((r for r in experiment["details"]["finals"]
                    if r["metric"] == analysis["metric"]),
                   key=lambda r: (r["problems_per_batch"], r["rollouts_per_problem"]))
-  rows = ["| n | B_p | M | first `val/avg@4` | best (at rollouts) | final | final truncated "
+  rows = ["| n | B_p | M | first `val/avg@4` | best (at rollouts) | final (tail) | final truncated "
           "| fitted asymptote | midpoint (rollouts) |", "|---|---|---|---|---|---|---|---|---|"]
   for run in finals:
     b_p, n = run["problems_per_batch"], run["rollouts_per_problem"]

@@ -253,3 +253,16 @@ def test_sweep_analysis_writes_variant_analyses_experiment_and_findings(tmp_path
   assert "| 8 | the n*(C) trend holds with other RL algorithms | algorithms/cispo |" in out
   assert "| 8 | the n*(C) trend holds with other RL algorithms | algorithms/pods |" in out
   assert "| 8 | the n*(C) trend holds with other RL algorithms | algorithms/ppo |" in out
+
+
+def test_n_star_is_undefined_when_no_allocation_rises():
+  """Curves that go up and back down within noise: every fit is flat, every n ties at
+  its first value, and n* has no value rather than the smallest n's."""
+  c_E = np.linspace(0.0, 1024.0, 5)
+  bumps = [records.RunCurve(f"n{n}", 8, n, c_E, np.array([0.1, 0.12, 0.2, 0.11, 0.1]) + d)
+           for n, d in ((2, 0.0), (4, 0.01), (8, -0.01))]
+  got = experiments.frontier_stats(bumps, metrics.val_avg(4))
+  assert all(math.isnan(v) for v in got.values()), got
+  rising = [_sigmoid_curve(n, 0.3 + 0.1 * i, c_mid=3000.0) for i, n in enumerate((2, 4, 8))]
+  got = experiments.frontier_stats(rising, metrics.val_avg(4))
+  assert got["log2_n_star_end"] == 3.0  # the highest ceiling's n wins at the end
