@@ -100,6 +100,8 @@ def n_star_table(experiment: dict) -> str:
   rows = ["| quantity | estimate [90% CI] |", "|---|---|"]
   for key, what in N_STAR_EFFECTS:
     e = experiment["effects"].get(key)
-    if e:
+    if e and e["value"] is None:  # NaN in experiment.json: no allocation's fit rises
+      rows.append(f"| {what} | undefined (no allocation's fit rises above a flat line) |")
+    elif e:
       rows.append(f"| {what} | {e['value']:+.2f} [{e['lo']:+.2f}, {e['hi']:+.2f}] |")
   return "\n".join(rows)

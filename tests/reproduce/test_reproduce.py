@@ -221,3 +221,7 @@ def test_smollm2_sweep_tables_from_an_analysis():
   assert smollm2_sweep.n_star_table(experiment).splitlines()[2:] == [
       "| log2 n* at the frontier's end | +2.00 [+1.00, +2.00] |",
       "| doublings of n* from start to end | +1.00 [+0.00, +2.00] |"]
+  experiment["effects"]["n_star_rise"] = dict(value=None, lo=None, hi=None)  # NaN in JSON
+  assert smollm2_sweep.n_star_table(experiment).splitlines()[-1] == (
+      "| doublings of n* from start to end | undefined (no allocation's fit rises above a "
+      "flat line) |")
