@@ -176,9 +176,10 @@ def effect(value: float, samples_Z, level: float = DEFAULT_LEVEL) -> dict[str, A
 
 def sign_verdict(e: Mapping[str, Any], *, expected: int = 1) -> str:
   """yes when the interval lies on the expected side of 0, no when it lies on the
-  other side or at 0, inconclusive when it straddles 0."""
+  other side or at 0, inconclusive when it straddles 0 or the estimate itself is
+  undefined (NaN: the replicates that had a value do not make one)."""
   lo, hi = e["lo"], e["hi"]
-  if not (np.isfinite(lo) and np.isfinite(hi)):
+  if not (np.isfinite(lo) and np.isfinite(hi) and np.isfinite(e.get("value", 0.0))):
     return INCONCLUSIVE
   if expected < 0:
     lo, hi = -hi, -lo

@@ -119,6 +119,12 @@ def test_sign_verdict(lo, hi, expected, verdict):
   assert bootstrap.sign_verdict({"lo": lo, "hi": hi}, expected=expected) == verdict
 
 
+def test_an_undefined_estimate_is_inconclusive_whatever_its_replicates_say():
+  assert bootstrap.sign_verdict({"value": float("nan"), "lo": 0.0, "hi": 0.0}) == (
+      "inconclusive")
+  assert bootstrap.sign_verdict({"value": 0.0, "lo": 0.0, "hi": 0.0}) == "no"
+
+
 @pytest.mark.parametrize("lo,hi,verdict", [
     (0.0, 0.04, "yes"), (0.06, 0.1, "no"), (0.02, 0.08, "inconclusive")])
 def test_margin_verdict(lo, hi, verdict):
