@@ -165,10 +165,18 @@ def interval(samples_Z, level: float = DEFAULT_LEVEL) -> tuple[float, float]:
   return (float(lo), float(hi))
 
 
+MIN_DEFINED = 0.5  # the fraction of replicates with a value an interval needs
+
+
 def effect(value: float, samples_Z, level: float = DEFAULT_LEVEL) -> dict[str, Any]:
-  """{value, lo, hi, level, num_resamples, samples}: an estimate with its interval."""
+  """{value, lo, hi, level, num_resamples, samples}: an estimate with its interval. The
+  interval is undefined (NaN, so every verdict on it is inconclusive) when fewer than
+  `MIN_DEFINED` of the replicates have a value: the few that do are not the estimate's
+  spread but the resamples where it happened to exist."""
   samples_Z = np.asarray(samples_Z, np.float64)
   lo, hi = interval(samples_Z, level)
+  if samples_Z.size and np.isfinite(samples_Z).mean() < MIN_DEFINED:
+    lo = hi = float("nan")
   return {"value": float(value), "lo": lo, "hi": hi, "level": level,
           "num_resamples": int(np.isfinite(samples_Z).sum()),
           "samples": [float(x) for x in samples_Z]}
@@ -176,10 +184,9 @@ def effect(value: float, samples_Z, level: float = DEFAULT_LEVEL) -> dict[str, A
 
 def sign_verdict(e: Mapping[str, Any], *, expected: int = 1) -> str:
   """yes when the interval lies on the expected side of 0, no when it lies on the
-  other side or at 0, inconclusive when it straddles 0 or the estimate itself is
-  undefined (NaN: the replicates that had a value do not make one)."""
+  other side or at 0, inconclusive when it straddles 0."""
   lo, hi = e["lo"], e["hi"]
-  if not (np.isfinite(lo) and np.isfinite(hi) and np.isfinite(e.get("value", 0.0))):
+  if not (np.isfinite(lo) and np.isfinite(hi)):
     return INCONCLUSIVE
   if expected < 0:
     lo, hi = -hi, -lo

@@ -119,10 +119,14 @@ def test_sign_verdict(lo, hi, expected, verdict):
   assert bootstrap.sign_verdict({"lo": lo, "hi": hi}, expected=expected) == verdict
 
 
-def test_an_undefined_estimate_is_inconclusive_whatever_its_replicates_say():
-  assert bootstrap.sign_verdict({"value": float("nan"), "lo": 0.0, "hi": 0.0}) == (
-      "inconclusive")
-  assert bootstrap.sign_verdict({"value": 0.0, "lo": 0.0, "hi": 0.0}) == "no"
+def test_an_interval_needs_half_of_the_replicates_to_have_a_value():
+  mostly_undefined = [0.0] * 21 + [float("nan")] * 179  # 21 of 200 replicates
+  e = bootstrap.effect(float("nan"), mostly_undefined)
+  assert math.isnan(e["lo"]) and math.isnan(e["hi"]) and e["num_resamples"] == 21
+  assert bootstrap.sign_verdict(e) == "inconclusive"
+  mostly_defined = [0.1, 0.2, 0.3] * 40 + [float("nan")] * 80  # 120 of 200
+  e = bootstrap.effect(0.2, mostly_defined)
+  assert 0.1 <= e["lo"] < e["hi"] <= 0.3 and bootstrap.sign_verdict(e) == "yes"
 
 
 @pytest.mark.parametrize("lo,hi,verdict", [
