@@ -13,8 +13,13 @@ than what it computes (`NOT_SETTINGS`: the metric viewers, checkpoint and log ca
 the guard, the device layout, verifier workers), which a resume may change freely. The
 passes that `memory_plan` fills in from the machine when left at 0 (`PLANNED`) are
 compared only when the resume sets them by hand. The allocation (`FIXED`) defines the
-run and no allowance changes it. A field that `config.json` lacks (added to isojax after
-the run began) is not compared.
+run: no allowance changes it, except an extension. `--allow_changed=num_steps` lets a
+resume raise M (and C = B_p * n * M with it), never lower it: every key and the problem
+order are functions of the step and the LR schedule is constant after its warm-up, so
+the run trained on past its old end computes what a run planned that long from the start
+computes (its evaluations fall where each plan put them). It is refused for an off-policy
+pipeline (`rl.max_staleness` > 0), whose last batches were sampled for the old end. A
+field that `config.json` lacks (added to isojax after the run began) is not compared.
 
 Pure functions of dicts and the workdir's files: no JAX.
 """
@@ -36,6 +41,8 @@ NOT_SETTINGS = ("metric_writers", "checkpoint_every", "checkpoint_keep", "log_ev
                 "mesh.data", "mesh.fsdp", "mesh.tensor", "task.verifier_workers")
 # Set from the machine's memory when 0 (train.plan_passes); compared only when set by hand.
 PLANNED = ("rl.micro_batch_size", "rl.logprob_chunk_size", "sampling.max_rollouts_per_call")
+# The allocation fields an extension changes (allowed by naming `num_steps`).
+EXTENSION = ("num_steps", "budget_rollouts")
 
 
 class SettingsChanged(ValueError):
@@ -116,12 +123,19 @@ def check(workdir: storage.PathLike, requested: dict[str, Any], *, step: int,
   changed = changes(recorded(workdir, step), requested)
   config = run_dir.config_path(workdir)
   fixed = {n: c for n, c in changed.items() if n in FIXED}
+  if fixed and _is_extension(fixed, requested, allow, config):
+    fixed = {}
   if fixed:
     had = ", ".join(f"{n}={c['old']}" for n, c in fixed.items())
     asked = ", ".join(f"{n}={c['new']}" for n, c in fixed.items())
+    longer = (set(fixed) <= set(EXTENSION) and "num_steps" in fixed
+              and fixed["num_steps"]["new"] > fixed["num_steps"]["old"])
     raise SettingsChanged(f"{config}: the run in this workdir has different {had} (asked "
-                          f"for {asked}); the allocation defines a run: use a new --workdir")
-  refused = {n: c for n, c in changed.items() if not _under(n, allow)}
+                          f"for {asked}); the allocation defines a run: use a new --workdir"
+                          + (", or pass --allow_changed=num_steps to train this run on "
+                             "past its end" if longer else ""))
+  refused = {n: c for n, c in changed.items()
+             if not _under(n, allow) and not (n in EXTENSION and "num_steps" in allow)}
   if refused:
     raise SettingsChanged(
         f"{config}: resuming at step {step} with changed settings: {describe(refused)}. "
@@ -131,6 +145,26 @@ def check(workdir: storage.PathLike, requested: dict[str, Any], *, step: int,
   return changed
 
 
+def _is_extension(fixed: dict[str, dict[str, Any]], requested: dict[str, Any],
+                  allow: tuple[str, ...], config: Any) -> bool:
+  """Whether the allocation's changes `fixed` are an allowed extension (see the module);
+  raises SettingsChanged for an extension that is not the same run trained longer."""
+  if "num_steps" not in allow or not set(fixed) <= set(EXTENSION) or "num_steps" not in fixed:
+    return False
+  old, new = fixed["num_steps"]["old"], fixed["num_steps"]["new"]
+  if new < old:
+    raise SettingsChanged(f"{config}: num_steps {old} -> {new}: an extension raises "
+                          "num_steps; a shorter run is a prefix of this one (read its "
+                          "metrics.jsonl up to that step) or a new --workdir")
+  if requested.get("rl.max_staleness"):
+    raise SettingsChanged(
+        f"{config}: num_steps {old} -> {new} with rl.max_staleness="
+        f"{requested['rl.max_staleness']}: the off-policy pipeline sampled its last batches "
+        "for the old end, so the extended run would not be the longer run; use a new "
+        "--workdir")
+  return True
+
+
 def check_allowance(allow: Iterable[str]) -> None:
   """Raises SettingsChanged for a name that is no config field, or one of the allocation."""
   names = [name for name in allow if name]
@@ -138,11 +172,11 @@ def check_allowance(allow: Iterable[str]) -> None:
   if unknown:
     raise SettingsChanged(f"--allow_changed: unknown config field(s) "
                      f"{config_lib.describe_unknown(unknown)}")
-  fixed = [name for name in names if name in FIXED]
+  fixed = [name for name in names if name in FIXED and name != "num_steps"]
   if fixed:
     raise SettingsChanged(f"--allow_changed={','.join(fixed)}: the allocation "
-                     f"({', '.join(FIXED)}) defines a run and cannot change on resume: use a "
-                     "new --workdir")
+                     f"({', '.join(FIXED)}) defines a run and cannot change on resume, "
+                     "except num_steps raised (an extension): use a new --workdir")
 
 
 def describe(changed: dict[str, dict[str, Any]]) -> str:

@@ -25,6 +25,10 @@ Sections (runs go under --out and are reused: rerunning the command resumes it):
   study  `launch.study` (profile, every sweep of the paper, analyses, findings) at
          --study_budget rollouts per sweep -> study.md (the findings table) and the
          study's plots in img/.
+  saturation  the study's easy and hard sweeps trained on past --study_budget, each run
+         resumed where it ended (`launch.study --extend`), one stage per budget of
+         --saturation_budgets, each starting from a copy of the stage before (the first
+         from the study section's runs) -> study_saturation.md and its plots in img/.
   recall  the study's easy (at two budgets) and hard iso-compute sweeps on the recall
          task (configs/sweep_recall_easy.py, sweep_recall_hard.py: keys that share nothing,
          base pass rates set by construction) through `launch.study`, each at its
@@ -64,8 +68,8 @@ import sys
 from absl import app, flags, logging
 
 from isojax.reproduce import (REAL_MODEL_SECTIONS, SECTIONS, algorithms, demos, isa,
-                              off_policy, pods, recall, runs, smollm2, smollm2_sweep, study,
-                              tables, trl)
+                              off_policy, pods, recall, runs, saturation, smollm2,
+                              smollm2_sweep, study, tables, trl)
 
 # The checkout this binary belongs to: the runs start there, the tables go to its docs/.
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,6 +82,9 @@ _RESULTS = flags.DEFINE_string("results", os.path.join(REPO_ROOT, "docs", "resul
                                "Where the tables and plots are written.")
 _STUDY_BUDGET = flags.DEFINE_integer("study_budget", 65536, "Rollouts C of each study "
                                      "sweep (launch.study --budget_rollouts).")
+_SATURATION_BUDGETS = flags.DEFINE_list(
+    "saturation_budgets", ["262144", "1048576"], "saturation: the budgets C the study's easy "
+    "and hard sweeps are trained on to, each above --study_budget (4x and 16x its default).")
 _RECALL_BUDGET = flags.DEFINE_integer("recall_budget", 0, "Rollouts C of both recall "
                                       "sweeps (0: each sweep config's own).")
 _PODS_STEPS = flags.DEFINE_integer("pods_steps", 400, "Update steps of each PODS/GRPO run.")
@@ -98,6 +105,10 @@ def _check_flags(argv) -> None:
     raise app.UsageError(f"--sections: unknown {unknown}; expected some of {list(SECTIONS)}")
   if not _SEEDS.value or not all(s.isdigit() for s in _SEEDS.value):
     raise app.UsageError(f"--seeds={','.join(_SEEDS.value)}: expected non-negative integers")
+  budgets = _SATURATION_BUDGETS.value
+  if not all(b.isdigit() and int(b) > _STUDY_BUDGET.value for b in budgets) or not budgets:
+    raise app.UsageError(f"--saturation_budgets={','.join(budgets)}: expected integers above "
+                         f"--study_budget={_STUDY_BUDGET.value}")
   python = _TUNIX_PYTHON.value
   if python and not (os.path.isfile(python) and os.access(python, os.X_OK)):
     raise app.UsageError(f"--tunix_python={python}: expected the python executable of an "
@@ -129,6 +140,8 @@ def main(argv):
       algorithms.run(inv, seeds, _STUDY_BUDGET.value)
     if "study" in sections:
       study.run(inv, _STUDY_BUDGET.value)
+    if "saturation" in sections:
+      saturation.run(inv, _STUDY_BUDGET.value, [int(b) for b in _SATURATION_BUDGETS.value])
     if "recall" in sections:
       recall.run(inv, _RECALL_BUDGET.value)
     if "smollm2" in sections:

@@ -4,6 +4,8 @@ r"""The IsoCompute study in one command: profile -> sweep easy -> sweep hard -> 
     python -m launch.study --out=/tmp/isojax/study --workers=1    # share the machine
     python -m launch.study --out=/tmp/isojax/recall --profile_config= \
         --sweeps=configs/sweep_recall_easy.py,configs/sweep_recall_hard.py
+    python -m launch.study --out=/tmp/isojax/study --budget_rollouts=262144 --extend \
+        --sweeps=configs/sweep_easy.py,configs/sweep_hard.py   # train them on to 4x C
 
 Steps, each reusing what an earlier (interrupted) invocation finished, so rerunning
 the same command resumes the study:
@@ -58,7 +60,10 @@ _SWEEPS = flags.DEFINE_list("sweeps", EXPERIMENTS,
 _WORKERS = flags.DEFINE_integer("workers", 0, "Parallel runs (0: one per CPU core, 1 with "
                                 "a GPU/TPU).")
 _BUDGET = flags.DEFINE_integer("budget_rollouts", 0, "The budget C of every sweep (0: each "
-                               "sweep config's own). A new budget needs a new --out.")
+                               "sweep config's own). A new budget needs a new --out, or --extend.")
+_EXTEND = flags.DEFINE_bool("extend", False, "Train the runs of a study made at a smaller "
+                            "--budget_rollouts on to this one (each the same run trained "
+                            "longer) instead of refusing their plans.")
 _PROFILE_OPTIONS = profile_flags.define_option_flags()
 flags.adopt_module_key_flags(profile_flags)  # list them in --help
 
@@ -72,7 +77,7 @@ def main(argv):
   try:
     study = study_lib.run(out_dir, profile_config=_PROFILE_CONFIG.value, sweeps=_SWEEPS.value,
                           workers=workers, options_from_dir=_PROFILE_OPTIONS,
-                          budget=_BUDGET.value)
+                          budget=_BUDGET.value, extend=_EXTEND.value)
   except (profiling.ProfileError, sweep_plan.SweepError) as e:
     raise SystemExit(f"launch.study: error: {e}") from None
   except (KeyboardInterrupt, sweep_runner.Interrupted):

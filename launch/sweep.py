@@ -17,6 +17,9 @@ budget and the (B_p, n) ranges; the planner enumerates the allocations and each 
                    after a crash or Ctrl-C), then writes the analysis: DIR/analysis.json
                    and plots for val/avg@4, DIR/best@4/ and DIR/worst@4/ for the others.
                    Exits non-zero if a run failed (the manifest has its error).
+  --extend         local: a sweep rerun at a larger budget trains each run on from its
+                   last checkpoint to the new length (num_steps raised, recorded in the
+                   run's config_history.jsonl) instead of refusing the changed plans.
   --backend=slurm  writes DIR/sweep.slurm (an sbatch array, one task per run) and
                    DIR/runs.txt; --backend=tpu writes DIR/tpu_commands.sh. Neither is
                    submitted. Afterwards `--backend=local --norun` refreshes the manifest
@@ -54,6 +57,9 @@ _WORKERS = flags.DEFINE_integer("workers", 0, "Parallel runs of the local backen
                                 "GPU/TPU is visible.")
 _RUN = flags.DEFINE_bool("run", True, "local: run unfinished runs. --norun only refreshes "
                          "the manifest from the run directories and analyses them.")
+_EXTEND = flags.DEFINE_bool("extend", False, "local: train runs planned for a smaller "
+                            "budget on to this one (the same run, trained longer) instead of "
+                            "refusing their changed plans.")
 _ANALYZE = flags.DEFINE_bool("analyze", True, "local: write the analysis after the runs.")
 _CACHE = flags.DEFINE_string("compilation_cache", None, "XLA persistent compilation cache "
                              "shared by the runs (default DIR/jax_cache; '' disables).")
@@ -104,7 +110,8 @@ def main(argv):
   logging.set_verbosity(logging.INFO)
   out_dir = storage.absolute(_OUT.value)
   try:
-    manifest = sweep_plan.prepare(_CONFIG.value, out_dir, _BACKEND.value)
+    manifest = sweep_plan.prepare(_CONFIG.value, out_dir, _BACKEND.value,
+                                  extend=_EXTEND.value)
   except sweep_plan.SweepError as e:
     raise SystemExit(f"launch.sweep: error: {e}") from None
   if _BACKEND.value != "local":

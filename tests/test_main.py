@@ -80,6 +80,29 @@ def test_resume_refuses_a_different_allocation(tmp_path):
               str(tmp_path / "run"))
 
 
+def test_an_extension_trains_on_to_what_the_longer_run_computes(tmp_path):
+  every = dict(schedule="linear", every=2, train_problems=0)
+  short = _micro(None, num_steps=2, budget_rollouts=None)
+  short.eval.update(every)
+  extended = tmp_path / "extended"
+  train.run(short, str(extended))
+  long = _micro(None, num_steps=4, budget_rollouts=None)
+  long.eval.update(every)
+  with pytest.raises(resume_settings.SettingsChanged, match="num_steps=2.*new --workdir"):
+    train.run(long, str(extended))
+  train.run(long, str(extended), allow_changed=["num_steps"])
+  fresh = tmp_path / "fresh"
+  train.run(long, str(fresh))
+  strip = lambda lines: [run_dir.without_timings(r) for r in lines]
+  assert strip(run_dir.read_metrics(str(extended))) == strip(run_dir.read_metrics(str(fresh)))
+  history = run_dir.read_config_history(str(extended))
+  assert history[-1]["step"] == 2 and history[-1]["changed"]["num_steps"] == {"old": 2,
+                                                                              "new": 4}
+  # Shorter is no extension.
+  with pytest.raises(resume_settings.SettingsChanged, match="an extension raises num_steps"):
+    train.run(short, str(extended), allow_changed=["num_steps"])
+
+
 def _files(workdir):
   """config.json, metrics.jsonl and the checkpoint steps, as they are on disk."""
   return ((workdir / "config.json").read_text(), (workdir / "metrics.jsonl").read_text(),

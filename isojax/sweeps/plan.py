@@ -21,6 +21,13 @@ A sweep directory DIR:
   DIR/jax_cache/               XLA's persistent compilation cache, shared by the runs
 
 A run is finished when its metrics.jsonl ends at step = num_steps.
+
+A sweep rerun at a larger budget with `extend` trains its runs on past their old end
+(`resume_settings`: the same run trained longer) instead of refusing the changed plans:
+each plan.json is rewritten with the new length (and what follows from it: the budget,
+the evaluation and checkpoint cadence, and a splits directory that moved with a copied
+sweep when its split file is the same), and its manifest entry records the allowance
+the run is resumed with.
 """
 
 from __future__ import annotations
@@ -328,33 +335,73 @@ def write_manifest(out_dir: str, manifest: dict[str, Any]) -> None:
   storage.write_json(storage.path(out_dir) / MANIFEST_FILE, manifest)
 
 
-def _write_plan(path: str, config: dict[str, Any]) -> None:
-  """Writes plan.json, or checks that the one there is the same plan."""
-  config = json.loads(json.dumps(config))  # as JSON holds it (tuples become lists)
+# The plan fields an extension changes; those of them a resume must be allowed to change.
+EXTENSION_FIELDS = ("num_steps", "budget_rollouts", "eval.every", "checkpoint_every",
+                    "task.splits_dir")
+_EXTENSION_ALLOWANCE = ("num_steps", "eval.every", "task.splits_dir")
+
+
+def _plan_change(path: str, config: dict[str, Any], extend: bool = False
+                 ) -> tuple[bool, list[str]]:
+  """Whether plan.json at `path` must be (re)written with `config`, and the fields its run
+  must be allowed to change on resume (empty unless the plan is extended); raises
+  SweepError if the plan there is another run's. Reads only.
+
+  With `extend`, a plan there that is this one cut shorter is replaced."""
+  config = _as_json(config)
   if not storage.path(path).is_file():
-    storage.write_json(path, config, indent=2, sort_keys=True)
-    return
+    return True, []
   existing = storage.read_json(path)
-  if existing != config:
-    old, new = _flatten(existing), _flatten(config)
-    # A field the plan predates is unchanged when the new plan gives it its default:
-    # `from_json` fills absent fields with the defaults, so the run is the same run.
-    defaults = _flatten(json.loads(json.dumps(config_lib.base_config().to_dict())))
-    changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k)
-                     and not (k not in old and k in defaults and new[k] == defaults[k]))
-    if not changed:
-      return
-    raise SweepError(
-        f"{path}: the run there was planned differently (changed: {', '.join(changed)}); "
-        "use a new --out, or delete that run directory to redo it")
+  if existing == config:
+    return False, []
+  old, new = _flatten(existing), _flatten(config)
+  # A field the plan predates is unchanged when the new plan gives it its default:
+  # `from_json` fills absent fields with the defaults, so the run is the same run.
+  defaults = _flatten(_as_json(config_lib.base_config().to_dict()))
+  changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k)
+                   and not (k not in old and k in defaults and new[k] == defaults[k]))
+  if not changed:
+    return False, []
+  longer = (set(changed) <= set(EXTENSION_FIELDS) and "num_steps" in changed
+            and new["num_steps"] > old["num_steps"] and _same_split(old, new))
+  if extend and longer:
+    return True, [f for f in _EXTENSION_ALLOWANCE if f in changed]
+  hint = (f"; or extend it (--extend) from {old['num_steps']} to {new['num_steps']} steps"
+          if longer else "")
+  raise SweepError(
+      f"{path}: the run there was planned differently (changed: {', '.join(changed)}); "
+      f"use a new --out, or delete that run directory to redo it{hint}")
 
 
-def prepare(sweep: ml_collections.ConfigDict, out_dir: str, backend: str
-            ) -> dict[str, Any]:
-  """Writes every plan.json and the manifest, with each run's state from its files."""
+def _as_json(config: dict[str, Any]) -> dict[str, Any]:
+  return json.loads(json.dumps(config))  # as JSON holds it (tuples become lists)
+
+
+def _same_split(old: dict[str, Any], new: dict[str, Any]) -> bool:
+  """Whether two flat plans read the same split file (the same directory, or a copy)."""
+  if old.get("task.splits_dir") == new.get("task.splits_dir"):
+    return True
+  if not new.get("task.split"):
+    return False
+  paths = [splits.split_path(p["task.splits_dir"], p["task.split"]) for p in (old, new)]
+  return all(p.is_file() for p in paths) and paths[0].read_bytes() == paths[1].read_bytes()
+
+
+def prepare(sweep: ml_collections.ConfigDict, out_dir: str, backend: str,
+            extend: bool = False) -> dict[str, Any]:
+  """Writes every plan.json and the manifest, with each run's state from its files;
+  `extend` trains runs planned shorter on to this plan's length (see the module)."""
   runs = plan_runs(sweep)
+  if extend and backend != "local":
+    raise SweepError(f"--extend runs with --backend=local (asked: {backend})")
+  # Every plan is checked before any is written: a refused sweep changes nothing.
+  changes = {r.name: _plan_change(plan_path(out_dir, r.name), r.config, extend)
+             for r in runs}
   for r in runs:
-    _write_plan(plan_path(out_dir, r.name), r.config)
+    if changes[r.name][0]:
+      storage.write_json(plan_path(out_dir, r.name), _as_json(r.config), indent=2,
+                         sort_keys=True)
+  allowances = {name: allowance for name, (_, allowance) in changes.items()}
   old = {e["name"]: e for e in (read_manifest(out_dir) or {}).get("runs", [])}
   stale = sorted(set(old) - {r.name for r in runs})
   if stale:
@@ -365,6 +412,8 @@ def prepare(sweep: ml_collections.ConfigDict, out_dir: str, backend: str
     entry = dict(old.get(r.name, {}), name=r.name, **r.allocation.to_dict(),
                  plan=os.path.join(RUNS_DIR, r.name, PLAN_FILE))
     entry.setdefault("attempts", 0)
+    if allowances[r.name]:  # kept until the run has resumed with it (the history has it)
+      entry["allow_changed"] = allowances[r.name]
     final = final_metrics(run_dir_of(out_dir, r.name), r.allocation.num_steps)
     if final is not None:
       entry.update(state=DONE, final=final)

@@ -78,9 +78,12 @@ def worker_env(workers: int, cache_dir: str | None,
   return env
 
 
-def main_command(plan: str, workdir: str, python: str = sys.executable) -> list[str]:
+def main_command(plan: str, workdir: str, python: str = sys.executable,
+                 allow_changed: tuple[str, ...] | list[str] = ()) -> list[str]:
+  """The run's command; `allow_changed`: the fields an extended plan changed."""
   return [python, "-m", "isojax.main", f"--config={configs.shipped('from_json.py')}:{plan}",
-          f"--workdir={workdir}"]
+          f"--workdir={workdir}",
+          *([f"--allow_changed={','.join(allow_changed)}"] if allow_changed else [])]
 
 
 def _try_lock(workdir: str):
@@ -239,7 +242,8 @@ def _start(out_dir: str, entry: dict[str, Any], env: dict[str, str]):
     entry.update(state=DONE, final=final)
     return entry
   entry["attempts"] = entry.get("attempts", 0) + 1
-  cmd = main_command(os.path.join(out_dir, entry["plan"]), workdir)
+  cmd = main_command(os.path.join(out_dir, entry["plan"]), workdir,
+                     allow_changed=entry.get("allow_changed", ()))
   log = open(os.path.join(workdir, LOG_FILE), "a")
   log.write(f"=== attempt {entry['attempts']} at {time.strftime('%Y-%m-%dT%H:%M:%S')}: "
             f"{' '.join(cmd)}\n")

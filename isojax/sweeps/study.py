@@ -34,10 +34,11 @@ def profile(out_dir: str, profile_config: str, options: profiling.Options
   return profiling.model_path(config), summaries
 
 
-def run_sweep(spec: str, out_dir: str, model: str | None, workers: int, budget: int = 0
-              ) -> dict:
+def run_sweep(spec: str, out_dir: str, model: str | None, workers: int, budget: int = 0,
+              extend: bool = False) -> dict:
   """Runs one sweep on the study's splits (`model`: the profiled base model, None when
-  nothing was profiled); returns its entry of study.json."""
+  nothing was profiled; `extend`: train runs planned for a smaller budget on, see
+  `sweep_plan.prepare`); returns its entry of study.json."""
   sweep = sweep_plan.load_config_file(spec)
   if budget:
     sweep.budget_rollouts = budget
@@ -54,7 +55,7 @@ def run_sweep(spec: str, out_dir: str, model: str | None, workers: int, budget: 
         f"{spec}: its runs use the base model {run_model}, but the splits were profiled "
         f"with {model}; use the same base model (or --profile_config)")
   sweep_dir = os.path.join(out_dir, sweep.name)
-  manifest = sweep_plan.prepare(sweep, sweep_dir, "local")
+  manifest = sweep_plan.prepare(sweep, sweep_dir, "local", extend=extend)
   print(f"\n== sweep {sweep.name}: {len(manifest['runs'])} runs in {sweep_dir}", flush=True)
   failed = sweep_runner.run_local(sweep_dir, manifest, workers=workers,
                                   cache_dir=os.path.join(sweep_dir, sweep_plan.CACHE_DIR))
@@ -71,8 +72,8 @@ def run_sweep(spec: str, out_dir: str, model: str | None, workers: int, budget: 
 
 
 def run(out_dir: str, *, profile_config: str, sweeps: Sequence[str], workers: int,
-        options_from_dir: Callable[[str], profiling.Options], budget: int = 0
-        ) -> dict[str, Any]:
+        options_from_dir: Callable[[str], profiling.Options], budget: int = 0,
+        extend: bool = False) -> dict[str, Any]:
   """The whole study into `out_dir`; returns study.json's contents (also written).
 
   `options_from_dir(splits_dir)` gives the profiling options. An empty `profile_config`
@@ -87,7 +88,7 @@ def run(out_dir: str, *, profile_config: str, sweeps: Sequence[str], workers: in
                                options_from_dir(os.path.join(out_dir, SPLITS_DIR)))
   entries = {}
   for spec in sweeps:
-    entry = run_sweep(spec, out_dir, model, workers, budget)
+    entry = run_sweep(spec, out_dir, model, workers, budget, extend)
     entries[os.path.basename(entry["dir"])] = entry
   study = dict(out_dir=out_dir, model=model, wall_s=round(time.time() - start, 1),
                splits=[s.__dict__ for s in summaries], sweeps=entries)

@@ -106,3 +106,26 @@ def test_the_history_applies_from_its_step_and_a_later_line_ends_a_discarded_bra
   assert run_dir.read_config(workdir)["optim"]["learning_rate"] == 1e-4
   run_dir.write_config(workdir, run_dir.read_config(workdir))
   assert run_dir.read_config_history(workdir) == []
+
+
+def test_an_extension_raises_num_steps_and_nothing_else_of_the_allocation(tmp_path):
+  workdir = _workdir(tmp_path)  # num_steps=4
+  longer = resume_settings.settings(_config(num_steps=8))
+  with pytest.raises(resume_settings.SettingsChanged, match="different budget_rollouts=512, num_steps=4 .*--allow_changed=num_steps"):
+    resume_settings.check(workdir, longer, step=4)
+  assert resume_settings.check(workdir, longer, step=4, allow=["num_steps"]) == {
+      "num_steps": {"old": 4, "new": 8},
+      "budget_rollouts": {"old": 4 * 128, "new": 8 * 128}}
+  # Another allocation field beside it is still refused.
+  with pytest.raises(resume_settings.SettingsChanged, match="different .*seed=0"):
+    resume_settings.check(workdir, resume_settings.settings(_config(num_steps=8, seed=1)),
+                          step=4, allow=["num_steps"])
+  with pytest.raises(resume_settings.SettingsChanged, match="an extension raises"):
+    resume_settings.check(workdir, resume_settings.settings(_config(num_steps=2)), step=2,
+                          allow=["num_steps"])
+  # An off-policy pipeline sampled its last batches for the old end.
+  staleness = resume_settings.settings(_config(num_steps=8, **{"rl.max_staleness": 1}))
+  with pytest.raises(resume_settings.SettingsChanged, match="rl.max_staleness=1"):
+    resume_settings.check(workdir, staleness, step=4, allow=["num_steps", "rl"])
+  with pytest.raises(ValueError, match="rollouts_per_problem.*cannot change"):
+    resume_settings.check_allowance(["num_steps", "rollouts_per_problem"])

@@ -48,7 +48,7 @@ def fake_main(tmp_path, monkeypatch):
   script = tmp_path / "fake_main.py"
   script.write_text(_FAKE)
   record = tmp_path / "record.txt"
-  monkeypatch.setattr(sweep_runner, "main_command", lambda plan, workdir: [
+  monkeypatch.setattr(sweep_runner, "main_command", lambda plan, workdir, **_: [
       sys.executable, str(script), plan, workdir, str(record)])
   return record
 
