@@ -378,13 +378,17 @@ def _as_json(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _same_split(old: dict[str, Any], new: dict[str, Any]) -> bool:
-  """Whether two flat plans read the same split file (the same directory, or a copy)."""
+  """Whether two flat plans train and evaluate on the same split: the same directory, or
+  one whose split holds the same problems (a copy, or the same profile made again)."""
   if old.get("task.splits_dir") == new.get("task.splits_dir"):
     return True
   if not new.get("task.split"):
     return False
-  paths = [splits.split_path(p["task.splits_dir"], p["task.split"]) for p in (old, new)]
-  return all(p.is_file() for p in paths) and paths[0].read_bytes() == paths[1].read_bytes()
+  try:
+    payloads = [splits.read_split(p["task.splits_dir"], p["task.split"]) for p in (old, new)]
+  except (FileNotFoundError, ValueError):
+    return False
+  return all(payloads[0][k] == payloads[1][k] for k in splits.SPLIT_KEYS)
 
 
 def prepare(sweep: ml_collections.ConfigDict, out_dir: str, backend: str,
