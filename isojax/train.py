@@ -158,6 +158,7 @@ class _Inputs:
   skipped_rows: dict[str, list[str]]
   requested: dict[str, Any]  # the settings as set, before the plan fills in passes
   verifier: Any
+  plan: memory_plan.Plan     # the passes and the estimated peak memory
 
 
 def _check_inputs(config: ml_collections.ConfigDict) -> _Inputs:
@@ -172,9 +173,9 @@ def _check_inputs(config: ml_collections.ConfigDict) -> _Inputs:
   critic_lib.check_vocabulary(s.critic, s.model, path)  # a loaded critic reads the policy's tokens
   train_problems, val_problems, book, skipped, skipped_rows = load_task(config, tok)
   requested = resume_settings.settings(config)  # as set: before the plan fills in passes
-  plan_passes(config, path, book.max_len)  # the context and memory
+  plan = plan_passes(config, path, book.max_len)  # the context and memory
   return _Inputs(mesh, rollout_mesh, path, tok, train_problems, val_problems, book, skipped,
-                 skipped_rows, requested, tasks.make_verifier(s.task))
+                 skipped_rows, requested, tasks.make_verifier(s.task), plan)
 
 
 def _learner(s: run_settings.RunSettings, inputs: _Inputs, state: run_state.RunState,
@@ -379,7 +380,8 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
   last_eval = run_eval() if restored is None else {}
   if restored is None:
     state.record(dict(
-        last_eval, **{metrics.TASK_SKIPPED_PREFIX + k: v for k, v in inputs.skipped.items()},
+        last_eval, **{metrics.MEMORY_PLANNED: inputs.plan.peak / memory_plan.GIB},
+        **{metrics.TASK_SKIPPED_PREFIX + k: v for k, v in inputs.skipped.items()},
         **{metrics.TASK_SKIPPED_ROWS_PREFIX + k: v for k, v in inputs.skipped_rows.items()}))
     if notice.reached(c.step):  # during the evaluation: stop before step 1 compiles
       state.preempt()
@@ -399,7 +401,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
       state.stop(diverged)  # before anything of this step is evaluated, logged or saved
     collapsed = _collapse(state, values, s.guard)
     evaluate_now = c.step in eval_at
-    values.update(timings)
+    values.update(timings, **metrics.device_peak())
     if evaluate_now:
       eval_start = time.time()
       last_eval = run_eval()

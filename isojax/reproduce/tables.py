@@ -36,7 +36,10 @@ def environment(repo: str) -> dict[str, Any]:
     except (OSError, subprocess.CalledProcessError):
       return ""
   import jax  # pylint: disable=g-import-not-at-top
-  return dict(commit=git("rev-parse", "--short=12", "HEAD") or "unknown",
+  # A copy of the checkout without its .git (a remote accelerator machine) names its
+  # commit in ISOJAX_COMMIT.
+  return dict(commit=git("rev-parse", "--short=12", "HEAD")
+              or os.environ.get("ISOJAX_COMMIT", "")[:12] or "unknown",
               # The results being written are no uncommitted change of the code.
               dirty=bool(git("status", "--porcelain", "--untracked-files=no", "--", ".",
                              ":(exclude)docs/results")),

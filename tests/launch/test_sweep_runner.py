@@ -186,3 +186,59 @@ def test_sweep_overrides_go_through_the_config_layer():
   with pytest.raises(sweep_plan.SweepError, match=r"config file 'configs/nope\.py' does "
                      "not exist"):
     sweep_plan.load_config_file("configs/nope.py:micro")
+
+
+def _finished(out, name, steps):
+  with open(os.path.join(out, "runs", name, "metrics.jsonl"), "w") as f:
+    for step in range(steps + 1):
+      f.write(json.dumps({"step": step, "rollouts": 0, "tokens": 0, "wall_s": 0.0,
+                          "val/avg@4": 0.5}) + "\n")
+
+
+def test_an_extension_rewrites_only_plans_cut_shorter_and_resumes_them_allowed(tmp_path):
+  out = str(tmp_path / "sweep")
+  manifest = sweep_plan.prepare(_sweep(budget_rollouts=128), out, "local")
+  steps = {e["name"]: e["num_steps"] for e in manifest["runs"]}
+  for name, m in steps.items():
+    _finished(out, name, m)
+  plans = {n: open(sweep_plan.plan_path(out, n)).read() for n in steps}
+  # Twice the budget: refused as it was, with the way on named; nothing is rewritten.
+  with pytest.raises(sweep_plan.SweepError, match=r"--extend\) from 16 to 32 steps"):
+    sweep_plan.prepare(_sweep(budget_rollouts=256), out, "local")
+  with pytest.raises(sweep_plan.SweepError, match="--backend=local"):
+    sweep_plan.prepare(_sweep(budget_rollouts=256), out, "tpu", extend=True)
+  # Another change beside the length is no extension.
+  other = _sweep(budget_rollouts=256)
+  other.overrides.optim = ml_collections.ConfigDict(dict(learning_rate=0.5))
+  with pytest.raises(sweep_plan.SweepError, match="optim.learning_rate"):
+    sweep_plan.prepare(other, out, "local", extend=True)
+  # A shorter budget is not one either.
+  with pytest.raises(sweep_plan.SweepError, match="num_steps"):
+    sweep_plan.prepare(_sweep(budget_rollouts=64), out, "local", extend=True)
+  assert {n: open(sweep_plan.plan_path(out, n)).read() for n in steps} == plans
+  manifest = sweep_plan.prepare(_sweep(budget_rollouts=256), out, "local", extend=True)
+  for e in manifest["runs"]:
+    plan = json.load(open(sweep_plan.plan_path(out, e["name"])))
+    assert plan["num_steps"] == 2 * steps[e["name"]] == e["num_steps"]
+    assert plan["budget_rollouts"] == 256 and e["state"] == "pending"
+    assert e["allow_changed"] == ["num_steps", "eval.every"]
+    cmd = sweep_runner.main_command("p.json", "w", allow_changed=e["allow_changed"])
+    assert cmd[-1] == "--allow_changed=num_steps,eval.every"
+  # Rerun (a launcher that stopped before the runs resumed): the allowance stays.
+  again = sweep_plan.prepare(_sweep(budget_rollouts=256), out, "local", extend=True)
+  assert [e["allow_changed"] for e in again["runs"]] == [["num_steps", "eval.every"]] * 3
+  assert sweep_runner.main_command("p.json", "w")[-1] == "--workdir=w"
+
+
+def test_a_split_is_the_same_split_when_it_holds_the_same_problems(tmp_path):
+  def write(directory, meta, train):
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "hard.json"), "w") as f:
+      json.dump(dict(name="hard", meta=meta, train=train, val=[{"prompt": "1+1="}]), f)
+  write(tmp_path / "a", {"model": "/here"}, [{"prompt": "2+2="}])
+  write(tmp_path / "b", {"model": "/there"}, [{"prompt": "2+2="}])  # profiled elsewhere
+  write(tmp_path / "c", {"model": "/here"}, [{"prompt": "3+3="}])
+  plan = lambda d: {"task.splits_dir": str(tmp_path / d), "task.split": "hard"}
+  same = sweep_plan._same_split  # pylint: disable=protected-access
+  assert same(plan("a"), plan("a")) and same(plan("a"), plan("b"))
+  assert not same(plan("a"), plan("c")) and not same(plan("a"), plan("missing"))

@@ -186,6 +186,8 @@ def test_the_binary_rejects_unknown_sections_and_seeds():
   assert proc.returncode != 0 and "--sections: unknown ['bogus']" in proc.stderr
   proc = _binary("--seeds=0,x")
   assert proc.returncode != 0 and "--seeds=0,x: expected non-negative integers" in proc.stderr
+  proc = _binary("--saturation_budgets=65536")
+  assert proc.returncode != 0 and "expected integers above --study_budget=65536" in proc.stderr
 
 
 def test_smollm2_sweep_trajectory_of_a_run(tmp_path):

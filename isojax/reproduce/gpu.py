@@ -1,0 +1,155 @@
+"""The gpu section, for a machine with an accelerator: RL steps of a policy of
+Qwen2.5-1.5B's shape, synchronous and pipelined, with their memory.
+
+The policy has random weights (`write_policy`), and its tokenizer is the arithmetic
+task's with its vocabulary padded to the model's, so sampling draws from all 151,936
+ids (almost none of them digits, so responses run to `max_new_tokens` and rewards are
+0: the update still runs on every rollout). Each run is `isojax.main` on
+configs/hard.py with that policy (bfloat16 activations, float32 weights and AdamW,
+B_p x n rollouts of `NEW_TOKENS` tokens), once synchronous and once pipelined
+(PipelineRL-1: `rl.max_staleness=1`, the next batch sampled while this one trains).
+From each run's metrics.jsonl: the mean of each phase over the steps after the first
+(compilation), the memory plan's estimated peak (step 0's line) and the device's
+measured peak (the step lines).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any
+
+import numpy as np
+
+from isojax import metrics, run_dir, storage
+from isojax.reproduce import runs as runs_lib
+from isojax.reproduce import tables
+
+# Qwen2.5-1.5B's shape (Hugging Face config.json: hidden 1536, 28 layers, 12 heads, 2 KV
+# heads, MLP 8960, vocabulary 151,936, tied embeddings, rope theta 1e6).
+QWEN25_1P5B = dict(vocab_size=151936, num_layers=28, embed_dim=1536, num_heads=12,
+                   num_kv_heads=2, head_dim=128, mlp_dim=8960, qkv_bias=True,
+                   tie_embeddings=True, rope_theta=1e6)
+PROBLEMS, ROLLOUTS, NEW_TOKENS, STEPS = 8, 16, 512, 4
+RECIPES = (("synchronous", ()), ("pipelined (PipelineRL-1)", ("--config.rl.max_staleness=1",)))
+_ARITHMETIC_TOKENIZER = ("tokenizer.json", "tokenizer_config.json")
+
+
+def write_policy(path: str, shape: dict[str, Any], seed: int = 0) -> None:
+  """A random-weight checkpoint of `shape` with the arithmetic task's tokenizer, its
+  vocabulary padded with tokens that decode to no digit."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from isojax.models import hf_checkpoint  # pylint: disable=g-import-not-at-top
+  from isojax.models.transformer import ModelConfig, Transformer  # pylint: disable=g-import-not-at-top
+  source = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", "base_models",
+                        "arithmetic")
+  partial = path + ".partial"
+  shutil.rmtree(partial, ignore_errors=True)
+  hf_checkpoint.save_model(Transformer(ModelConfig(**shape), rngs=nnx.Rngs(seed)), partial,
+                           eos_token_id=2, bos_token_id=1, pad_token_id=0)
+  for name in _ARITHMETIC_TOKENIZER:
+    shutil.copyfile(os.path.join(source, name), os.path.join(partial, name))
+  file = os.path.join(partial, "tokenizer.json")
+  with open(file) as f:
+    tok = json.load(f)
+  vocab = tok["model"]["vocab"]
+  vocab.update({filler_token(i): i for i in range(len(vocab), shape["vocab_size"])})
+  with open(file, "w") as f:
+    json.dump(tok, f)
+  os.replace(partial, path)
+
+
+def filler_token(i: int) -> str:
+  """A padding token's text: `i` in base 26 as letters, so it holds no digit."""
+  letters = ""
+  while True:
+    i, r = divmod(i, 26)
+    letters = chr(ord("a") + r) + letters
+    if not i:
+      return f"<{letters}>"
+
+
+def run_flags(policy: str, steps: int, problems: int, rollouts: int, new_tokens: int
+              ) -> list[str]:
+  """`isojax.main` flags (over configs/hard.py) of one measured run."""
+  return [f"--config.base_model.path={policy}", "--config.model.dtype=bfloat16",
+          f"--config.num_steps={steps}", f"--config.problems_per_batch={problems}",
+          f"--config.rollouts_per_problem={rollouts}",
+          f"--config.sampling.max_new_tokens={new_tokens}",
+          "--config.task.num_val=8", "--config.eval.train_problems=0",
+          "--config.eval.schedule=linear", f"--config.eval.every={steps}",
+          f"--config.checkpoint_every={steps}", "--config.checkpoint_keep=1",
+          "--config.metric_writers.tensorboard=False"]
+
+
+def summarize(workdir: str) -> dict[str, Any]:
+  """Mean phase seconds over the steps after the first, the planned and measured peaks."""
+  lines = run_dir.read_metrics(workdir)
+  steps = [r for r in lines if r[run_dir.STEP] > 1]
+  if not steps:
+    raise ValueError(f"{workdir}: no step after the first to average")
+  mean = lambda key: float(np.mean([r[key] for r in steps])) if key in steps[0] else None
+  peaks = [r[metrics.MEMORY_DEVICE_PEAK] for r in lines if metrics.MEMORY_DEVICE_PEAK in r]
+  return dict(steps=len(steps), step_s=mean(metrics.TIME_STEP),
+              sample_s=mean("time/sample_s"), update_s=mean("time/update_s"),
+              rollout_wait_s=mean(metrics.TIME_ROLLOUT_WAIT),
+              tokens_per_step=float(np.mean(np.diff([r["tokens"] for r in lines]))),
+              planned_gib=lines[0].get(metrics.MEMORY_PLANNED),
+              device_peak_gib=max(peaks) if peaks else None)
+
+
+def _cell(value: float | None, fmt: str) -> str:
+  return "n/a" if value is None else format(value, fmt)
+
+
+def table(results: dict[str, dict[str, Any]]) -> list[str]:
+  rows = ["| recipe | step (s) | sampling (s) | update (s) | waited for rollouts (s) | "
+          "tokens per step | planned peak (GiB) | measured peak (GiB) |",
+          "|---|---|---|---|---|---|---|---|"]
+  for name, r in results.items():
+    rows.append(f"| {name} | {r['step_s']:.2f} | {_cell(r['sample_s'], '.2f')} | "
+                f"{r['update_s']:.2f} | {_cell(r['rollout_wait_s'], '.2f')} | "
+                f"{r['tokens_per_step']:,.0f} | {_cell(r['planned_gib'], '.1f')} | "
+                f"{_cell(r['device_peak_gib'], '.1f')} |")
+  return rows
+
+
+def run(inv: tables.Invocation, shape: dict[str, Any] | None = None, *,
+        steps: int = STEPS, problems: int = PROBLEMS, rollouts: int = ROLLOUTS,
+        new_tokens: int = NEW_TOKENS) -> str:
+  """gpu.md; returns its path. Refuses a machine without an accelerator."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if shape is None:
+    if all(d.platform == "cpu" for d in jax.devices()):
+      raise RuntimeError("the gpu section measures an accelerator; this machine has none")
+    shape = QWEN25_1P5B
+  section = os.path.join(inv.out, "gpu")
+  policy = os.path.join(section, "policy")
+  if not os.path.isdir(policy):
+    write_policy(policy, shape)
+  results, wall_s = {}, 0.0
+  for name, extra in RECIPES:
+    workdir = os.path.join(section, name.split()[0])
+    wall_s += runs_lib.run_main(inv, "configs/hard.py", workdir, "0",
+                                [*run_flags(policy, steps, problems, rollouts, new_tokens),
+                                 *extra])
+    results[name] = summarize(workdir)
+    shutil.rmtree(os.path.join(workdir, "checkpoints"), ignore_errors=True)  # disk
+  storage.write_json(os.path.join(section, "results.json"), results)
+  params = ((shape["vocab_size"] * shape["embed_dim"]) + shape["num_layers"] * (
+      shape["embed_dim"] * shape["head_dim"] * (2 * shape["num_heads"]
+                                                + 2 * shape["num_kv_heads"])
+      + 3 * shape["embed_dim"] * shape["mlp_dim"]))
+  body = "\n".join([
+      f"RL steps of a policy of Qwen2.5-1.5B's shape (about {params / 1e9:.2f}B parameters, "
+      "random weights; `isojax/reproduce/gpu.py` says why random weights measure the same "
+      f"work) on the arithmetic task: configs/hard.py, {problems} problems x {rollouts} "
+      f"rollouts of {new_tokens} new tokens per step, bfloat16 activations, float32 weights "
+      f"and AdamW. Each figure is the mean of steps 2-{steps} (step 1 compiles). The planned "
+      "peak is `isojax.memory_plan`'s estimate for the run (what it sizes the passes "
+      "from); the measured one is the device allocator's peak over the run "
+      "(`memory/device_peak_gib`), its step-0 evaluation included.", "",
+      *table(results), ""])
+  return tables.write(inv, "gpu.md", "RL steps at 1.5B on an accelerator: time and memory",
+                      wall_s, body)

@@ -1,0 +1,76 @@
+"""The gpu section's policy, summary and table; the saturation section's stages."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from isojax import metrics, run_dir
+from isojax.models import tokenizer as tokenizer_lib
+from isojax.reproduce import gpu, saturation, tables
+
+TINY = dict(gpu.QWEN25_1P5B, num_layers=1, embed_dim=32, num_heads=2, num_kv_heads=1,
+            head_dim=16, mlp_dim=64, vocab_size=300)
+
+
+def test_the_policy_samples_from_every_id_and_only_the_tasks_decode_to_digits(tmp_path):
+  path = str(tmp_path / "policy")
+  gpu.write_policy(path, TINY)
+  hf = json.load(open(os.path.join(path, "config.json")))
+  assert (hf["vocab_size"], hf["num_hidden_layers"], hf["hidden_size"]) == (300, 1, 32)
+  tok = tokenizer_lib.load_tokenizer(path)
+  assert tok.eos_id == 2
+  assert tok.encode("12+3=") == [4, 5, 13, 6, 14]  # the arithmetic tokenizer's ids
+  # 15 = "p", 299 = 11 * 26 + 13 = "ln" in base-26 letters.
+  assert [tok.decode([i]) for i in (15, 299)] == ["<p>", "<ln>"]
+  padded = tok.decode(list(range(15, 300)))
+  assert len(padded) > 285 and not any(c.isdigit() for c in padded)
+
+
+def _line(step, **values):
+  return {run_dir.STEP: step, run_dir.WALL_S: float(step), "rollouts": 16 * step, **values}
+
+
+def test_summary_averages_the_steps_after_the_first(tmp_path):
+  workdir = str(tmp_path)
+  times = {1: (9.0, 5.0, 4.0), 2: (2.0, 1.2, 0.8), 3: (3.0, 1.6, 1.4)}
+  lines = [_line(0, tokens=0, **{metrics.MEMORY_PLANNED: 30.0})]
+  lines += [_line(s, tokens=100 * s, **{metrics.TIME_STEP: t, "time/sample_s": a,
+                                         "time/update_s": u,
+                                         metrics.MEMORY_DEVICE_PEAK: 20.0 + s})
+            for s, (t, a, u) in times.items()]
+  with open(os.path.join(workdir, run_dir.METRICS_FILE), "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in lines)
+  s = gpu.summarize(workdir)
+  assert s["steps"] == 2 and s["step_s"] == pytest.approx(np.mean([2.0, 3.0]))
+  assert s["update_s"] == pytest.approx(1.1) and s["rollout_wait_s"] is None
+  assert (s["planned_gib"], s["device_peak_gib"], s["tokens_per_step"]) == (30.0, 23.0, 100.0)
+  row = gpu.table({"synchronous": s})[-1]
+  assert row == "| synchronous | 2.50 | 1.40 | 1.10 | n/a | 100 | 30.0 | 23.0 |"
+
+
+def test_the_gpu_section_refuses_a_machine_without_an_accelerator(tmp_path):
+  inv = tables.Invocation(out=str(tmp_path), results=str(tmp_path), repo=".", command="x")
+  with pytest.raises(RuntimeError, match="has none"):
+    gpu.run(inv)
+
+
+def test_a_stage_starts_as_a_whole_copy_of_the_one_before(tmp_path):
+  source, target = tmp_path / "study_C100", tmp_path / "saturation_C400"
+  for name in ("splits", "easy", "hard"):
+    (source / name).mkdir(parents=True)
+    (source / name / "f.json").write_text(name)
+  (source / "other").mkdir()
+  saturation._start_stage(str(source), str(target))  # pylint: disable=protected-access
+  assert sorted(os.listdir(target)) == ["easy", "hard", "splits"]
+  assert (target / "hard" / "f.json").read_text() == "hard"
+  (target / "hard" / "f.json").write_text("trained on")
+  saturation._start_stage(str(source), str(target))  # pylint: disable=protected-access
+  assert (target / "hard" / "f.json").read_text() == "trained on"  # never copied over
+  # A source without both sweeps: the stage runs them from the start.
+  saturation._start_stage(str(tmp_path / "missing"), str(tmp_path / "s2"))  # pylint: disable=protected-access
+  assert not (tmp_path / "s2").exists()
+  with pytest.raises(ValueError, match="above the study's"):
+    saturation.run(tables.Invocation(out=str(tmp_path), results=str(tmp_path), repo=".",
+                                     command="x"), 100, [100])
