@@ -119,6 +119,10 @@ def run(inv: tables.Invocation, shape: dict[str, Any] | None = None, *,
         steps: int = STEPS, problems: int = PROBLEMS, rollouts: int = ROLLOUTS,
         new_tokens: int = NEW_TOKENS) -> str:
   """gpu.md; returns its path. Refuses a machine without an accelerator."""
+  # This process writes the policy (on the host) and the tables: it must not take the
+  # accelerator's memory from the runs it starts, which allocate as usual.
+  child_env = dict(os.environ)
+  os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
   import jax  # pylint: disable=g-import-not-at-top
   if shape is None:
     if all(d.platform == "cpu" for d in jax.devices()):
@@ -127,21 +131,13 @@ def run(inv: tables.Invocation, shape: dict[str, Any] | None = None, *,
   section = os.path.join(inv.out, "gpu")
   policy = os.path.join(section, "policy")
   if not os.path.isdir(policy):
-    write_policy(policy, shape)
-  results, wall_s = {}, 0.0
-  for name, extra in RECIPES:
-    workdir = os.path.join(section, name.split()[0])
-    wall_s += runs_lib.run_main(inv, "configs/hard.py", workdir, "0",
-                                [*run_flags(policy, steps, problems, rollouts, new_tokens),
-                                 *extra])
-    results[name] = summarize(workdir)
-    shutil.rmtree(os.path.join(workdir, "checkpoints"), ignore_errors=True)  # disk
-  storage.write_json(os.path.join(section, "results.json"), results)
+    with jax.default_device(jax.devices("cpu")[0]):
+      write_policy(policy, shape)
   params = ((shape["vocab_size"] * shape["embed_dim"]) + shape["num_layers"] * (
       shape["embed_dim"] * shape["head_dim"] * (2 * shape["num_heads"]
                                                 + 2 * shape["num_kv_heads"])
       + 3 * shape["embed_dim"] * shape["mlp_dim"]))
-  body = "\n".join([
+  intro = (
       f"RL steps of a policy of Qwen2.5-1.5B's shape (about {params / 1e9:.2f}B parameters, "
       "random weights; `isojax/reproduce/gpu.py` says why random weights measure the same "
       f"work) on the arithmetic task: configs/hard.py, {problems} problems x {rollouts} "
@@ -149,7 +145,17 @@ def run(inv: tables.Invocation, shape: dict[str, Any] | None = None, *,
       f"and AdamW. Each figure is the mean of steps 2-{steps} (step 1 compiles). The planned "
       "peak is `isojax.memory_plan`'s estimate for the run (what it sizes the passes "
       "from); the measured one is the device allocator's peak over the run "
-      "(`memory/device_peak_gib`), its step-0 evaluation included.", "",
-      *table(results), ""])
-  return tables.write(inv, "gpu.md", "RL steps at 1.5B on an accelerator: time and memory",
-                      wall_s, body)
+      "(`memory/device_peak_gib`), its step-0 evaluation included.")
+  results, wall_s, path = {}, 0.0, ""
+  for name, extra in RECIPES:
+    workdir = os.path.join(section, name.split()[0])
+    wall_s += runs_lib.run_main(inv, "configs/hard.py", workdir, "0",
+                                [*run_flags(policy, steps, problems, rollouts, new_tokens),
+                                 *extra], env=child_env)
+    results[name] = summarize(workdir)
+    shutil.rmtree(os.path.join(workdir, "checkpoints"), ignore_errors=True)  # disk
+    storage.write_json(os.path.join(section, "results.json"), results)
+    # Written after each recipe, so a run cut short keeps the rows it measured.
+    path = tables.write(inv, "gpu.md", "RL steps at 1.5B on an accelerator: time and memory",
+                        wall_s, "\n".join([intro, "", *table(results), ""]))
+  return path

@@ -50,7 +50,8 @@ def test_summary_averages_the_steps_after_the_first(tmp_path):
   assert row == "| synchronous | 2.50 | 1.40 | 1.10 | n/a | 100 | 30.0 | 23.0 |"
 
 
-def test_the_gpu_section_refuses_a_machine_without_an_accelerator(tmp_path):
+def test_the_gpu_section_refuses_a_machine_without_an_accelerator(tmp_path, monkeypatch):
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "true")  # restored afterwards
   inv = tables.Invocation(out=str(tmp_path), results=str(tmp_path), repo=".", command="x")
   with pytest.raises(RuntimeError, match="has none"):
     gpu.run(inv)
