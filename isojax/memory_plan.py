@@ -10,7 +10,9 @@ largest micro-batch and sampler call whose estimate fits, with the LM head chunk
 so that no pass holds [B, T, V] logits beyond `LOGIT_BYTES`. Small models keep one
 pass and one call, so their programs do not change. A value set by hand is kept;
 a run whose estimate exceeds the memory there is refused before anything is
-written, with the values that would fit.
+written, with the values that would fit. Off-policy generation on the learner's
+devices (`rl.max_staleness` > 0) samples the next batch from a copy of the weights while
+the update or an evaluation runs: its copy and its call are counted beside them.
 
 The estimate is an upper bound on XLA's own accounting of the same programs
 (`tests/core/test_memory_plan.py` compiles them and compares), not a measurement.
@@ -161,6 +163,10 @@ class Step:
   max_new_tokens: int
   trained_params: int     # parameters the optimizer updates (LoRA: the adapters)
   reference: bool         # a second copy of the weights for the KL / its log
+  # Off-policy generation on the learner's devices (rl.max_staleness > 0, no devices of
+  # its own): the next batch is sampled, from a copy of the weights, beside the update
+  # and the evaluation.
+  overlapped: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,10 +178,11 @@ class Plan:
   sample: int
   budget: int
   available: int
+  generator: int = 0   # overlapped: the weights' copy and a training batch's sampler call
 
   @property
   def peak(self) -> int:
-    return self.resident + max(self.update, self.score, self.sample)
+    return self.resident + self.generator + max(self.update, self.score, self.sample)
 
   def describe(self) -> str:
     p = self.passes
@@ -184,7 +191,9 @@ class Plan:
             f"{p.max_rollouts_per_call or 'every'} rollouts; estimated peak "
             f"{self.peak / GIB:.2f} GiB (weights and optimizer {self.resident / GIB:.2f}, "
             f"update {self.update / GIB:.2f}, scoring {self.score / GIB:.2f}, sampling "
-            f"{self.sample / GIB:.2f}) of {self.available / GIB:.1f} GiB available")
+            f"{self.sample / GIB:.2f}"
+            + (f", beside them the generator {self.generator / GIB:.2f}" if self.generator
+               else "") + f") of {self.available / GIB:.1f} GiB available")
 
 
 def plan(shape: Shape, step: Step, requested: Passes, available: int,
@@ -193,6 +202,7 @@ def plan(shape: Shape, step: Step, requested: Passes, available: int,
   `fraction` of the `available` bytes."""
   resident = resident_bytes(shape, trained_params=step.trained_params, reference=step.reference)
   budget = int(available * fraction) - resident
+  weights = 4 * shape.params if step.overlapped else 0  # the generator's copy
   seq, response = step.prompt_len + step.max_new_tokens, step.max_new_tokens
 
   def score_rows(rows):  # micro-batches of the update's size, or every rollout at once
@@ -208,23 +218,41 @@ def plan(shape: Shape, step: Step, requested: Passes, available: int,
     candidates = [d for d in _divisors_descending(step.minibatch) if step.rollouts % d == 0]
     for rows in candidates:
       micro = rows
-      if update_cost(rows, chunk or _chunk_for(shape, rows, response)) <= budget:
+      if update_cost(rows, chunk or _chunk_for(shape, rows, response)) <= budget - weights:
         break
     micro = 0 if micro >= step.minibatch else micro
   rows = micro or step.minibatch
   if not chunk:
     chunk = _chunk_for(shape, rows, response)
+  per_rollout = max(sample_bytes(shape, 1, step.prompt_len, step.max_new_tokens), 1)
   calls = requested.max_rollouts_per_call
   if not calls:
-    per_rollout = sample_bytes(shape, 1, step.prompt_len, step.max_new_tokens)
-    fits = max(budget, 0) // max(per_rollout, 1)
+    if step.overlapped:
+      fits = _overlapped_calls(budget - weights, update_cost(rows, chunk), per_rollout,
+                               step.rollouts)
+    else:
+      fits = max(budget, 0) // per_rollout
     calls = 0 if fits >= step.sample_rollouts else max(step.group, fits)
   sample_rows = min(calls or step.sample_rollouts, step.sample_rollouts)
+  generator = (weights + sample_bytes(shape, min(calls or step.rollouts, step.rollouts),
+                                      step.prompt_len, step.max_new_tokens)
+               if step.overlapped else 0)
   return Plan(passes=Passes(micro, chunk, calls), resident=resident,
               update=update_bytes(shape, rows, seq, response, chunk),
               score=score_bytes(shape, score_rows(rows), seq, response, chunk),
               sample=sample_bytes(shape, sample_rows, step.prompt_len, step.max_new_tokens),
-              budget=budget, available=available)
+              budget=budget, available=available, generator=generator)
+
+
+def _overlapped_calls(budget: int, update: int, per_rollout: int, rollouts: int) -> int:
+  """The largest sampler call c (in rollouts) whose training call (min(c, rollouts))
+  fits beside the update, or beside another call of c (an evaluation's): min(c, R) p +
+  max(U, c p) <= budget."""
+  within = min((budget - update) // per_rollout, budget // (2 * per_rollout))
+  if within < rollouts:
+    return max(within, 0)
+  # A whole training batch fits beside the update: evaluation calls may be larger.
+  return max(rollouts, (budget - rollouts * per_rollout) // per_rollout)
 
 
 def sampler_calls(shape: Shape, *, rollouts: int, group: int, prompt_len: int,
@@ -286,7 +314,8 @@ def for_config(config: Any, model_cfg: Any, *, prompt_len: int,
               group=max(n, config.eval.num_samples),
               sample_rollouts=max(b_p * n, eval_call), prompt_len=prompt_len,
               max_new_tokens=config.sampling.max_new_tokens, trained_params=trained,
-              reference=(config.rl.kl_coef > 0 or config.rl.log_kl_to_base) and not lora)
+              reference=(config.rl.kl_coef > 0 or config.rl.log_kl_to_base) and not lora,
+              overlapped=bool(config.rl.max_staleness) and not config.mesh.rollout_fraction)
   requested = Passes(config.rl.micro_batch_size, config.rl.logprob_chunk_size,
                      config.sampling.max_rollouts_per_call)
   result = plan(shape, step, requested, available, USABLE_FRACTION[kind])

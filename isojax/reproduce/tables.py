@@ -36,13 +36,13 @@ def environment(repo: str) -> dict[str, Any]:
     except (OSError, subprocess.CalledProcessError):
       return ""
   import jax  # pylint: disable=g-import-not-at-top
-  # A copy of the checkout without its .git (a remote accelerator machine) names its
-  # commit in ISOJAX_COMMIT.
-  return dict(commit=git("rev-parse", "--short=12", "HEAD")
-              or os.environ.get("ISOJAX_COMMIT", "")[:12] or "unknown",
+  # A copy of a commit's files whose .git is not that commit's (a remote accelerator
+  # machine) names the commit in ISOJAX_COMMIT.
+  named = os.environ.get("ISOJAX_COMMIT", "")[:12]
+  return dict(commit=named or git("rev-parse", "--short=12", "HEAD") or "unknown",
               # The results being written are no uncommitted change of the code.
-              dirty=bool(git("status", "--porcelain", "--untracked-files=no", "--", ".",
-                             ":(exclude)docs/results")),
+              dirty=not named and bool(git("status", "--porcelain", "--untracked-files=no",
+                                           "--", ".", ":(exclude)docs/results")),
               cpu=cpu_isa.cpu_model(), cpus=os.cpu_count(), host_isa=cpu_isa.host_isa(),
               isa=cpu_isa.effective_isa(), accelerator=_accelerator(jax),
               jax=jax.__version__, python=platform.python_version(),

@@ -199,3 +199,47 @@ def test_a_sampling_job_calls_the_most_rollouts_that_fit(available_gib):
     assert got == 0  # one call
   else:
     assert fits(got) and not fits(got + 1) and got >= 16
+
+
+@pytest.mark.parametrize("available_gib", [6, 12, 40])
+def test_a_pipelined_run_plans_its_generator_beside_the_update(available_gib):
+  """Off-policy generation on the learner's devices: a copy of the weights and the next
+  batch's sampler call live beside the update and beside an evaluation's call. The
+  calls chosen are the largest that satisfy that (brute force), and the peak counts it."""
+  step, fraction = _step(rollouts=64, minibatch=64), 0.8
+  alone = memory_plan.plan(SMOLLM2, step, memory_plan.Passes(0, 0, 0), available_gib * GIB,
+                           fraction)
+  beside = memory_plan.plan(SMOLLM2, dataclasses.replace(step, overlapped=True),
+                            memory_plan.Passes(0, 0, 0), available_gib * GIB, fraction)
+  weights = 4 * SMOLLM2.params
+  p = memory_plan.sample_bytes(SMOLLM2, 1, step.prompt_len, step.max_new_tokens)
+  rows = beside.passes.micro_batch_size or step.minibatch
+  seq = step.prompt_len + step.max_new_tokens
+  chunk = beside.passes.logprob_chunk_size
+  update = max(memory_plan.update_bytes(SMOLLM2, rows, seq, step.max_new_tokens, chunk),
+               memory_plan.score_bytes(SMOLLM2, rows, seq, step.max_new_tokens, chunk))
+  budget = beside.budget - weights
+  fits = [c for c in range(1, step.sample_rollouts + 1)
+          if min(c, step.rollouts) * p + max(update, c * p) <= budget]
+  calls = beside.passes.max_rollouts_per_call or step.sample_rollouts
+  assert calls == max(max(fits, default=0), step.group) or (
+      not beside.passes.max_rollouts_per_call and max(fits) >= step.sample_rollouts)
+  train_call = memory_plan.sample_bytes(SMOLLM2, min(calls, step.rollouts), step.prompt_len,
+                                        step.max_new_tokens)
+  assert beside.generator == weights + train_call
+  assert beside.peak == beside.resident + weights + train_call + max(
+      beside.update, beside.score, beside.sample)
+  # What the plan counts stays within the share of the memory it plans for (unlike the
+  # same calls planned as if nothing ran beside the update).
+  if max(fits, default=0) >= step.group:  # else the smallest call, refused if too big
+    assert beside.peak <= int(available_gib * GIB * fraction)
+  assert alone.generator == 0
+
+
+def test_only_generation_on_the_learners_devices_is_overlapped():
+  cfg = _smollm2_model_config()
+  plan = lambda **f: memory_plan.for_config(_smollm2_config(**f), cfg, prompt_len=120,
+                                            available=64 * GIB, kind="accelerator")
+  assert plan().generator == 0
+  assert plan(**{"rl.max_staleness": 1}).generator > 4 * memory_plan.Shape.of(cfg).params
+  assert "beside them the generator" in plan(**{"rl.max_staleness": 1}).describe()

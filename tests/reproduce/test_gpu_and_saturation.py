@@ -75,3 +75,10 @@ def test_a_stage_starts_as_a_whole_copy_of_the_one_before(tmp_path):
   with pytest.raises(ValueError, match="above the study's"):
     saturation.run(tables.Invocation(out=str(tmp_path), results=str(tmp_path), repo=".",
                                      command="x"), 100, [100])
+
+
+def test_a_named_commit_wins_over_the_copys_git(monkeypatch):
+  monkeypatch.setenv("ISOJAX_COMMIT", "0123456789abcdef")
+  env = tables.environment(os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__)))))
+  assert (env["commit"], env["dirty"]) == ("0123456789ab", False)
