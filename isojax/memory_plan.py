@@ -11,8 +11,8 @@ so that no pass holds [B, T, V] logits beyond `LOGIT_BYTES`. Small models keep o
 pass and one call, so their programs do not change. A value set by hand is kept;
 a run whose estimate exceeds the memory there is refused before anything is
 written, with the values that would fit. Off-policy generation on the learner's
-devices (`rl.max_staleness` > 0) samples the next batch from a copy of the weights while
-the update or an evaluation runs: its copy and its call are counted beside them.
+devices (`rl.max_staleness` > 0) samples the next batches from copies of the weights
+while the update or an evaluation runs: its copies and its call count beside them.
 
 The estimate is an upper bound on XLA's own accounting of the same programs
 (`tests/core/test_memory_plan.py` compiles them and compares), not a measurement.
@@ -164,9 +164,9 @@ class Step:
   trained_params: int     # parameters the optimizer updates (LoRA: the adapters)
   reference: bool         # a second copy of the weights for the KL / its log
   # Off-policy generation on the learner's devices (rl.max_staleness > 0, no devices of
-  # its own): the next batch is sampled, from a copy of the weights, beside the update
-  # and the evaluation.
-  overlapped: bool = False
+  # its own) samples the next batches beside the update and the evaluation, from copies
+  # of the weights: this many of them live at once (0: generation is not overlapped).
+  generator_copies: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +178,7 @@ class Plan:
   sample: int
   budget: int
   available: int
-  generator: int = 0   # overlapped: the weights' copy and a training batch's sampler call
+  generator: int = 0   # overlapped: the weights' copies and a training batch's sampler call
 
   @property
   def peak(self) -> int:
@@ -202,7 +202,7 @@ def plan(shape: Shape, step: Step, requested: Passes, available: int,
   `fraction` of the `available` bytes."""
   resident = resident_bytes(shape, trained_params=step.trained_params, reference=step.reference)
   budget = int(available * fraction) - resident
-  weights = 4 * shape.params if step.overlapped else 0  # the generator's copy
+  weights = 4 * shape.params * step.generator_copies  # the generator's copies
   seq, response = step.prompt_len + step.max_new_tokens, step.max_new_tokens
 
   def score_rows(rows):  # micro-batches of the update's size, or every rollout at once
@@ -227,7 +227,7 @@ def plan(shape: Shape, step: Step, requested: Passes, available: int,
   per_rollout = max(sample_bytes(shape, 1, step.prompt_len, step.max_new_tokens), 1)
   calls = requested.max_rollouts_per_call
   if not calls:
-    if step.overlapped:
+    if step.generator_copies:
       fits = _overlapped_calls(budget - weights, update_cost(rows, chunk), per_rollout,
                                step.rollouts)
     else:
@@ -236,7 +236,7 @@ def plan(shape: Shape, step: Step, requested: Passes, available: int,
   sample_rows = min(calls or step.sample_rollouts, step.sample_rollouts)
   generator = (weights + sample_bytes(shape, min(calls or step.rollouts, step.rollouts),
                                       step.prompt_len, step.max_new_tokens)
-               if step.overlapped else 0)
+               if step.generator_copies else 0)
   return Plan(passes=Passes(micro, chunk, calls), resident=resident,
               update=update_bytes(shape, rows, seq, response, chunk),
               score=score_bytes(shape, score_rows(rows), seq, response, chunk),
@@ -315,7 +315,7 @@ def for_config(config: Any, model_cfg: Any, *, prompt_len: int,
               sample_rollouts=max(b_p * n, eval_call), prompt_len=prompt_len,
               max_new_tokens=config.sampling.max_new_tokens, trained_params=trained,
               reference=(config.rl.kl_coef > 0 or config.rl.log_kl_to_base) and not lora,
-              overlapped=bool(config.rl.max_staleness) and not config.mesh.rollout_fraction)
+              generator_copies=generator_copies(config))
   requested = Passes(config.rl.micro_batch_size, config.rl.logprob_chunk_size,
                      config.sampling.max_rollouts_per_call)
   result = plan(shape, step, requested, available, USABLE_FRACTION[kind])
@@ -333,6 +333,17 @@ def for_config(config: Any, model_cfg: Any, *, prompt_len: int,
         f"eval.chunk_problems={config.eval.chunk_problems}, or set model.remat='full' "
         f"(at the smallest passes the estimate is {smallest.peak / GIB:.2f} GiB)")
   return result
+
+
+def generator_copies(config: Any) -> int:
+  """Copies of the weights off-policy generation holds beside the learner's: none when
+  it is synchronous or has devices of its own (`mesh.rollout_fraction`); else one per
+  version queued (up to k) and the one being sampled from (`rl.off_policy.Generator`),
+  or, in flight, the newest published and the one a rollout still reads."""
+  k = config.rl.max_staleness
+  if not k or config.mesh.rollout_fraction:
+    return 0
+  return 2 if config.rl.off_policy == "pipeline_in_flight" else k + 1
 
 
 def lora_params(model_cfg: Any) -> int:

@@ -209,9 +209,9 @@ def test_a_pipelined_run_plans_its_generator_beside_the_update(available_gib):
   step, fraction = _step(rollouts=64, minibatch=64), 0.8
   alone = memory_plan.plan(SMOLLM2, step, memory_plan.Passes(0, 0, 0), available_gib * GIB,
                            fraction)
-  beside = memory_plan.plan(SMOLLM2, dataclasses.replace(step, overlapped=True),
+  beside = memory_plan.plan(SMOLLM2, dataclasses.replace(step, generator_copies=2),
                             memory_plan.Passes(0, 0, 0), available_gib * GIB, fraction)
-  weights = 4 * SMOLLM2.params
+  weights = 2 * 4 * SMOLLM2.params
   p = memory_plan.sample_bytes(SMOLLM2, 1, step.prompt_len, step.max_new_tokens)
   rows = beside.passes.micro_batch_size or step.minibatch
   seq = step.prompt_len + step.max_new_tokens
@@ -241,5 +241,14 @@ def test_only_generation_on_the_learners_devices_is_overlapped():
   plan = lambda **f: memory_plan.for_config(_smollm2_config(**f), cfg, prompt_len=120,
                                             available=64 * GIB, kind="accelerator")
   assert plan().generator == 0
-  assert plan(**{"rl.max_staleness": 1}).generator > 4 * memory_plan.Shape.of(cfg).params
+  weights = 4 * memory_plan.Shape.of(cfg).params
+  # k versions queued and the one being sampled from; in flight, two.
+  for fields, copies in (({"rl.max_staleness": 1}, 2), ({"rl.max_staleness": 3}, 4),
+                         ({"rl.max_staleness": 3, "rl.off_policy": "pipeline_in_flight"}, 2)):
+    result = plan(**fields)
+    rollouts = 16 * 16  # hard.py's B_p x n
+    call = min(result.passes.max_rollouts_per_call or rollouts, rollouts)
+    shape = memory_plan.Shape.of(cfg)
+    assert result.generator == copies * weights + memory_plan.sample_bytes(
+        shape, call, 120, 256), fields
   assert "beside them the generator" in plan(**{"rl.max_staleness": 1}).describe()
