@@ -153,15 +153,6 @@ MEMORY_PLANNED = "memory/planned_peak_gib"
 MEMORY_DEVICE_PEAK = "memory/device_peak_gib"
 
 
-def device_peak() -> dict[str, float]:
-  """{MEMORY_DEVICE_PEAK: GiB} of the first local device's allocator since the process
-  began; empty where the backend keeps no such count (XLA:CPU)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  stats = jax.local_devices()[0].memory_stats() or {}
-  peak = stats.get("peak_bytes_in_use")
-  return {MEMORY_DEVICE_PEAK: peak / 2**30} if peak else {}
-
-
 def step_timings(rollout_timings: dict[str, float], *, update_s: float, step_s: float,
                  rollout_wait_s: float | None = None) -> dict[str, float]:
   """The `time/...` metrics of a step from its rollout phases and update.

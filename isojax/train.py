@@ -289,6 +289,13 @@ def _train_on(state: run_state.RunState, batch: sources.Batch, s: run_settings.R
   return values, timings
 
 
+def _device_peak() -> dict[str, float]:
+  """{metrics.MEMORY_DEVICE_PEAK: GiB} of the first local device's allocator since the
+  process began; empty where the backend keeps no such count (XLA:CPU)."""
+  peak = (jax.local_devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
+  return {metrics.MEMORY_DEVICE_PEAK: peak / memory_plan.GIB} if peak else {}
+
+
 def _collapse(state: run_state.RunState, values: dict,
               settings: rl_settings.GuardSettings) -> dict | None:
   """The guard's collapse event of this step (None: none), naming the checkpoint kept
@@ -401,7 +408,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
       state.stop(diverged)  # before anything of this step is evaluated, logged or saved
     collapsed = _collapse(state, values, s.guard)
     evaluate_now = c.step in eval_at
-    values.update(timings, **metrics.device_peak())
+    values.update(timings, **_device_peak())
     if evaluate_now:
       eval_start = time.time()
       last_eval = run_eval()

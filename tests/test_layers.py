@@ -37,6 +37,10 @@ FUNCTION_LEVEL_IMPORTS: dict[tuple[str, str], str] = {
         "isojax.config_lib", "isojax.configs.smollm2", "isojax.evaluation",
         "isojax.models.hf_checkpoint", "isojax.models.tokenizer", "isojax.tasks",
         "isojax.train")},
+    **{("isojax.reproduce.gpu", target): (
+        "the reproduce command's own process builds the gpu section's random policy (on "
+        "the host); every other section loads no model in it") for target in (
+        "isojax.models.hf_checkpoint", "isojax.models.transformer")},
     ("isojax.tasks", "isojax.tasks.math_verifier"):
         "math-verify and pebble (the math family's grader) load only when a math task is "
         "graded",

@@ -10,10 +10,13 @@ the start.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
-from typing import Sequence
+from typing import Any, Sequence
 
+from isojax import storage
+from isojax.planner import findings
 from isojax.reproduce import runs as runs_lib
 from isojax.reproduce import tables
 
@@ -39,11 +42,64 @@ def _start_stage(source: str, target: str) -> None:
   os.replace(partial, target)
 
 
-def _stage_body(budget: int, study_budget: int, findings: str, images: list[str]) -> str:
+# Two-sided 90% normal quantile: the interval of a fitted asymptote from its standard error.
+Z90 = 1.6448536269514722
+
+
+def allocation_rows(analysis: dict[str, Any]) -> list[dict[str, Any]]:
+  """Per allocation of a sweep's analysis.json: its final value, its fitted asymptote A
+  with a 90% interval (A +- Z90 * stderr), and whether the run has reached A: True when
+  the interval's upper end is within `findings.CEILING_MARGIN` of the final value (at
+  most that much is left), False when its lower end is above the final value (the run
+  was still rising), None otherwise (the interval is too wide to tell, or A's error is
+  undetermined). A flat fit has no rise left."""
+  finals = {(r["problems_per_batch"], r["rollouts_per_problem"]): r["values"][-1]
+            for r in analysis["records"]}
+  rows = []
+  for f in sorted(analysis["fits"], key=lambda f: (f["problems_per_batch"],
+                                                  f["rollouts_per_problem"])):
+    key = (f["problems_per_batch"], f["rollouts_per_problem"])
+    final, a, se = finals[key], f["a"], f.get("a_stderr")
+    lo, hi = (a - Z90 * se, a + Z90 * se) if se is not None else (math.nan, math.nan)
+    reached = (True if f.get("flat") else None if se is None else
+               True if hi <= final + findings.CEILING_MARGIN else False if lo > final
+               else None)
+    rows.append(dict(problems_per_batch=key[0], rollouts_per_problem=key[1], final=final,
+                     asymptote=a, lo=lo, hi=hi, flat=bool(f.get("flat")), reached=reached))
+  return rows
+
+
+def allocation_table(sweep: str, rows: list[dict[str, Any]]) -> list[str]:
+  reached = sum(r["reached"] is True for r in rows)
+  verdict = {True: "yes", False: "no", None: "undetermined"}
+  rising = sum(r["reached"] is False for r in rows)
+  lines = [f"**{sweep}**: {reached} of {len(rows)} allocations have reached their fitted "
+           f"asymptote (its 90% interval ends within {findings.CEILING_MARGIN} above the "
+           f"final value), {rising} were still rising (the interval lies above it), the "
+           f"other {len(rows) - reached - rising} undetermined.", "",
+           "| B_p | n | final avg@4 | fitted asymptote [90% CI] | reached |",
+           "|---|---|---|---|---|"]
+  for r in rows:
+    fit = ("flat (no rise)" if r["flat"] else
+           f"{r['asymptote']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]" if math.isfinite(r["lo"])
+           else f"{r['asymptote']:.3f} [undetermined]")
+    lines.append(f"| {r['problems_per_batch']} | {r['rollouts_per_problem']} | "
+                 f"{r['final']:.3f} | {fit} | {verdict[r['reached']]} |")
+  return lines
+
+
+def _stage_body(budget: int, study_budget: int, stage: str, findings: str,
+                images: list[str]) -> str:
   title, _, rest = findings.strip().partition("\n")
   del title  # the stage's own heading replaces it
+  tables_ = []
+  for sweep in ("easy", "hard"):
+    path = os.path.join(stage, sweep, "analysis.json")
+    if os.path.isfile(path):
+      tables_ += allocation_table(sweep, allocation_rows(storage.read_json(path))) + [""]
   return "\n".join([f"## C = {budget:,} rollouts per sweep ({budget // study_budget}x the "
-                    "study's)", "", rest.strip().replace("\n## ", "\n### "), "", *images, ""])
+                    "study's)", "", *tables_, rest.strip().replace("\n## ", "\n### "), "",
+                    *images, ""])
 
 
 def run(inv: tables.Invocation, study_budget: int, budgets: Sequence[int]) -> str:
@@ -59,7 +115,7 @@ def run(inv: tables.Invocation, study_budget: int, budgets: Sequence[int]) -> st
     findings, stage_s = runs_lib.launch_study(inv, target, budget, SWEEPS, ["--extend"])
     wall_s += stage_s
     images = runs_lib.study_images(target, inv.results, f"saturation_C{budget}")
-    bodies.append(_stage_body(budget, study_budget, findings, images))
+    bodies.append(_stage_body(budget, study_budget, target, findings, images))
     source = target
   body = "\n".join([
       f"The study's easy and hard sweeps (`configs/sweep_easy.py`, `sweep_hard.py`: 12 "
@@ -67,10 +123,13 @@ def run(inv: tables.Invocation, study_budget: int, budgets: Sequence[int]) -> st
       f"C = {study_budget:,} rollouts: every run resumes where it ended "
       "(`launch.study --extend`, the same run trained longer: the problem order and every "
       "key are functions of the step, and the learning rate is constant after its warm-up) "
-      "and runs to the stage's budget. Each stage's table is the study's findings table on "
-      "those two sweeps; its S row says whether the runs were still rising when that "
-      "budget ran out, its K row whether every n heads for one ceiling. The wall time is "
-      "the extensions' alone.", "", *bodies])
+      "and runs to the stage's budget. Each stage gives, per allocation, the final value "
+      "and the fitted sigmoid's asymptote with its 90% interval, and whether the run has "
+      "reached it (at most the K row's margin left), was still rising, or cannot tell; "
+      "then the study's "
+      "findings table on those two sweeps: its S row says whether the runs were still "
+      "rising when that budget ran out, its K row whether every n heads for one ceiling. "
+      "The wall time is the extensions' alone.", "", *bodies])
   return tables.write(inv, "study_saturation.md",
                       "The study past saturation: the easy and hard sweeps trained on",
                       wall_s, body)
