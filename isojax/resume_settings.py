@@ -128,8 +128,7 @@ def check(workdir: storage.PathLike, requested: dict[str, Any], *, step: int,
   if fixed:
     had = ", ".join(f"{n}={c['old']}" for n, c in fixed.items())
     asked = ", ".join(f"{n}={c['new']}" for n, c in fixed.items())
-    longer = (set(fixed) <= set(EXTENSION) and "num_steps" in fixed
-              and fixed["num_steps"]["new"] > fixed["num_steps"]["old"])
+    longer = _extends(fixed) and fixed["num_steps"]["new"] > fixed["num_steps"]["old"]
     raise SettingsChanged(f"{config}: the run in this workdir has different {had} (asked "
                           f"for {asked}); the allocation defines a run: use a new --workdir"
                           + (", or pass --allow_changed=num_steps to train this run on "
@@ -145,11 +144,16 @@ def check(workdir: storage.PathLike, requested: dict[str, Any], *, step: int,
   return changed
 
 
+def _extends(fixed: dict[str, dict[str, Any]]) -> bool:
+  """Whether the allocation's changes are the run's length alone (M, and C with it)."""
+  return "num_steps" in fixed and set(fixed) <= set(EXTENSION)
+
+
 def _is_extension(fixed: dict[str, dict[str, Any]], requested: dict[str, Any],
                   allow: tuple[str, ...], config: Any) -> bool:
   """Whether the allocation's changes `fixed` are an allowed extension (see the module);
   raises SettingsChanged for an extension that is not the same run trained longer."""
-  if "num_steps" not in allow or not set(fixed) <= set(EXTENSION) or "num_steps" not in fixed:
+  if "num_steps" not in allow or not _extends(fixed):
     return False
   old, new = fixed["num_steps"]["old"], fixed["num_steps"]["new"]
   if new < old:

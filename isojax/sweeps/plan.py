@@ -416,7 +416,9 @@ def prepare(sweep: ml_collections.ConfigDict, out_dir: str, backend: str,
     entry = dict(old.get(r.name, {}), name=r.name, **r.allocation.to_dict(),
                  plan=os.path.join(RUNS_DIR, r.name, PLAN_FILE))
     entry.setdefault("attempts", 0)
-    if allowances[r.name]:  # kept until the run has resumed with it (the history has it)
+    # Kept in the entry: a launcher that stopped before the run resumed passes it again,
+    # and once the run's history has the change, passing it changes nothing.
+    if allowances[r.name]:
       entry["allow_changed"] = allowances[r.name]
     final = final_metrics(run_dir_of(out_dir, r.name), r.allocation.num_steps)
     if final is not None:
