@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from isojax import metrics, run_dir, storage
+from isojax import memory_plan, metrics, run_dir, storage
 from isojax.reproduce import runs as runs_lib
 from isojax.reproduce import tables
 
@@ -34,6 +34,8 @@ QWEN25_1P5B = dict(vocab_size=151936, num_layers=28, embed_dim=1536, num_heads=1
 PROBLEMS, ROLLOUTS, NEW_TOKENS, STEPS = 8, 16, 512, 4
 RECIPES = (("synchronous", ()), ("pipelined (PipelineRL-1)", ("--config.rl.max_staleness=1",)))
 _ARITHMETIC_TOKENIZER = ("tokenizer.json", "tokenizer_config.json")
+_SHAPE_FIELDS = ("vocab_size", "num_layers", "embed_dim", "num_heads", "num_kv_heads",
+                 "head_dim", "mlp_dim", "tie_embeddings")
 
 
 def write_policy(path: str, shape: dict[str, Any], seed: int = 0) -> None:
@@ -133,10 +135,7 @@ def run(inv: tables.Invocation, shape: dict[str, Any] | None = None, *,
   if not os.path.isdir(policy):
     with jax.default_device(jax.devices("cpu")[0]):
       write_policy(policy, shape)
-  params = ((shape["vocab_size"] * shape["embed_dim"]) + shape["num_layers"] * (
-      shape["embed_dim"] * shape["head_dim"] * (2 * shape["num_heads"]
-                                                + 2 * shape["num_kv_heads"])
-      + 3 * shape["embed_dim"] * shape["mlp_dim"]))
+  params = memory_plan.Shape(**{f: shape[f] for f in _SHAPE_FIELDS}).params
   intro = (
       f"RL steps of a policy of Qwen2.5-1.5B's shape (about {params / 1e9:.2f}B parameters, "
       "random weights; `isojax/reproduce/gpu.py` says why random weights measure the same "

@@ -92,13 +92,13 @@ def _stage_body(budget: int, study_budget: int, stage: str, findings: str,
                 images: list[str]) -> str:
   title, _, rest = findings.strip().partition("\n")
   del title  # the stage's own heading replaces it
-  tables_ = []
+  allocations = []
   for sweep in ("easy", "hard"):
     path = os.path.join(stage, sweep, "analysis.json")
     if os.path.isfile(path):
-      tables_ += allocation_table(sweep, allocation_rows(storage.read_json(path))) + [""]
+      allocations += allocation_table(sweep, allocation_rows(storage.read_json(path))) + [""]
   return "\n".join([f"## C = {budget:,} rollouts per sweep ({budget // study_budget}x the "
-                    "study's)", "", *tables_, rest.strip().replace("\n## ", "\n### "), "",
+                    "study's)", "", *allocations, rest.strip().replace("\n## ", "\n### "), "",
                     *images, ""])
 
 
