@@ -212,19 +212,27 @@ def plan(shape: Shape, step: Step, requested: Passes, available: int,
     return max(update_bytes(shape, rows, seq, response, chunk),
                score_bytes(shape, score_rows(rows), seq, response, chunk))
 
+  per_rollout = max(sample_bytes(shape, 1, step.prompt_len, step.max_new_tokens), 1)
   micro, chunk = requested.micro_batch_size, requested.logprob_chunk_size
   if not micro:
     # Divides both the minibatch (the update) and the step's rollouts (scoring).
     candidates = [d for d in _divisors_descending(step.minibatch) if step.rollouts % d == 0]
-    for rows in candidates:
-      micro = rows
-      if update_cost(rows, chunk or _chunk_for(shape, rows, response)) <= budget - weights:
-        break
-    micro = 0 if micro >= step.minibatch else micro
+
+    def largest_fitting(limit):
+      return next((r for r in candidates
+                   if update_cost(r, chunk or _chunk_for(shape, r, response)) <= limit), None)
+
+    rows = None
+    if step.generator_copies and not requested.max_rollouts_per_call:
+      # Overlapped: a smaller micro-batch that leaves room for a whole training batch's
+      # sampler call beside it, rather than the generator sampling in small calls.
+      rows = largest_fitting(budget - weights - step.rollouts * per_rollout)
+    if rows is None:
+      rows = largest_fitting(budget - weights) or candidates[-1]
+    micro = 0 if rows >= step.minibatch else rows
   rows = micro or step.minibatch
   if not chunk:
     chunk = _chunk_for(shape, rows, response)
-  per_rollout = max(sample_bytes(shape, 1, step.prompt_len, step.max_new_tokens), 1)
   calls = requested.max_rollouts_per_call
   if not calls:
     if step.generator_copies:

@@ -252,3 +252,30 @@ def test_only_generation_on_the_learners_devices_is_overlapped():
     assert result.generator == copies * weights + memory_plan.sample_bytes(
         shape, call, 120, 256), fields
   assert "beside them the generator" in plan(**{"rl.max_staleness": 1}).describe()
+
+
+@pytest.mark.parametrize("available_gib", [8, 12, 20, 40])
+def test_a_pipelined_run_takes_a_smaller_micro_batch_to_sample_whole_batches(available_gib):
+  """Brute force: the largest micro-batch whose update leaves room beside it for the
+  generator's copies and a whole training batch's sampler call; only when none does, the
+  largest that fits alone (and the generator samples in smaller calls)."""
+  step, fraction = _step(rollouts=64, minibatch=64, generator_copies=2), 0.8
+  result = memory_plan.plan(SMOLLM2, step, memory_plan.Passes(0, 0, 0), available_gib * GIB,
+                            fraction)
+  seq, response = step.prompt_len + step.max_new_tokens, step.max_new_tokens
+  p = memory_plan.sample_bytes(SMOLLM2, 1, step.prompt_len, step.max_new_tokens)
+
+  def cost(r):
+    chunk = memory_plan._chunk_for(SMOLLM2, r, response)  # pylint: disable=protected-access
+    return max(memory_plan.update_bytes(SMOLLM2, r, seq, response, chunk),
+               memory_plan.score_bytes(SMOLLM2, r if r < 64 else 64, seq, response, chunk))
+
+  room = result.budget - 2 * 4 * SMOLLM2.params
+  divisors = [d for d in range(64, 0, -1) if 64 % d == 0]
+  beside = [d for d in divisors if cost(d) + 64 * p <= room]
+  alone = [d for d in divisors if cost(d) <= room]
+  expected = beside[0] if beside else alone[0] if alone else 1
+  assert (result.passes.micro_batch_size or 64) == expected
+  if beside:  # a whole training batch in one call
+    calls = result.passes.max_rollouts_per_call
+    assert calls == 0 or calls >= step.rollouts
