@@ -149,8 +149,10 @@ TIMED_PHASES = ("sample_s", "decode_s", "grade_s", "grade_wait_s")
 
 # Memory: the plan's estimated peak per device (`isojax.memory_plan`, on the step-0 line)
 # and, on an accelerator, the device's measured peak so far (every step line), in GiB.
-MEMORY_PLANNED = "memory/planned_peak_gib"
-MEMORY_DEVICE_PEAK = "memory/device_peak_gib"
+# Facts of the machine, like the timings: equal runs on other machines differ in them.
+MEMORY_PREFIX = "memory/"
+MEMORY_PLANNED = MEMORY_PREFIX + "planned_peak_gib"
+MEMORY_DEVICE_PEAK = MEMORY_PREFIX + "device_peak_gib"
 
 
 def step_timings(rollout_timings: dict[str, float], *, update_s: float, step_s: float,

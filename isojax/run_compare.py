@@ -7,7 +7,8 @@ the same machine agree exactly except in what measures time, so everything else 
 compared exactly:
 
   metrics.jsonl   line by line, each value by its JSON text (so NaN equals NaN and
-                  -0.0 differs from 0.0), wall-clock fields removed (`run_dir.without_timings`)
+                  -0.0 differs from 0.0), wall-clock and memory fields removed
+                  (`run_dir.without_timings`)
   config.json     field by field
   layout          the names of the files and directories (`layout`), not their contents
   checkpoints     every array of every item of every saved step, by its bytes, and the

@@ -233,6 +233,7 @@ def iter_loaded_runs(paths: Iterable[str]):
 
 
 def without_timings(record: dict) -> dict:
-  """A metrics line without its wall-clock fields (all that differs between two equal runs)."""
+  """A metrics line without its wall-clock and memory fields (all that differs between two
+  equal runs: the memory plan's estimate follows the machine's memory)."""
   return {k: v for k, v in record.items()
-          if k != WALL_S and not k.startswith(metrics.TIME_PREFIX)}
+          if k != WALL_S and not k.startswith((metrics.TIME_PREFIX, metrics.MEMORY_PREFIX))}

@@ -41,9 +41,11 @@ _SHAPE_FIELDS = ("vocab_size", "num_layers", "embed_dim", "num_heads", "num_kv_h
 def write_policy(path: str, shape: dict[str, Any], seed: int = 0) -> None:
   """A random-weight checkpoint of `shape` with the arithmetic task's tokenizer, its
   vocabulary padded with tokens that decode to no digit."""
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-  from isojax.models import hf_checkpoint  # pylint: disable=g-import-not-at-top
-  from isojax.models.transformer import ModelConfig, Transformer  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from flax import nnx
+  from isojax.models import hf_checkpoint
+  from isojax.models.transformer import ModelConfig, Transformer
+  # pylint: enable=g-import-not-at-top
   source = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", "base_models",
                         "arithmetic")
   partial = path + ".partial"

@@ -123,6 +123,9 @@ def test_first_difference_ignores_timings():
   a = [dict(step=0, wall_s=1.0, x=1), dict(step=1, wall_s=2.0, x=2, **{"time/step_s": 1.0}),
        dict(step=2, wall_s=3.0, x=3)]
   same = [dict(r, wall_s=r["wall_s"] * 2) for r in a]
+  # The memory fields follow the machine (its memory sizes the plan), like the timings.
+  same[0]["memory/planned_peak_gib"] = 3.5
+  same[1]["memory/device_peak_gib"] = 70.0
   assert isa.first_difference(a, same) is None
   other = [dict(r) for r in a]
   other[2]["x"] = 4
