@@ -338,8 +338,12 @@ def for_config(config: Any, model_cfg: Any, *, prompt_len: int,
         + ("leave those fields at 0 to derive them, or " if set_by_hand else "")
         + f"lower problems_per_batch={b_p}, rollouts_per_problem={n}, "
         f"sampling.max_new_tokens={config.sampling.max_new_tokens} or "
-        f"eval.chunk_problems={config.eval.chunk_problems}, or set model.remat='full' "
-        f"(at the smallest passes the estimate is {smallest.peak / GIB:.2f} GiB)")
+        f"eval.chunk_problems={config.eval.chunk_problems}, or set model.remat='full'"
+        + (f", or lower rl.max_staleness={config.rl.max_staleness} (its generator holds "
+           f"{step.generator_copies} copies of the weights beside the update) or give the "
+           "generator devices of its own (mesh.rollout_fraction)"
+           if step.generator_copies else "")
+        + f" (at the smallest passes the estimate is {smallest.peak / GIB:.2f} GiB)")
   return result
 
 

@@ -154,9 +154,14 @@ def test_an_estimate_above_the_machine_is_refused_naming_fields():
                                        r"fields at 0"):
     memory_plan.for_config(config, _smollm2_model_config(), prompt_len=120,
                            available=8 * GIB)
-  with pytest.raises(ValueError, match=r"above the 1\.0 GiB.*problems_per_batch=16"):
+  with pytest.raises(ValueError, match=r"above the 1\.0 GiB.*problems_per_batch=16") as e:
     memory_plan.for_config(_smollm2_config(), _smollm2_model_config(), prompt_len=120,
                            available=1 * GIB)
+  assert "max_staleness" not in str(e.value)
+  with pytest.raises(ValueError, match=r"rl\.max_staleness=3 \(its generator holds 4 copies"
+                                       r".*mesh\.rollout_fraction"):
+    memory_plan.for_config(_smollm2_config(**{"rl.max_staleness": 3}),
+                           _smollm2_model_config(), prompt_len=120, available=1 * GIB)
   derived = memory_plan.for_config(_smollm2_config(), _smollm2_model_config(), prompt_len=120,
                                    available=24 * GIB)
   assert derived.peak <= 24 * GIB * memory_plan.USABLE_FRACTION["cpu"]
