@@ -15,8 +15,10 @@ import os
 import shutil
 from typing import Any, Sequence
 
+import scipy.stats
+
 from isojax import storage
-from isojax.planner import findings
+from isojax.planner import bootstrap, findings
 from isojax.reproduce import runs as runs_lib
 from isojax.reproduce import tables
 
@@ -42,13 +44,14 @@ def _start_stage(source: str, target: str) -> None:
   os.replace(partial, target)
 
 
-# Two-sided 90% normal quantile: the interval of a fitted asymptote from its standard error.
-Z90 = 1.6448536269514722
+# The normal quantile of the findings' two-sided level (90%): a fitted asymptote's interval
+# from its standard error.
+Z = float(scipy.stats.norm.ppf(0.5 + bootstrap.DEFAULT_LEVEL / 2))
 
 
 def allocation_rows(analysis: dict[str, Any]) -> list[dict[str, Any]]:
   """Per allocation of a sweep's analysis.json: its final value, its fitted asymptote A
-  with a 90% interval (A +- Z90 * stderr), and whether the run has reached A: True when
+  with a 90% interval (A +- Z * stderr), and whether the run has reached A: True when
   the interval's upper end is within `findings.CEILING_MARGIN` of the final value (at
   most that much is left), False when its lower end is above the final value (the run
   was still rising), None otherwise (the interval is too wide to tell, or A's error is
@@ -60,7 +63,7 @@ def allocation_rows(analysis: dict[str, Any]) -> list[dict[str, Any]]:
                                                   f["rollouts_per_problem"])):
     key = (f["problems_per_batch"], f["rollouts_per_problem"])
     final, a, se = finals[key], f["a"], f.get("a_stderr")
-    lo, hi = (a - Z90 * se, a + Z90 * se) if se is not None else (math.nan, math.nan)
+    lo, hi = (a - Z * se, a + Z * se) if se is not None else (math.nan, math.nan)
     reached = (True if f.get("flat") else None if se is None else
                True if hi <= final + findings.CEILING_MARGIN else False if lo > final
                else None)
