@@ -17,7 +17,8 @@ skipped, a divergence that stopped the run): `read_metrics` leaves them out and
 Readers (`launch.analyze`, notebooks) use `load_run` / `find_runs`; they raise
 `RunFormatError` naming the file so callers can report and skip a broken run.
 <workdir> is a local path or a URI such as gs://bucket/run: every file goes through
-`isojax.storage` (etils.epath), and every write is atomic.
+`isojax.storage` (etils.epath): every rewrite is atomic, and a local metrics.jsonl
+grows by appended lines (`MetricsWriter`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import dataclasses
 import json
 import math
 import os
+import time
 from typing import Any, Iterable
 
 from etils import epath
@@ -147,22 +149,33 @@ def _line(record: dict[str, Any]) -> str:
 class MetricsWriter:
   """Writes metrics lines; on resume drops the lines after the restored step.
 
-  The file is rewritten whole (atomically) at each line, as object stores cannot
-  append; a run logs at most a few thousand lines, so this costs little.
+  A local file grows by one appended line per `write` (`storage.append_text`), so a
+  line costs the same at step 60,000 as at step 1. An object store cannot append: there
+  the file is rewritten whole (atomically), at most every `rewrite_every_s` seconds
+  (0: at every line) and at every `flush`. A caller that sets `rewrite_every_s` flushes
+  before anything relies on the file: the training loop before each checkpoint and at
+  the end, so a resume from any checkpoint finds every line before it.
   With `enabled=False` (every process but the first of a multi-host job) it writes
   nothing, so one file has one line per step whatever the number of hosts.
   """
 
   def __init__(self, workdir: storage.PathLike, resume_step: int | None = None,
-               enabled: bool = True):
+               enabled: bool = True, rewrite_every_s: float = 0.0):
     self.enabled = enabled
     self.path = metrics_path(workdir)
-    self._lines: list[str] = []
+    self._appends = not storage.is_uri(self.path)
+    self._rewrite_every_s = rewrite_every_s
+    self._lines: list[str] = []  # an object store's whole file; nothing when appending
+    self._unwritten = False
+    self._rewritten_at = time.monotonic()
     if not enabled:
       return
+    kept = []
     if resume_step is not None and self.path.exists():
-      self._lines = [_line(r) for r in _read_lines(workdir) if r[STEP] <= resume_step]
-    storage.write_text(self.path, "".join(self._lines))
+      kept = [_line(r) for r in _read_lines(workdir) if r[STEP] <= resume_step]
+    storage.write_text(self.path, "".join(kept))
+    if not self._appends:
+      self._lines = kept
 
   def write(self, record: dict[str, Any]) -> None:
     missing = [k for k in REQUIRED_KEYS if k not in record]
@@ -170,8 +183,20 @@ class MetricsWriter:
       raise ValueError(f"metrics record lacks required keys {missing}: {record}")
     if not self.enabled:
       return
+    if self._appends:
+      storage.append_text(self.path, _line(record))
+      return
     self._lines.append(_line(record))
-    storage.write_text(self.path, "".join(self._lines))
+    self._unwritten = True
+    if time.monotonic() - self._rewritten_at >= self._rewrite_every_s:
+      self.flush()
+
+  def flush(self) -> None:
+    """Writes the lines an object store's file does not hold yet (appends never wait)."""
+    if self._unwritten:
+      storage.write_text(self.path, "".join(self._lines))
+      self._unwritten = False
+      self._rewritten_at = time.monotonic()
 
 
 def _parse_line(path: epath.Path, lineno: int, line: str) -> dict[str, Any]:
@@ -188,12 +213,25 @@ def _parse_line(path: epath.Path, lineno: int, line: str) -> dict[str, Any]:
 
 
 def _read_lines(workdir: storage.PathLike) -> list[dict[str, Any]]:
+  """The file's lines. A line counts once its newline is written: the unfinished last
+  line of a file being appended to, read mid-write, is left out."""
   path = metrics_path(workdir)
   if not path.is_file():
     raise RunFormatError(f"{path}: missing (every run directory has a {METRICS_FILE})")
-  return [_parse_line(path, lineno, line)
-          for lineno, line in enumerate(path.read_text().splitlines(), start=1)
+  lines = path.read_text().split("\n")
+  *finished, last = lines
+  if last.strip() and _is_json(last):  # a file written without its final newline
+    finished.append(last)
+  return [_parse_line(path, lineno, line) for lineno, line in enumerate(finished, start=1)
           if line.strip()]
+
+
+def _is_json(text: str) -> bool:
+  try:
+    json.loads(text)
+  except json.JSONDecodeError:
+    return False
+  return True
 
 
 def read_metrics(workdir: storage.PathLike) -> list[dict[str, Any]]:

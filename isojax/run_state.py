@@ -78,6 +78,7 @@ class RunState:
       self.viewers.write(line)  # TensorBoard / W&B: what metrics.jsonl holds
 
   def save(self) -> None:
+    self.writer.flush()  # a resume from this checkpoint keeps the lines up to it
     learner, pool = self.learner, self.pool
     queue = self.source.checkpoint_tree() if self.source else None
     checkpointing.save(
@@ -122,7 +123,8 @@ class RunState:
     if self._closed:
       return
     self._closed = True
-    closers = [x.close for x in (self.bar, self.viewers) if x is not None]
+    closers = [x.flush for x in (self.writer,) if x is not None]
+    closers += [x.close for x in (self.bar, self.viewers) if x is not None]
     closers += [self.ckpt.wait_until_finished, self.ckpt.close]
     closers += [self.source.close] if self.source is not None else []
     for closer in closers:

@@ -8,8 +8,10 @@ local paths go to `os`, `gs://` and `s3://` URIs to fsspec (`gcsfs`, `s3fs`) or
   - `write_text` / `write_json` are the one atomic writer: they write a temporary file
     in the target's directory and rename it over the target, so a reader (or a run
     killed mid-write) never sees half a file.
-  - Nothing is appended to: object stores cannot append (gcsfs silently overwrites),
-    so a file that grows (metrics.jsonl) is rewritten whole through the writer.
+  - Only local files are appended to (`append_text`, one write each): object stores
+    cannot append (gcsfs silently overwrites), so there a file that grows
+    (metrics.jsonl) is rewritten whole through the atomic writer. Rewriting a local
+    file at every line would cost time quadratic in its length.
 
 A write that finds the disk full raises `NoSpace`, whose one-line message names the file,
 the bytes needed and the bytes free: what `isojax.main` prints and exits with.
@@ -90,6 +92,13 @@ def free_bytes(p: PathLike) -> int | None:
   return shutil.disk_usage(p).free
 
 
+def _no_space(target: epath.Path, needed: int, error: OSError) -> NoSpace:
+  free = free_bytes(target)
+  return NoSpace(f"no space left on device writing {target}: it needs {needed:,} bytes"
+                 f"{f', {free:,} are free there' if free is not None else ''}; it is as "
+                 "it was before")
+
+
 def write_text(target: PathLike, text: str) -> epath.Path:
   """Writes `text` to `target` atomically (temporary file + rename); makes parents.
   Raises `NoSpace` when the disk is full (the target then is as it was)."""
@@ -104,12 +113,39 @@ def write_text(target: PathLike, text: str) -> epath.Path:
     if tmp.exists():
       tmp.unlink()
     if isinstance(e, OSError) and is_no_space(e):
-      free = free_bytes(target)
-      raise NoSpace(f"no space left on device writing {target}: it needs "
-                    f"{len(text.encode()):,} bytes"
-                    f"{f', {free:,} are free there' if free is not None else ''}; it is as it "
-                    "was before") from e
+      raise _no_space(target, len(text.encode()), e) from e
     raise
+  return target
+
+
+def append_text(target: PathLike, text: str) -> epath.Path:
+  """Appends `text` to the local file `target` (created, with its parents, if missing).
+
+  One write call: a signal does not interrupt a write to a local file, so a killed
+  writer leaves the file with all of `text` or none of it. A full disk raises `NoSpace`
+  with the file cut back to its length before. Object stores cannot append: a URI
+  raises ValueError (rewrite the file with `write_text`).
+  """
+  if is_uri(target):
+    raise ValueError(f"{target}: an object store cannot append; rewrite it whole "
+                     "(storage.write_text)")
+  target = path(target)
+  data = text.encode()
+  target.parent.mkdir(parents=True, exist_ok=True)
+  fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+  try:
+    size = os.fstat(fd).st_size
+    try:
+      written = 0
+      while written < len(data):  # a short write is followed by the write that fails
+        written += os.write(fd, data[written:])
+    except OSError as e:
+      os.ftruncate(fd, size)
+      if is_no_space(e):
+        raise _no_space(target, len(data), e) from e
+      raise
+  finally:
+    os.close(fd)
   return target
 
 

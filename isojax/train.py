@@ -37,6 +37,10 @@ from isojax.rl import settings as rl_settings
 from isojax.rl import step as rl_step
 from isojax.tasks import demo_bases, prompts
 
+# On an object store metrics.jsonl is rewritten whole, so at most this often (and at
+# each checkpoint and the end) rather than at every step.
+METRICS_REWRITE_S = 30.0
+
 def policy_path(config: ml_collections.ConfigDict) -> str:
   """`base_model.path`, or the shipped demo base model of the task (`demo_bases`)."""
   return demo_bases.policy_path(config)
@@ -362,7 +366,8 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
   kept.steps = run_state.kept_before_collapse(state.ckpt, state.counters)
   # Lines after the restored step are dropped: the run ends as if never interrupted.
   resume_step = restored.step if restored else None
-  state.writer = run_dir.MetricsWriter(workdir, resume_step=resume_step, enabled=state.primary)
+  state.writer = run_dir.MetricsWriter(workdir, resume_step=resume_step, enabled=state.primary,
+                                       rewrite_every_s=METRICS_REWRITE_S)
   state.viewers = metric_writers.create(s.metric_writers, workdir,
                                         resume_step=resume_step, enabled=state.primary,
                                         run_config=config.to_dict())

@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +22,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from isojax import checkpointing, config_lib, resume_settings, run_dir, train
+from isojax import checkpointing, config_lib, resume_settings, run_dir, run_state, train
 from isojax.rl import batch as rl_batch
 from isojax.rl import guard
 
@@ -255,6 +256,38 @@ def test_event_lines_are_kept_apart_from_metrics_and_truncated_on_resume(tmp_pat
   run_dir.MetricsWriter(str(tmp_path), resume_step=2)  # drops what followed step 2
   assert [r["step"] for r in run_dir.read_metrics(str(tmp_path))] == [0, 1, 2]
   assert [r["message"] for r in run_dir.read_events(str(tmp_path))] == ["at 1"]
+
+
+def test_a_run_flushes_metrics_held_for_an_object_store_when_it_closes(tmp_path,
+                                                                       monkeypatch):
+  """Lines an object store's writer holds back reach the file when the run ends, even
+  after an error, and before each checkpoint (`RunState.save` flushes first)."""
+  writer = run_dir.MetricsWriter(str(tmp_path), rewrite_every_s=3600.0)
+  monkeypatch.setattr(writer, "_appends", False)  # as on gs://, without a bucket
+
+  class Checkpoints:
+    wait_until_finished = close = lambda self: None
+
+  state = run_state.RunState(str(tmp_path), ckpt=Checkpoints(),
+                             kept=checkpointing.KeptSteps(), primary=True)
+  state.writer = writer
+  state.viewers = type("Viewers", (), {"write": lambda *_: None,
+                                       "close": lambda self: None})()
+  for step in range(2):
+    state.counters.step = step
+    state.record({"train/reward": step / 4})
+  assert run_dir.read_metrics(str(tmp_path)) == []
+  at_save = []
+  monkeypatch.setattr(checkpointing, "save", lambda *_, **__: at_save.append(
+      [r["step"] for r in run_dir.read_metrics(str(tmp_path))]))
+  state.learner = types.SimpleNamespace(params={}, opt_state={}, critic=None)
+  state.save()
+  assert at_save == [[0, 1]]
+  state.counters.step = 2
+  state.record({"train/reward": 0.5})
+  state.close(RuntimeError, RuntimeError("boom"), None)
+  assert [(r["step"], r["train/reward"]) for r in run_dir.read_metrics(str(tmp_path))] == [
+      (0, 0.0), (1, 0.25), (2, 0.5)]
 
 
 @pytest.mark.parametrize("field,value,message", [

@@ -75,6 +75,72 @@ def test_a_full_disk_names_the_file_and_the_bytes_and_changes_nothing(tmp_path, 
   assert not storage.is_no_space(OSError(errno.EACCES, "Permission denied"))
 
 
+def test_a_full_disk_while_appending_leaves_the_file_as_it_was(tmp_path, monkeypatch):
+  target = tmp_path / "metrics.jsonl"
+  storage.append_text(target, "line 0\n")
+  real = os.write
+
+  def full(fd, data):
+    real(fd, data[:3])  # part of the line, then the kernel's error
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(os, "write", full)
+  with pytest.raises(storage.NoSpace, match="it needs 10 bytes, .* are free there"):
+    storage.append_text(target, "line 1 é\n")
+  monkeypatch.undo()
+  assert target.read_text() == "line 0\n"
+  with pytest.raises(ValueError, match="cannot append"):
+    storage.append_text("gs://bucket/metrics.jsonl", "x\n")
+
+
+def test_local_metrics_grow_by_appending_never_by_rewriting(tmp_path, monkeypatch):
+  records = [_line(step, step / 10) for step in range(5)]
+  writer = run_dir.MetricsWriter(tmp_path)
+
+  def no_rewrite(*_):
+    raise AssertionError("rewrote the file")
+
+  monkeypatch.setattr(storage, "write_text", no_rewrite)
+  for record in records:
+    writer.write(record)
+  writer.flush()
+  monkeypatch.undo()
+  expected = "".join(json.dumps(r) + "\n" for r in records)
+  assert (tmp_path / "metrics.jsonl").read_text() == expected
+  # A resume drops the lines after its step, then appends again.
+  resumed = run_dir.MetricsWriter(tmp_path, resume_step=2)
+  resumed.write(_line(3, 0.9))
+  assert [(r["step"], r["val/avg@4"]) for r in run_dir.read_metrics(tmp_path)] == [
+      (0, 0.0), (1, 0.1), (2, 0.2), (3, 0.9)]
+
+
+def test_readers_leave_out_a_line_whose_newline_is_not_written(tmp_path):
+  finished = json.dumps(_line(0, 0.1)) + "\n"
+  (tmp_path / "metrics.jsonl").write_text(finished + json.dumps(_line(1, 0.2))[:20])
+  assert [r["step"] for r in run_dir.read_metrics(tmp_path)] == [0]
+  # A file written by hand without its final newline keeps its last line.
+  (tmp_path / "metrics.jsonl").write_text(finished + json.dumps(_line(1, 0.2)))
+  assert [r["step"] for r in run_dir.read_metrics(tmp_path)] == [0, 1]
+  # A broken line that is not the last is an error naming its line.
+  (tmp_path / "metrics.jsonl").write_text("{nope\n" + finished)
+  with pytest.raises(run_dir.RunFormatError, match="metrics.jsonl:1: not valid JSON"):
+    run_dir.read_metrics(tmp_path)
+
+
+def test_object_store_metrics_are_rewritten_at_most_every_interval_and_at_flush(fake_gcs):
+  workdir = "gs://bucket/run"
+  writer = run_dir.MetricsWriter(workdir, rewrite_every_s=3600.0)
+  for step in range(3):
+    writer.write(_line(step, step / 10))
+  assert run_dir.read_metrics(workdir) == []  # not yet rewritten
+  writer.flush()
+  assert [r["step"] for r in run_dir.read_metrics(workdir)] == [0, 1, 2]
+  every_line = run_dir.MetricsWriter(workdir, resume_step=1)  # rewrite_every_s=0
+  every_line.write(_line(2, 0.9))
+  assert [(r["step"], r["val/avg@4"]) for r in run_dir.read_metrics(workdir)] == [
+      (0, 0.0), (1, 0.1), (2, 0.9)]
+
+
 def test_run_directory_round_trip(root):
   workdir = f"{root}/sweep/runs/bp4_n4"
   run_dir.write_config(workdir, {"problems_per_batch": 4, "rollouts_per_problem": 4})
