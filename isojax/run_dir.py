@@ -218,20 +218,46 @@ def _read_lines(workdir: storage.PathLike) -> list[dict[str, Any]]:
   path = metrics_path(workdir)
   if not path.is_file():
     raise RunFormatError(f"{path}: missing (every run directory has a {METRICS_FILE})")
-  lines = path.read_text().split("\n")
-  *finished, last = lines
-  if last.strip() and _is_json(last):  # a file written without its final newline
-    finished.append(last)
-  return [_parse_line(path, lineno, line) for lineno, line in enumerate(finished, start=1)
+  return [_parse_line(path, lineno, line)
+          for lineno, line in enumerate(_finished(path.read_text()), start=1)
           if line.strip()]
 
 
-def _is_json(text: str) -> bool:
-  try:
-    json.loads(text)
-  except json.JSONDecodeError:
-    return False
-  return True
+def _finished(text: str) -> list[str]:
+  """The lines of `text` whose newline is written, and a last one without it that is
+  whole JSON (a file written by hand); blank lines stay, so line numbers hold."""
+  *finished, last = text.split("\n")
+  if last.strip():
+    try:
+      json.loads(last)
+      finished.append(last)
+    except json.JSONDecodeError:
+      pass  # an unfinished line, being appended to
+  return finished
+
+
+def last_metrics(workdir: storage.PathLike) -> dict[str, Any] | None:
+  """The last measurement line of metrics.jsonl (None when it has none), read from the
+  file's end: a run of 65,536 steps has as many lines."""
+  path = metrics_path(workdir)
+  if not path.is_file():
+    raise RunFormatError(f"{path}: missing (every run directory has a {METRICS_FILE})")
+  with path.open("rb") as f:
+    size = f.seek(0, os.SEEK_END)
+    span = 1 << 16
+    while True:
+      f.seek(max(0, size - span))
+      text = f.read().decode()
+      if span < size:  # the window's first line may start before it
+        text = text.partition("\n")[2]
+      try:
+        found = [r for r in (json.loads(t) for t in _finished(text) if t.strip())
+                 if EVENT not in r]
+      except json.JSONDecodeError as e:
+        raise RunFormatError(f"{path}: a line near its end is not valid JSON ({e})") from e
+      if found or span >= size:
+        return found[-1] if found else None
+      span *= 4
 
 
 def read_metrics(workdir: storage.PathLike) -> list[dict[str, Any]]:

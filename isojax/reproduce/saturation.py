@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import scipy.stats
 
-from isojax import storage
+from isojax import run_dir, storage
 from isojax.planner import bootstrap, findings
 from isojax.reproduce import runs as runs_lib
 from isojax.reproduce import tables
@@ -42,6 +42,21 @@ def _start_stage(source: str, target: str) -> None:
   for name in _COPIED:
     shutil.copytree(os.path.join(source, name), os.path.join(partial, name))
   os.replace(partial, target)
+
+
+def run_seconds(stage: str, before: str) -> float:
+  """Seconds the stage's runs spent in steps and evaluations (each run's `wall_s`),
+  summed over its runs, less what their copies in `before` had spent: the stage's
+  machine time, however many invocations it took."""
+  total = 0.0
+  for sweep in _COPIED[1:]:
+    for workdir in run_dir.find_runs(os.path.join(stage, sweep, "runs")):
+      start_dir = os.path.join(before, os.path.relpath(workdir, stage))
+      end = run_dir.last_metrics(workdir)
+      start = run_dir.last_metrics(start_dir) if os.path.isdir(start_dir) else None
+      total += (end[run_dir.WALL_S] if end else 0.0) - (start[run_dir.WALL_S] if start
+                                                        else 0.0)
+  return total
 
 
 # The normal quantile of the findings' two-sided level (90%): a fitted asymptote's interval
@@ -91,7 +106,7 @@ def allocation_table(sweep: str, rows: list[dict[str, Any]]) -> list[str]:
   return lines
 
 
-def _stage_body(budget: int, study_budget: int, stage: str, findings: str,
+def _stage_body(budget: int, study_budget: int, stage: str, before: str, findings: str,
                 images: list[str]) -> str:
   title, _, rest = findings.strip().partition("\n")
   del title  # the stage's own heading replaces it
@@ -100,8 +115,12 @@ def _stage_body(budget: int, study_budget: int, stage: str, findings: str,
     path = os.path.join(stage, sweep, "analysis.json")
     if os.path.isfile(path):
       allocations += allocation_table(sweep, allocation_rows(storage.read_json(path))) + [""]
+  hours, minutes = divmod(round(run_seconds(stage, before) / 60), 60)
+  cost = (f"Machine time: {hours} h {minutes:02d} min, the runs' steps and evaluations "
+          f"since {os.path.basename(before)} (each run's `wall_s`), summed over the runs, "
+          "which ran one per core at a time.")
   return "\n".join([f"## C = {budget:,} rollouts per sweep ({budget // study_budget}x the "
-                    "study's)", "", *allocations, rest.strip().replace("\n## ", "\n### "), "",
+                    "study's)", "", cost, "", *allocations, rest.strip().replace("\n## ", "\n### "), "",
                     *images, ""])
 
 
@@ -118,7 +137,7 @@ def run(inv: tables.Invocation, study_budget: int, budgets: Sequence[int]) -> st
     findings, stage_s = runs_lib.launch_study(inv, target, budget, SWEEPS, ["--extend"])
     wall_s += stage_s
     images = runs_lib.study_images(target, inv.results, f"saturation_C{budget}")
-    bodies.append(_stage_body(budget, study_budget, target, findings, images))
+    bodies.append(_stage_body(budget, study_budget, target, source, findings, images))
     source = target
   body = "\n".join([
       f"The study's easy and hard sweeps (`configs/sweep_easy.py`, `sweep_hard.py`: 12 "
@@ -132,7 +151,8 @@ def run(inv: tables.Invocation, study_budget: int, budgets: Sequence[int]) -> st
       "then the study's "
       "findings table on those two sweeps: its S row says whether the runs were still "
       "rising when that budget ran out, its K row whether every n heads for one ceiling. "
-      "The wall time is the extensions' alone.", "", *bodies])
+      "The header's wall time is this invocation's; each stage gives its machine time, "
+      "however many invocations it took.", "", *bodies])
   return tables.write(inv, "study_saturation.md",
                       "The study past saturation: the easy and hard sweeps trained on",
                       wall_s, body)

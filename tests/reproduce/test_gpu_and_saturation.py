@@ -77,6 +77,22 @@ def test_a_stage_starts_as_a_whole_copy_of_the_one_before(tmp_path):
                                      command="x"), 100, [100])
 
 
+def test_a_stages_machine_time_is_its_runs_time_since_the_stage_before(tmp_path):
+  def run(stage, name, wall_s):
+    writer = run_dir.MetricsWriter(tmp_path / stage / name)
+    for step, seconds in enumerate(wall_s):
+      writer.write(dict(step=step, rollouts=16 * step, tokens=0, wall_s=seconds))
+    writer.write(dict(step=len(wall_s) - 1, rollouts=0, tokens=0, wall_s=0.0,
+                      event="preempted", message="an event line is not a measurement"))
+
+  run("before", "easy/runs/bp8_n2", [0.0, 10.0])
+  run("stage", "easy/runs/bp8_n2", [0.0, 10.0, 25.5])
+  run("stage", "hard/runs/bp8_n4", [0.0, 7.0])  # new in this stage
+  run("stage", "hard/runs/bp8_n4/checkpoints/3", [0.0, 99.0])  # not a run
+  assert saturation.run_seconds(str(tmp_path / "stage"), str(tmp_path / "before")) == (
+      pytest.approx((25.5 - 10.0) + 7.0))
+
+
 def test_a_named_commit_wins_over_the_copys_git(monkeypatch):
   monkeypatch.setenv("ISOJAX_COMMIT", "0123456789abcdef")
   env = tables.environment(os.path.dirname(os.path.dirname(os.path.dirname(
