@@ -243,7 +243,8 @@ def last_metrics(workdir: storage.PathLike) -> dict[str, Any] | None:
   if not path.is_file():
     raise RunFormatError(f"{path}: missing (every run directory has a {METRICS_FILE})")
   with path.open("rb") as f:
-    size = f.seek(0, os.SEEK_END)
+    f.seek(0, os.SEEK_END)
+    size = f.tell()
     span = 1 << 16
     while True:
       f.seek(max(0, size - span))

@@ -433,7 +433,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
         reward=f"{values[metrics.TRAIN_REWARD]:.3f}",
         val=f"{last_eval.get(metrics.val_avg(s.eval.k), float('nan')):.3f}")
   state.close()
-  final = last_eval or {k: v for k, v in run_dir.read_metrics(workdir)[-1].items()
+  final = last_eval or {k: v for k, v in run_dir.last_metrics(workdir).items()
                         if k.startswith(metrics.VAL_PREFIX)}
   # The summary metrics; the per-problem counts are in metrics.jsonl.
   return {k: v for k, v in final.items() if k not in metrics.PER_PROBLEM_COUNTS}

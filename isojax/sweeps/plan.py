@@ -311,12 +311,12 @@ def plan_path(out_dir: str, name: str) -> str:
 def final_metrics(workdir: str, num_steps: int) -> dict[str, float] | None:
   """The last line's validation metrics if the run reached num_steps, else None."""
   try:
-    lines = run_dir.read_metrics(workdir)
+    last = run_dir.last_metrics(workdir)
   except run_dir.RunFormatError:
     return None
-  if not lines or lines[-1][run_dir.STEP] != num_steps:
+  if last is None or last[run_dir.STEP] != num_steps:
     return None
-  return {k: v for k, v in lines[-1].items()
+  return {k: v for k, v in last.items()
           if k.startswith("val/") and isinstance(v, (int, float))}
 
 

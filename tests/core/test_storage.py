@@ -162,6 +162,7 @@ def test_run_directory_round_trip(root):
   resumed.write(_line(2, 0.9))
   assert [(r["step"], r["val/avg@4"]) for r in run_dir.read_metrics(workdir)] == [
       (0, 0.1), (1, 0.2), (2, 0.9)]
+  assert run_dir.last_metrics(workdir) == _line(2, 0.9)
   # find_runs skips checkpoint directories.
   storage.write_json(f"{root}/sweep/runs/bp4_n4/checkpoints/1/config.json", {})
   run_dir.write_config(f"{root}/sweep/runs/bp8_n2", {})
