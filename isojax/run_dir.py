@@ -248,9 +248,10 @@ def last_metrics(workdir: storage.PathLike) -> dict[str, Any] | None:
     span = 1 << 16
     while True:
       f.seek(max(0, size - span))
-      text = f.read().decode()
-      if span < size:  # the window's first line may start before it
-        text = text.partition("\n")[2]
+      data = f.read()
+      if span < size:  # the window's first line (and character) may start before it
+        data = data.partition(b"\n")[2]
+      text = data.decode()
       try:
         found = [r for r in (json.loads(t) for t in _finished(text) if t.strip())
                  if EVENT not in r]

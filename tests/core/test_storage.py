@@ -121,6 +121,15 @@ def test_local_metrics_grow_by_appending_never_by_rewriting(tmp_path, monkeypatc
       (0, 0.0), (1, 0.1), (2, 0.2), (3, 0.9)]
 
 
+def test_the_last_line_is_found_when_the_window_cuts_a_character(tmp_path):
+  wide = json.dumps(dict(_line(0, 0.1), note="é" * 40000), ensure_ascii=False)
+  for pad in ("", "x"):  # one of the two cuts a two-byte character in half
+    last = dict(_line(1, 0.2), note=pad)
+    (tmp_path / "metrics.jsonl").write_text(wide + "\n" + json.dumps(last) + "\n",
+                                            encoding="utf-8")
+    assert run_dir.last_metrics(tmp_path) == last
+
+
 def test_readers_leave_out_a_line_whose_newline_is_not_written(tmp_path):
   finished = json.dumps(_line(0, 0.1)) + "\n"
   (tmp_path / "metrics.jsonl").write_text(finished + json.dumps(_line(1, 0.2))[:20])
