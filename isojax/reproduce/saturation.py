@@ -64,30 +64,35 @@ def run_seconds(stage: str, before: str) -> float:
 Z = float(scipy.stats.norm.ppf(0.5 + bootstrap.DEFAULT_LEVEL / 2))
 
 
-def allocation_rows(analysis: dict[str, Any]) -> list[dict[str, Any]]:
+def allocation_rows(analysis: dict[str, Any], since: float = 0.0) -> list[dict[str, Any]]:
   """Per allocation of a sweep's analysis.json: its final value, its fitted asymptote A
   with a 90% interval (A +- Z * stderr), and whether the run has reached A: True when
   the interval's upper end is within `findings.CEILING_MARGIN` of the final value (at
   most that much is left), False when its lower end is above the final value (the run
   was still rising), None otherwise (the interval is too wide to tell, or A's error is
-  undetermined). A flat fit has no rise left."""
-  finals = {(r["problems_per_batch"], r["rollouts_per_problem"]): r["values"][-1]
-            for r in analysis["records"]}
+  undetermined). A flat fit has no rise left. `gain`: the final value less the value at
+  the last evaluation within `since` rollouts (the stage before's end), what the stage
+  added, with no fitted model."""
+  records = {(r["problems_per_batch"], r["rollouts_per_problem"]): r
+             for r in analysis["records"]}
   rows = []
   for f in sorted(analysis["fits"], key=lambda f: (f["problems_per_batch"],
                                                   f["rollouts_per_problem"])):
     key = (f["problems_per_batch"], f["rollouts_per_problem"])
-    final, a, se = finals[key], f["a"], f.get("a_stderr")
+    record = records[key]
+    final, a, se = record["values"][-1], f["a"], f.get("a_stderr")
+    before = [v for c, v in zip(record["rollouts"], record["values"]) if c <= since]
     lo, hi = (a - Z * se, a + Z * se) if se is not None else (math.nan, math.nan)
     reached = (True if f.get("flat") else None if se is None else
                True if hi <= final + findings.CEILING_MARGIN else False if lo > final
                else None)
     rows.append(dict(problems_per_batch=key[0], rollouts_per_problem=key[1], final=final,
-                     asymptote=a, lo=lo, hi=hi, flat=bool(f.get("flat")), reached=reached))
+                     asymptote=a, lo=lo, hi=hi, flat=bool(f.get("flat")), reached=reached,
+                     gain=final - before[-1] if before else math.nan))
   return rows
 
 
-def allocation_table(sweep: str, rows: list[dict[str, Any]]) -> list[str]:
+def allocation_table(sweep: str, rows: list[dict[str, Any]], since: float) -> list[str]:
   reached = sum(r["reached"] is True for r in rows)
   verdict = {True: "yes", False: "no", None: "undetermined"}
   rising = sum(r["reached"] is False for r in rows)
@@ -95,26 +100,28 @@ def allocation_table(sweep: str, rows: list[dict[str, Any]]) -> list[str]:
            f"asymptote (its 90% interval ends within {findings.CEILING_MARGIN} above the "
            f"final value), {rising} were still rising (the interval lies above it), the "
            f"other {len(rows) - reached - rising} undetermined.", "",
-           "| B_p | n | final avg@4 | fitted asymptote [90% CI] | reached |",
-           "|---|---|---|---|---|"]
+           f"| B_p | n | final avg@4 | gain since C = {since:,.0f} | fitted asymptote "
+           "[90% CI] | reached |",
+           "|---|---|---|---|---|---|"]
   for r in rows:
     fit = ("flat (no rise)" if r["flat"] else
            f"{r['asymptote']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]" if math.isfinite(r["lo"])
            else f"{r['asymptote']:.3f} [undetermined]")
     lines.append(f"| {r['problems_per_batch']} | {r['rollouts_per_problem']} | "
-                 f"{r['final']:.3f} | {fit} | {verdict[r['reached']]} |")
+                 f"{r['final']:.3f} | {r['gain']:+.3f} | {fit} | {verdict[r['reached']]} |")
   return lines
 
 
-def _stage_body(budget: int, study_budget: int, stage: str, before: str, findings: str,
-                images: list[str]) -> str:
+def _stage_body(budget: int, study_budget: int, stage: str, before: str, since: int,
+                findings: str, images: list[str]) -> str:
   title, _, rest = findings.strip().partition("\n")
   del title  # the stage's own heading replaces it
   allocations = []
   for sweep in ("easy", "hard"):
     path = os.path.join(stage, sweep, "analysis.json")
     if os.path.isfile(path):
-      allocations += allocation_table(sweep, allocation_rows(storage.read_json(path))) + [""]
+      rows = allocation_rows(storage.read_json(path), since)
+      allocations += allocation_table(sweep, rows, since) + [""]
   hours, minutes = divmod(round(run_seconds(stage, before) / 60), 60)
   cost = (f"Machine time: {hours} h {minutes:02d} min, the runs' steps and evaluations "
           f"since {os.path.basename(before)} (each run's `wall_s`), summed over the runs, "
@@ -129,7 +136,7 @@ def run(inv: tables.Invocation, study_budget: int, budgets: Sequence[int]) -> st
   if not budgets or any(b <= study_budget for b in budgets):
     raise ValueError(f"saturation budgets {list(budgets)}: expected budgets above the "
                      f"study's ({study_budget})")
-  source = os.path.join(inv.out, f"study_C{study_budget}")
+  source, since = os.path.join(inv.out, f"study_C{study_budget}"), study_budget
   bodies, wall_s = [], 0.0
   for budget in sorted(budgets):
     target = stage_dir(inv.out, budget)
@@ -137,8 +144,9 @@ def run(inv: tables.Invocation, study_budget: int, budgets: Sequence[int]) -> st
     findings, stage_s = runs_lib.launch_study(inv, target, budget, SWEEPS, ["--extend"])
     wall_s += stage_s
     images = runs_lib.study_images(target, inv.results, f"saturation_C{budget}")
-    bodies.append(_stage_body(budget, study_budget, target, source, findings, images))
-    source = target
+    bodies.append(_stage_body(budget, study_budget, target, source, since, findings,
+                              images))
+    source, since = target, budget
   body = "\n".join([
       f"The study's easy and hard sweeps (`configs/sweep_easy.py`, `sweep_hard.py`: 12 "
       f"allocations each, from the shipped arithmetic base) trained on past the study's "
@@ -146,7 +154,9 @@ def run(inv: tables.Invocation, study_budget: int, budgets: Sequence[int]) -> st
       "(`launch.study --extend`, the same run trained longer: the problem order and every "
       "key are functions of the step, and the learning rate is constant after its warm-up) "
       "and runs to the stage's budget. Each stage gives, per allocation, the final value "
-      "and the fitted sigmoid's asymptote with its 90% interval, and whether the run has "
+      "and what the stage added to it (two single evaluations, each with its sampling "
+      "error, `val/avg@4_stderr` in the run's metrics.jsonl), "
+      "the fitted sigmoid's asymptote with its 90% interval, and whether the run has "
       "reached it (at most the K row's margin left), was still rising, or cannot tell; "
       "then the study's "
       "findings table on those two sweeps: its S row says whether the runs were still "

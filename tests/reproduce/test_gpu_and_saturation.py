@@ -106,14 +106,19 @@ def test_each_allocation_is_judged_by_its_asymptotes_interval():
   analysis = dict(
       fits=[fit(8, 2, 0.50, 0.005), fit(8, 4, 0.70, 0.02), fit(8, 8, 0.60, 0.5),
             fit(8, 16, 0.9, None), fit(8, 32, 0.4, 0.3, flat=True)],
-      records=[dict(problems_per_batch=8, rollouts_per_problem=n, values=[0.1, final])
+      records=[dict(problems_per_batch=8, rollouts_per_problem=n, rollouts=[0, 90, 100, 400],
+                    values=[0.1, 0.3, 0.35, final])
                for n, final in ((2, 0.49), (4, 0.60), (8, 0.55), (16, 0.5), (32, 0.4))])
-  rows = {r["rollouts_per_problem"]: r for r in saturation.allocation_rows(analysis)}
+  rows = {r["rollouts_per_problem"]: r for r in saturation.allocation_rows(analysis, 100)}
   # n=2: 0.50 + 1.645 * 0.005 = 0.508 <= 0.49 + 0.02: reached. n=4: 0.70 - 0.033 > 0.60:
   # still rising. n=8: [-0.22, 1.42] holds both. n=16: no error. n=32: flat.
   assert [rows[n]["reached"] for n in (2, 4, 8, 16, 32)] == [True, False, None, None, True]
   assert rows[2]["hi"] == pytest.approx(0.50 + 1.6448536 * 0.005)
-  text = "\n".join(saturation.allocation_table("hard", list(rows.values())))
+  # What the stage added: the final value less the one at C = 100.
+  assert [rows[n]["gain"] for n in (2, 4)] == pytest.approx([0.49 - 0.35, 0.60 - 0.35])
+  assert saturation.allocation_rows(analysis, 50)[0]["gain"] == pytest.approx(0.49 - 0.1)
+  text = "\n".join(saturation.allocation_table("hard", list(rows.values()), 100))
   assert "2 of 5 allocations have reached" in text and "1 were still rising" in text
-  assert "| 8 | 32 | 0.400 | flat (no rise) | yes |" in text
-  assert "| 8 | 16 | 0.500 | 0.900 [undetermined] | undetermined |" in text
+  assert "| gain since C = 100 |" in text
+  assert "| 8 | 32 | 0.400 | +0.050 | flat (no rise) | yes |" in text
+  assert "| 8 | 16 | 0.500 | +0.150 | 0.900 [undetermined] | undetermined |" in text
