@@ -161,8 +161,9 @@ def run(inv: tables.Invocation, study_budget: int, budgets: Sequence[int]) -> st
       "then the study's "
       "findings table on those two sweeps: its S row says whether the runs were still "
       "rising when that budget ran out, its K row whether every n heads for one ceiling. "
-      "The header's wall time is this invocation's; each stage gives its machine time, "
-      "however many invocations it took.", "", *bodies])
+      "The header's wall time sums every invocation of the command, reruns included; "
+      "each stage's machine time counts its runs' steps and evaluations alone.", "",
+      *bodies])
   return tables.write(inv, "study_saturation.md",
                       "The study past saturation: the easy and hard sweeps trained on",
                       wall_s, body)
