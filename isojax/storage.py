@@ -92,7 +92,7 @@ def free_bytes(p: PathLike) -> int | None:
   return shutil.disk_usage(p).free
 
 
-def _no_space(target: epath.Path, needed: int, error: OSError) -> NoSpace:
+def _no_space(target: epath.Path, needed: int) -> NoSpace:
   free = free_bytes(target)
   return NoSpace(f"no space left on device writing {target}: it needs {needed:,} bytes"
                  f"{f', {free:,} are free there' if free is not None else ''}; it is as "
@@ -113,7 +113,7 @@ def write_text(target: PathLike, text: str) -> epath.Path:
     if tmp.exists():
       tmp.unlink()
     if isinstance(e, OSError) and is_no_space(e):
-      raise _no_space(target, len(text.encode()), e) from e
+      raise _no_space(target, len(text.encode())) from e
     raise
   return target
 
@@ -142,7 +142,7 @@ def append_text(target: PathLike, text: str) -> epath.Path:
     except OSError as e:
       os.ftruncate(fd, size)
       if is_no_space(e):
-        raise _no_space(target, len(data), e) from e
+        raise _no_space(target, len(data)) from e
       raise
   finally:
     os.close(fd)

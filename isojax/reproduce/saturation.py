@@ -127,8 +127,8 @@ def _stage_body(budget: int, study_budget: int, stage: str, before: str, since: 
           f"since {os.path.basename(before)} (each run's `wall_s`), summed over the runs, "
           "which ran one per core at a time.")
   return "\n".join([f"## C = {budget:,} rollouts per sweep ({budget // study_budget}x the "
-                    "study's)", "", cost, "", *allocations, rest.strip().replace("\n## ", "\n### "), "",
-                    *images, ""])
+                    "study's)", "", cost, "", *allocations,
+                    rest.strip().replace("\n## ", "\n### "), "", *images, ""])
 
 
 def run(inv: tables.Invocation, study_budget: int, budgets: Sequence[int]) -> str:
