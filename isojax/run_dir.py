@@ -152,9 +152,10 @@ class MetricsWriter:
   A local file grows by one appended line per `write` (`storage.append_text`), so a
   line costs the same at step 60,000 as at step 1. An object store cannot append: there
   the file is rewritten whole (atomically), at most every `rewrite_every_s` seconds
-  (0: at every line) and at every `flush`. A caller that sets `rewrite_every_s` flushes
-  before anything relies on the file: the training loop before each checkpoint and at
-  the end, so a resume from any checkpoint finds every line before it.
+  (0: at every line), at every event line and at every `flush`. A caller that sets
+  `rewrite_every_s` flushes before anything relies on the file: the training loop before
+  each checkpoint and at the end, so a resume from any checkpoint finds every line
+  before it.
   With `enabled=False` (every process but the first of a multi-host job) it writes
   nothing, so one file has one line per step whatever the number of hosts.
   """
@@ -188,7 +189,8 @@ class MetricsWriter:
       return
     self._lines.append(_line(record))
     self._unwritten = True
-    if time.monotonic() - self._rewritten_at >= self._rewrite_every_s:
+    # An event (a checkpoint skipped, settings changed) is not logged again on a rerun.
+    if EVENT in record or time.monotonic() - self._rewritten_at >= self._rewrite_every_s:
       self.flush()
 
   def flush(self) -> None:
@@ -199,7 +201,8 @@ class MetricsWriter:
       self._rewritten_at = time.monotonic()
 
 
-def _parse_line(path: epath.Path, lineno: int, line: str) -> dict[str, Any]:
+def _parse_line(path: epath.Path, lineno: int | str, line: str) -> dict[str, Any]:
+  """One metrics line; errors name the file and the line (its number, or where it is)."""
   try:
     record = json.loads(line)
   except json.JSONDecodeError as e:
@@ -251,12 +254,12 @@ def last_metrics(workdir: storage.PathLike) -> dict[str, Any] | None:
       data = f.read()
       if span < size:  # the window's first line (and character) may start before it
         data = data.partition(b"\n")[2]
-      text = data.decode()
       try:
-        found = [r for r in (json.loads(t) for t in _finished(text) if t.strip())
-                 if EVENT not in r]
-      except json.JSONDecodeError as e:
-        raise RunFormatError(f"{path}: a line near its end is not valid JSON ({e})") from e
+        text = data.decode()
+      except UnicodeDecodeError as e:
+        raise RunFormatError(f"{path}: not UTF-8 near its end ({e})") from e
+      found = [r for r in (_parse_line(path, "a line near its end", t)
+                           for t in _finished(text) if t.strip()) if EVENT not in r]
       if found or span >= size:
         return found[-1] if found else None
       span *= 4

@@ -123,10 +123,11 @@ class RunState:
     if self._closed:
       return
     self._closed = True
-    closers = [x.flush for x in (self.writer,) if x is not None]
-    closers += [x.close for x in (self.bar, self.viewers) if x is not None]
+    closers = [x.close for x in (self.bar, self.viewers) if x is not None]
     closers += [self.ckpt.wait_until_finished, self.ckpt.close]
     closers += [self.source.close] if self.source is not None else []
+    # Last: a failed write to an object store leaves the checkpoints and the source closed.
+    closers += [x.flush for x in (self.writer,) if x is not None]
     for closer in closers:
       try:
         closer()

@@ -121,9 +121,9 @@ def write_text(target: PathLike, text: str) -> epath.Path:
 def append_text(target: PathLike, text: str) -> epath.Path:
   """Appends `text` to the local file `target` (created, with its parents, if missing).
 
-  One write call: a signal does not interrupt a write to a local file, so a killed
-  writer leaves the file with all of `text` or none of it. A full disk raises `NoSpace`
-  with the file cut back to its length before. Object stores cannot append: a URI
+  One write call, so a concurrent reader or a killed writer can leave at most the last
+  line unfinished (`run_dir`'s readers leave such a line out). A full disk raises
+  `NoSpace` with the file cut back to its length before. Object stores cannot append: a URI
   raises ValueError (rewrite the file with `write_text`).
   """
   if is_uri(target):

@@ -290,6 +290,28 @@ def test_a_run_flushes_metrics_held_for_an_object_store_when_it_closes(tmp_path,
       (0, 0.0), (1, 0.25), (2, 0.5)]
 
 
+def test_a_failed_metrics_flush_still_closes_the_checkpoints(tmp_path):
+  closed = []
+
+  class Checkpoints:
+    def wait_until_finished(self):
+      closed.append("wait")
+
+    def close(self):
+      closed.append("close")
+
+  class Writer:
+    def flush(self):
+      raise OSError("the bucket refused the write")
+
+  state = run_state.RunState(str(tmp_path), ckpt=Checkpoints(),
+                             kept=checkpointing.KeptSteps(), primary=True)
+  state.writer = Writer()
+  with pytest.raises(OSError, match="refused"):
+    state.close()
+  assert closed == ["wait", "close"]
+
+
 @pytest.mark.parametrize("field,value,message", [
     ("checkpoint_keep", 0, "checkpoint_keep=0"),
     ("guard.collapse_steps", -1, "guard.collapse_steps=-1"),

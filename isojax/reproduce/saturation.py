@@ -47,7 +47,8 @@ def _start_stage(source: str, target: str) -> None:
 def run_seconds(stage: str, before: str) -> float:
   """Seconds the stage's runs spent in steps and evaluations (each run's `wall_s`),
   summed over its runs, less what their copies in `before` had spent: the stage's
-  machine time, however many invocations it took."""
+  machine time, however many invocations it took (work an interrupted run lost after
+  its last checkpoint is not counted; its rerun's is)."""
   total = 0.0
   for sweep in _COPIED[1:]:
     for workdir in run_dir.find_runs(os.path.join(stage, sweep, "runs")):

@@ -130,6 +130,18 @@ def test_the_last_line_is_found_when_the_window_cuts_a_character(tmp_path):
     assert run_dir.last_metrics(tmp_path) == last
 
 
+def test_a_damaged_last_line_is_a_format_error_naming_the_file(tmp_path):
+  finished = json.dumps(_line(0, 0.1)) + "\n"
+  for damaged in ('{"step": 1}\n', "[1, 2]\n"):
+    (tmp_path / "metrics.jsonl").write_text(finished + damaged)
+    with pytest.raises(run_dir.RunFormatError, match="metrics.jsonl:a line near its end"):
+      run_dir.last_metrics(tmp_path)
+    assert sweep_plan.final_metrics(str(tmp_path), 1) is None
+  (tmp_path / "metrics.jsonl").write_bytes(finished.encode() + b'{"a": "\xff"}\n')
+  with pytest.raises(run_dir.RunFormatError, match="not UTF-8 near its end"):
+    run_dir.last_metrics(tmp_path)
+
+
 def test_readers_leave_out_a_line_whose_newline_is_not_written(tmp_path):
   finished = json.dumps(_line(0, 0.1)) + "\n"
   (tmp_path / "metrics.jsonl").write_text(finished + json.dumps(_line(1, 0.2))[:20])
@@ -151,6 +163,11 @@ def test_object_store_metrics_are_rewritten_at_most_every_interval_and_at_flush(
   assert run_dir.read_metrics(workdir) == []  # not yet rewritten
   writer.flush()
   assert [r["step"] for r in run_dir.read_metrics(workdir)] == [0, 1, 2]
+  # An event is written at once: a rerun does not log it again.
+  writer.write(_line(3, 0.3))
+  writer.write(dict(_line(3, 0.0), event="settings_changed", message="m"))
+  assert [r["event"] for r in run_dir.read_events(workdir)] == ["settings_changed"]
+  assert [r["step"] for r in run_dir.read_metrics(workdir)] == [0, 1, 2, 3]
   every_line = run_dir.MetricsWriter(workdir, resume_step=1)  # rewrite_every_s=0
   every_line.write(_line(2, 0.9))
   assert [(r["step"], r["val/avg@4"]) for r in run_dir.read_metrics(workdir)] == [
