@@ -23,8 +23,10 @@ from isojax.reproduce import runs as runs_lib
 from isojax.reproduce import tables
 
 SWEEPS = ("configs/sweep_easy.py", "configs/sweep_hard.py")
-# What a stage copies from the one before: the profiled splits and the two sweeps.
-_COPIED = ("splits", "easy", "hard")
+# The two sweeps' directories, and what a stage copies from the one before: the profiled
+# splits and the sweeps.
+_SWEEP_DIRS = ("easy", "hard")
+_COPIED = ("splits", *_SWEEP_DIRS)
 
 
 def stage_dir(out: str, budget: int) -> str:
@@ -50,7 +52,7 @@ def run_seconds(stage: str, before: str) -> float:
   machine time, however many invocations it took (work an interrupted run lost after
   its last checkpoint is not counted; its rerun's is)."""
   total = 0.0
-  for sweep in _COPIED[1:]:
+  for sweep in _SWEEP_DIRS:
     for workdir in run_dir.find_runs(os.path.join(stage, sweep, "runs")):
       start_dir = os.path.join(before, os.path.relpath(workdir, stage))
       end = run_dir.last_metrics(workdir)
@@ -118,7 +120,7 @@ def _stage_body(budget: int, study_budget: int, stage: str, before: str, since: 
   title, _, rest = findings.strip().partition("\n")
   del title  # the stage's own heading replaces it
   allocations = []
-  for sweep in ("easy", "hard"):
+  for sweep in _SWEEP_DIRS:
     path = os.path.join(stage, sweep, "analysis.json")
     if os.path.isfile(path):
       rows = allocation_rows(storage.read_json(path), since)
