@@ -67,7 +67,9 @@ def run_seconds(stage: str, before: str) -> float:
 Z = float(scipy.stats.norm.ppf(0.5 + bootstrap.DEFAULT_LEVEL / 2))
 
 
-def allocation_rows(analysis: dict[str, Any], since: float = 0.0) -> list[dict[str, Any]]:
+def allocation_rows(analysis: dict[str, Any], since: float = 0.0,
+                    finals: dict[tuple[int, int], dict[str, float]] | None = None
+                    ) -> list[dict[str, Any]]:
   """Per allocation of a sweep's analysis.json: its final value, its fitted asymptote A
   with a 90% interval (A +- Z * stderr), and whether the run has reached A: True when
   the interval's upper end is within `findings.CEILING_MARGIN` of the final value (at
@@ -75,7 +77,9 @@ def allocation_rows(analysis: dict[str, Any], since: float = 0.0) -> list[dict[s
   was still rising), None otherwise (the interval is too wide to tell, or A's error is
   undetermined). A flat fit has no rise left. `gain`: the final value less the value at
   the last evaluation within `since` rollouts (the stage before's end), what the stage
-  added, with no fitted model."""
+  added, with no fitted model. `views`: the analysis's other metrics (best@k, worst@k) at
+  the run's end, from `finals` ((B_p, n) -> the run's last metrics line), NaN where a run
+  has none."""
   records = {(r["problems_per_batch"], r["rollouts_per_problem"]): r
              for r in analysis["records"]}
   rows = []
@@ -91,27 +95,42 @@ def allocation_rows(analysis: dict[str, Any], since: float = 0.0) -> list[dict[s
                else None)
     rows.append(dict(problems_per_batch=key[0], rollouts_per_problem=key[1], final=final,
                      asymptote=a, lo=lo, hi=hi, flat=bool(f.get("flat")), reached=reached,
-                     gain=final - before[-1] if before else math.nan))
+                     gain=final - before[-1] if before else math.nan,
+                     views={m: (finals or {}).get(key, {}).get(m, math.nan)
+                            for m in analysis.get("views", {})}))
   return rows
+
+
+def final_views(analysis: dict[str, Any]) -> dict[tuple[int, int], dict[str, float]]:
+  """(B_p, n) -> the last metrics line of each run in a sweep's analysis.json."""
+  finals = {}
+  for record in analysis["records"]:
+    last = run_dir.last_metrics(record["path"])
+    if last is not None:
+      finals[record["problems_per_batch"], record["rollouts_per_problem"]] = last
+  return finals
 
 
 def allocation_table(sweep: str, rows: list[dict[str, Any]], since: float) -> list[str]:
   reached = sum(r["reached"] is True for r in rows)
   verdict = {True: "yes", False: "no", None: "undetermined"}
+  names = list(rows[0]["views"]) if rows else []
+  views = "".join(f" final {m.removeprefix('val/')} |" for m in names)
   rising = sum(r["reached"] is False for r in rows)
   lines = [f"**{sweep}**: {reached} of {len(rows)} allocations have reached their fitted "
            f"asymptote (its 90% interval ends within {findings.CEILING_MARGIN} above the "
            f"final value), {rising} were still rising (the interval lies above it), the "
            f"other {len(rows) - reached - rising} undetermined.", "",
            f"| B_p | n | final avg@4 | gain since C = {since:,.0f} | fitted asymptote "
-           "[90% CI] | reached |",
-           "|---|---|---|---|---|---|"]
+           f"[90% CI] | reached |{views}",
+           "|---|---|---|---|---|---|" + "---|" * len(names)]
   for r in rows:
     fit = ("flat (no rise)" if r["flat"] else
            f"{r['asymptote']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]" if math.isfinite(r["lo"])
            else f"{r['asymptote']:.3f} [undetermined]")
     lines.append(f"| {r['problems_per_batch']} | {r['rollouts_per_problem']} | "
-                 f"{r['final']:.3f} | {r['gain']:+.3f} | {fit} | {verdict[r['reached']]} |")
+                 f"{r['final']:.3f} | {r['gain']:+.3f} | {fit} | {verdict[r['reached']]} |"
+                 + "".join(f" {r['views'][m]:.3f} |" for m in names))
   return lines
 
 
@@ -123,7 +142,8 @@ def _stage_body(budget: int, study_budget: int, stage: str, before: str, since: 
   for sweep in _SWEEP_DIRS:
     path = os.path.join(stage, sweep, "analysis.json")
     if os.path.isfile(path):
-      rows = allocation_rows(storage.read_json(path), since)
+      analysis = storage.read_json(path)
+      rows = allocation_rows(analysis, since, final_views(analysis))
       allocations += allocation_table(sweep, rows, since) + [""]
   hours, minutes = divmod(round(run_seconds(stage, before) / 60), 60)
   cost = (f"Machine time: {hours} h {minutes:02d} min, the runs' steps and evaluations "
@@ -159,8 +179,9 @@ def run(inv: tables.Invocation, study_budget: int, budgets: Sequence[int]) -> st
       "and runs to the stage's budget. Each stage gives, per allocation, the final value "
       "and what the stage added to it (two single evaluations, each with its sampling "
       "error, `val/avg@4_stderr` in the run's metrics.jsonl), "
-      "the fitted sigmoid's asymptote with its 90% interval, and whether the run has "
-      "reached it (at most the K row's margin left), was still rising, or cannot tell; "
+      "the fitted sigmoid's asymptote with its 90% interval, whether the run has "
+      "reached it (at most the K row's margin left), was still rising, or cannot tell, "
+      "and its final best@4 and worst@4 (claims 2a and 2b compare these across n); "
       "then the study's "
       "findings table on those two sweeps: its S row says whether the runs were still "
       "rising when that budget ran out, its K row whether every n heads for one ceiling. "

@@ -118,7 +118,34 @@ def test_each_allocation_is_judged_by_its_asymptotes_interval():
   assert [rows[n]["gain"] for n in (2, 4)] == pytest.approx([0.49 - 0.35, 0.60 - 0.35])
   assert saturation.allocation_rows(analysis, 50)[0]["gain"] == pytest.approx(0.49 - 0.1)
   text = "\n".join(saturation.allocation_table("hard", list(rows.values()), 100))
+  assert "| reached |" in text and "final best" not in text  # no views: no columns
   assert "2 of 5 allocations have reached" in text and "1 were still rising" in text
   assert "| gain since C = 100 |" in text
   assert "| 8 | 32 | 0.400 | +0.050 | flat (no rise) | yes |" in text
   assert "| 8 | 16 | 0.500 | +0.150 | 0.900 [undetermined] | undetermined |" in text
+
+
+def test_each_allocation_shows_its_runs_last_best_and_worst(tmp_path):
+  def run(name, lines):
+    writer = run_dir.MetricsWriter(tmp_path / name)
+    for line in lines:
+      writer.write(dict(dict(rollouts=0, tokens=0, wall_s=0.0), **line))
+    return str(tmp_path / name)
+
+  first = run("bp8_n2", [dict(step=0, **{"val/best@4": 0.1, "val/worst@4": 0.0}),
+                         dict(step=9, **{"val/best@4": 0.625, "val/worst@4": 0.125})])
+  second = run("bp8_n4", [dict(step=0, loss=1.0)])  # no evaluation yet: no value
+  analysis = dict(
+      fits=[dict(problems_per_batch=8, rollouts_per_problem=n, a=0.5, a_stderr=0.01)
+            for n in (2, 4)],
+      records=[dict(path=path, problems_per_batch=8, rollouts_per_problem=n,
+                    rollouts=[0, 100], values=[0.1, 0.4])
+               for n, path in ((2, first), (4, second))],
+      views={"val/best@4": {}, "val/worst@4": {}})
+  rows = saturation.allocation_rows(analysis, 50, saturation.final_views(analysis))
+  assert rows[0]["views"] == {"val/best@4": 0.625, "val/worst@4": 0.125}
+  assert all(np.isnan(v) for v in rows[1]["views"].values())
+  text = saturation.allocation_table("easy", rows, 50)
+  assert text[2].endswith("| reached | final best@4 | final worst@4 |")
+  assert text[3] == "|---|---|---|---|---|---|---|---|"
+  assert text[4] == "| 8 | 2 | 0.400 | +0.300 | 0.500 [0.484, 0.516] | no | 0.625 | 0.125 |"
