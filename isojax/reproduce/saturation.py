@@ -67,28 +67,41 @@ def run_seconds(stage: str, before: str) -> float:
 Z = float(scipy.stats.norm.ppf(0.5 + bootstrap.DEFAULT_LEVEL / 2))
 
 
-def allocation_rows(analysis: dict[str, Any], since: float = 0.0,
-                    finals: dict[tuple[int, int], dict[str, float]] | None = None
-                    ) -> list[dict[str, Any]]:
-  """Per allocation of a sweep's analysis.json: its final value, its fitted asymptote A
-  with a 90% interval (A +- Z * stderr), and whether the run has reached A: True when
-  the interval's upper end is within `findings.CEILING_MARGIN` of the final value (at
-  most that much is left), False when its lower end is above the final value (the run
-  was still rising), None otherwise (the interval is too wide to tell, or A's error is
-  undetermined). A flat fit has no rise left. `gain`: the final value less the value at
-  the last evaluation within `since` rollouts (the stage before's end), what the stage
-  added, with no fitted model. `views`: the analysis's other metrics (best@k, worst@k) at
-  the run's end, from `finals` ((B_p, n) -> the run's last metrics line), NaN where a run
-  has none."""
-  records = {(r["problems_per_batch"], r["rollouts_per_problem"]): r
-             for r in analysis["records"]}
+Series = dict[str, tuple[list[float], list[float]]]  # metric -> (rollouts, values)
+
+
+def evaluations(analysis: dict[str, Any]) -> dict[tuple[int, int], Series]:
+  """(B_p, n) -> every evaluation of the analysis's metric and its views (best@k,
+  worst@k), read from the run of each record. The records themselves keep only a run's
+  record-breaking points (what the fits consume), not its final evaluation."""
+  metrics = [analysis["metric"], *analysis.get("views", {})]
+  out = {}
+  for record in analysis["records"]:
+    run = run_dir.load_run(record["path"])
+    out[record["problems_per_batch"], record["rollouts_per_problem"]] = {
+        m: run.series(m) for m in metrics}
+  return out
+
+
+def allocation_rows(analysis: dict[str, Any], since: float,
+                    evals: dict[tuple[int, int], Series]) -> list[dict[str, Any]]:
+  """Per allocation of a sweep's analysis.json (one run each): its final evaluation, its
+  fitted asymptote A with a 90% interval (A +- Z * stderr), and whether the run has
+  reached A: True when the interval's upper end is within `findings.CEILING_MARGIN` of
+  the final value (at most that much is left), False when its lower end is above the
+  final value (the run was still rising), None otherwise (the interval is too wide to
+  tell, or A's error is undetermined). A flat fit has no rise left. `gain`: the final
+  value less the last evaluation within `since` rollouts (the stage before's end), what
+  the stage added, with no fitted model. `views`: the analysis's other metrics (best@k,
+  worst@k) at the run's end. `evals`: from `evaluations`."""
+  metric, names = analysis["metric"], list(analysis.get("views", {}))
   rows = []
   for f in sorted(analysis["fits"], key=lambda f: (f["problems_per_batch"],
                                                   f["rollouts_per_problem"])):
     key = (f["problems_per_batch"], f["rollouts_per_problem"])
-    record = records[key]
-    final, a, se = record["values"][-1], f["a"], f.get("a_stderr")
-    before = [v for c, v in zip(record["rollouts"], record["values"]) if c <= since]
+    rollouts, values = evals[key][metric]
+    final, a, se = values[-1], f["a"], f.get("a_stderr")
+    before = [v for c, v in zip(rollouts, values) if c <= since]
     lo, hi = (a - Z * se, a + Z * se) if se is not None else (math.nan, math.nan)
     reached = (True if f.get("flat") else None if se is None else
                True if hi <= final + findings.CEILING_MARGIN else False if lo > final
@@ -96,19 +109,9 @@ def allocation_rows(analysis: dict[str, Any], since: float = 0.0,
     rows.append(dict(problems_per_batch=key[0], rollouts_per_problem=key[1], final=final,
                      asymptote=a, lo=lo, hi=hi, flat=bool(f.get("flat")), reached=reached,
                      gain=final - before[-1] if before else math.nan,
-                     views={m: (finals or {}).get(key, {}).get(m, math.nan)
-                            for m in analysis.get("views", {})}))
+                     views={m: evals[key][m][1][-1] if evals[key][m][1] else math.nan
+                            for m in names}))
   return rows
-
-
-def final_views(analysis: dict[str, Any]) -> dict[tuple[int, int], dict[str, float]]:
-  """(B_p, n) -> the last metrics line of each run in a sweep's analysis.json."""
-  finals = {}
-  for record in analysis["records"]:
-    last = run_dir.last_metrics(record["path"])
-    if last is not None:
-      finals[record["problems_per_batch"], record["rollouts_per_problem"]] = last
-  return finals
 
 
 def allocation_table(sweep: str, rows: list[dict[str, Any]], since: float) -> list[str]:
@@ -143,7 +146,7 @@ def _stage_body(budget: int, study_budget: int, stage: str, before: str, since: 
     path = os.path.join(stage, sweep, "analysis.json")
     if os.path.isfile(path):
       analysis = storage.read_json(path)
-      rows = allocation_rows(analysis, since, final_views(analysis))
+      rows = allocation_rows(analysis, since, evaluations(analysis))
       allocations += allocation_table(sweep, rows, since) + [""]
   hours, minutes = divmod(round(run_seconds(stage, before) / 60), 60)
   cost = (f"Machine time: {hours} h {minutes:02d} min, the runs' steps and evaluations "

@@ -70,7 +70,8 @@ def test_a_stage_starts_as_a_whole_copy_of_the_one_before(tmp_path):
   saturation._start_stage(str(source), str(target))  # pylint: disable=protected-access
   assert (target / "hard" / "f.json").read_text() == "trained on"  # never copied over
   # A source without both sweeps: the stage runs them from the start.
-  saturation._start_stage(str(tmp_path / "missing"), str(tmp_path / "s2"))  # pylint: disable=protected-access
+  missing, s2 = str(tmp_path / "missing"), str(tmp_path / "s2")
+  saturation._start_stage(missing, s2)  # pylint: disable=protected-access
   assert not (tmp_path / "s2").exists()
   with pytest.raises(ValueError, match="above the study's"):
     saturation.run(tables.Invocation(out=str(tmp_path), results=str(tmp_path), repo=".",
@@ -103,20 +104,20 @@ def test_a_named_commit_wins_over_the_copys_git(monkeypatch):
 def test_each_allocation_is_judged_by_its_asymptotes_interval():
   def fit(b_p, n, a, se, flat=False):
     return dict(problems_per_batch=b_p, rollouts_per_problem=n, a=a, a_stderr=se, flat=flat)
-  analysis = dict(
-      fits=[fit(8, 2, 0.50, 0.005), fit(8, 4, 0.70, 0.02), fit(8, 8, 0.60, 0.5),
-            fit(8, 16, 0.9, None), fit(8, 32, 0.4, 0.3, flat=True)],
-      records=[dict(problems_per_batch=8, rollouts_per_problem=n, rollouts=[0, 90, 100, 400],
-                    values=[0.1, 0.3, 0.35, final])
-               for n, final in ((2, 0.49), (4, 0.60), (8, 0.55), (16, 0.5), (32, 0.4))])
-  rows = {r["rollouts_per_problem"]: r for r in saturation.allocation_rows(analysis, 100)}
+  analysis = dict(metric="val/avg@4",
+                  fits=[fit(8, 2, 0.50, 0.005), fit(8, 4, 0.70, 0.02), fit(8, 8, 0.60, 0.5),
+                        fit(8, 16, 0.9, None), fit(8, 32, 0.4, 0.3, flat=True)])
+  evals = {(8, n): {"val/avg@4": ([0, 90, 100, 400], [0.1, 0.3, 0.35, final])}
+           for n, final in ((2, 0.49), (4, 0.60), (8, 0.55), (16, 0.5), (32, 0.4))}
+  rows = {r["rollouts_per_problem"]: r
+          for r in saturation.allocation_rows(analysis, 100, evals)}
   # n=2: 0.50 + 1.645 * 0.005 = 0.508 <= 0.49 + 0.02: reached. n=4: 0.70 - 0.033 > 0.60:
   # still rising. n=8: [-0.22, 1.42] holds both. n=16: no error. n=32: flat.
   assert [rows[n]["reached"] for n in (2, 4, 8, 16, 32)] == [True, False, None, None, True]
   assert rows[2]["hi"] == pytest.approx(0.50 + 1.6448536 * 0.005)
   # What the stage added: the final value less the one at C = 100.
   assert [rows[n]["gain"] for n in (2, 4)] == pytest.approx([0.49 - 0.35, 0.60 - 0.35])
-  assert saturation.allocation_rows(analysis, 50)[0]["gain"] == pytest.approx(0.49 - 0.1)
+  assert saturation.allocation_rows(analysis, 50, evals)[0]["gain"] == pytest.approx(0.49 - 0.1)
   text = "\n".join(saturation.allocation_table("hard", list(rows.values()), 100))
   assert "| reached |" in text and "final best" not in text  # no views: no columns
   assert "2 of 5 allocations have reached" in text and "1 were still rising" in text
@@ -125,27 +126,35 @@ def test_each_allocation_is_judged_by_its_asymptotes_interval():
   assert "| 8 | 16 | 0.500 | +0.150 | 0.900 [undetermined] | undetermined |" in text
 
 
-def test_each_allocation_shows_its_runs_last_best_and_worst(tmp_path):
+def test_each_allocation_ends_at_its_runs_last_evaluation_not_its_last_record(tmp_path):
+  """The analysis keeps a run's record-breaking points only; the table reads the run."""
   def run(name, lines):
+    run_dir.write_config(tmp_path / name, dict(problems_per_batch=8, rollouts_per_problem=2))
     writer = run_dir.MetricsWriter(tmp_path / name)
     for line in lines:
-      writer.write(dict(dict(rollouts=0, tokens=0, wall_s=0.0), **line))
+      writer.write(dict(dict(tokens=0, wall_s=0.0), **line))
     return str(tmp_path / name)
 
-  first = run("bp8_n2", [dict(step=0, **{"val/best@4": 0.1, "val/worst@4": 0.0}),
-                         dict(step=9, **{"val/best@4": 0.625, "val/worst@4": 0.125})])
-  second = run("bp8_n4", [dict(step=0, loss=1.0)])  # no evaluation yet: no value
+  def evaluation(step, avg, best, worst):
+    return {"step": step, "rollouts": 16 * step, "val/avg@4": avg, "val/best@4": best,
+            "val/worst@4": worst}
+
+  path = run("bp8_n2", [evaluation(0, 0.1, 0.2, 0.0), dict(step=1, rollouts=16, loss=1.0),
+                        evaluation(5, 0.45, 0.5, 0.25), evaluation(9, 0.4, 0.625, 0.125),
+                        dict(step=9, rollouts=144, event="preempted", message="resumed")])
   analysis = dict(
-      fits=[dict(problems_per_batch=8, rollouts_per_problem=n, a=0.5, a_stderr=0.01)
-            for n in (2, 4)],
-      records=[dict(path=path, problems_per_batch=8, rollouts_per_problem=n,
-                    rollouts=[0, 100], values=[0.1, 0.4])
-               for n, path in ((2, first), (4, second))],
+      metric="val/avg@4",
+      fits=[dict(problems_per_batch=8, rollouts_per_problem=2, a=0.5, a_stderr=0.01)],
+      # The record-breaking points: 0.4 at the end is below the 0.45 before it.
+      records=[dict(path=path, problems_per_batch=8, rollouts_per_problem=2,
+                    rollouts=[0, 80], values=[0.1, 0.45])],
       views={"val/best@4": {}, "val/worst@4": {}})
-  rows = saturation.allocation_rows(analysis, 50, saturation.final_views(analysis))
-  assert rows[0]["views"] == {"val/best@4": 0.625, "val/worst@4": 0.125}
-  assert all(np.isnan(v) for v in rows[1]["views"].values())
-  text = saturation.allocation_table("easy", rows, 50)
+  evals = saturation.evaluations(analysis)
+  assert evals[8, 2]["val/avg@4"] == ([0.0, 80.0, 144.0], [0.1, 0.45, 0.4])
+  [row] = saturation.allocation_rows(analysis, 100, evals)
+  assert (row["final"], row["gain"]) == (0.4, pytest.approx(0.4 - 0.45))
+  assert row["views"] == {"val/best@4": 0.625, "val/worst@4": 0.125}
+  text = saturation.allocation_table("easy", [row], 100)
   assert text[2].endswith("| reached | final best@4 | final worst@4 |")
   assert text[3] == "|---|---|---|---|---|---|---|---|"
-  assert text[4] == "| 8 | 2 | 0.400 | +0.300 | 0.500 [0.484, 0.516] | no | 0.625 | 0.125 |"
+  assert text[4] == "| 8 | 2 | 0.400 | -0.050 | 0.500 [0.484, 0.516] | no | 0.625 | 0.125 |"
