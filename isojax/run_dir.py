@@ -28,7 +28,7 @@ import json
 import math
 import os
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from etils import epath
 
@@ -239,9 +239,10 @@ def _finished(text: str) -> list[str]:
   return finished
 
 
-def last_metrics(workdir: storage.PathLike) -> dict[str, Any] | None:
-  """The last measurement line of metrics.jsonl (None when it has none), read from the
-  file's end: a run of 65,536 steps has as many lines."""
+def _last_line(workdir: storage.PathLike, keep: Callable[[dict[str, Any]], bool]
+               ) -> dict[str, Any] | None:
+  """The last line of metrics.jsonl that `keep` accepts (None when none does), read from
+  the file's end in growing windows: a run of 65,536 steps has as many lines."""
   path = metrics_path(workdir)
   if not path.is_file():
     raise RunFormatError(f"{path}: missing (every run directory has a {METRICS_FILE})")
@@ -259,10 +260,20 @@ def last_metrics(workdir: storage.PathLike) -> dict[str, Any] | None:
       except UnicodeDecodeError as e:
         raise RunFormatError(f"{path}: not UTF-8 near its end ({e})") from e
       found = [r for r in (_parse_line(path, "a line near its end", t)
-                           for t in _finished(text) if t.strip()) if EVENT not in r]
+                           for t in _finished(text) if t.strip()) if keep(r)]
       if found or span >= size:
         return found[-1] if found else None
       span *= 4
+
+
+def last_metrics(workdir: storage.PathLike) -> dict[str, Any] | None:
+  """The last measurement line of metrics.jsonl (None when it has none)."""
+  return _last_line(workdir, lambda r: EVENT not in r)
+
+
+def last_line(workdir: storage.PathLike) -> dict[str, Any] | None:
+  """The last line of metrics.jsonl, measurement or event (None when it is empty)."""
+  return _last_line(workdir, lambda r: True)
 
 
 def read_metrics(workdir: storage.PathLike) -> list[dict[str, Any]]:

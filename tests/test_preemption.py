@@ -170,16 +170,18 @@ def test_main_exits_0_on_sigterm_with_the_step_saved(tmp_path):
 
 
 def test_the_sweep_runner_keeps_a_preempted_run_pending(tmp_path):
-  """Exit 0 short of num_steps is pending after a preemption event, failed without."""
-  for name, events in (("preempted", [metrics.EVENT_PREEMPTED]), ("short", [])):
+  """Exit 0 short of num_steps is pending when the run's last line is a preemption event,
+  failed otherwise: no event, or an earlier preemption the run resumed from."""
+  step = {"step": 3, "rollouts": 48, "tokens": 100, "wall_s": 1.0, "val/avg@4": 0.5}
+  preempted = dict(step, event=metrics.EVENT_PREEMPTED, message="preempted")
+  for name, lines, pending in (("preempted", [step, preempted], True),
+                               ("short", [step], False),
+                               ("resumed", [step, preempted, dict(step, step=4)], False)):
     workdir = tmp_path / "runs" / name
     writer = run_dir.MetricsWriter(str(workdir))
-    writer.write({"step": 3, "rollouts": 48, "tokens": 100, "wall_s": 1.0,
-                  "val/avg@4": 0.5})
-    for event in events:
-      writer.write({"step": 3, "rollouts": 48, "tokens": 100, "wall_s": 1.0,
-                    "event": event, "message": "preempted"})
-    entry = dict(name=name, num_steps=4, state=sweep_plan.RUNNING)
+    for line in lines:
+      writer.write(line)
+    entry = dict(name=name, num_steps=8, state=sweep_plan.RUNNING)
     os.makedirs(workdir, exist_ok=True)
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
@@ -187,7 +189,7 @@ def test_the_sweep_runner_keeps_a_preempted_run_pending(tmp_path):
                             open(workdir / runner.LOG_FILE, "w"), time.time())
     os.makedirs(sweep_plan.run_dir_of(str(tmp_path), name), exist_ok=True)
     runner._finish(str(tmp_path), active)  # pylint: disable=protected-access
-    want = sweep_plan.PENDING if events else sweep_plan.FAILED
+    want = sweep_plan.PENDING if pending else sweep_plan.FAILED
     assert entry["state"] == want, entry
 
 

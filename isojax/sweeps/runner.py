@@ -278,12 +278,13 @@ def _finish(out_dir: str, a: _Active) -> None:
 
 
 def _preempted(workdir: str) -> bool:
-  """The run's last event says it stopped on a preemption notice."""
+  """The run's last line is a preemption event: the line a run writes last when it
+  stops on a preemption notice, after saving its step."""
   try:
-    events = run_dir.read_events(workdir)
+    last = run_dir.last_line(workdir)
   except run_dir.RunFormatError:
     return False
-  return bool(events) and events[-1].get(run_dir.EVENT) == metrics.EVENT_PREEMPTED
+  return last is not None and last.get(run_dir.EVENT) == metrics.EVENT_PREEMPTED
 
 
 def _finish_line(entry: dict[str, Any], count: int, total: int) -> str:

@@ -111,8 +111,10 @@ def test_local_metrics_grow_by_appending_never_by_rewriting(tmp_path, monkeypatc
   # The last line read from the end, however long the lines before and itself are.
   long_line = dict(_line(5, 0.5), counts=list(range(30000)))
   writer.write(long_line)
-  writer.write(dict(_line(5, 0.5), event="preempted", message="not a measurement"))
+  event = dict(_line(5, 0.5), event="preempted", message="not a measurement")
+  writer.write(event)
   assert run_dir.last_metrics(tmp_path) == long_line
+  assert run_dir.last_line(tmp_path) == event
   assert run_dir.read_metrics(tmp_path)[-1] == long_line
   # A resume drops the lines after its step, then appends again.
   resumed = run_dir.MetricsWriter(tmp_path, resume_step=2)
