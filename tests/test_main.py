@@ -109,6 +109,29 @@ def test_an_extension_trains_on_to_what_the_longer_run_computes(tmp_path):
     train.run(short, str(extended), allow_changed=["num_steps"])
 
 
+def test_an_extension_may_evaluate_more_often_and_trains_the_same(tmp_path):
+  """Where a run evaluates does not change what it trains: an extension that raises the
+  evaluation count trains what the run planned at the old count computes."""
+  def micro(num_steps, count):
+    config = _micro(None, num_steps=num_steps, budget_rollouts=None)
+    config.eval.update(schedule="log", count=count, train_problems=0)
+    return config
+
+  extended, fresh = tmp_path / "extended", tmp_path / "fresh"
+  train.run(micro(2, 1), str(extended))
+  train.run(micro(4, 4), str(extended), allow_changed=["num_steps", "eval.count"])
+  train.run(micro(4, 1), str(fresh))
+  lines = {name: run_dir.read_metrics(str(d)) for name, d in (("extended", extended),
+                                                               ("fresh", fresh))}
+  evaluated = {name: [r["step"] for r in v if "val/avg@4" in r] for name, v in lines.items()}
+  # count 1: steps 0 and the end; count 4 past step 2: round(geomspace(1, 4, 4)) = 1, 2, 3, 4.
+  assert evaluated == {"extended": [0, 2, 3, 4], "fresh": [0, 4]}
+  trained = {name: [{k: x for k, x in run_dir.without_timings(r).items()
+                     if k.startswith("train/")} for r in v if "train/loss" in r]
+             for name, v in lines.items()}
+  assert trained["extended"] == trained["fresh"] and len(trained["fresh"]) == 4
+
+
 def _files(workdir):
   """config.json, metrics.jsonl and the checkpoint steps, as they are on disk."""
   return ((workdir / "config.json").read_text(), (workdir / "metrics.jsonl").read_text(),

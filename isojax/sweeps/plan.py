@@ -27,7 +27,8 @@ A sweep rerun at a larger budget with `extend` trains its runs on past their old
 each plan.json is rewritten with the new length (and what follows from it: the budget,
 the evaluation and checkpoint cadence, and a splits directory that moved with a copied
 sweep when its split file is the same), and its manifest entry records the allowance
-the run is resumed with.
+the run is resumed with. `evals_per_run` may change with the budget: the extended run
+evaluates where the new plan puts its evaluations past the old end.
 """
 
 from __future__ import annotations
@@ -336,9 +337,11 @@ def write_manifest(out_dir: str, manifest: dict[str, Any]) -> None:
 
 
 # The plan fields an extension changes; those of them a resume must be allowed to change.
-EXTENSION_FIELDS = ("num_steps", "budget_rollouts", "eval.every", "checkpoint_every",
-                    "task.splits_dir")
-_EXTENSION_ALLOWANCE = ("num_steps", "eval.every", "task.splits_dir")
+# `eval.count` (evals_per_run) may change with it: where a run evaluates does not change
+# what it trains, and a denser schedule sharpens the fits' late points.
+EXTENSION_FIELDS = ("num_steps", "budget_rollouts", "eval.every", "eval.count",
+                    "checkpoint_every", "task.splits_dir")
+_EXTENSION_ALLOWANCE = ("num_steps", "eval.every", "eval.count", "task.splits_dir")
 
 
 def _plan_change(path: str, config: dict[str, Any], extend: bool = False

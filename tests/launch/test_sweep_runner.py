@@ -228,6 +228,17 @@ def test_an_extension_rewrites_only_plans_cut_shorter_and_resumes_them_allowed(t
   again = sweep_plan.prepare(_sweep(budget_rollouts=256), out, "local", extend=True)
   assert [e["allow_changed"] for e in again["runs"]] == [["num_steps", "eval.every"]] * 3
   assert sweep_runner.main_command("p.json", "w")[-1] == "--workdir=w"
+  # Denser evaluations may come with a longer plan, never alone.
+  denser = _sweep(budget_rollouts=512, evals_per_run=8)
+  with pytest.raises(sweep_plan.SweepError, match="eval.count"):
+    sweep_plan.prepare(_sweep(budget_rollouts=256, evals_per_run=8), out, "local",
+                       extend=True)
+  manifest = sweep_plan.prepare(denser, out, "local", extend=True)
+  for e in manifest["runs"]:
+    plan = json.load(open(sweep_plan.plan_path(out, e["name"])))
+    assert (plan["num_steps"], plan["eval"]["count"]) == (4 * steps[e["name"]], 8)
+    # eval.every = M // evals_per_run: 4M // 8 = 2M // 4, unchanged.
+    assert e["allow_changed"] == ["num_steps", "eval.count"]
 
 
 def test_a_split_is_the_same_split_when_it_holds_the_same_problems(tmp_path):
