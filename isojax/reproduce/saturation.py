@@ -72,8 +72,8 @@ Series = dict[str, tuple[list[float], list[float]]]  # metric -> (rollouts, valu
 
 def evaluations(analysis: dict[str, Any]) -> dict[tuple[int, int], Series]:
   """(B_p, n) -> every evaluation of the analysis's metric and its views (best@k,
-  worst@k), read from the run of each record. The records themselves keep only a run's
-  record-breaking points (what the fits consume), not its final evaluation."""
+  worst@k), read from the run of each record: analysis.json's records list only a run's
+  record-breaking points, which leave out a final evaluation below an earlier one."""
   metrics = [analysis["metric"], *analysis.get("views", {})]
   out = {}
   for record in analysis["records"]:
