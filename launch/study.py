@@ -6,6 +6,9 @@ r"""The IsoCompute study in one command: profile -> sweep easy -> sweep hard -> 
         --sweeps=configs/sweep_recall_easy.py,configs/sweep_recall_hard.py
     python -m launch.study --out=/tmp/isojax/study --budget_rollouts=262144 --extend \
         --sweeps=configs/sweep_easy.py,configs/sweep_hard.py   # train them on to 4x C
+    # ... evaluating 24 times per plan instead of the configs' 12 (denser past the old end)
+    python -m launch.study --out=/tmp/isojax/study --budget_rollouts=262144 --extend \
+        --evals_per_run=24 --sweeps=configs/sweep_easy.py,configs/sweep_hard.py
 
 Steps, each reusing what an earlier (interrupted) invocation finished, so rerunning
 the same command resumes the study:
@@ -64,6 +67,9 @@ _BUDGET = flags.DEFINE_integer("budget_rollouts", 0, "The budget C of every swee
 _EXTEND = flags.DEFINE_bool("extend", False, "Train the runs of a study made at a smaller "
                             "--budget_rollouts on to this one (each the same run trained "
                             "longer) instead of refusing their plans.")
+_EVALS = flags.DEFINE_integer("evals_per_run", 0, "Evaluations per run of every sweep (0: "
+                               "each sweep config's own). With --extend it may rise: the "
+                               "runs evaluate more densely past their old end.")
 _PROFILE_OPTIONS = profile_flags.define_option_flags()
 flags.adopt_module_key_flags(profile_flags)  # list them in --help
 
@@ -71,13 +77,17 @@ flags.adopt_module_key_flags(profile_flags)  # list them in --help
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if _EVALS.value < 0:
+    raise app.UsageError(f"--evals_per_run={_EVALS.value}: expected >= 1, or 0 for each "
+                         "sweep config's own")
   logging.set_verbosity(logging.INFO)
   out_dir = storage.absolute(_OUT.value)
   workers = _WORKERS.value or sweep_runner.default_workers()
   try:
     study = study_lib.run(out_dir, profile_config=_PROFILE_CONFIG.value, sweeps=_SWEEPS.value,
                           workers=workers, options_from_dir=_PROFILE_OPTIONS,
-                          budget=_BUDGET.value, extend=_EXTEND.value)
+                          budget=_BUDGET.value, extend=_EXTEND.value,
+                          evals_per_run=_EVALS.value)
   except (profiling.ProfileError, sweep_plan.SweepError) as e:
     raise SystemExit(f"launch.study: error: {e}") from None
   except (KeyboardInterrupt, sweep_runner.Interrupted):

@@ -14,6 +14,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from absl import logging
+import ml_collections
 
 from isojax import storage
 from isojax.planner import analysis, findings
@@ -34,14 +35,25 @@ def profile(out_dir: str, profile_config: str, options: profiling.Options
   return profiling.model_path(config), summaries
 
 
-def run_sweep(spec: str, out_dir: str, model: str | None, workers: int, budget: int = 0,
-              extend: bool = False) -> dict:
-  """Runs one sweep on the study's splits (`model`: the profiled base model, None when
-  nothing was profiled; `extend`: train runs planned for a smaller budget on, see
-  `sweep_plan.prepare`); returns its entry of study.json."""
+def load_sweep(spec: str, budget: int = 0, evals_per_run: int = 0
+               ) -> ml_collections.ConfigDict:
+  """The sweep config `spec` with the study's settings for every sweep over its own
+  (0: the config's)."""
   sweep = sweep_plan.load_config_file(spec)
   if budget:
     sweep.budget_rollouts = budget
+  if evals_per_run:
+    sweep.evals_per_run = evals_per_run
+  return sweep
+
+
+def run_sweep(spec: str, out_dir: str, model: str | None, workers: int, budget: int = 0,
+              extend: bool = False, evals_per_run: int = 0) -> dict:
+  """Runs one sweep on the study's splits (`model`: the profiled base model, None when
+  nothing was profiled; `extend`: train runs planned for a smaller budget on, see
+  `sweep_plan.prepare`; `budget`, `evals_per_run`: see `load_sweep`); returns its entry
+  of study.json."""
+  sweep = load_sweep(spec, budget, evals_per_run)
   split = sweep.overrides.get("task", {}).get("split")
   if split and model is None:
     raise sweep_plan.SweepError(
@@ -73,7 +85,7 @@ def run_sweep(spec: str, out_dir: str, model: str | None, workers: int, budget: 
 
 def run(out_dir: str, *, profile_config: str, sweeps: Sequence[str], workers: int,
         options_from_dir: Callable[[str], profiling.Options], budget: int = 0,
-        extend: bool = False) -> dict[str, Any]:
+        extend: bool = False, evals_per_run: int = 0) -> dict[str, Any]:
   """The whole study into `out_dir`; returns study.json's contents (also written).
 
   `options_from_dir(splits_dir)` gives the profiling options. An empty `profile_config`
@@ -88,7 +100,7 @@ def run(out_dir: str, *, profile_config: str, sweeps: Sequence[str], workers: in
                                options_from_dir(os.path.join(out_dir, SPLITS_DIR)))
   entries = {}
   for spec in sweeps:
-    entry = run_sweep(spec, out_dir, model, workers, budget, extend)
+    entry = run_sweep(spec, out_dir, model, workers, budget, extend, evals_per_run)
     entries[os.path.basename(entry["dir"])] = entry
   study = dict(out_dir=out_dir, model=model, wall_s=round(time.time() - start, 1),
                splits=[s.__dict__ for s in summaries], sweeps=entries)

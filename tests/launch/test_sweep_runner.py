@@ -10,6 +10,7 @@ import fcntl
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 
@@ -19,6 +20,9 @@ import pytest
 from isojax import run_dir
 from isojax.sweeps import plan as sweep_plan
 from isojax.sweeps import runner as sweep_runner
+from isojax.sweeps import study as study_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Stand-in run: sleeps, writes metrics up to num_steps with val/avg@4 = n / 100, and
 # records how many stand-ins were running at once; the n = 4 run fails instead.
@@ -239,6 +243,29 @@ def test_an_extension_rewrites_only_plans_cut_shorter_and_resumes_them_allowed(t
     assert (plan["num_steps"], plan["eval"]["count"]) == (4 * steps[e["name"]], 8)
     # eval.every = M // evals_per_run: 4M // 8 = 2M // 4, unchanged.
     assert e["allow_changed"] == ["num_steps", "eval.count"]
+
+
+def test_a_study_sets_every_sweeps_budget_and_evaluations_over_its_own(tmp_path):
+  spec = "configs/sweep_hard.py:micro"
+  own = sweep_plan.load_config_file(spec)
+  assert study_lib.load_sweep(spec).to_dict() == own.to_dict()
+  sweep = study_lib.load_sweep(spec, budget=4 * own.budget_rollouts, evals_per_run=24)
+  assert (sweep.budget_rollouts, sweep.evals_per_run) == (4 * own.budget_rollouts, 24)
+  out = str(tmp_path / "sweep")
+  sweep_plan.prepare(study_lib.load_sweep(spec), out, "local")
+  manifest = sweep_plan.prepare(sweep, out, "local", extend=True)
+  counts = {json.load(open(sweep_plan.plan_path(out, e["name"])))["eval"]["count"]
+            for e in manifest["runs"]}
+  assert counts == {24} and all("eval.count" in e["allow_changed"] for e in manifest["runs"])
+  with pytest.raises(sweep_plan.SweepError, match="evals_per_run=-1: expected >= 1"):
+    sweep_plan.prepare(study_lib.load_sweep(spec, evals_per_run=-1), str(tmp_path / "x"),
+                       "local")
+  # The command refuses it before profiling anything.
+  proc = subprocess.run([sys.executable, "-m", "launch.study", f"--out={tmp_path / 'study'}",
+                         "--evals_per_run=-1"], cwd=REPO, capture_output=True, text=True,
+                        timeout=120)
+  assert proc.returncode != 0 and "--evals_per_run=-1: expected >= 1" in proc.stderr
+  assert not (tmp_path / "study").exists()
 
 
 def test_a_split_is_the_same_split_when_it_holds_the_same_problems(tmp_path):
