@@ -13,15 +13,20 @@ sweeps the same keys at C = 16,384, 128 per key, where the smaller n saturate: 1
 with n up to 64, as the sweep `recall_easy_long`. (At 65,536 every allocation ends at
 avg@4 = 1 and the final values compare nothing.)
 
-Presets: default, long, micro (3 runs of 16 keys at C = 64: a smoke test).
+`constant_lr` and `long_constant_lr` are the learning-rate control of
+configs/sweep_recall_hard.py on each (sweeps `recall_easy_constant_lr` and
+`recall_easy_long_constant_lr`).
+
+Presets: default, long, constant_lr, long_constant_lr, micro (3 runs of 16 keys at
+C = 64: a smoke test).
 """
 
 from isojax.configs import sweep_recall_hard
 
 
 def get_config(arg=None):
-  if arg == "long":
+  if arg in ("long", "long_" + sweep_recall_hard.CONSTANT_LR):
     return sweep_recall_hard.recall_sweep("recall_easy_long", sweep_recall_hard.EASY_LEVELS,
-                                          "easy", None, budget=16384)
+                                          "easy", arg[len("long_"):] or None, budget=16384)
   return sweep_recall_hard.recall_sweep("recall_easy", sweep_recall_hard.EASY_LEVELS, "easy",
                                         arg, budget=4096)

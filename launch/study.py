@@ -9,6 +9,9 @@ r"""The IsoCompute study in one command: profile -> sweep easy -> sweep hard -> 
     # ... evaluating 24 times per plan instead of the configs' 12 (denser past the old end)
     python -m launch.study --out=/tmp/isojax/study --budget_rollouts=262144 --extend \
         --evals_per_run=24 --sweeps=configs/sweep_easy.py,configs/sweep_hard.py
+    # three replicate seeds of every allocation: intervals over seeds, then problems
+    python -m launch.study --out=/tmp/isojax/study --seeds=0,1,2 \
+        --sweeps=configs/sweep_easy.py,configs/sweep_hard.py
 
 Steps, each reusing what an earlier (interrupted) invocation finished, so rerunning
 the same command resumes the study:
@@ -70,6 +73,10 @@ _EXTEND = flags.DEFINE_bool("extend", False, "Train the runs of a study made at 
 _EVALS = flags.DEFINE_integer("evals_per_run", 0, "Evaluations per run of every sweep (0: "
                                "each sweep config's own). With --extend it may rise: the "
                                "runs evaluate more densely past their old end.")
+_SEEDS = flags.DEFINE_list("seeds", [], "Replicate seeds of every allocation of every sweep "
+                           "(empty: each sweep config's own `seeds`). Seeds are the unit "
+                           "of each interval: an allocation with one seed yields only "
+                           "indicative verdicts.")
 _PROFILE_OPTIONS = profile_flags.define_option_flags()
 flags.adopt_module_key_flags(profile_flags)  # list them in --help
 
@@ -77,17 +84,20 @@ flags.adopt_module_key_flags(profile_flags)  # list them in --help
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if _EVALS.value < 0:
-    raise app.UsageError(f"--evals_per_run={_EVALS.value}: expected >= 1, or 0 for each "
-                         "sweep config's own")
+  if not all(s.isdigit() for s in _SEEDS.value):
+    raise app.UsageError(f"--seeds={','.join(_SEEDS.value)}: expected non-negative integers")
+  try:
+    overrides = study_lib.Overrides(budget=_BUDGET.value, evals_per_run=_EVALS.value,
+                                    seeds=tuple(int(s) for s in _SEEDS.value))
+  except sweep_plan.SweepError as e:
+    raise app.UsageError(f"--budget_rollouts, --evals_per_run or --seeds: {e}") from None
   logging.set_verbosity(logging.INFO)
   out_dir = storage.absolute(_OUT.value)
   workers = _WORKERS.value or sweep_runner.default_workers()
   try:
     study = study_lib.run(out_dir, profile_config=_PROFILE_CONFIG.value, sweeps=_SWEEPS.value,
                           workers=workers, options_from_dir=_PROFILE_OPTIONS,
-                          budget=_BUDGET.value, extend=_EXTEND.value,
-                          evals_per_run=_EVALS.value)
+                          overrides=overrides, extend=_EXTEND.value)
   except (profiling.ProfileError, sweep_plan.SweepError) as e:
     raise SystemExit(f"launch.study: error: {e}") from None
   except (KeyboardInterrupt, sweep_runner.Interrupted):

@@ -1,20 +1,35 @@
 """The study section: `launch.study` (profile, every sweep of the paper, analyses,
-findings) at a budget per sweep; its findings table and plots."""
+findings) at a budget per sweep; its findings table and plots.
+
+The easy and hard sweeps hold the primary claims (1, 2a, 2b) and run every allocation
+with each replicate seed; the other sweeps run one seed, so their verdicts are
+indicative (docs/study.md, "How a claim is decided")."""
 
 from __future__ import annotations
 
 import os
+from typing import Sequence
 
 from isojax.reproduce import runs as runs_lib
 from isojax.reproduce import tables
 
 
-def run(inv: tables.Invocation, budget: int) -> str:
-  """study.md and the study's plots in img/; returns the table's path."""
+PRIMARY = ("configs/sweep_easy.py", "configs/sweep_hard.py")
+SECONDARY = ("configs/sweep_fixed_batch.py", "configs/sweep_problems_per_batch.py",
+             "configs/sweep_problem_set_size.py", "configs/sweep_decoupled.py",
+             "configs/sweep_algorithms.py", "configs/sweep_reasoning.py")
+
+
+def run(inv: tables.Invocation, budget: int, seeds: Sequence[str]) -> str:
+  """study.md and the study's plots in img/ (`seeds`: the primary sweeps' replicate
+  seeds); returns the table's path."""
   study_dir = os.path.join(inv.out, f"study_C{budget}")
-  findings, wall_s = runs_lib.launch_study(inv, study_dir, budget)
+  runs_lib.launch_study(inv, study_dir, budget, PRIMARY, [f"--seeds={','.join(seeds)}"])
+  findings, wall_s = runs_lib.launch_study(inv, study_dir, budget, SECONDARY)
   images = runs_lib.study_images(study_dir, inv.results, "study")
   body = "\n".join([f"`launch.study` at C = {budget:,} rollouts per sweep, from the shipped "
-                    "arithmetic base model.", "", findings.strip(), "", *images, ""])
+                    f"arithmetic base model; the easy and hard sweeps with seeds "
+                    f"{', '.join(seeds)} for every allocation, the others with one seed.", "",
+                    findings.strip(), "", *images, ""])
   return tables.write(inv, "study.md", "The study: the paper's findings on the tiny default",
                       wall_s, body)

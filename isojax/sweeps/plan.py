@@ -134,6 +134,7 @@ def check_sweep_config(sweep: ml_collections.ConfigDict) -> None:
     raise SweepError(f"train_fraction={sweep.train_fraction}: expected 0 (off) or in (0, 1)")
   if sweep.batch_rollouts < 0:
     raise SweepError(f"batch_rollouts={sweep.batch_rollouts}: expected 0 (any) or > 0")
+  check_seeds(sweep.seeds, "seeds")
   if sweep.bootstrap_resamples < 10:
     raise SweepError(f"bootstrap_resamples={sweep.bootstrap_resamples}: expected >= 10")
   for name, changes in sweep.variants.items():
@@ -153,6 +154,15 @@ def check_sweep_config(sweep: ml_collections.ConfigDict) -> None:
   if sweep.kind in ("iso_compute", "fixed_batch", "problems_per_batch") and sweep.variants:
     raise SweepError(f"kind={sweep.kind} takes no variants (kind=algorithms compares "
                      "variants of an iso-compute sweep)")
+
+
+def check_seeds(seeds: Sequence[Any], name: str = "seeds") -> None:
+  """Replicate seeds must be distinct non-negative integers: each names a run."""
+  bad = [s for s in seeds if isinstance(s, bool) or not isinstance(s, int) or s < 0]
+  if bad:
+    raise SweepError(f"{name}={tuple(seeds)}: expected non-negative integers, got {bad}")
+  if len(set(seeds)) != len(seeds):
+    raise SweepError(f"{name}={tuple(seeds)}: expected distinct seeds (each names a run)")
 
 
 def _deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ the splits, each sweep's manifest, analyses and the findings.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Any, Callable, Sequence
@@ -35,25 +36,42 @@ def profile(out_dir: str, profile_config: str, options: profiling.Options
   return profiling.model_path(config), summaries
 
 
-def load_sweep(spec: str, budget: int = 0, evals_per_run: int = 0
-               ) -> ml_collections.ConfigDict:
-  """The sweep config `spec` with the study's settings for every sweep over its own
-  (0: the config's)."""
+@dataclasses.dataclass(frozen=True)
+class Overrides:
+  """What a study sets in every sweep over the sweep config's own (0 or (): keep it)."""
+  budget: int = 0                  # C of every sweep
+  evals_per_run: int = 0           # evaluations per run
+  seeds: tuple[int, ...] = ()      # replicate seeds of every allocation
+
+  def __post_init__(self):
+    if self.budget < 0:
+      raise sweep_plan.SweepError(f"budget={self.budget}: expected >= 1, or 0 for each "
+                                  "sweep config's own")
+    if self.evals_per_run < 0:
+      raise sweep_plan.SweepError(f"evals_per_run={self.evals_per_run}: expected >= 1, or 0 "
+                                  "for each sweep config's own")
+    sweep_plan.check_seeds(self.seeds)
+
+
+def load_sweep(spec: str, overrides: Overrides = Overrides()) -> ml_collections.ConfigDict:
+  """The sweep config `spec` with the study's `overrides` set over its own."""
   sweep = sweep_plan.load_config_file(spec)
-  if budget:
-    sweep.budget_rollouts = budget
-  if evals_per_run:
-    sweep.evals_per_run = evals_per_run
+  if overrides.budget:
+    sweep.budget_rollouts = overrides.budget
+  if overrides.evals_per_run:
+    sweep.evals_per_run = overrides.evals_per_run
+  if overrides.seeds:
+    sweep.seeds = tuple(overrides.seeds)
   return sweep
 
 
-def run_sweep(spec: str, out_dir: str, model: str | None, workers: int, budget: int = 0,
-              extend: bool = False, evals_per_run: int = 0) -> dict:
+def run_sweep(spec: str, out_dir: str, model: str | None, workers: int,
+              overrides: Overrides = Overrides(), extend: bool = False) -> dict:
   """Runs one sweep on the study's splits (`model`: the profiled base model, None when
   nothing was profiled; `extend`: train runs planned for a smaller budget on, see
-  `sweep_plan.prepare`; `budget`, `evals_per_run`: see `load_sweep`); returns its entry
-  of study.json."""
-  sweep = load_sweep(spec, budget, evals_per_run)
+  `sweep_plan.prepare`; `overrides`: see `load_sweep`); returns its entry of
+  study.json."""
+  sweep = load_sweep(spec, overrides)
   split = sweep.overrides.get("task", {}).get("split")
   if split and model is None:
     raise sweep_plan.SweepError(
@@ -84,8 +102,8 @@ def run_sweep(spec: str, out_dir: str, model: str | None, workers: int, budget: 
 
 
 def run(out_dir: str, *, profile_config: str, sweeps: Sequence[str], workers: int,
-        options_from_dir: Callable[[str], profiling.Options], budget: int = 0,
-        extend: bool = False, evals_per_run: int = 0) -> dict[str, Any]:
+        options_from_dir: Callable[[str], profiling.Options],
+        overrides: Overrides = Overrides(), extend: bool = False) -> dict[str, Any]:
   """The whole study into `out_dir`; returns study.json's contents (also written).
 
   `options_from_dir(splits_dir)` gives the profiling options. An empty `profile_config`
@@ -100,7 +118,7 @@ def run(out_dir: str, *, profile_config: str, sweeps: Sequence[str], workers: in
                                options_from_dir(os.path.join(out_dir, SPLITS_DIR)))
   entries = {}
   for spec in sweeps:
-    entry = run_sweep(spec, out_dir, model, workers, budget, extend, evals_per_run)
+    entry = run_sweep(spec, out_dir, model, workers, overrides, extend)
     entries[os.path.basename(entry["dir"])] = entry
   study = dict(out_dir=out_dir, model=model, wall_s=round(time.time() - start, 1),
                splits=[s.__dict__ for s in summaries], sweeps=entries)

@@ -1,8 +1,10 @@
 """Sweep kinds and variants: the runs each experiment config plans, and bad configs."""
 
 import ml_collections
+import numpy as np
 import pytest
 
+from isojax import run_settings as settings_lib
 from isojax import tasks
 from isojax.tasks import Problem
 from isojax.sweeps import plan as sweep_plan
@@ -151,6 +153,33 @@ def test_recall_sweeps_spend_their_budgets_on_their_levels():
       assert (task["recall_min_level"], task["recall_max_level"]) == levels
       assert task["num_train"] == task["num_val"] == keys
       assert tuple(r.config["optim"]["frozen"]) == ("embed",)
+
+
+def test_the_constant_lr_control_changes_only_the_lr_rule_and_the_name():
+  """Each recall sweep's control plans the same runs with lr_scaling='constant': every
+  run's peak LR is then the reference LR, where the sqrt rule scales it by
+  sqrt(B_p * n / lr_reference_batch)."""
+  for spec, preset in (("configs/sweep_recall_hard.py", "constant_lr"),
+                       ("configs/sweep_recall_easy.py", "constant_lr"),
+                       ("configs/sweep_recall_easy.py:long", "long_constant_lr")):
+    plain = sweep_plan.load_config_file(spec)
+    control = sweep_plan.load_config_file(f"{spec.split(':')[0]}:{preset}")
+    assert control.name == plain.name + "_constant_lr"
+    runs = {r.name: r.config for r in sweep_plan.plan_runs(plain)}
+    controls = {r.name: r.config for r in sweep_plan.plan_runs(control)}
+    assert runs.keys() == controls.keys()
+    for name, config in runs.items():
+      other = controls[name]
+      assert (config["optim"]["lr_scaling"], other["optim"]["lr_scaling"]) == ("sqrt",
+                                                                               "constant")
+      same = lambda c: {**c, "optim": {**c["optim"], "lr_scaling": None}}
+      assert same(config) == same(other), name
+      optim = config["optim"]
+      batch = config["problems_per_batch"] * config["rollouts_per_problem"]
+      peak = lambda c: settings_lib.RunSettings.from_config(c).learning_rate
+      assert peak(other) == pytest.approx(optim["learning_rate"])
+      assert peak(config) == pytest.approx(
+          optim["learning_rate"] * np.sqrt(batch / optim["lr_reference_batch"]))
 
 
 def test_smollm2_sweep_plans_four_values_of_n():

@@ -245,11 +245,12 @@ def test_an_extension_rewrites_only_plans_cut_shorter_and_resumes_them_allowed(t
     assert e["allow_changed"] == ["num_steps", "eval.count"]
 
 
-def test_a_study_sets_every_sweeps_budget_and_evaluations_over_its_own(tmp_path):
+def test_a_study_sets_every_sweeps_budget_evaluations_and_seeds_over_its_own(tmp_path):
   spec = "configs/sweep_hard.py:micro"
   own = sweep_plan.load_config_file(spec)
   assert study_lib.load_sweep(spec).to_dict() == own.to_dict()
-  sweep = study_lib.load_sweep(spec, budget=4 * own.budget_rollouts, evals_per_run=24)
+  overrides = study_lib.Overrides(budget=4 * own.budget_rollouts, evals_per_run=24)
+  sweep = study_lib.load_sweep(spec, overrides)
   assert (sweep.budget_rollouts, sweep.evals_per_run) == (4 * own.budget_rollouts, 24)
   out = str(tmp_path / "sweep")
   sweep_plan.prepare(study_lib.load_sweep(spec), out, "local")
@@ -258,14 +259,25 @@ def test_a_study_sets_every_sweeps_budget_and_evaluations_over_its_own(tmp_path)
             for e in manifest["runs"]}
   assert counts == {24} and all("eval.count" in e["allow_changed"] for e in manifest["runs"])
   with pytest.raises(sweep_plan.SweepError, match="evals_per_run=-1: expected >= 1"):
-    sweep_plan.prepare(study_lib.load_sweep(spec, evals_per_run=-1), str(tmp_path / "x"),
-                       "local")
-  # The command refuses it before profiling anything.
-  proc = subprocess.run([sys.executable, "-m", "launch.study", f"--out={tmp_path / 'study'}",
-                         "--evals_per_run=-1"], cwd=REPO, capture_output=True, text=True,
-                        timeout=120)
-  assert proc.returncode != 0 and "--evals_per_run=-1: expected >= 1" in proc.stderr
-  assert not (tmp_path / "study").exists()
+    study_lib.Overrides(evals_per_run=-1)
+  # Replicate seeds: every allocation once per seed, each run with its seed.
+  seeded = study_lib.load_sweep(spec, study_lib.Overrides(seeds=(0, 1, 2)))
+  planned = sweep_plan.plan_runs(seeded)
+  allocations = {r.name.rsplit("_s", 1)[0] for r in planned}
+  assert len(planned) == 3 * len(allocations) == 3 * len(sweep_plan.plan_runs(own))
+  assert sorted((r.name.rsplit("_s", 1)[0], r.config["seed"]) for r in planned) == sorted(
+      (a, s) for a in allocations for s in (0, 1, 2))
+  for bad, why in (((0, 0), "distinct"), ((1, -1), "non-negative")):
+    with pytest.raises(sweep_plan.SweepError, match=why):
+      study_lib.Overrides(seeds=bad)
+  # The command refuses bad flags before profiling anything.
+  for flag, message in (("--evals_per_run=-1", "evals_per_run=-1: expected >= 1"),
+                        ("--seeds=0,x", "--seeds=0,x: expected non-negative integers"),
+                        ("--seeds=1,1", "expected distinct seeds")):
+    proc = subprocess.run([sys.executable, "-m", "launch.study", f"--out={tmp_path / 'study'}",
+                           flag], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and message in proc.stderr, (flag, proc.stderr[-500:])
+    assert not (tmp_path / "study").exists()
 
 
 def test_a_split_is_the_same_split_when_it_holds_the_same_problems(tmp_path):
