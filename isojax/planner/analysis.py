@@ -230,10 +230,10 @@ def _frontier_extrapolation(analysis, fraction, lower, upper):
   """Predict the best value and allocation at the sweep's largest compute.
 
   Like `sigmoid_fit.extrapolation_check`, both sides average the last three
-  evaluations of each allocation that reaches the largest compute: `observed` is the
-  best such mean, `predicted` the best mean of the early fits at the same compute
-  points (comparing a prediction at C_max with a mean over evaluations spread out in
-  compute, as log-spaced ones are, would bias the error).
+  evaluations after the fit window of each allocation that reaches the largest
+  compute: `observed` is the best such mean, `predicted` the best mean of the early
+  fits at the same compute points (comparing a prediction at C_max with a mean over
+  evaluations spread out in compute, as log-spaced ones are, would bias the error).
   """
   if not analysis.curve_fits:
     return None
@@ -242,8 +242,9 @@ def _frontier_extrapolation(analysis, fraction, lower, upper):
   predicted, observed = [], []
   for cf in finishers:
     early = cf.compute_E <= fraction * target
-    tail_E = cf.curve.rollouts_E[-3:]
-    observed.append((float(cf.curve.values_E[-3:].mean()), cf.curve.key))
+    late = cf.curve.rollouts_E > fraction * target
+    tail_E = cf.curve.rollouts_E[late][-3:]
+    observed.append((float(cf.curve.values_E[late][-3:].mean()), cf.curve.key))
     if np.count_nonzero(early) >= sigmoid_fit.MIN_POINTS:
       fit = sigmoid_fit.fit_sigmoid(cf.compute_E[early], cf.values_E[early],
                                     r0=analysis.r0, lower=lower, upper=upper)

@@ -1,14 +1,22 @@
-"""Bootstrap intervals over evaluation problems (and seeds), and verdicts from them.
+"""Hierarchical bootstrap intervals (seeds, then problems), and verdicts from them.
 
-Every evaluation logs the correct samples per validation problem
-(`metrics.VAL_CORRECT_COUNTS`) and per histogram training problem
-(`metrics.TRAIN_PASS1_COUNTS`). From those counts any of avg@k, best@k and worst@k
-is a mean over problems of a per-problem value, so a bootstrap replicate of a whole
-sweep is cheap: draw the problems once with replacement (the same draw for every run
-and evaluation, since all runs share the problem set), average the per-problem values
-of the drawn problems, and recompute the statistic (fits, frontier, n*) on the
-replicate curves. When an allocation was run with several seeds, the replicate also
-draws that allocation's runs with replacement.
+The unit of variation for a claim about allocations is the training run: a replicate
+of a whole sweep first draws, within each allocation, its seeds with replacement, then
+draws the validation problems once with replacement (the same draw for every run and
+evaluation, since all runs share the problem set), and recomputes the statistic (fits,
+frontier, n*) on the replicate curves. Every evaluation logs the correct samples per
+validation problem (`metrics.VAL_CORRECT_COUNTS`) and per histogram training problem
+(`metrics.TRAIN_PASS1_COUNTS`), so any of avg@k, best@k and worst@k is a mean over
+problems of a per-problem value and a replicate is cheap.
+
+Drawing k seeds with replacement gives their mean a variance (k - 1) / k of the
+seed-to-seed variance over k: with 3 seeds a 90% interval would cover about 82% of the
+time. Each drawn run is therefore moved away from its allocation's mean by
+sqrt(k / (k - 1)) (Davison and Hinkley's adjusted residuals), which restores the
+variance; `tests/planner/test_calibration.py` measures the coverage on synthetic
+sweeps with known seed and problem variance. An allocation with one seed has no seed
+variance to draw: its interval measures evaluation noise on fixed policies only, and a
+verdict resting on it is `INDICATIVE`, never a yes or a no.
 
 Why by hand: the statistic is a whole analysis over many runs that share one
 resampling of problems; `scipy.stats.bootstrap` resamples independent samples of one
@@ -18,6 +26,7 @@ statistic's arguments and cannot express the shared, paired draw.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any, Callable, Mapping, Sequence
 
@@ -29,8 +38,11 @@ from isojax.planner import records
 
 DEFAULT_RESAMPLES = 200
 DEFAULT_LEVEL = 0.9             # two-sided: the 5th to the 95th percentile
-YES, NO, INCONCLUSIVE = "yes", "no", "inconclusive"
+YES, NO, INCONCLUSIVE, INDICATIVE = "yes", "no", "inconclusive", "indicative"
 _METRIC = re.compile(r"val/(avg|best|worst)@(\d+)")
+# Interference (claim 5) per problem: solved (pass@1 > 0) at some earlier evaluation,
+# at pass@1 = 0 at this one. Its mean over problems is the fraction the policy lost.
+LOST = "pass@1_lost"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,29 +70,40 @@ class ProblemCurve:
                             rollouts_per_problem=self.rollouts_per_problem,
                             rollouts_E=self.rollouts_E, values_E=values_EG.mean(axis=1))
 
+  def moved(self, mean_EG: np.ndarray, scale: float) -> ProblemCurve:
+    """This run moved away from `mean_EG` (its allocation's mean) by `scale`."""
+    return dataclasses.replace(self, values_EG=mean_EG + scale * (self.values_EG - mean_EG))
+
 
 def per_problem_values(metric: str, counts_G, num_samples: int) -> np.ndarray:
   """The per-problem value whose mean over problems is `metric` ([G] float64).
 
-  `metric` is val/avg@k, val/best@k or val/worst@k, "pass@1" (c / N) or
-  "pass@1_extreme" (1 where pass@1 is 0 or 1: its mean is the fraction of problems
-  at either end of the pass@1 histogram, the interference diagnostic).
+  `metric` is val/avg@k, val/best@k, val/worst@k or "pass@1" (c / N). (`LOST` depends
+  on every earlier evaluation: `lost_problems`.)
   """
   counts_G = np.asarray(counts_G)
   if metric == "pass@1":
     return counts_G / num_samples
-  if metric == "pass@1_extreme":
-    return ((counts_G == 0) | (counts_G == num_samples)).astype(np.float64)
   match = _METRIC.fullmatch(metric)
   if match is None:
     raise ValueError(f"metric={metric!r}: expected val/avg@k, val/best@k, val/worst@k, "
-                     "pass@1 or pass@1_extreme (per-problem counts give only these)")
+                     f"pass@1 or {LOST} (per-problem counts give only these)")
   kind, k = match.group(1), int(match.group(2))
   if kind == "avg":
     return counts_G / num_samples
   if kind == "best":
     return metrics.best_at_k_per_problem(counts_G, num_samples, k)
   return metrics.worst_at_k_per_problem(counts_G, num_samples, k)
+
+
+def lost_problems(counts_EG) -> np.ndarray:
+  """[E, G] 1.0 where problem g was solved at an evaluation before e and has no correct
+  sample at e: interference as the paper means it (problems the policy once solved
+  that fall to pass@1 = 0), apart from problems that were never solved."""
+  solved_EG = np.asarray(counts_EG) > 0
+  before_EG = np.zeros_like(solved_EG)
+  before_EG[1:] = np.logical_or.accumulate(solved_EG, axis=0)[:-1]
+  return (before_EG & ~solved_EG).astype(np.float64)
 
 
 def problem_curve(run: run_dir.Run, metric: str, *,
@@ -99,7 +122,8 @@ def problem_curve(run: run_dir.Run, metric: str, *,
     counts = line.get(counts_key)
     if isinstance(counts, list):
       c_E.append(float(line[run_dir.ROLLOUTS]))
-      rows.append(per_problem_values(metric, counts, num_samples))
+      rows.append(counts if metric == LOST else
+                  per_problem_values(metric, counts, num_samples))
   if not rows:
     raise run_dir.RunFormatError(
         f"{run_dir.metrics_path(run.path)}: no `{counts_key}` lines (per-problem counts); "
@@ -108,33 +132,56 @@ def problem_curve(run: run_dir.Run, metric: str, *,
     raise run_dir.RunFormatError(
         f"{run_dir.metrics_path(run.path)}: `{counts_key}` changes length between lines")
   order = np.argsort(c_E, kind="stable")
+  values_EG = np.stack(rows)[order]
+  if metric == LOST:
+    values_EG = lost_problems(values_EG)
   return ProblemCurve(path=run.path, problems_per_batch=int(run.config["problems_per_batch"]),
                       rollouts_per_problem=int(run.config["rollouts_per_problem"]),
                       seed=int(run.config.get("seed", 0)),
-                      rollouts_E=np.asarray(c_E)[order], values_EG=np.stack(rows)[order])
+                      rollouts_E=np.asarray(c_E)[order], values_EG=values_EG)
 
 
 Groups = Mapping[str, Sequence[ProblemCurve]]   # named sets of runs (e.g. variants)
 Statistic = Callable[[Mapping[str, list[records.RunCurve]]], dict[str, float]]
 
 
+def by_allocation(runs: Sequence[ProblemCurve]) -> dict[tuple[int, int], list[ProblemCurve]]:
+  """{(B_p, n): its runs (one per seed)}, in sorted key order."""
+  out: dict[tuple[int, int], list[ProblemCurve]] = {}
+  for c in sorted(runs, key=lambda c: (c.key, c.seed)):
+    out.setdefault(c.key, []).append(c)
+  return out
+
+
+def fewest_seeds(groups: Groups) -> int:
+  """The fewest runs (seeds) of any allocation in `groups` (0 when there is none)."""
+  return min((len(m) for runs in groups.values() for m in by_allocation(runs).values()),
+             default=0)
+
+
+def _draw_seeds(members: Sequence[ProblemCurve], rng: np.random.Generator
+                ) -> list[ProblemCurve]:
+  """k runs drawn with replacement from an allocation's k seeds, each moved from their
+  mean by sqrt(k / (k - 1)) so the drawn mean has the seeds' variance over k."""
+  k = len(members)
+  if k == 1:
+    return list(members)
+  if len({c.values_EG.shape for c in members}) != 1:  # schedules differ: plain draw
+    return [members[i] for i in rng.integers(0, k, k)]
+  mean_EG = np.mean([c.values_EG for c in members], axis=0)
+  scale = math.sqrt(k / (k - 1))
+  return [members[i].moved(mean_EG, scale) for i in rng.integers(0, k, k)]
+
+
 def _replicate(groups: Groups, rng: np.random.Generator) -> dict[str, list[records.RunCurve]]:
-  """One bootstrap replicate: one draw of problems shared by every run, and a draw of
-  runs with replacement within each allocation that has several."""
+  """One bootstrap replicate: seeds drawn within each allocation (`_draw_seeds`), then
+  one draw of problems shared by every run."""
+  chosen = {name: [c for members in by_allocation(runs).values()
+                   for c in _draw_seeds(members, rng)]
+            for name, runs in groups.items()}
   sizes = {c.num_problems for runs in groups.values() for c in runs}
-  out = {}
-  for name, runs in groups.items():
-    by_key: dict[tuple[int, int], list[ProblemCurve]] = {}
-    for c in runs:
-      by_key.setdefault(c.key, []).append(c)
-    chosen = []
-    for key in sorted(by_key):
-      members = by_key[key]
-      picks = rng.integers(0, len(members), len(members)) if len(members) > 1 else [0]
-      chosen += [members[i] for i in picks]
-    out[name] = chosen
   draws = {p: rng.integers(0, p, p) for p in sorted(sizes)}
-  return {name: [c.curve(draws[c.num_problems]) for c in runs] for name, runs in out.items()}
+  return {name: [c.curve(draws[c.num_problems]) for c in runs] for name, runs in chosen.items()}
 
 
 def bootstrap(groups: Groups, statistic: Statistic, *, num_resamples: int = DEFAULT_RESAMPLES,
@@ -182,9 +229,49 @@ def effect(value: float, samples_Z, level: float = DEFAULT_LEVEL) -> dict[str, A
           "samples": [float(x) for x in samples_Z]}
 
 
+def p_value(samples_Z, expected: int = 1) -> float:
+  """Two-sided bootstrap p-value of "the effect is 0": twice the smaller fraction of the
+  finite replicates on either side of 0 (a replicate at 0 counts on both), at most 1.
+  The percentile interval at level L excludes 0 exactly when p < 1 - L. NaN with no
+  finite replicate. `expected` only names the paper's side; the test is two-sided."""
+  del expected
+  finite = np.asarray(samples_Z, np.float64)
+  finite = finite[np.isfinite(finite)]
+  if finite.size == 0:
+    return float("nan")
+  below, above = float(np.mean(finite <= 0)), float(np.mean(finite >= 0))
+  return min(1.0, 2.0 * min(below, above))
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+  """Holm's step-down adjusted p-values: the family-wise error rate is at most alpha
+  when each test decides at adjusted p < alpha. A NaN p-value counts in the family
+  (as a test that rejects nothing) and stays NaN."""
+  p = np.asarray(p_values, np.float64)
+  m = p.size
+  filled = np.where(np.isfinite(p), p, 1.0)
+  order = np.argsort(filled, kind="stable")
+  adjusted = np.empty(m)
+  running = 0.0
+  for rank, i in enumerate(order):
+    running = max(running, min(1.0, (m - rank) * filled[i]))
+    adjusted[i] = running
+  return [float(a) if np.isfinite(x) else float("nan") for a, x in zip(adjusted, p)]
+
+
+def p_verdict(value: float, p: float, *, alpha: float = 1.0 - DEFAULT_LEVEL,
+              expected: int = 1) -> str:
+  """yes when p < alpha and the estimate lies on the expected side of 0, no when
+  p < alpha on the other side, inconclusive otherwise (or when p is NaN)."""
+  if not (np.isfinite(p) and np.isfinite(value)) or p >= alpha or value == 0:
+    return INCONCLUSIVE
+  return YES if value * expected > 0 else NO
+
+
 def sign_verdict(e: Mapping[str, Any], *, expected: int = 1) -> str:
-  """yes when the interval lies on the expected side of 0, no when it lies on the
-  other side or at 0, inconclusive when it straddles 0."""
+  """yes when the interval lies strictly on the expected side of 0, no when it lies
+  strictly on the other side, inconclusive when it touches or straddles 0 (a
+  two-sided test of "no effect": an interval [x, 0] has not excluded 0)."""
   lo, hi = e["lo"], e["hi"]
   if not (np.isfinite(lo) and np.isfinite(hi)):
     return INCONCLUSIVE
@@ -192,7 +279,7 @@ def sign_verdict(e: Mapping[str, Any], *, expected: int = 1) -> str:
     lo, hi = -hi, -lo
   if lo > 0:
     return YES
-  if hi <= 0:
+  if hi < 0:
     return NO
   return INCONCLUSIVE
 

@@ -44,7 +44,7 @@ KINDS = ("iso_compute", "fixed_batch", "problems_per_batch", "problem_set_size",
 DECOUPLED_VARIANTS = ("plain_train", "plain_estimate", "decoupled")
 EXPERIMENT_FILE = findings.EXPERIMENT_FILE
 TAIL = 2
-EXTREME = "pass@1_extreme"   # per problem: pass@1 is 0 or 1 (the interference diagnostic)
+LOST = bootstrap.LOST   # per problem: solved at an earlier evaluation, at pass@1 = 0 now
 _SEP = "|"
 
 
@@ -64,24 +64,54 @@ def slope(x, y) -> float:
   return float(np.polyfit(x, y, 1)[0])
 
 
-def frontier_stats(curves: Sequence[records.RunCurve], metric: str) -> dict[str, float]:
-  """n* at the start and end of the fitted frontier (log2), its rise in doublings and
-  the saturation n of the fitted law (NaN when there is no law). All NaN when no fit
-  rises significantly: every allocation then ties at its first value, so no n is best
-  and a tie broken towards the smallest n would read as a measured "no rise"."""
+# Claim 1 compares n* at two fixed points of the compute range every allocation
+# covers: its end, and this many doublings of compute before it (or the range's start).
+CLAIM1_SPAN_DOUBLINGS = 4
+
+
+def n_star_centre(fits_by_n: Mapping[int, Sequence[sigmoid_fit.SigmoidFit]], compute: float,
+                  margin: float) -> tuple[float, bool]:
+  """(log2 n*, censored) at `compute`: the mean log2 n of the values of n whose best
+  fitted value (over B_p) lies within `margin` of the best, so near-ties give the
+  middle of the tied range rather than an argmax among them; censored when the largest
+  n swept is among them (the best n may lie beyond the grid)."""
+  best_n = {n: max(float(f.predict(compute)) for f in fits) for n, fits in fits_by_n.items()}
+  top = max(best_n.values())
+  near = [n for n, v in best_n.items() if v >= top - margin]
+  return float(np.mean(np.log2(near))), max(fits_by_n) in near
+
+
+def frontier_stats(curves: Sequence[records.RunCurve], metric: str,
+                   margin: float = findings.EQUIVALENCE_MARGIN) -> dict[str, float]:
+  """Claim 1 by a fixed rule: n* (`n_star_centre`) at the end of the compute range every
+  allocation covers (C_end, the smallest last evaluation) and `CLAIM1_SPAN_DOUBLINGS`
+  doublings of compute before it (or at the range's start, the largest first evaluation
+  at compute > 0, when that is later); the rise is the difference in doublings.
+  n_star_censored is 1 when n* at the end includes the largest n swept (saturation
+  then is not observed), and log2_n_saturation the fitted law's (bounded by the grid).
+  All NaN when no fit rises significantly (no n is best, and a tie read as "no rise"
+  would be a verdict the data cannot give)."""
   nan = float("nan")
+  empty = dict(log2_n_star_start=nan, log2_n_star_end=nan, n_star_rise=nan,
+               n_star_censored=nan, log2_n_saturation=nan)
   try:
     result = analysis.analyze_metric(curves, metric, analysis.Options(metric=metric),
                                      groups=False)
   except ValueError:
-    return dict(log2_n_star_start=nan, log2_n_star_end=nan, n_star_rise=nan,
-                log2_n_saturation=nan)
-  if not result.frontier or all(f.fit.flat for f in result.curve_fits):
-    return dict(log2_n_star_start=nan, log2_n_star_end=nan, n_star_rise=nan,
-                log2_n_saturation=nan)
-  start = math.log2(result.frontier[0].rollouts_per_problem)
-  end = math.log2(result.frontier[-1].rollouts_per_problem)
+    return empty
+  fitted = result.curve_fits
+  if not fitted or all(f.fit.flat for f in fitted):
+    return empty
+  c_end = min(cf.max_compute for cf in fitted)
+  c_first = max(float(cf.compute_E.min()) for cf in fitted)
+  c_start = max(c_end / 2.0 ** CLAIM1_SPAN_DOUBLINGS, c_first)
+  fits_by_n: dict[int, list[sigmoid_fit.SigmoidFit]] = {}
+  for cf in fitted:
+    fits_by_n.setdefault(cf.curve.rollouts_per_problem, []).append(cf.fit)
+  start, _ = n_star_centre(fits_by_n, c_start, margin)
+  end, censored = n_star_centre(fits_by_n, c_end, margin)
   return dict(log2_n_star_start=start, log2_n_star_end=end, n_star_rise=end - start,
+              n_star_censored=float(censored),
               log2_n_saturation=result.law.log2_n_high if result.law else nan)
 
 
@@ -143,10 +173,9 @@ def iso_compute_stats(groups, *, metric: str, variant: str = "") -> dict[str, fl
     if curves:
       label = name.split("/", 1)[1].split("@")[0]  # avg, best, worst
       out[f"{label}_slope_log2_n"] = slope(*_finals_vs(curves, _log2_n))
-  extreme = groups.get(_key(variant, EXTREME))
-  if extreme:
-    x, _ = _finals_vs(extreme, _log2_n)
-    out["extreme_change_slope_log2_n"] = slope(x, [_change(c) for c in extreme])
+  lost = groups.get(_key(variant, LOST))
+  if lost:
+    out["lost_slope_log2_n"] = slope(*_finals_vs(lost, _log2_n))
   return out
 
 
@@ -167,26 +196,35 @@ def problems_per_batch_stats(groups, *, metric: str) -> dict[str, float]:
           "volatility_largest_bp": float(np.mean(volatility[largest]))}
 
 
-def _overfit_drop(c: records.RunCurve) -> float:
-  """How far the run ends below its best evaluation (>= 0)."""
-  return float(c.values_E.max()) - final_value(c)
+def late_fall(c: records.RunCurve) -> float:
+  """How far the run's value falls over the second half of its compute: minus the
+  least-squares slope of value on compute there, times that half's span (> 0: falling).
+  A trend, not max - final, which is positive for any flat noisy curve. NaN with fewer
+  than two evaluations in the half."""
+  c_end = float(c.rollouts_E.max())
+  late = c.rollouts_E >= c_end / 2
+  if np.count_nonzero(late) < 2:
+    return float("nan")
+  return -slope(c.rollouts_E[late], c.values_E[late]) * (c_end / 2)
 
 
 def problem_set_size_stats(groups, *, metric: str, sizes: Mapping[str, float]
                            ) -> dict[str, float]:
-  """Per size: the mean overfitting drop, the mean held-out gain (final minus first
-  validation value: the validation problems are never trained on) and log2 n* at the
-  end; the smallest set's drop minus the largest set's; and transfer: the smallest
-  set's held-out gain, and as a fraction of the largest set's (near 1: training on a
-  few problems raises unseen ones as much as training on all of them)."""
+  """Per size: the mean late fall (overfitting: `late_fall`), the mean held-out gain
+  (final minus first validation value: the validation problems are never trained on)
+  and log2 n* at the end; the smallest set's late fall minus the largest set's; and
+  transfer: the smallest set's held-out gain, and as a fraction of the largest set's
+  (near 1: training on a few problems raises unseen ones as much as training on all of
+  them)."""
   out = {}
   for variant in sizes:
     curves = groups[_key(variant, metric)]
-    out[f"drop_{variant}"] = float(np.mean([_overfit_drop(c) for c in curves]))
+    out[f"late_fall_{variant}"] = float(np.nanmean([late_fall(c) for c in curves]))
     out[f"gain_{variant}"] = float(np.mean([_change(c) for c in curves]))
     out[f"log2_n_star_end_{variant}"] = frontier_stats(curves, metric)["log2_n_star_end"]
   smallest, largest = min(sizes, key=sizes.get), max(sizes, key=sizes.get)
-  out["overfit_gap"] = out[f"drop_{smallest}"] - out[f"drop_{largest}"]
+  out["late_fall_smallest"] = out[f"late_fall_{smallest}"]
+  out["overfit_gap"] = out[f"late_fall_{smallest}"] - out[f"late_fall_{largest}"]
   out["transfer_gain"] = out[f"gain_{smallest}"]
   full = out[f"gain_{largest}"]
   out["transfer_fraction"] = out[f"gain_{smallest}"] / full if full > 0 else float("nan")
@@ -206,6 +244,26 @@ def algorithms_stats(groups, *, metric: str, variants: Sequence[str]) -> dict[st
   for v in variants:
     for name, x in iso_compute_stats(groups, metric=metric, variant=v).items():
       out[f"{name}_{v}"] = x
+  return out
+
+
+def seed_spread(groups, metric: str) -> list[dict[str, Any]]:
+  """Per variant and allocation with several seeds: the final values of `metric` and its
+  companions, their mean and standard deviation over seeds (the run-to-run variance a
+  claim about allocations has to beat)."""
+  out = []
+  for key, curves in groups.items():
+    variant, name = key.split(_SEP)
+    if name not in analysis.companion_metrics(metric):
+      continue
+    for (b_p, n), members in bootstrap.by_allocation(curves).items():
+      if len(members) < 2:
+        continue
+      finals = [final_value(c.curve()) for c in members]
+      out.append({"variant": variant, "metric": name, "problems_per_batch": b_p,
+                  "rollouts_per_problem": n, "seeds": [c.seed for c in members],
+                  "finals": finals, "mean": float(np.mean(finals)),
+                  "sd": float(np.std(finals, ddof=1))})
   return out
 
 
@@ -229,8 +287,8 @@ def _load_groups(runs_dirs: Mapping[str, str], metric: str, *, interference: boo
       groups[_key(variant, name)] = [bootstrap.problem_curve(r, name) for r in runs]
     if interference:
       try:
-        groups[_key(variant, EXTREME)] = [
-            bootstrap.problem_curve(r, EXTREME, counts_key=metrics.TRAIN_PASS1_COUNTS)
+        groups[_key(variant, LOST)] = [
+            bootstrap.problem_curve(r, LOST, counts_key=metrics.TRAIN_PASS1_COUNTS)
             for r in runs]
       except run_dir.RunFormatError:
         pass  # eval.train_problems = 0: no interference statistic
@@ -252,7 +310,8 @@ def _extrapolation(runs_by_variant: Mapping[str, Sequence[run_dir.Run]], metric:
         check = sigmoid_fit.extrapolation_check(c.rollouts_E, c.values_E, fraction=fraction,
                                                 r0=float(c.values_E[0]), lower=lower,
                                                 upper=upper, tail=TAIL)
-        entry.update({k: check[k] for k in ("predicted", "observed", "error")})
+        entry.update({k: check[k] for k in ("predicted", "observed", "error", "persistence",
+                                            "persistence_error")})
       except ValueError as e:
         entry["skipped"] = str(e)
       out.append(entry)
@@ -325,6 +384,7 @@ def analyze_experiment(runs_dir: str, kind: str, variants: Sequence[str] = (), *
       return algorithms_stats(g, metric=metric, variants=list(variants))
   point, samples = bootstrap.bootstrap(groups, statistic, num_resamples=num_resamples,
                                        seed=seed)
+  details["seed_spread"] = seed_spread(groups, metric)
   details["finals"] = [
       {"variant": key.split(_SEP)[0], "metric": key.split(_SEP)[1], "path": c.path,
        "problems_per_batch": c.problems_per_batch, "rollouts_per_problem": c.rollouts_per_problem,
@@ -332,6 +392,8 @@ def analyze_experiment(runs_dir: str, kind: str, variants: Sequence[str] = (), *
       for key, curves in groups.items() for c in curves]
   return {"kind": kind, "metric": metric, "variants": list(variants),
           "num_runs": sum(len(r) for r in runs.values()),
+          "fewest_seeds": bootstrap.fewest_seeds(groups),
+          "compute_end": max(float(c.rollouts_E.max()) for cs in groups.values() for c in cs),
           "effects": {name: bootstrap.effect(point[name], samples[name]) for name in point},
           "extrapolation": _extrapolation(runs, metric),
           "frontier_extrapolation": _frontier_extrapolation(runs, metric), "details": details}

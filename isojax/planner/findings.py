@@ -2,10 +2,20 @@
 
 Input: the experiments of a study, {sweep name: experiment dict} as
 `experiments.analyze_experiment` returns them, each with `difficulty` ("easy",
-"hard" or "") added. Output: rows {finding, claim, effect, verdict, sweep, note} and
-their markdown. A verdict is decided by the effect's bootstrap interval, never by
-its point value (`bootstrap.sign_verdict`, `bootstrap.margin_verdict`); a claim with
-no experiment in the study is left out.
+"hard" or "") added, and any earlier looks at the same runs (`LOOKS_FILE`). Output:
+rows {finding, claim, effect, p, verdict, sweep, note} and their markdown. The analysis
+is fixed before the runs (docs/study.md, "How a claim is decided"):
+
+- a verdict follows the effect's hierarchical bootstrap interval (seeds, then problems),
+  never its point value; one that compares allocations measured with one seed each is
+  `bootstrap.INDICATIVE`: its interval omits run-to-run variance;
+- claims 1, 2a and 2b are the primary family: each gets a two-sided bootstrap p-value,
+  adjusted by Holm's procedure over every primary row of the study and of the earlier
+  looks at its runs (an extension re-reads the same runs: one family), and is decided
+  at adjusted p < 0.10; the rest are secondary, decided by their 90% intervals;
+- "barely matters" claims (4, 9 and K) share one equivalence margin.
+
+A claim with no experiment in the study is left out.
 """
 
 from __future__ import annotations
@@ -13,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -22,12 +32,15 @@ from isojax.planner import bootstrap
 
 FINDINGS_FILE = "findings.md"
 EXPERIMENT_FILE = "experiment.json"   # = experiments.EXPERIMENT_FILE (no JAX import here)
+LOOKS_FILE = "earlier_looks.json"     # a sweep's experiments at smaller budgets, oldest first
 
-# Finding 4's practical-equivalence margin: B_p "barely matters" when the spread of
-# final avg@k across B_p stays below this (accuracy units).
-BP_MARGIN = 0.05
-# ScaleRL: the end of a run is predicted within about +-0.02.
-EXTRAPOLATION_TOLERANCE = 0.02
+# The one practical-equivalence margin (accuracy units) of every "barely matters"
+# claim: B_p's spread of final avg@k (claim 4), a run's end predicted from its first
+# half (claim 9; ScaleRL reports about +-0.02), ceilings that agree across n (K), and
+# near-ties of n* (claim 1).
+EQUIVALENCE_MARGIN = 0.02
+PRIMARY = ("1", "2a", "2b")        # the primary family, adjusted for multiplicity
+FAMILY_ALPHA = 1.0 - bootstrap.DEFAULT_LEVEL
 
 CLAIMS = {
     "1": "n*(C) grows with C (then saturates)",
@@ -52,27 +65,84 @@ MECHANISMS = {
     "S": "the runs were still rising when the budget ran out (not saturated)",
     "K": "every n heads for the same ceiling (the model's capacity caps the gain)",
 }
-# Mechanism K's margin: the ceilings of the values of n agree within this (accuracy).
-CEILING_MARGIN = 0.02
 
 
 @dataclasses.dataclass(frozen=True)
 class Row:
+  """One verdict. `verdict` is what the interval alone says; `decide` turns it into the
+  reported one (indicative with one seed, Holm-adjusted for the primary family)."""
   finding: str
   sweep: str
   measured: str       # what the effect is, in words
   effect: dict[str, Any]
   verdict: str
   note: str = ""
+  expected: int = 1   # the paper's side of 0 (sign claims; 0: a margin claim)
+  seeds: int = 0      # the fewest seeds of an allocation compared (0: runs are the unit)
+  p: float = float("nan")            # two-sided bootstrap p-value (sign claims)
+  p_adjusted: float = float("nan")   # Holm's, over the primary family
+  look: str = ""                     # "2 of 3": the second look at runs extended twice
 
   @property
   def claim(self) -> str:
     return CLAIMS.get(self.finding) or MECHANISMS[self.finding]
 
+  @property
+  def primary(self) -> bool:
+    return self.finding in PRIMARY
+
   def to_dict(self) -> dict[str, Any]:
     e = {k: v for k, v in self.effect.items() if k != "samples"}
     return dict(finding=self.finding, claim=self.claim, sweep=self.sweep,
-                measured=self.measured, effect=e, verdict=self.verdict, note=self.note)
+                measured=self.measured, effect=e, verdict=self.verdict, note=self.note,
+                seeds=self.seeds, p=_json_float(self.p),
+                p_adjusted=_json_float(self.p_adjusted), look=self.look)
+
+
+def _json_float(x: float) -> float | None:
+  return float(x) if math.isfinite(x) else None
+
+
+def _sign_row(finding: str, sweep: str, measured: str, e: Mapping[str, Any], *,
+              expected: int = 1, seeds: int = 0, note: str = "") -> Row:
+  return Row(finding, sweep, measured, e, bootstrap.sign_verdict(e, expected=expected), note,
+             expected=expected, seeds=seeds,
+             p=bootstrap.p_value(e.get("samples", []), expected))
+
+
+def _margin_row(finding: str, sweep: str, measured: str, e: Mapping[str, Any], *,
+                seeds: int = 0, note: str = "") -> Row:
+  return Row(finding, sweep, measured, e, bootstrap.margin_verdict(e, EQUIVALENCE_MARGIN),
+             note, expected=0, seeds=seeds)
+
+
+_SIDE = {bootstrap.YES: "lies on the paper's side of 0",
+         bootstrap.NO: "lies on the other side of 0",
+         bootstrap.INCONCLUSIVE: "touches or straddles 0"}
+_MARGIN_SIDE = {bootstrap.YES: "lies within the margin",
+                bootstrap.NO: "lies outside the margin",
+                bootstrap.INCONCLUSIVE: "crosses the margin"}
+
+
+def _indicative(row: Row) -> Row:
+  side = (_SIDE if row.expected else _MARGIN_SIDE)[row.verdict]
+  note = (f"one seed per allocation: the interval omits seed variance; it {side}"
+          + (f"; {row.note}" if row.note else ""))
+  return dataclasses.replace(row, verdict=bootstrap.INDICATIVE, note=note)
+
+
+def decide(rows: list[Row], earlier_p: Sequence[float] = ()) -> list[Row]:
+  """The reported verdicts: Holm over the primary rows and `earlier_p` (the primary
+  p-values of earlier looks at the same runs), each primary row decided at adjusted
+  p < `FAMILY_ALPHA`; then every row resting on one seed per allocation indicative."""
+  primary = [i for i, r in enumerate(rows) if r.primary]
+  adjusted = bootstrap.holm([rows[i].p for i in primary] + list(earlier_p))
+  out = list(rows)
+  for i, p_adj in zip(primary, adjusted):
+    r = rows[i]
+    out[i] = dataclasses.replace(r, p_adjusted=p_adj, verdict=bootstrap.p_verdict(
+        r.effect["value"], p_adj, alpha=FAMILY_ALPHA, expected=r.expected))
+  return [_indicative(r) if r.seeds == 1 else r for r in out]
 
 
 def _difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
@@ -89,44 +159,62 @@ def _rows_iso(name: str, exp: Mapping[str, Any], *, prefix: str = "",
   rows = []
   rise = effects.get(f"n_star_rise{prefix}")
   if rise is not None:
-    sat = effects.get(f"log2_n_saturation{prefix}")
-    note = ""
-    if sat is not None and math.isfinite(sat["value"]):
-      note = (f"fitted saturation n = {2 ** sat['value']:.3g} "
-              f"[{2 ** sat['lo']:.3g}, {2 ** sat['hi']:.3g}]")
-    rows.append(Row(finding, name, "doublings of n* from the frontier's start to its end",
-                    rise, bootstrap.sign_verdict(rise), note))
+    rows.append(_sign_row(finding, name, "doublings of n* (the centre of the n within "
+                          f"{EQUIVALENCE_MARGIN} of the best fit) from C_end / 16 to C_end",
+                          rise, seeds=_seeds(exp), note=_saturation_note(effects, prefix)))
   return rows
+
+
+def _saturation_note(effects: Mapping[str, Any], prefix: str) -> str:
+  """"Then saturates": censored when n* at the end reaches the largest n swept."""
+  censored = effects.get(f"n_star_censored{prefix}")
+  if censored is not None and censored["value"] == 1.0:
+    return "saturation censored: n* at C_end includes the largest n swept"
+  sat = effects.get(f"log2_n_saturation{prefix}")
+  if sat is not None and math.isfinite(sat["value"]):
+    return (f"n* below the largest n at C_end; fitted saturation n = {2 ** sat['value']:.3g} "
+            f"[{2 ** sat['lo']:.3g}, {2 ** sat['hi']:.3g}]")
+  return ""
+
+
+def _seeds(exp: Mapping[str, Any]) -> int:
+  """The fewest seeds of an allocation of the experiment (1 for experiments written
+  before seeds were counted: they ran one seed per allocation)."""
+  return int(exp.get("fewest_seeds") or 1)
 
 
 def _rows_extrapolation(experiments: Mapping[str, Mapping[str, Any]], *,
                         num_resamples: int, seed: int) -> list[Row]:
-  errors = np.array([e["error"] for exp in experiments.values()
-                     for e in exp.get("extrapolation", []) if "error" in e], float)
-  if errors.size < 2:
+  """Claim 9: each run's sigmoid fitted on its first half of compute predicts its values
+  strictly after that half; the median absolute error over runs (interval: runs
+  resampled) against the margin, beside persistence (the first half's last value)."""
+  checks = [e for exp in experiments.values() for e in exp.get("extrapolation", [])
+            if "error" in e]
+  if len(checks) < 2:
     return []
+  abs_errors = np.abs([e["error"] for e in checks])
+  persistence = np.abs([e.get("persistence_error", np.nan) for e in checks])
   rng = np.random.default_rng(seed)
-  abs_errors = np.abs(errors)
-  samples = [float(np.median(rng.choice(abs_errors, abs_errors.size)))
-             for _ in range(num_resamples)]
-  e = bootstrap.effect(float(np.median(abs_errors)), samples)
-  lo, hi = e["lo"], e["hi"]
-  if hi <= EXTRAPOLATION_TOLERANCE:
-    verdict = bootstrap.YES
-  elif lo > EXTRAPOLATION_TOLERANCE:
-    verdict = bootstrap.NO
-  else:
-    verdict = bootstrap.INCONCLUSIVE
-  within = float(np.mean(abs_errors <= EXTRAPOLATION_TOLERANCE))
+  picks = [rng.integers(0, abs_errors.size, abs_errors.size) for _ in range(num_resamples)]
+  e = bootstrap.effect(float(np.median(abs_errors)),
+                       [float(np.median(abs_errors[i])) for i in picks])
+  note = (f"{abs_errors.size} runs; {np.mean(abs_errors <= EQUIVALENCE_MARGIN):.0%} within "
+          f"+-{EQUIVALENCE_MARGIN}; interval: bootstrap over runs")
+  if np.isfinite(persistence).all():
+    gap = bootstrap.effect(float(np.median(abs_errors) - np.median(persistence)),
+                           [float(np.median(abs_errors[i]) - np.median(persistence[i]))
+                            for i in picks])
+    note += (f"; persistence (the first half's last value) {np.median(persistence):.3f}, "
+             f"fit minus persistence {_number(gap['value'])} [{_number(gap['lo'])}, "
+             f"{_number(gap['hi'])}]")
   frontier = [f"{name}{'/' + v if v else ''} {x['error']:+.3f}"
               for name, exp in experiments.items()
               for v, x in (exp.get("frontier_extrapolation") or {}).items()
               if x and x.get("error") is not None]
-  note = f"{errors.size} runs; {within:.0%} within +-0.02; interval: bootstrap over runs"
   if frontier:
     note += "; frontier's best value at C_max, predicted - observed: " + ", ".join(frontier)
-  return [Row("9", "all", "median abs(predicted - observed) of the final avg@k over runs",
-              e, verdict, note)]
+  return [_margin_row("9", "all", "median abs(predicted - observed) over runs, observed "
+                      "strictly after the fit's first half", e, note=note)]
 
 
 def _finite(x) -> float:
@@ -143,7 +231,26 @@ def from_json(experiment: Mapping[str, Any]) -> dict[str, Any]:
 
 def table(experiments: Mapping[str, Mapping[str, Any]], *,
           num_resamples: int = bootstrap.DEFAULT_RESAMPLES, seed: int = 0) -> list[Row]:
-  """Rows in the order of the paper's findings."""
+  """The decided rows (`decide`) in the order of the paper's findings; the primary family
+  also holds every earlier look of each sweep (its experiment's `earlier_looks`)."""
+  rows = raw_table(experiments, num_resamples=num_resamples, seed=seed)
+  earlier_p, looks = [], {}
+  for name, exp in experiments.items():
+    earlier = exp.get("earlier_looks") or []
+    if earlier:
+      looks[name] = f"{len(earlier) + 1} of {len(earlier) + 1}"
+    for old in earlier:
+      earlier_p += [r.p for r in raw_table({name: dict(old, difficulty=exp.get("difficulty"))},
+                                           num_resamples=num_resamples, seed=seed)
+                    if r.primary]
+  rows = [dataclasses.replace(r, look=looks.get(r.sweep, "")) if r.primary else r
+          for r in rows]
+  return decide(rows, earlier_p)
+
+
+def raw_table(experiments: Mapping[str, Mapping[str, Any]], *,
+              num_resamples: int = bootstrap.DEFAULT_RESAMPLES, seed: int = 0) -> list[Row]:
+  """Rows with the verdicts of their intervals alone, in the order of the findings."""
   experiments = {name: from_json(e) for name, e in experiments.items()}
   rows: list[Row] = []
   iso = {name: e for name, e in experiments.items() if e["kind"] == "iso_compute"}
@@ -157,14 +264,14 @@ def table(experiments: Mapping[str, Mapping[str, Any]], *,
     for name, exp in by_difficulty[difficulty]:
       e = exp["effects"].get(f"{which}_slope_log2_n")
       if e:
-        rows.append(Row(finding, name, f"change of final {which}@k per doubling of n (at "
-                        "fixed C)", e, bootstrap.sign_verdict(e)))
+        rows.append(_sign_row(finding, name, f"change of final {which}@k per doubling of n "
+                              "(at fixed C)", e, seeds=_seeds(exp)))
   for hard_name, hard in by_difficulty["hard"]:
     for easy_name, easy in by_difficulty["easy"]:
       e = _difference(hard["effects"]["log2_n_star_end"], easy["effects"]["log2_n_star_end"])
-      rows.append(Row("2c", f"{hard_name} - {easy_name}",
-                      "log2 n* at the largest C, hard minus easy", e,
-                      bootstrap.sign_verdict(e, expected=-1)))
+      rows.append(_sign_row("2c", f"{hard_name} - {easy_name}",
+                            "log2 n* at the largest C, hard minus easy", e, expected=-1,
+                            seeds=min(_seeds(hard), _seeds(easy))))
   for name, exp in experiments.items():
     if exp["kind"] == "fixed_batch":
       rows += _rows_iso(name, exp, finding="3")
@@ -172,30 +279,35 @@ def table(experiments: Mapping[str, Mapping[str, Any]], *,
     if exp["kind"] == "problems_per_batch":
       e = exp["effects"]["spread"]
       v = exp["effects"]
-      rows.append(Row("4", name, "spread (max - min) of final avg@k across B_p", e,
-                      bootstrap.margin_verdict(e, BP_MARGIN),
-                      f"margin {BP_MARGIN}; late-run volatility smallest B_p "
-                      f"{v['volatility_smallest_bp']['value']:.3f}, largest "
-                      f"{v['volatility_largest_bp']['value']:.3f}"))
+      rows.append(_margin_row("4", name, "spread (max - min) of final avg@k across B_p", e,
+                              seeds=_seeds(exp), note=(
+                                  f"margin {EQUIVALENCE_MARGIN}; late-run volatility smallest "
+                                  f"B_p {v['volatility_smallest_bp']['value']:.3f}, largest "
+                                  f"{v['volatility_largest_bp']['value']:.3f}")))
   for name, exp in iso.items():
-    e = exp["effects"].get("extreme_change_slope_log2_n")
+    e = exp["effects"].get("lost_slope_log2_n")
     if e:
-      rows.append(Row("5", name, "change in the fraction of training problems at pass@1 = 0 "
-                      "or 1, per doubling of n", e, bootstrap.sign_verdict(e, expected=-1)))
+      rows.append(_sign_row("5", name, "change in the fraction of training problems once "
+                            "solved and now at pass@1 = 0, per doubling of n", e,
+                            expected=-1, seeds=_seeds(exp)))
   for name, exp in experiments.items():
     if exp["kind"] == "problem_set_size":
       e = exp["effects"]["overfit_gap"]
+      own = exp["effects"].get("late_fall_smallest")
       change = exp["details"].get("train_reward_change", {})
-      rows.append(Row("6", name, "late validation drop, smallest set minus full set", e,
-                      bootstrap.sign_verdict(e), "train reward change (last - first "
-                      "quarter): " + ", ".join(f"{k} {v:+.3f}" for k, v in change.items())))
+      note = (f"smallest set's own late fall {_number(own['value'])} [{_number(own['lo'])}, "
+              f"{_number(own['hi'])}]; " if own else "")
+      rows.append(_sign_row("6", name, "fall of validation over the runs' second half of "
+                            "compute (fitted trend), smallest set minus full set", e,
+                            seeds=_seeds(exp), note=note + "train reward change (last - "
+                            "first quarter): " + ", ".join(f"{k} {v:+.3f}"
+                                                           for k, v in change.items())))
   for name, exp in experiments.items():
     if exp["kind"] == "decoupled_baseline":
       for finding, key in (("7a", "decoupled_minus_plain_train"),
                            ("7b", "plain_estimate_minus_decoupled")):
-        e = exp["effects"][key]
-        rows.append(Row(finding, name, f"final avg@k, {key.replace('_', ' ')}", e,
-                        bootstrap.sign_verdict(e)))
+        rows.append(_sign_row(finding, name, f"final avg@k, {key.replace('_', ' ')}",
+                              exp["effects"][key], seeds=_seeds(exp)))
   for name, exp in experiments.items():
     if exp["kind"] == "algorithms":
       for variant in exp["variants"]:
@@ -218,49 +330,77 @@ def mechanism_table(experiments: Mapping[str, Mapping[str, Any]]) -> list[Row]:
       sizes = exp["details"].get("sizes", {})
       smallest = min((s for s in sizes.values() if s), default=None)
       f = effects["transfer_fraction"]
-      rows.append(Row("T", name, f"held-out validation gain (final - first) of the runs "
-                      f"trained on {smallest or 'the fewest'} problems", effects["transfer_gain"],
-                      bootstrap.sign_verdict(effects["transfer_gain"]),
-                      f"fraction of the full set's gain {_number(f['value'])} "
-                      f"[{_number(f['lo'])}, {_number(f['hi'])}]"))
+      rows.append(_sign_row("T", name, f"held-out validation gain (final - first) of the "
+                            f"runs trained on {smallest or 'the fewest'} problems",
+                            effects["transfer_gain"], seeds=_seeds(exp), note=(
+                                f"fraction of the full set's gain {_number(f['value'])} "
+                                f"[{_number(f['lo'])}, {_number(f['hi'])}]")))
   for name, exp in experiments.items():
     if exp["kind"] in ("iso_compute", "fixed_batch"):
-      rows += _rows_saturation(name, exp["effects"])
+      rows += _rows_saturation(name, exp["effects"], seeds=_seeds(exp))
     elif exp["kind"] == "algorithms":
       for variant in exp["variants"]:
-        rows += _rows_saturation(f"{name}/{variant}", exp["effects"], f"_{variant}")
-  return sorted(rows, key=lambda r: list(MECHANISMS).index(r.finding))
+        rows += _rows_saturation(f"{name}/{variant}", exp["effects"], f"_{variant}",
+                                 seeds=_seeds(exp))
+  rows = sorted(rows, key=lambda r: list(MECHANISMS).index(r.finding))
+  return decide(rows)
 
 
-def _rows_saturation(sweep: str, effects: Mapping[str, Any], suffix: str = "") -> list[Row]:
+def _rows_saturation(sweep: str, effects: Mapping[str, Any], suffix: str = "", *,
+                     seeds: int) -> list[Row]:
   """S and K of one sweep (or one variant's runs): beside claims 1, 3 and 8."""
   headroom, spread = effects.get(f"headroom{suffix}"), effects.get(f"asymptote_spread{suffix}")
   if headroom is None or spread is None:
     return []
-  return [Row("S", sweep, "fitted asymptote minus final value, mean over runs", headroom,
-              bootstrap.sign_verdict(headroom)),
-          Row("K", sweep, "largest minus smallest fitted asymptote across n", spread,
-              bootstrap.margin_verdict(spread, CEILING_MARGIN), f"margin {CEILING_MARGIN}")]
+  return [_sign_row("S", sweep, "fitted asymptote minus final value, mean over runs",
+                    headroom, seeds=seeds),
+          _margin_row("K", sweep, "largest minus smallest fitted asymptote across n", spread,
+                      seeds=seeds, note=f"margin {EQUIVALENCE_MARGIN}")]
 
 
 def _number(x: float) -> str:
   return "nan" if not math.isfinite(x) else f"{x:+.3f}"
 
 
+def _p(x: float) -> str:
+  return "" if not math.isfinite(x) else f"{x:.3f}"
+
+
 def to_markdown(rows: list[Row], claim: str = "the paper's claim") -> str:
-  """The table: finding, the claim, what was measured, effect [interval], verdict."""
-  lines = [f"| # | {claim} | sweep | measured | effect [90% CI] | verdict | note |",
-           "|---|---|---|---|---|---|---|"]
+  """The table: finding, the claim, what was measured, effect [interval], the raw and
+  Holm-adjusted p-values, the fewest seeds per allocation, verdict, note."""
+  lines = [f"| # | {claim} | sweep | measured | effect [90% CI] | p | Holm p (look) | "
+           "seeds | verdict | note |", "|---|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
     e = r.effect
+    look = f" ({r.look})" if r.look and math.isfinite(r.p_adjusted) else ""
     lines.append(f"| {r.finding} | {r.claim} | {r.sweep} | {r.measured} | "
                  f"{_number(e['value'])} [{_number(e['lo'])}, {_number(e['hi'])}] | "
+                 f"{_p(r.p)} | {_p(r.p_adjusted)}{look} | {r.seeds or 'runs'} | "
                  f"**{r.verdict}** | {r.note} |")
   return "\n".join(lines) + "\n"
 
 
+def seed_markdown(experiments: Mapping[str, Mapping[str, Any]]) -> str:
+  """Per sweep, each allocation measured with several seeds: its final values' mean and
+  standard deviation over seeds (the run-to-run spread every claim has to beat)."""
+  lines = []
+  for name, exp in experiments.items():
+    for s in (exp.get("details") or {}).get("seed_spread", []):
+      sweep = f"{name}/{s['variant']}" if s["variant"] else name
+      finals = ", ".join(f"{x:.3f}" for x in s["finals"])
+      lines.append(f"| {sweep} | {s['metric']} | {s['problems_per_batch']} | "
+                   f"{s['rollouts_per_problem']} | {len(s['seeds'])} | {s['mean']:.3f} | "
+                   f"{s['sd']:.3f} | {finals} |")
+  if not lines:
+    return ""
+  return ("| sweep | metric | B_p | n | seeds | mean final | seed SD | finals |\n"
+          "|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
+
+
 def read_experiments(study_dir: str) -> dict[str, dict[str, Any]]:
-  """{sweep name: experiment} for every DIR/<sweep>/experiment.json of a study."""
+  """{sweep name: experiment} for every DIR/<sweep>/experiment.json of a study, each with
+  `earlier_looks`: the experiments of DIR/<sweep>/earlier_looks.json (none: [])."""
   root = storage.path(study_dir)
   if not root.is_dir():
     raise FileNotFoundError(f"study directory {study_dir!r} does not exist")
@@ -268,8 +408,41 @@ def read_experiments(study_dir: str) -> dict[str, dict[str, Any]]:
   for sub in sorted(p for p in root.iterdir() if p.is_dir()):
     path = sub / EXPERIMENT_FILE
     if path.is_file():
-      found[sub.name] = storage.read_json(path)
+      looks = sub / LOOKS_FILE
+      found[sub.name] = dict(storage.read_json(path), earlier_looks=(
+          storage.read_json(looks) if looks.is_file() else []))
   return found
+
+
+def record_look(sweep_dir: str, new_experiment: Mapping[str, Any]) -> None:
+  """Before `new_experiment` replaces DIR/experiment.json: when the old one was read at a
+  smaller budget (an earlier look at runs since extended), append it to
+  DIR/earlier_looks.json, so the family of the primary claims keeps every look."""
+  old_path = storage.path(os.path.join(sweep_dir, EXPERIMENT_FILE))
+  if not old_path.is_file():
+    return
+  old = storage.read_json(old_path)
+  old_end, new_end = old.get("compute_end"), new_experiment.get("compute_end")
+  if old_end is None or new_end is None or old_end >= new_end:
+    return
+  looks_path = os.path.join(sweep_dir, LOOKS_FILE)
+  looks = storage.read_json(looks_path) if storage.path(looks_path).is_file() else []
+  if all(look.get("compute_end") != old_end for look in looks):
+    storage.write_json(looks_path, looks + [old])
+
+
+_HEADER = """\
+Each effect: the estimate on the runs as measured and its 90% interval from a
+hierarchical bootstrap (each allocation's seeds, then the validation problems). Claims
+1, 2a and 2b are the primary family: p is the two-sided bootstrap p-value of "no
+effect", Holm p is adjusted over every primary row of this study and of earlier looks at
+the same runs, and a primary verdict is yes (no) when Holm p < 0.10 with the estimate on
+the paper's (the other) side. The other rows follow their intervals: yes when the
+interval lies strictly on the paper's side of 0, no when strictly on the other side,
+inconclusive when it touches or straddles 0; "barely matters" rows compare with the one
+margin {margin}. `seeds` is the fewest seeds of an allocation the row compares: with one,
+the interval omits run-to-run variance and the verdict is indicative, never yes or no.
+"""
 
 
 def write_study_findings(study_dir: str, *, seed: int = 0) -> tuple[list[Row], str]:
@@ -280,11 +453,8 @@ def write_study_findings(study_dir: str, *, seed: int = 0) -> tuple[list[Row], s
                             "study (python -m launch.study) first")
   rows = table(experiments, seed=seed)
   text = (f"# Findings of {os.path.basename(os.path.normpath(study_dir))}\n\n"
-          "Each effect: the estimate on the runs as measured and its 90% bootstrap "
-          "interval (validation problems resampled, and seeds where an allocation has "
-          "several). Verdicts follow the interval: yes when it lies on the paper's side, "
-          "no when it lies on the other side (or at zero), inconclusive when it straddles "
-          "it.\n\n" + to_markdown(rows))
+          + _HEADER.format(margin=EQUIVALENCE_MARGIN).replace("\n", " ").strip() + "\n\n"
+          + to_markdown(rows))
   mechanisms = mechanism_table(experiments)
   if mechanisms:
     text += ("\n## What the verdicts rest on\n\nMeasured the same way, beside the claims: "
@@ -292,5 +462,9 @@ def write_study_findings(study_dir: str, *, seed: int = 0) -> tuple[list[Row], s
              "matters less than the paper's setting assumes), whether the runs had "
              "saturated when the budget ran out, and whether every n heads for one "
              "ceiling.\n\n" + to_markdown(mechanisms, "what is tested"))
+  spread = seed_markdown(experiments)
+  if spread:
+    text += ("\n## Seed spread\n\nEach allocation run with several seeds: its final "
+             "values (the mean of the last evaluations) over seeds.\n\n" + spread)
   storage.write_text(os.path.join(study_dir, FINDINGS_FILE), text)
   return rows, text

@@ -132,16 +132,20 @@ def _grid_init(c_E, r_E, r0, lower, upper, c_mid_grid):
     a_A = np.where(ok, (uu * sy - us * uy) / safe, r_E.mean())
     decreasing = a_A < r0_A  # the best monotone fit is then the constant mean
     r0_A = np.clip(np.where(decreasing, r_E.mean(), r0_A), lower, upper)
-    gain_A = np.clip(np.where(decreasing, 0.0, a_A - r0_A), 0.0, upper - lower)
+    gain_A = np.clip(np.where(decreasing, 0.0, a_A - r0_A), 0.0, upper - r0_A)
   resid_AE = r0_A[:, None] + gain_A[:, None] * s_AE - r_E[None, :]
   best = int(np.argmin(np.einsum("ae,ae->a", resid_AE, resid_AE)))
   return r0_A[best], gain_A[best], b_A[best], cm_A[best]
 
 
-def _model_and_jacobian(theta, c_E, r0_fixed):
-  """Residual model in the parameters (r0?, gain, log b, log c_mid)."""
+def _model_and_jacobian(theta, c_E, r0_fixed, upper):
+  """Residual model and its Jacobian. With R0 given, the parameters are (gain, log b,
+  log c_mid) and A = R0 + gain; with R0 free, (R0, f, log b, log c_mid) and
+  A = R0 + f * (upper - R0), f in [0, 1], so both R0 and A stay within the bounds (a
+  box on (R0, gain) would let A reach R0 + upper - lower)."""
   if r0_fixed is None:
-    r0, gain, log_b, log_cm = theta
+    r0, frac, log_b, log_cm = theta
+    gain = frac * (upper - r0)
   else:
     r0, (gain, log_b, log_cm) = r0_fixed, theta
   b = math.exp(log_b)
@@ -150,9 +154,11 @@ def _model_and_jacobian(theta, c_E, r0_fixed):
   s_E = _gain_fraction(c_E, b, math.exp(log_cm))
   ds_E = np.where(c_E > 0, s_E * (1 - s_E), 0.0)
   dlog_E = np.where(c_E > 0, dlog_E, 0.0)
-  columns = [s_E, gain * ds_E * b * dlog_E, -gain * ds_E * b]
+  shape = [gain * ds_E * b * dlog_E, -gain * ds_E * b]
   if r0_fixed is None:
-    columns.insert(0, np.ones_like(c_E))
+    columns = [1.0 - frac * s_E, (upper - r0) * s_E] + shape
+  else:
+    columns = [s_E] + shape
   return r0 + gain * s_E, np.stack(columns, axis=1)
 
 
@@ -190,30 +196,35 @@ def fit_sigmoid(compute_E, values_E, *, r0: float | None = None,
   r0_init, gain, b, c_mid = _grid_init(c_E, r_E, r0, lo, hi, c_mid_grid)
 
   free_r0 = r0 is None
-  x0 = [gain, math.log(b), math.log(c_mid)]
-  lb = [0.0, math.log(B_BOUNDS[0]), math.log(cm_lo)]
-  ub = [max(hi - (r0 if r0 is not None else lo), 1e-12), math.log(B_BOUNDS[1]),
-        math.log(cm_hi)]
+  shape0, shape_lb = [math.log(b), math.log(c_mid)], [math.log(B_BOUNDS[0]), math.log(cm_lo)]
+  shape_ub = [math.log(B_BOUNDS[1]), math.log(cm_hi)]
   if free_r0:
-    x0, lb, ub = [r0_init] + x0, [lo] + lb, [hi] + ub
+    frac0 = gain / (hi - r0_init) if hi > r0_init else 0.0
+    x0, lb, ub = [r0_init, frac0] + shape0, [lo, 0.0] + shape_lb, [hi, 1.0] + shape_ub
+  else:
+    x0, lb, ub = [gain] + shape0, [0.0] + shape_lb, [max(hi - r0, 1e-12)] + shape_ub
   x0 = np.clip(x0, lb, ub)
   fixed = None if free_r0 else r0
 
   def residuals(theta):
-    return _model_and_jacobian(theta, c_E, fixed)[0] - r_E
+    return _model_and_jacobian(theta, c_E, fixed, hi)[0] - r_E
 
   def jacobian(theta):
-    return _model_and_jacobian(theta, c_E, fixed)[1]
+    return _model_and_jacobian(theta, c_E, fixed, hi)[1]
 
   result = optimize.least_squares(residuals, x0, jac=jacobian, bounds=(lb, ub),
                                   method="trf", x_scale="jac", max_nfev=200)
   theta = result.x
-  fit_r0 = float(theta[0]) if free_r0 else float(r0)
-  gain, log_b, log_cm = (float(x) for x in theta[-3:])
+  log_b, log_cm = (float(x) for x in theta[-2:])
+  if free_r0:
+    fit_r0, frac = float(theta[0]), float(theta[1])
+    gain, grad_a = frac * (hi - fit_r0), [1.0 - frac, hi - fit_r0, 0.0, 0.0]
+  else:
+    fit_r0, gain, grad_a = float(r0), float(theta[0]), [1.0, 0.0, 0.0]
   resid_E = result.fun
   fit = SigmoidFit(
       r0=fit_r0, a=fit_r0 + gain, b=math.exp(log_b), c_mid=math.exp(log_cm),
-      a_stderr=_asymptote_stderr(result.jac, resid_E, free_r0),
+      a_stderr=_asymptote_stderr(result.jac, resid_E, grad_a),
       rmse=float(np.sqrt(np.mean(resid_E ** 2))), num_points=int(c_E.size),
       compute_range=(c_lo, c_hi), r0_fixed=not free_r0)
   flat = _flat_fit(c_E, r_E, r0, lo, hi, (c_lo, c_hi))
@@ -249,20 +260,16 @@ def _rise_is_significant(sse: float, flat: SigmoidFit, num_points: int,
   return f_stat > stats.f.ppf(1 - FLAT_TEST_LEVEL, extra, dof)
 
 
-def _asymptote_stderr(jacobian, resid_E, free_r0: bool) -> float:
-  """Standard error of A = (r0 +) gain from sigma^2 (J^T J)^+ at the optimum; `jacobian`
-  is J, [E, number of parameters]."""
+def _asymptote_stderr(jacobian, resid_E, grad_a) -> float:
+  """Standard error of A from sigma^2 (J^T J)^+ at the optimum; `jacobian` is J,
+  [E, number of parameters], and `grad_a` is dA / d(parameters)."""
   num_points, num_params = jacobian.shape
   dof = num_points - num_params
   if dof <= 0:
     return math.inf
   sigma2 = float(resid_E @ resid_E) / dof
   cov = np.linalg.pinv(jacobian.T @ jacobian) * sigma2
-  # d A / d theta: (1, 1, 0, 0) with free r0, (1, 0, 0) otherwise.
-  grad = np.zeros(num_params)
-  grad[0] = 1.0
-  if free_r0:
-    grad[1] = 1.0
+  grad = np.asarray(grad_a, np.float64)
   var = float(grad @ cov @ grad)
   return math.sqrt(var) if var >= 0 and math.isfinite(var) else math.inf
 
@@ -292,26 +299,35 @@ def bootstrap_asymptote(compute_E, values_E, fit: SigmoidFit, *, num_resamples: 
 def extrapolation_check(compute_E, values_E, *, fraction: float = 0.5,
                         r0: float | None = None, lower: float = -np.inf,
                         upper: float = np.inf, tail: int = 3) -> dict[str, Any]:
-  """Fits on compute <= fraction * C_max and predicts the metric at C_max.
+  """Fits on compute <= fraction * C_max and predicts the metric strictly after it.
 
   One evaluation is as noisy as the run, so both sides average the last `tail`
-  evaluations: `observed` is their mean metric, `predicted` the mean of the
-  early fit at their compute; `error` = predicted - observed. Raises ValueError
-  when the early part has too few points to fit.
+  evaluations that lie after the fit window (fewer when fewer do): `observed` is their
+  mean metric, `predicted` the mean of the early fit at their compute, `error` =
+  predicted - observed. `persistence` is the baseline a fit must beat: the last value
+  inside the window carried forward, with its own `persistence_error`. Raises ValueError
+  when the early part has too few points to fit or no evaluation lies after it.
   """
   c_E, r_E = _check_inputs(compute_E, values_E)
   order = np.argsort(c_E, kind="stable")
   c_E, r_E = c_E[order], r_E[order]
   c_max = float(c_E[-1])
   early = c_E <= fraction * c_max
+  late = np.flatnonzero(~early)[-tail:]
+  if late.size == 0:
+    raise ValueError(f"no evaluation after the fit window (compute <= {fraction} * {c_max:g})")
   fit = fit_sigmoid(c_E[early], r_E[early], r0=r0, lower=lower, upper=upper)
-  predicted = float(fit.predict(c_E[-tail:]).mean())
-  observed = float(r_E[-tail:].mean())
+  predicted = float(fit.predict(c_E[late]).mean())
+  observed = float(r_E[late].mean())
+  persistence = float(r_E[early][-1])
   return {
       "fit_max_rollouts": float(c_E[early].max()),
       "target_rollouts": c_max,
+      "observed_rollouts": [float(c) for c in c_E[late]],
       "predicted": predicted,
       "observed": observed,
       "error": predicted - observed,
+      "persistence": persistence,
+      "persistence_error": persistence - observed,
       "fit": fit.to_dict(),
   }

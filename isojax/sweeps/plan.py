@@ -45,7 +45,7 @@ from absl import logging
 from ml_collections.config_flags import config_flags
 
 from isojax import config_lib, configs, eval_settings, run_dir, storage
-from isojax.planner import analysis, experiments, grids, plots, prescribe
+from isojax.planner import analysis, experiments, findings, grids, plots, prescribe
 from isojax.tasks import splits
 
 MANIFEST_FILE = "sweep.json"
@@ -509,6 +509,7 @@ def analyze(out_dir: str, sweep: ml_collections.ConfigDict) -> dict[str, Any]:
     summary["experiment"] = {"error": str(e)}
     return summary
   result["difficulty"] = sweep.difficulty
+  findings.record_look(out_dir, analysis.json_safe(result))
   path = os.path.join(out_dir, experiments.EXPERIMENT_FILE)
   storage.write_json(path, analysis.json_safe(result), indent=1, sort_keys=True,
                      allow_nan=False)

@@ -2,6 +2,8 @@
 
 import math
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -26,8 +28,20 @@ def test_per_problem_values_match_the_unbiased_estimators(kind):
   got = bootstrap.per_problem_values(f"val/{kind}@4", counts, 8)
   np.testing.assert_allclose(got, _comb_mean(counts, 8, 4, kind), atol=1e-12)
   np.testing.assert_allclose(bootstrap.per_problem_values("val/avg@4", counts, 8), counts / 8)
-  np.testing.assert_array_equal(bootstrap.per_problem_values("pass@1_extreme", counts, 8),
-                                [1, 0, 0, 0, 0, 0, 0, 0, 1])
+
+
+def test_lost_problems_are_those_solved_before_and_unsolved_now():
+  counts_EG = np.array([[0, 2, 0, 3],
+                        [1, 0, 0, 0],
+                        [0, 0, 0, 4],
+                        [0, 1, 0, 0]])
+  # By hand: problem 0 solved at e1, lost at e2, e3; problem 1 lost at e1, e2,
+  # solved again at e3; problem 2 never solved (never lost); problem 3 lost at e1, e3.
+  want = np.array([[0, 0, 0, 0],
+                   [0, 1, 0, 1],
+                   [1, 1, 0, 0],
+                   [1, 0, 0, 1]], float)
+  np.testing.assert_array_equal(bootstrap.lost_problems(counts_EG), want)
 
 
 def test_unknown_metric_is_an_error():
@@ -79,18 +93,49 @@ def test_problem_draw_is_shared_by_every_run():
   assert samples["a"].std() > 0.01
 
 
-def test_seeds_of_one_allocation_are_resampled():
-  """An allocation run with seeds whose values differ by a constant: replicates mix
-  the seeds, so the seed mean varies even when every problem is identical."""
-  runs = [_curve(np.full((2, 10), v), seed=s, path=f"s{s}") for s, v in enumerate([0.0, 1.0])]
+def test_seeds_of_one_allocation_are_resampled_with_their_variance():
+  """An allocation run with seeds whose values differ by a constant: replicates mix the
+  seeds, so the seed mean varies even when every problem is identical, and its variance
+  is the seeds' unbiased variance over k (a plain draw would give (k - 1) / k of it)."""
+  for values in ([0.0, 1.0], [0.2, 0.5, 0.3]):
+    runs = [_curve(np.full((2, 10), v), seed=s, path=f"s{s}") for s, v in enumerate(values)]
 
-  def stat(g):
-    return {"mean": float(np.mean([c.values_E[-1] for c in g["a"]]))}
+    def stat(g):
+      return {"mean": float(np.mean([c.values_E[-1] for c in g["a"]]))}
 
-  point, samples = bootstrap.bootstrap({"a": runs}, stat, num_resamples=400)
-  assert point["mean"] == 0.5
-  assert set(np.round(samples["mean"], 6)) == {0.0, 0.5, 1.0}
-  assert 0.35 < np.mean(samples["mean"] == 0.5) < 0.65  # Binomial(2, 1/2): P(mixed) = 1/2
+    point, samples = bootstrap.bootstrap({"a": runs}, stat, num_resamples=4000)
+    assert point["mean"] == pytest.approx(np.mean(values))
+    want = np.var(values, ddof=1) / len(values)
+    assert samples["mean"].var() == pytest.approx(want, rel=0.1)
+    assert samples["mean"].mean() == pytest.approx(np.mean(values), abs=0.02)
+  # Three seeds: each replicate's mean is a triple's mean moved out by sqrt(3 / 2).
+  assert set(np.round(samples["mean"], 6)) <= set(np.round(
+      np.mean(values) + np.sqrt(len(values) / (len(values) - 1)) * np.array(
+          [np.mean(c) - np.mean(values) for c in itertools.product(values, repeat=3)]), 6))
+
+
+def test_holm_adjusts_like_the_textbook_procedure():
+  """Holm on four p-values, against the step-down rule written out by hand."""
+  p = [0.01, 0.04, 0.03, 0.20]
+  # sorted: 0.01 (x4), 0.03 (x3), 0.04 (x2), 0.20 (x1), each at least the one before
+  want = [0.04, 0.09, 0.09, 0.20]
+  np.testing.assert_allclose(bootstrap.holm(p), want)
+  assert bootstrap.holm([0.5, float("nan")])[0] == 1.0  # NaN counts in the family
+  assert np.isnan(bootstrap.holm([0.5, float("nan")])[1])
+
+
+def test_p_value_matches_the_interval_it_goes_with():
+  rng = np.random.default_rng(0)
+  for shift in np.linspace(-0.3, 0.3, 13):
+    samples = rng.normal(shift, 0.1, 400)
+    lo, hi = bootstrap.interval(samples)
+    p = bootstrap.p_value(samples)
+    assert (p < 0.1) == (lo > 0 or hi < 0) or abs(p - 0.1) < 0.01, (shift, p, lo, hi)
+  assert bootstrap.p_value(np.zeros(50)) == 1.0  # every replicate at 0: nothing excluded
+  assert bootstrap.p_verdict(0.2, 0.01) == "yes"
+  assert bootstrap.p_verdict(-0.2, 0.01) == "no"
+  assert bootstrap.p_verdict(-0.2, 0.01, expected=-1) == "yes"
+  assert bootstrap.p_verdict(0.2, 0.2) == "inconclusive"
 
 
 def test_problem_curve_reads_counts_and_rejects_runs_without_them(tmp_path):
@@ -112,7 +157,8 @@ def test_problem_curve_reads_counts_and_rejects_runs_without_them(tmp_path):
 
 
 @pytest.mark.parametrize("lo,hi,expected,verdict", [
-    (0.1, 0.3, 1, "yes"), (-0.3, -0.1, 1, "no"), (0.0, 0.0, 1, "no"),
+    (0.1, 0.3, 1, "yes"), (-0.3, -0.1, 1, "no"), (0.0, 0.0, 1, "inconclusive"),
+    (-0.3, 0.0, 1, "inconclusive"), (0.0, 0.2, 1, "inconclusive"),
     (-0.1, 0.2, 1, "inconclusive"), (-0.3, -0.1, -1, "yes"), (0.1, 0.2, -1, "no"),
     (float("nan"), 0.2, 1, "inconclusive")])
 def test_sign_verdict(lo, hi, expected, verdict):

@@ -43,27 +43,40 @@ def _log_steps(m, count=12):
   return np.unique(np.concatenate([[0], np.round(np.geomspace(1, m, count))]).astype(int))
 
 
+def _true_centre(curves, compute, margin=0.02):
+  """log2 n* of the true curves by claim 1's rule: the mean log2 n of the n within
+  `margin` of the best value at `compute` (each n's best B_p)."""
+  best = {}
+  for tc in curves:
+    v = float(tc(np.array([compute]))[0])
+    best[tc.rollouts_per_problem] = max(best.get(tc.rollouts_per_problem, -1.0), v)
+  top = max(best.values())
+  return float(np.mean([math.log2(n) for n, v in best.items() if v >= top - margin]))
+
+
 def test_fixed_batch_recovers_n_star_of_m(tmp_path):
-  """B = 256 fixed: small n wins early, n = 32 late. The fitted frontier's n* at the
-  first and the last evaluation equal the true curves' argmax there."""
+  """B = 256 fixed: small n wins early, n = 32 late. The fitted frontier's n* at claim
+  1's two points (C_end / 16 and C_end) equal the true curves' there."""
   batch, steps = 256, 64
   curves = [synthetic.TrueCurve(batch // n, n, r0=0.1, a=0.4 + 0.1 * math.log2(min(n, 32)),
                                 b=1.5, c_mid=100.0 * n) for n in (2, 4, 8, 16, 32, 64)]
   synthetic.write_sweep(str(tmp_path), curves, num_steps=steps, num_evals=14,
                         log_spaced=True, num_problems=512, seed=3)
   result = experiments.analyze_experiment(str(tmp_path), "fixed_batch", num_resamples=60)
-  c_first, c_last = batch * 1.0, batch * float(steps)
-  true = {c: max(curves, key=lambda tc: float(tc(np.array([c]))[0])).rollouts_per_problem
-          for c in (c_first, c_last)}
-  assert true[c_first] == 2 and true[c_last] == 32  # the ground truth rises 4 doublings
+  c_end = batch * float(steps)
+  c_start = c_end / 2 ** experiments.CLAIM1_SPAN_DOUBLINGS
+  true_start, true_end = _true_centre(curves, c_start), _true_centre(curves, c_end)
+  assert true_end - true_start >= 2  # the ground truth rises
   e = result["effects"]
-  assert e["log2_n_star_start"]["value"] == math.log2(true[c_first])
-  assert e["log2_n_star_end"]["value"] == math.log2(true[c_last])
-  assert e["n_star_rise"]["lo"] <= 4 <= e["n_star_rise"]["hi"]
+  assert e["log2_n_star_start"]["value"] == pytest.approx(true_start, abs=0.5)
+  assert e["log2_n_star_end"]["value"] == pytest.approx(true_end, abs=0.5)
+  assert e["n_star_rise"]["lo"] <= true_end - true_start <= e["n_star_rise"]["hi"]
   assert e["n_star_rise"]["lo"] > 0
+  # n = 32 leads n = 64 by 0.09 at the end: n* lies inside the grid, not censored.
+  assert e["n_star_censored"]["value"] == 0.0
   # The frontier fitted on the first half of the compute predicts the best final value.
   frontier = result["frontier_extrapolation"][""]
-  assert frontier["predicted_rollouts_per_problem"] == true[c_last]
+  assert frontier["predicted_rollouts_per_problem"] == 32
   assert abs(frontier["error"]) < 0.02
 
 
@@ -158,7 +171,8 @@ def test_decoupled_needs_its_three_variants(tmp_path):
 
 def test_problem_set_size_sees_the_small_set_overfit(tmp_path):
   """The 16-problem variant peaks at 0.5 mid-run and ends at 0.3 while its train
-  reward climbs; the full set rises to 0.5. The overfitting gap is 0.2."""
+  reward climbs; the full set rises to 0.5. The overfitting gap is the difference of
+  their falls over the second half of compute: 0.2 - (-0.15) = 0.35."""
   rng = np.random.default_rng(4)
   steps_T = np.linspace(0, 256, 17).astype(int)  # linear: the fall spans many evaluations
   x_T = steps_T / steps_T[-1]
@@ -173,11 +187,17 @@ def test_problem_set_size_sees_the_small_set_overfit(tmp_path):
   result = experiments.analyze_experiment(str(tmp_path), "problem_set_size", ["all", "p16"],
                                           num_resamples=100)
   assert result["details"]["sizes"] == {"all": None, "p16": 16}
-  true_drop = float(p16_T.max() - p16_T[-2:].mean()) - float(
-      (0.2 + 0.3 * x_T).max() - (0.2 + 0.3 * x_T[-2:]).mean())
+  late = x_T >= 0.5
+  fall = lambda p_T: -np.polyfit(x_T[late], p_T[late], 1)[0] * 0.5  # the true trend
+  true_gap = fall(p16_T) - fall(0.2 + 0.3 * x_T)
+  assert true_gap == pytest.approx(0.35)
   e = result["effects"]["overfit_gap"]
   assert e["lo"] > 0.1
-  assert e["lo"] - 0.02 <= true_drop <= e["hi"] + 0.02  # max over noisy points: biased up
+  in_99 = lambda effect, x: (lambda lo, hi: lo <= x <= hi)(
+      *bootstrap.interval(effect["samples"], 0.99))
+  assert in_99(e, true_gap)
+  own = result["effects"]["late_fall_smallest"]
+  assert in_99(own, fall(p16_T)) and own["lo"] > 0
   change = result["details"]["train_reward_change"]
   assert change["p16"] > change["all"] > 0
   # Transfer: the validation problems are held out, so p16's gain on them is transfer.
@@ -227,9 +247,7 @@ def test_sweep_analysis_writes_variant_analyses_experiment_and_findings(tmp_path
     synthetic.write_sweep(str(tmp_path / "algorithms" / "runs" / variant), curves,
                           budget_rollouts=16384, num_evals=12, log_spaced=True,
                           num_problems=1024, seed=len(variant))
-    end = sorted((float(c(np.array([16384.0]))[0]), c.rollouts_per_problem) for c in curves)
-    assert end[-1][0] - end[-2][0] > 0.015  # a clear winner at the end
-    true_best[variant] = math.log2(end[-1][1])
+    true_best[variant] = _true_centre(curves, 16384.0)
   sweep = sweep_plan.load_config_file("configs/sweep_algorithms.py:micro")
   sweep.bootstrap_resamples = 30
   summary = sweep_plan.analyze(str(tmp_path / "algorithms"), sweep)
@@ -242,11 +260,14 @@ def test_sweep_analysis_writes_variant_analyses_experiment_and_findings(tmp_path
   assert {k: e["value"] for k, e in written["effects"].items()} == pytest.approx(
       {k: e["value"] for k, e in direct["effects"].items()}, nan_ok=True)
   assert (tmp_path / "algorithms" / "experiment.png").stat().st_size > 10_000
-  # n* saturates at 16 (cispo), 4 (pods), 8 (ppo): the frontier ends at the true winners.
-  assert true_best == {"cispo": 4.0, "pods": 2.0, "ppo": 3.0}
-  assert written["effects"]["log2_n_star_end_cispo"]["value"] == true_best["cispo"]
-  assert written["effects"]["log2_n_star_end_pods"]["value"] == true_best["pods"]
-  assert written["effects"]["log2_n_star_end_ppo"]["value"] == true_best["ppo"]
+  # n* saturates at 16 (cispo), 4 (pods), 8 (ppo): n* at the end is the true curves'
+  # (near-ties within the margin: pods's 4 and 8 end within 0.02 of each other), up to
+  # a neighbour whose true gap to the best is near the margin (ppo's 16: 0.025), which
+  # moves the centre by half a doubling.
+  assert true_best == {"cispo": 4.0, "pods": 2.5, "ppo": 3.0}
+  for variant, want in true_best.items():
+    got = written["effects"][f"log2_n_star_end_{variant}"]["value"]
+    assert abs(got - want) <= 0.5, (variant, got)
   assert "n_star_rise_cispo" in sweep_plan.format_analysis(summary)
   out = subprocess.run([sys.executable, "-m", "launch.findings", f"--study={tmp_path}"],
                        capture_output=True, text=True, check=True).stdout

@@ -101,6 +101,22 @@ def test_fit_is_monotone_non_decreasing_on_falling_data():
   assert np.all(np.diff(fit.predict(c_E)) >= -1e-12)
 
 
+def test_a_fitted_r0_keeps_the_asymptote_within_the_bounds():
+  """Values still climbing steeply at the last point, bounded by [1, 6] (log2 of the n
+  swept): with R0 fitted, the asymptote may not pass the upper bound (it reached
+  R0 + upper - lower when only the gain was bounded). Brute force over A at the bound
+  gives the constrained optimum's residual, which the fit must match or beat."""
+  c_E = np.geomspace(1e3, 1e5, 12)
+  r_E = np.clip(1.0 + 5.5 * np.log10(c_E / 1e3) / 2.0, 1.0, 6.5)  # ends at 6.5 > 6
+  fit = sigmoid_fit.fit_sigmoid(c_E, r_E, lower=1.0, upper=6.0)
+  assert 1.0 <= fit.r0 <= fit.a <= 6.0 + 1e-9
+  rss = float(np.sum((fit.predict(c_E) - r_E) ** 2))
+  best = min(float(np.sum((sigmoid_fit.sigmoid(c_E, r0, 6.0, b, cm) - r_E) ** 2))
+             for r0 in np.linspace(1.0, 2.0, 11) for b in np.geomspace(0.5, 5, 19)
+             for cm in np.geomspace(1e3, 1e5, 25))
+  assert rss <= best * 1.02
+
+
 def test_compute_at_fraction_inverts_the_curve():
   fit = sigmoid_fit.fit_sigmoid(*_data(_CASES[0], 0), r0=0.1, lower=0, upper=1)
   c90 = fit.compute_at_fraction(0.9)
@@ -117,6 +133,21 @@ def test_extrapolation_check_predicts_the_end_from_the_first_half():
   true_end = sigmoid_fit.sigmoid(c_E[-3:], *params).mean()
   assert check["predicted"] == pytest.approx(true_end, abs=0.02)
   assert check["error"] == pytest.approx(check["predicted"] - r_E[-3:].mean())
+  # Persistence: the window's last value carried forward.
+  last_in_window = r_E[c_E <= 1e5][-1]
+  assert check["persistence_error"] == pytest.approx(last_in_window - r_E[-3:].mean())
+
+
+def test_extrapolation_check_observes_only_after_its_fit_window():
+  """Log-spaced evaluations whose second-to-last lies inside the window: the observed
+  value is the last evaluation alone, never one the fit saw."""
+  c_E = np.array([0.0, 1e3, 3e3, 1e4, 3e4, 6e4, 1.3e5])  # 6e4 <= 0.5 * 1.3e5
+  r_E = np.array([0.1, 0.15, 0.25, 0.4, 0.55, 0.6, 0.62])
+  check = sigmoid_fit.extrapolation_check(c_E, r_E, r0=0.1, lower=0, upper=1, tail=2)
+  assert check["observed_rollouts"] == [1.3e5] and check["observed"] == 0.62
+  assert check["persistence"] == 0.6
+  with pytest.raises(ValueError, match="no evaluation after the fit window"):
+    sigmoid_fit.extrapolation_check(c_E, r_E, fraction=1.0, r0=0.1, lower=0, upper=1)
 
 
 def test_to_dict_round_trip():
