@@ -70,9 +70,7 @@ class ProblemCurve:
                             rollouts_per_problem=self.rollouts_per_problem,
                             rollouts_E=self.rollouts_E, values_E=values_EG.mean(axis=1))
 
-  def moved(self, mean_EG: np.ndarray, scale: float) -> ProblemCurve:
-    """This run moved away from `mean_EG` (its allocation's mean) by `scale`."""
-    return dataclasses.replace(self, values_EG=mean_EG + scale * (self.values_EG - mean_EG))
+
 
 
 def per_problem_values(metric: str, counts_G, num_samples: int) -> np.ndarray:
@@ -159,29 +157,48 @@ def fewest_seeds(groups: Groups) -> int:
              default=0)
 
 
-def _draw_seeds(members: Sequence[ProblemCurve], rng: np.random.Generator
-                ) -> list[ProblemCurve]:
-  """k runs drawn with replacement from an allocation's k seeds, each moved from their
-  mean by sqrt(k / (k - 1)) so the drawn mean has the seeds' variance over k."""
-  k = len(members)
-  if k == 1:
-    return list(members)
-  if len({c.values_EG.shape for c in members}) != 1:  # schedules differ: plain draw
-    return [members[i] for i in rng.integers(0, k, k)]
-  mean_EG = np.mean([c.values_EG for c in members], axis=0)
-  scale = math.sqrt(k / (k - 1))
-  return [members[i].moved(mean_EG, scale) for i in rng.integers(0, k, k)]
+@dataclasses.dataclass(frozen=True)
+class _Allocation:
+  """An allocation's runs as a replicate draws them: k seeds, moved from their mean by
+  sqrt(k / (k - 1)) so the drawn mean has the seeds' variance over k. `values_KEG`
+  stacks the seeds' values when their schedules agree (None: a plain draw)."""
+  members: tuple[ProblemCurve, ...]
+  values_KEG: np.ndarray | None
+
+  @classmethod
+  def of(cls, members: Sequence[ProblemCurve]) -> _Allocation:
+    if len(members) == 1 or len({c.values_EG.shape for c in members}) != 1:
+      return cls(tuple(members), None)
+    return cls(tuple(members), np.stack([c.values_EG for c in members]))
+
+  def draw(self, problems: Mapping[int, np.ndarray], rng: np.random.Generator
+           ) -> list[records.RunCurve]:
+    k = len(self.members)
+    if self.values_KEG is None:
+      picks = [0] if k == 1 else rng.integers(0, k, k)
+      return [self.members[i].curve(problems[self.members[i].num_problems]) for i in picks]
+    picks = rng.integers(0, k, k)
+    seed_KE = self.values_KEG[:, :, problems[self.values_KEG.shape[2]]].mean(axis=2)
+    mean_E = seed_KE.mean(axis=0)
+    moved_KE = mean_E + math.sqrt(k / (k - 1)) * (seed_KE - mean_E)
+    return [records.RunCurve(path=c.path, problems_per_batch=c.problems_per_batch,
+                             rollouts_per_problem=c.rollouts_per_problem,
+                             rollouts_E=c.rollouts_E, values_E=moved_KE[i])
+            for i, c in ((i, self.members[i]) for i in picks)]
 
 
-def _replicate(groups: Groups, rng: np.random.Generator) -> dict[str, list[records.RunCurve]]:
-  """One bootstrap replicate: seeds drawn within each allocation (`_draw_seeds`), then
-  one draw of problems shared by every run."""
-  chosen = {name: [c for members in by_allocation(runs).values()
-                   for c in _draw_seeds(members, rng)]
-            for name, runs in groups.items()}
-  sizes = {c.num_problems for runs in groups.values() for c in runs}
-  draws = {p: rng.integers(0, p, p) for p in sorted(sizes)}
-  return {name: [c.curve(draws[c.num_problems]) for c in runs] for name, runs in chosen.items()}
+def _layout(groups: Groups) -> dict[str, list[_Allocation]]:
+  return {name: [_Allocation.of(m) for m in by_allocation(runs).values()]
+          for name, runs in groups.items()}
+
+
+def _replicate(layout: Mapping[str, Sequence[_Allocation]], sizes: Sequence[int],
+               rng: np.random.Generator) -> dict[str, list[records.RunCurve]]:
+  """One bootstrap replicate: one draw of problems shared by every run, and each
+  allocation's seeds drawn with replacement (`_Allocation.draw`)."""
+  problems = {p: rng.integers(0, p, p) for p in sizes}
+  return {name: [c for a in allocations for c in a.draw(problems, rng)]
+          for name, allocations in layout.items()}
 
 
 def bootstrap(groups: Groups, statistic: Statistic, *, num_resamples: int = DEFAULT_RESAMPLES,
@@ -193,9 +210,11 @@ def bootstrap(groups: Groups, statistic: Statistic, *, num_resamples: int = DEFA
   """
   point = statistic({name: [c.curve() for c in runs] for name, runs in groups.items()})
   rng = np.random.default_rng(seed)
+  layout = _layout(groups)
+  sizes = sorted({c.num_problems for runs in groups.values() for c in runs})
   samples: dict[str, list[float]] = {name: [] for name in point}
   for _ in range(num_resamples):
-    values = statistic(_replicate(groups, rng))
+    values = statistic(_replicate(layout, sizes, rng))
     for name in point:
       samples[name].append(float(values.get(name, np.nan)))
   return point, {name: np.asarray(v) for name, v in samples.items()}

@@ -61,7 +61,8 @@ def slope(x, y) -> float:
   x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
   if np.unique(x).size < 2:
     return float("nan")
-  return float(np.polyfit(x, y, 1)[0])
+  dx = x - x.mean()
+  return float(dx @ (y - y.mean()) / (dx @ dx))
 
 
 # Claim 1 compares n* at two fixed points of the compute range every allocation
@@ -124,6 +125,11 @@ def _log2_n(c: records.RunCurve) -> float:
   return math.log2(c.rollouts_per_problem)
 
 
+def final_slope_log2_n(curves: Sequence[records.RunCurve]) -> float:
+  """Least-squares slope of the runs' final values on log2 n (claims 2a, 2b and 5)."""
+  return slope(*_finals_vs(curves, _log2_n))
+
+
 def _change(c: records.RunCurve) -> float:
   """Final minus first value (the first evaluation is the base model's)."""
   return final_value(c) - float(c.values_E[0])
@@ -172,10 +178,10 @@ def iso_compute_stats(groups, *, metric: str, variant: str = "") -> dict[str, fl
     curves = groups.get(_key(variant, name))
     if curves:
       label = name.split("/", 1)[1].split("@")[0]  # avg, best, worst
-      out[f"{label}_slope_log2_n"] = slope(*_finals_vs(curves, _log2_n))
+      out[f"{label}_slope_log2_n"] = final_slope_log2_n(curves)
   lost = groups.get(_key(variant, LOST))
   if lost:
-    out["lost_slope_log2_n"] = slope(*_finals_vs(lost, _log2_n))
+    out["lost_slope_log2_n"] = final_slope_log2_n(lost)
   return out
 
 
