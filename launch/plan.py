@@ -16,9 +16,12 @@ manifest), and the printed JSON names them. Run a written config with
     python -m isojax.main --config=configs/from_json.py:DIR/plan_C262144.json
 
 The config keeps `optim.learning_rate` at the reference batch
-(`optim.lr_reference_batch`); the main loop applies the batch-size rule
-(`optim.lr_scaling`, square root in the recipes), and the printed JSON reports the
-resulting `effective_learning_rate`. Output is deterministic.
+(`optim.lr_reference_batch`); the run applies the batch-size rule (`optim.lr_scaling`,
+square root in the recipes) to the batch it trains on, B_p * m (PODS trains on m of
+the n rollouts). The printed JSON reports what the run derives, read from the run's own
+settings (`RunSettings`): `effective_learning_rate` (the peak LR), `num_steps`,
+`rollouts_per_step`, `train_rollouts_per_problem` and `trained_batch_rollouts`.
+Output is deterministic.
 """
 
 from __future__ import annotations
@@ -111,8 +114,7 @@ def _plan(base, out_dir: str | None):
                         "multiple of a larger power of two or --noexact_budget",
                         len(allocations), len(floored), budget)
     for a in allocations:
-      entry = {**a.to_dict(), "effective_learning_rate": prescribe.effective_learning_rate(
-          a, base), **_cost(a.rollouts)}
+      entry = {**a.to_dict(), **prescribe.run_figures(a, base).to_dict(), **_cost(a.rollouts)}
       if grid_dir:
         entry["config_path"] = os.path.join(
             grid_dir, f"bp{a.problems_per_batch}_n{a.rollouts_per_problem}_m{a.num_steps}.json")

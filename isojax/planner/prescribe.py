@@ -4,10 +4,13 @@ The IsoCompute paper's practical rule (its finding 4): set n from the n*(C)
 law for the budget, keep B_p moderate and fixed, and let M absorb the rest. The
 law is either fitted on a sweep (`analysis.json` from `launch.analyze`) or, with
 no sweep yet, one of `PAPER_DEFAULTS` below. The learning rate follows the
-config's batch-size rule (`rl.settings.scaled_learning_rate`, the square-root rule
-in the recipes): the config keeps `optim.learning_rate` at the reference batch
-and the main loop applies the scaling, so prescriptions report the effective LR
-next to it. Everything here is deterministic.
+config's batch-size rule (the square-root rule in the recipes) applied to the batch the
+update trains on (B_p * m: PODS trains on m of the n rollouts): the config keeps
+`optim.learning_rate` at the reference batch and the run scales it. Every figure a
+prescription reports that the run also derives (its peak LR, steps, rollouts sampled
+and trained per step) is read from the run's own settings
+(`isojax.run_settings.RunSettings` of the config the prescription writes, `run_figures`),
+so the plan and the run cannot drift apart. Everything here is deterministic.
 
 A base run config is read as a nested mapping (a ConfigDict, or a plain dict such as
 its `to_dict()`), and `to_config` returns a plain dict: the planner imports nothing
@@ -21,10 +24,10 @@ import dataclasses
 import math
 from typing import Any, Mapping, Sequence
 
+from isojax import run_settings
 from isojax import storage
 from isojax.planner import frontier
 from isojax.planner import grids
-from isojax.rl import settings as rl_settings
 
 # A run config as the planner reads it: nested field names to values.
 RunConfig = Mapping[str, Any]
@@ -111,9 +114,9 @@ class Prescription:
   n_star: float                 # the law's continuous n*(C)
   law: frontier.NStarLaw
   learning_rate: float          # optim.learning_rate, at lr_reference_batch
-  effective_learning_rate: float
   lr_reference_batch: int
   lr_scaling: str
+  run: RunFigures               # what the run derives from the written config
 
   @property
   def extrapolated(self) -> bool:
@@ -131,7 +134,7 @@ class Prescription:
         "budget_rollouts_requested": self.budget_rollouts_requested,
         "n_star": self.n_star,
         "learning_rate": self.learning_rate,
-        "effective_learning_rate": self.effective_learning_rate,
+        **self.run.to_dict(),
         "lr_reference_batch": self.lr_reference_batch,
         "lr_scaling": self.lr_scaling,
         "extrapolated": self.extrapolated,
@@ -161,9 +164,8 @@ def _with_learning_rate(allocation, budget, n_star, law, base: RunConfig) -> Pre
   return Prescription(
       allocation=allocation, budget_rollouts_requested=int(budget), n_star=n_star, law=law,
       learning_rate=float(optim["learning_rate"]),
-      effective_learning_rate=effective_learning_rate(allocation, base),
       lr_reference_batch=int(optim["lr_reference_batch"]),
-      lr_scaling=str(optim["lr_scaling"]))
+      lr_scaling=str(optim["lr_scaling"]), run=run_figures(allocation, base))
 
 
 def to_config(allocation: grids.Allocation, base: RunConfig) -> dict[str, Any]:
@@ -194,9 +196,24 @@ def sweep(budget_rollouts: int, base: RunConfig, *, max_batch_rollouts: int,
                                 min_steps=min_steps, exact=exact)
 
 
-def effective_learning_rate(allocation: grids.Allocation, base: RunConfig) -> float:
-  """The LR the main loop will use for this allocation's batch B = B_p * n."""
-  optim = base["optim"]
-  return rl_settings.scaled_learning_rate(
-      optim["learning_rate"], allocation.batch_rollouts, optim["lr_reference_batch"],
-      optim["lr_scaling"])
+@dataclasses.dataclass(frozen=True)
+class RunFigures:
+  """What a run of an allocation derives from its config, as the run derives it."""
+  effective_learning_rate: float    # the peak LR (after warm-up), RunSettings.learning_rate
+  num_steps: int
+  rollouts_per_step: int            # B_p * n sampled
+  train_rollouts_per_problem: int   # m (n unless PODS down-samples)
+  trained_batch_rollouts: int       # B_p * m: the batch the LR rule scales with
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+
+def run_figures(allocation: grids.Allocation, base: RunConfig) -> RunFigures:
+  """The run's own figures for `allocation` on `base`: `RunSettings` of the config
+  `to_config` writes (raises ValueError naming the field when it is not a valid run)."""
+  s = run_settings.RunSettings.from_config(to_config(allocation, base))
+  return RunFigures(effective_learning_rate=s.learning_rate, num_steps=s.num_steps,
+                    rollouts_per_step=s.rollouts_per_step,
+                    train_rollouts_per_problem=s.train_rollouts_per_problem,
+                    trained_batch_rollouts=s.problems_per_batch * s.train_rollouts_per_problem)

@@ -148,3 +148,69 @@ def test_planned_config_round_trips_through_from_json(tmp_path):
   assert config.num_steps == plan["num_steps"]
   assert config.budget_rollouts == plan["budget_rollouts"] <= 131072
   assert config_lib.settings(config).learning_rate == pytest.approx(plan["effective_learning_rate"])
+
+
+_RUN_CONFIGS = sorted(f"configs/{name}" for name in os.listdir(os.path.join(REPO, "configs"))
+                      if name.endswith(".py") and not name.startswith(("sweep_", "_"))
+                      and name != "from_json.py")
+
+
+def test_every_shipped_run_config_is_planned_with_the_runs_own_figures():
+  """For each shipped run config, what launch.plan reports (the same functions it calls)
+  against what the run derives: the peak of the LR schedule the training loop logs as
+  train/learning_rate (`update.make_optimizer`, evaluated at every step of the run) and
+  the step count of the written config, resolved as isojax.main resolves it."""
+  from isojax import run_settings
+  from isojax.planner import prescribe
+  from isojax.rl import update
+  from isojax.sweeps import plan as sweep_plan
+  assert "configs/pods.py" in _RUN_CONFIGS and len(_RUN_CONFIGS) >= 10
+  for spec in _RUN_CONFIGS:
+    base = sweep_plan.load_config_file(spec)
+    budget = 1 << 18
+    law = prescribe.default_law(prescribe.difficulty_of(base), 1024)
+    plan = prescribe.prescribe(budget, law, base, max_batch_rollouts=1024,
+                               problems_range=(8, 1024), rollouts_range=(2, 2048),
+                               min_steps=10).to_dict()
+    a = plan["rollouts_per_problem"], plan["problems_per_batch"], plan["num_steps"]
+    config = config_lib.resolve_dict(prescribe.to_config(
+        prescribe.grids.Allocation(problems_per_batch=a[1], rollouts_per_problem=a[0],
+                                   num_steps=a[2]), base))
+    s = run_settings.RunSettings.from_config(config)
+    _, schedule = update.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
+                                        updates_per_step=s.rl.updates_per_step)
+    logged = [float(schedule(step * s.rl.updates_per_step)) for step in range(s.num_steps)]
+    assert plan["effective_learning_rate"] == pytest.approx(max(logged), rel=1e-6), spec
+    assert plan["num_steps"] == s.num_steps, spec
+    m = s.rl.train_rollouts(s.rollouts_per_problem)
+    assert plan["trained_batch_rollouts"] == s.problems_per_batch * m, spec
+    assert plan["rollouts_per_step"] == s.problems_per_batch * s.rollouts_per_problem, spec
+
+
+@pytest.mark.slow("a 12-step PODS run of the micro model")
+def test_plan_for_pods_prints_the_lr_its_run_logs(tmp_path):
+  """configs/pods.py trains on m = 2 of n = 4 rollouts (micro): launch.plan's LR is the
+  run's logged train/learning_rate at its peak (it scaled with B_p * n before)."""
+  result = _run("plan", "--budget_rollouts=192", "--config=configs/pods.py:micro",
+                f"--out={tmp_path}", "--min_problems_per_batch=4",
+                "--max_problems_per_batch=4", "--min_rollouts_per_problem=4",
+                "--max_rollouts_per_problem=4")
+  assert result.returncode == 0, result.stderr
+  plan = json.loads(result.stdout)
+  assert (plan["problems_per_batch"], plan["rollouts_per_problem"], plan["num_steps"]) == (
+      4, 4, 12)
+  assert (plan["train_rollouts_per_problem"], plan["trained_batch_rollouts"]) == (2, 8)
+  work = tmp_path / "run"
+  run = subprocess.run([sys.executable, "-m", "isojax.main",
+                        f"--config=configs/from_json.py:{plan['config_path']}",
+                        f"--workdir={work}", "--config.eval.count=1"], cwd=REPO,
+                       capture_output=True, text=True, timeout=600)
+  assert run.returncode == 0, run.stderr[-2000:]
+  lines = [json.loads(l) for l in open(work / "metrics.jsonl")]
+  lrs = [l["train/learning_rate"] for l in lines if "train/learning_rate" in l]
+  assert len(lrs) == 12 == plan["num_steps"]
+  assert max(lrs) == pytest.approx(plan["effective_learning_rate"], rel=1e-6)
+  # The reference LR scaled by sqrt(B_p * m / B_ref), by hand.
+  base = json.load(open(plan["config_path"]))["optim"]
+  assert max(lrs) == pytest.approx(base["learning_rate"] * math.sqrt(
+      8 / base["lr_reference_batch"]), rel=1e-6)

@@ -57,7 +57,7 @@ def test_prescription_follows_the_law_and_the_square_root_rule():
   assert a.rollouts_per_problem == 2 ** round(math.log2(n_star)) == 64
   assert a.problems_per_batch == 16  # the base config's B_p, kept
   assert a.num_steps == budget // (16 * 64)
-  assert result.effective_learning_rate == pytest.approx(1e-4 * math.sqrt(16 * 64 / 128))
+  assert result.run.effective_learning_rate == pytest.approx(1e-4 * math.sqrt(16 * 64 / 128))
   assert result.learning_rate == 1e-4
   d = result.to_dict()
   assert d["budget_rollouts"] == 16 * 64 * (budget // 1024) <= budget
