@@ -230,3 +230,30 @@ def test_smollm2_sweep_tables_from_an_analysis():
   assert smollm2_sweep.n_star_table(experiment).splitlines()[-1] == (
       "| doublings of n* from start to end | undefined (no allocation's fit rises above a "
       "flat line) |")
+
+
+def test_the_study_section_writes_its_table_after_the_primary_sweeps(tmp_path, monkeypatch):
+  """The primary sweeps run with every seed, and their table is written before the
+  secondary sweeps start: an interrupted section still leaves the primary verdicts."""
+  from isojax.reproduce import study
+  monkeypatch.setattr(tables, "environment", lambda repo: dict(
+      commit="abc", dirty=False, cpu="c", cpus=2, host_isa="x", isa="x", accelerator="none",
+      jax="0", python="3", date="d"))
+  calls = []
+
+  def fake_launch(inv, study_dir, budget, sweeps, flags=()):
+    calls.append((tuple(sweeps), tuple(flags)))
+    os.makedirs(study_dir, exist_ok=True)
+    if len(calls) == 2:  # the secondary sweeps: the primary table is already there
+      assert "the other sweeps not yet run" in open(tmp_path / "study.md").read()
+      raise runs_lib.StudyFailed("interrupted")
+    return "# Findings\n\nprimary rows\n", 60.0
+
+  monkeypatch.setattr(runs_lib, "launch_study", fake_launch)
+  inv = tables.Invocation(out=str(tmp_path / "runs"), results=str(tmp_path), repo=ROOT,
+                          command="python -m launch.reproduce")
+  with pytest.raises(runs_lib.StudyFailed):
+    study.run(inv, 65536, ["0", "1", "2"])
+  assert calls == [(study.PRIMARY, ("--seeds=0,1,2",)), (study.SECONDARY, ())]
+  text = open(tmp_path / "study.md").read()
+  assert "primary rows" in text and "seeds 0, 1, 2 for every allocation" in text
