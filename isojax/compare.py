@@ -9,11 +9,17 @@ first reached it.
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
+from typing import Any, Sequence
+
+import numpy as np
 
 from isojax import run_dir
+
+LEVEL = 0.9   # the interval's two-sided level, as the study's
 
 
 def first_reaching(lines: list[dict], metric: str, target: float) -> dict | None:
@@ -31,7 +37,63 @@ def compare(baseline: list[dict], candidate: list[dict], metric: str) -> dict:
   return dict(target=peak[metric],
               baseline=reach(first_reaching(baseline, metric, peak[metric])),
               candidate=reach(first_reaching(candidate, metric, peak[metric])),
-              candidate_best=max(r[metric] for r in candidate if metric in r))
+              candidate_best=max(r[metric] for r in candidate if metric in r),
+              candidate_end=reach(candidate[-1]),
+              phase_s=_phase_seconds(baseline, candidate))
+
+
+def _phase_seconds(baseline: list[dict], candidate: list[dict]) -> dict[str, float]:
+  """Mean sampling and update seconds per step of each run (`time/sample_s`,
+  `time/update_s`): the regime a recipe that samples more to train on less needs."""
+  out = {}
+  for arm, lines in (("baseline", baseline), ("candidate", candidate)):
+    for phase in ("sample_s", "update_s"):
+      values = [r[f"time/{phase}"] for r in lines if f"time/{phase}" in r]
+      out[f"{arm}_{phase}"] = float(np.mean(values)) if values else float("nan")
+  return out
+
+
+def ratio_effect(rows: Sequence[dict], key: str, *, resamples: int = 2000,
+                 seed: int = 0) -> dict[str, Any]:
+  """The candidate's `key` (rollouts or wall_s) to reach the target over the baseline's,
+  across seeds: the geometric mean of the per-seed ratios and its 90% interval from a
+  bootstrap over seeds (log ratios drawn with replacement and moved from their mean by
+  sqrt(k / (k - 1)), as the study's bootstrap does). A seed whose candidate never
+  reached the target counts with its run's end (a lower bound on its ratio) and is
+  listed in `censored`."""
+  log_r, censored = [], []
+  for row in rows:
+    base, cand = row["baseline"], row["candidate"]
+    if cand is None:
+      cand = row["candidate_end"]
+      censored.append(row["seed"])
+    log_r.append(math.log(cand[key] / base[key]))
+  log_r = np.asarray(log_r)
+  k = log_r.size
+  value = float(np.exp(log_r.mean()))
+  if k < 2:
+    return dict(value=value, lo=float("nan"), hi=float("nan"), seeds=k, censored=censored)
+  rng = np.random.default_rng(seed)
+  mean = log_r.mean()
+  picks = rng.integers(0, k, (resamples, k))
+  means = mean + math.sqrt(k / (k - 1)) * (log_r[picks].mean(axis=1) - mean)
+  tail = 50.0 * (1.0 - LEVEL)
+  lo, hi = np.exp(np.percentile(means, [tail, 100.0 - tail]))
+  return dict(value=value, lo=float(lo), hi=float(hi), seeds=k, censored=censored)
+
+
+def speedup_verdict(effect: dict[str, Any], speedup: float) -> str:
+  """Whether the candidate reaches the target at least `speedup` times faster (ratio
+  <= 1 / speedup): yes when the interval lies there, no when it lies wholly above,
+  inconclusive otherwise; indicative with one seed (no run-to-run variance)."""
+  if effect["seeds"] < 2:
+    return "indicative"
+  bound = 1.0 / speedup
+  if effect["hi"] <= bound:
+    return "yes"
+  if effect["lo"] > bound:
+    return "no"
+  return "inconclusive"
 
 
 def run_config(config: str, workdir: str, seed: str, extra: list[str]) -> list[dict]:

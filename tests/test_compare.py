@@ -1,5 +1,6 @@
 """isojax.compare (behind launch.compare): time to reach the baseline's peak."""
 
+import numpy as np
 import pytest
 
 from isojax import compare
@@ -28,3 +29,39 @@ def test_candidate_that_never_reaches_it():
 def test_baseline_without_the_metric():
   with pytest.raises(ValueError, match="val/avg@4"):
     compare.compare(_lines([None, None]), _lines([0.1]), "val/avg@4")
+
+
+def _row(seed, base, cand, end=None):
+  point = lambda rollouts, wall: {"step": 1, "rollouts": rollouts, "tokens": 0,
+                                  "wall_s": wall}
+  return dict(seed=seed, target=0.3, baseline=point(*base),
+              candidate=None if cand is None else point(*cand),
+              candidate_end=point(*(end or cand)), candidate_best=0.3,
+              phase_s=dict(baseline_sample_s=1.0, baseline_update_s=0.5,
+                           candidate_sample_s=3.0, candidate_update_s=0.4))
+
+
+def test_ratio_over_seeds_is_a_geometric_mean_with_censored_seeds_as_lower_bounds():
+  rows = [_row(0, (100, 10.0), (420, 12.0)), _row(1, (100, 10.0), None, end=(900, 30.0)),
+          _row(2, (200, 20.0), (700, 21.0))]
+  wall = compare.ratio_effect(rows, "wall_s")
+  assert wall["value"] == pytest.approx(np.exp(np.mean(np.log([1.2, 3.0, 1.05]))))
+  assert wall["censored"] == [1] and wall["seeds"] == 3
+  assert wall["lo"] <= wall["value"] <= wall["hi"]
+  assert compare.speedup_verdict(wall, 1.7) == "no"  # every seed slower, not 1.7x faster
+  rollouts = compare.ratio_effect(rows, "rollouts")
+  assert rollouts["value"] == pytest.approx(np.exp(np.mean(np.log([4.2, 9.0, 3.5]))))
+  fast = [_row(s, (100, 10.0), (100, w)) for s, w in enumerate((4.0, 5.0, 4.5))]
+  assert compare.speedup_verdict(compare.ratio_effect(fast, "wall_s"), 1.7) == "yes"
+  mixed = [_row(s, (100, 10.0), (100, w)) for s, w in enumerate((3.0, 12.0, 6.0))]
+  assert compare.speedup_verdict(compare.ratio_effect(mixed, "wall_s"), 1.7) == "inconclusive"
+  one = compare.ratio_effect(fast[:1], "wall_s")
+  assert compare.speedup_verdict(one, 1.7) == "indicative"
+
+
+def test_the_pods_verdict_row_names_the_regime():
+  from isojax.reproduce import pods
+  rows = [_row(0, (100, 10.0), (420, 12.0)), _row(1, (100, 10.0), (350, 11.0))]
+  text = pods.verdict_table(rows)
+  assert "**no**" in text and "GRPO samples 1.000 s, updates 0.500 s" in text
+  assert "PODS samples 3.000 s, updates 0.400 s" in text
