@@ -427,7 +427,7 @@ def prepare(sweep: ml_collections.ConfigDict, out_dir: str, backend: str,
   entries = []
   for r in runs:
     entry = dict(old.get(r.name, {}), name=r.name, **r.allocation.to_dict(),
-                 plan=os.path.join(RUNS_DIR, r.name, PLAN_FILE))
+                 seed=r.config["seed"], plan=os.path.join(RUNS_DIR, r.name, PLAN_FILE))
     entry.setdefault("attempts", 0)
     # Kept in the entry: a launcher that stopped before the run resumed passes it again,
     # and once the run's history has the change, passing it changes nothing.
@@ -440,8 +440,11 @@ def prepare(sweep: ml_collections.ConfigDict, out_dir: str, backend: str,
       # Never started, interrupted, or marked done by files that disagree: (re)run it.
       entry.update(state=PENDING, final=None)
     entries.append(entry)
+  # What the sweep spends in all: every allocation's budget once per seed.
+  total = sum(r.allocation.rollouts for r in runs)
   manifest = dict(version=_MANIFEST_VERSION, name=sweep.name, out_dir=storage.absolute(out_dir),
-                  backend=backend, sweep_config=sweep.to_dict(), runs=entries)
+                  backend=backend, sweep_config=sweep.to_dict(), total_rollouts=total,
+                  runs=entries)
   write_manifest(out_dir, manifest)
   return manifest
 

@@ -86,7 +86,8 @@ def run_sweep(spec: str, out_dir: str, model: str | None, workers: int,
         f"with {model}; use the same base model (or --profile_config)")
   sweep_dir = os.path.join(out_dir, sweep.name)
   manifest = sweep_plan.prepare(sweep, sweep_dir, "local", extend=extend)
-  print(f"\n== sweep {sweep.name}: {len(manifest['runs'])} runs in {sweep_dir}", flush=True)
+  print(f"\n== sweep {sweep.name}: {len(manifest['runs'])} runs "
+        f"({manifest['total_rollouts']:,} rollouts) in {sweep_dir}", flush=True)
   failed = sweep_runner.run_local(sweep_dir, manifest, workers=workers,
                                   cache_dir=os.path.join(sweep_dir, sweep_plan.CACHE_DIR))
   entry = dict(dir=sweep_dir, config=spec, num_runs=len(manifest["runs"]), failed=failed,

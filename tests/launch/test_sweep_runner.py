@@ -267,6 +267,10 @@ def test_a_study_sets_every_sweeps_budget_evaluations_and_seeds_over_its_own(tmp
   assert len(planned) == 3 * len(allocations) == 3 * len(sweep_plan.plan_runs(own))
   assert sorted((r.name.rsplit("_s", 1)[0], r.config["seed"]) for r in planned) == sorted(
       (a, s) for a in allocations for s in (0, 1, 2))
+  manifest = sweep_plan.prepare(seeded, str(tmp_path / "seeded"), "local")
+  assert sorted(e["seed"] for e in manifest["runs"]) == sorted([0, 1, 2] * len(allocations))
+  assert manifest["total_rollouts"] == sum(r.allocation.rollouts for r in planned) == (
+      3 * sum(r.allocation.rollouts for r in sweep_plan.plan_runs(own)))
   for bad, why in (((0, 0), "distinct"), ((1, -1), "non-negative")):
     with pytest.raises(sweep_plan.SweepError, match=why):
       study_lib.Overrides(seeds=bad)
