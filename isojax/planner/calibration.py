@@ -23,6 +23,7 @@ docs/study.md).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Sequence
 
 import numpy as np
@@ -136,3 +137,19 @@ def power(model: Model, *, studies: int, resamples: int, family: int = 3,
     p = bootstrap.p_value(out["slope"])
     found += bootstrap.p_verdict(point["slope"], min(1.0, p * family)) == bootstrap.YES
   return found / studies
+
+
+def slope_power(slope: float, run_sd: float, rollouts_per_problem: Sequence[int], *,
+                problems_per_batch: int = 2, seeds: int = 3, family: int = 3,
+                alpha: float = 1.0 - bootstrap.DEFAULT_LEVEL) -> float:
+  """The normal-approximation power of finding a slope of final values on log2 n (claims
+  2a, 2b, 5) at Holm's strictest threshold alpha / family (two-sided), for a design of
+  `problems_per_batch` values of B_p x the given n x `seeds` seeds, when a run's final
+  value has SD `run_sd` around its allocation's mean (seed variance plus its evaluation
+  noise: what a pilot's seed-to-seed SD measures). The size calculation the playbook
+  asks for before a study; `test_calibration` checks it against `power`'s simulation."""
+  from scipy import stats
+  x = np.log2(np.repeat(np.asarray(rollouts_per_problem, float), problems_per_batch * seeds))
+  se = run_sd / math.sqrt(float(((x - x.mean()) ** 2).sum()))
+  z = stats.norm.ppf(1.0 - alpha / (2.0 * family))
+  return float(stats.norm.cdf(abs(slope) / se - z) + stats.norm.cdf(-abs(slope) / se - z))

@@ -134,3 +134,19 @@ def test_claim_9_is_judged_out_of_sample_and_against_persistence():
   check = sigmoid_fit.extrapolation_check(c_E, r_E, r0=0.1, lower=0, upper=1, tail=2)
   assert min(check["observed_rollouts"]) > 1e5
   assert abs(check["error"]) < 0.01 < abs(check["persistence_error"])
+
+
+def test_the_power_calculation_agrees_with_the_simulated_power():
+  """slope_power's normal approximation against `power`'s simulation of the study's
+  bootstrap, for the model's design: run SD = sqrt(seed_sd^2 + the evaluation noise of
+  a final value, the mean of two evaluations over the problems) is what a pilot's
+  seed-to-seed SD measures."""
+  m = calibration.Model(slope=0.008)
+  run_sd = math.sqrt(m.seed_sd ** 2 + m.eval_sd ** 2 / (2 * m.problems))
+  predicted = calibration.slope_power(m.slope, run_sd, m.rollouts_per_problem, seeds=m.seeds)
+  simulated = calibration.power(m, studies=60, resamples=RESAMPLES)
+  assert abs(predicted - simulated) < 0.2, (predicted, simulated)
+  assert 0.2 < predicted < 0.95  # a design where the answer is not trivially 0 or 1
+  # More seeds, more power; a null has power at most alpha.
+  assert calibration.slope_power(0.008, run_sd, m.rollouts_per_problem, seeds=6) > predicted
+  assert calibration.slope_power(0.0, run_sd, m.rollouts_per_problem) <= 0.1 / 3 + 1e-12
