@@ -29,7 +29,7 @@ setup(
         # Real checkpoints and math grading: chat templates, math-verify in a process
         # pool with per-completion timeouts.
         "jinja2>=3.1,<4",
-        "math-verify[antlr4_13_2]>=0.8,<1",  # raise_on_error: its alarm as an exception
+        "math-verify[antlr4-13-2]>=0.9,<1",  # raise_on_error: its alarm as an exception
         "pebble>=5.0,<6",
         # TensorBoard event files beside metrics.jsonl (isojax.metric_writers): pure
         # Python, no TensorFlow.
