@@ -34,10 +34,10 @@ LOGIT_BYTES = 256 * 1024 ** 2
 # the Python process, the data, the verifier pool and whatever else runs, and on a
 # CPU a pass is compute-bound long before it is large, so bigger passes buy nothing.
 USABLE_FRACTION = {"cpu": 0.3, "accelerator": 0.8}
-_CHUNK_ALIGN = 16
+_CHUNK_ALIGN = 16  # LM-head chunks are multiples of this many positions
 # XLA keeps more of a pass alive than the activations counted below (its own copies
 # and layouts); measured against its buffer assignment on CPU.
-UPDATE_MARGIN = 1.3  # LM-head chunks are multiples of this many positions
+UPDATE_MARGIN = 1.3
 
 
 @dataclasses.dataclass(frozen=True)

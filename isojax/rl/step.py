@@ -1,7 +1,8 @@
 """One RL step after sampling: score -> assemble the batch -> update; and its metrics.
 
-`train.run` samples (`rollout.sample`), hands the pending rollouts to `Learner.step`
-and logs `step_metrics`. Without PODS every rollout is trained on, so the old- and
+`train.run` takes each step's rollouts from its source (`rl/sources.py`: synchronous,
+dynamic sampling, pipelined or in flight; they sample with `rollout.sample`), hands the
+pending rollouts to `Learner.step` and logs `step_metrics`. Without PODS every rollout is trained on, so the old- and
 reference-log-prob passes are dispatched to the devices *before* waiting on the
 verifier (`Learner.prefetch`), and the host grades while the devices score.
 """
