@@ -52,6 +52,10 @@ _RESUME_STEP = flags.DEFINE_integer(
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  not_a_dir = storage.not_a_directory(_WORKDIR.value)
+  if not_a_dir:
+    raise SystemExit(f"isojax.main: error: --workdir={_WORKDIR.value}: {not_a_dir} is a "
+                     "file; expected a directory")
   logging.set_verbosity(logging.INFO)
   if distributed.initialize():  # before anything touches a device
     logging.info("jax.distributed initialised: process %d of %d",

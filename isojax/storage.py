@@ -50,6 +50,22 @@ def absolute(p: PathLike) -> str:
   return p if is_uri(p) else os.path.abspath(os.path.expanduser(p))
 
 
+def not_a_directory(p: PathLike) -> str | None:
+  """The local path at or above `p` that exists as something other than a directory
+  (a directory cannot be made there), or None. Object-store paths have no files in the
+  way: None."""
+  if is_uri(p):
+    return None
+  current = os.path.abspath(os.path.expanduser(str(p)))
+  while True:
+    if os.path.exists(current):
+      return None if os.path.isdir(current) else current
+    parent = os.path.dirname(current)
+    if parent == current:
+      return None
+    current = parent
+
+
 def json_default(x: Any) -> Any:
   """JSON for NumPy / JAX scalars and arrays (`json.dumps(..., default=json_default)`)."""
   if hasattr(x, "item") and getattr(x, "ndim", 0) == 0:

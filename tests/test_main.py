@@ -234,3 +234,16 @@ def test_bad_input_fails_fast_and_writes_nothing(tmp_path, flag, message):
   assert proc.returncode != 0
   assert message in proc.stderr
   assert not workdir.exists()
+
+
+def test_a_workdir_that_is_a_file_is_one_line_and_touches_nothing(tmp_path):
+  for workdir, culprit in ((tmp_path / "afile", tmp_path / "afile"),
+                           (tmp_path / "afile" / "run", tmp_path / "afile")):
+    (tmp_path / "afile").write_text("mine\n")
+    proc = _main("--config=configs/hard.py:micro", f"--workdir={workdir}")
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"isojax.main: error: --workdir={workdir}: {culprit} is a file; expected a "
+        "directory")
+    assert "Traceback" not in proc.stderr
+    assert (tmp_path / "afile").read_text() == "mine\n"
