@@ -82,6 +82,7 @@ class Row:
   p: float = float("nan")            # two-sided bootstrap p-value (sign claims)
   p_adjusted: float = float("nan")   # Holm's, over the primary family
   look: str = ""                     # "2 of 3": the second look at runs extended twice
+  family: int = 0                    # the tests Holm adjusted over (primary rows)
 
   @property
   def claim(self) -> str:
@@ -140,8 +141,9 @@ def decide(rows: list[Row], earlier_p: Sequence[float] = ()) -> list[Row]:
   out = list(rows)
   for i, p_adj in zip(primary, adjusted):
     r = rows[i]
-    out[i] = dataclasses.replace(r, p_adjusted=p_adj, verdict=bootstrap.p_verdict(
-        r.effect["value"], p_adj, alpha=FAMILY_ALPHA, expected=r.expected))
+    verdict = bootstrap.p_verdict(r.effect["value"], p_adj, alpha=FAMILY_ALPHA,
+                                  expected=r.expected)
+    out[i] = dataclasses.replace(r, p_adjusted=p_adj, family=len(adjusted), verdict=verdict)
   return [_indicative(r) if r.seeds == 1 else r for r in out]
 
 
@@ -362,8 +364,12 @@ def _number(x: float) -> str:
   return "nan" if not math.isfinite(x) else f"{x:+.3f}"
 
 
-def _p(x: float) -> str:
-  return "" if not math.isfinite(x) else f"{x:.3f}"
+def _p(x: float, num_resamples: float) -> str:
+  """A bootstrap p-value; 0 as below its resolution (2 / the finite replicates, times
+  the family's size for an adjusted one: pass num_resamples / family)."""
+  if not math.isfinite(x):
+    return ""
+  return f"< {min(1.0, 2 / max(num_resamples, 1e-9)):.3f}" if x == 0 else f"{x:.3f}"
 
 
 def to_markdown(rows: list[Row], claim: str = "the paper's claim") -> str:
@@ -373,29 +379,42 @@ def to_markdown(rows: list[Row], claim: str = "the paper's claim") -> str:
            "seeds | verdict | note |", "|---|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
     e = r.effect
+    z = int(e.get("num_resamples") or 0)
     look = f" ({r.look})" if r.look and math.isfinite(r.p_adjusted) else ""
     lines.append(f"| {r.finding} | {r.claim} | {r.sweep} | {r.measured} | "
                  f"{_number(e['value'])} [{_number(e['lo'])}, {_number(e['hi'])}] | "
-                 f"{_p(r.p)} | {_p(r.p_adjusted)}{look} | {r.seeds or 'runs'} | "
+                 f"{_p(r.p, z)} | {_p(r.p_adjusted, z / max(r.family, 1))}{look} | "
+                 f"{r.seeds or 'runs'} | "
                  f"**{r.verdict}** | {r.note} |")
   return "\n".join(lines) + "\n"
 
 
 def seed_markdown(experiments: Mapping[str, Mapping[str, Any]]) -> str:
-  """Per sweep, each allocation measured with several seeds: its final values' mean and
-  standard deviation over seeds (the run-to-run spread every claim has to beat)."""
-  lines = []
+  """Per sweep, each allocation measured with several seeds: each metric's final values,
+  mean and standard deviation over seeds (the run-to-run spread every claim has to
+  beat), one row per allocation."""
+  rows: dict[tuple[str, int, int], dict[str, Any]] = {}
+  names: list[str] = []
   for name, exp in experiments.items():
     for s in (exp.get("details") or {}).get("seed_spread", []):
       sweep = f"{name}/{s['variant']}" if s["variant"] else name
-      finals = ", ".join(f"{x:.3f}" for x in s["finals"])
-      lines.append(f"| {sweep} | {s['metric']} | {s['problems_per_batch']} | "
-                   f"{s['rollouts_per_problem']} | {len(s['seeds'])} | {s['mean']:.3f} | "
-                   f"{s['sd']:.3f} | {finals} |")
-  if not lines:
+      key = (sweep, s["problems_per_batch"], s["rollouts_per_problem"])
+      rows.setdefault(key, {"seeds": len(s["seeds"])})[s["metric"]] = s
+      if s["metric"] not in names:
+        names.append(s["metric"])
+  if not rows:
     return ""
-  return ("| sweep | metric | B_p | n | seeds | mean final | seed SD | finals |\n"
-          "|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
+  def cell(s):
+    finals = ", ".join(f"{x:.3f}" for x in s["finals"]) if s else ""
+    return f"{s['mean']:.3f} ± {s['sd']:.3f} ({finals})" if s else ""
+
+  lines = ["| sweep | B_p | n | seeds | " + " | ".join(
+               f"{m}: mean ± SD (finals)" for m in names) + " |",
+           "|---|---|---|---|" + "---|" * len(names)]
+  for (sweep, b_p, n), r in rows.items():
+    lines.append(f"| {sweep} | {b_p} | {n} | {r['seeds']} | "
+                 + " | ".join(cell(r.get(m)) for m in names) + " |")
+  return "\n".join(lines) + "\n"
 
 
 def read_experiments(study_dir: str) -> dict[str, dict[str, Any]]:
