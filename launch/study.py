@@ -100,8 +100,8 @@ def main(argv):
                           overrides=overrides, extend=_EXTEND.value)
   except (profiling.ProfileError, sweep_plan.SweepError) as e:
     raise SystemExit(f"launch.study: error: {e}") from None
-  except (KeyboardInterrupt, sweep_runner.Interrupted):
-    raise SystemExit("launch.study: interrupted; rerun the same command to resume") from None
+  except (KeyboardInterrupt, sweep_runner.Interrupted) as e:
+    raise sweep_runner.interrupted_exit("launch.study", e) from None
   print(f"\nstudy written to {out_dir} ({study_lib.STUDY_FILE}) in {study['wall_s']:.0f} s")
   problems = study_lib.problems(study)
   if problems:

@@ -128,8 +128,8 @@ def main(argv):
       failed = sweep_runner.run_local(out_dir, manifest, workers=workers, cache_dir=cache)
     except sweep_plan.SweepError as e:
       raise SystemExit(f"launch.sweep: error: {e}") from None
-    except (KeyboardInterrupt, sweep_runner.Interrupted):
-      raise SystemExit("launch.sweep: interrupted; rerun the same command to resume") from None
+    except (KeyboardInterrupt, sweep_runner.Interrupted) as e:
+      raise sweep_runner.interrupted_exit("launch.sweep", e) from None
   if _ANALYZE.value:
     try:
       print(sweep_plan.format_analysis(sweep_plan.analyze(out_dir, _CONFIG.value)))

@@ -129,6 +129,11 @@ def launch_study(inv: tables.Invocation, study_dir: str, budget: int,
   if proc.returncode:
     raise StudyFailed(f"launch.study failed (exit {proc.returncode}); rerun to resume it in "
                       f"{study_dir}")
+  summary = os.path.join(study_dir, "study.json")  # = sweeps.study.STUDY_FILE
+  if not os.path.isfile(summary) or os.path.getmtime(summary) < start:
+    # Exit 0 without a new summary: preempted (SIGTERM), its runs pending.
+    raise StudyFailed(f"launch.study was stopped before it finished; rerun to resume it in "
+                      f"{study_dir}")
   with open(os.path.join(study_dir, "findings.md")) as f:
     return f.read(), wall_s
 

@@ -101,7 +101,23 @@ def _try_lock(workdir: str):
 
 
 class Interrupted(Exception):
-  """The launcher got SIGTERM; the running runs were stopped and marked pending."""
+  """The launcher got SIGTERM or SIGINT; the running runs were stopped (each saved the
+  step it reached) and marked pending. `signal_name` is which."""
+
+  @property
+  def signal_name(self) -> str:
+    return str(self.args[0]) if self.args else "SIGINT"
+
+
+def interrupted_exit(tool: str, e: BaseException) -> SystemExit:
+  """How a launcher ends when interrupted: on SIGTERM (a scheduler's preemption) with
+  status 0, as `isojax.main` does, so a requeue wrapper does not count it a failure; on
+  SIGINT (Ctrl-C) with 130, the shell's convention. Both say how to resume."""
+  name = e.signal_name if isinstance(e, Interrupted) else "SIGINT"
+  message = (f"{tool}: interrupted ({name}): the running runs saved the step they reached "
+             "and are pending; rerun the same command to resume")
+  print(message, file=sys.stderr, flush=True)
+  return SystemExit(0 if name == "SIGTERM" else 130)
 
 
 class _SignalFlag:

@@ -257,3 +257,24 @@ def test_the_study_section_writes_its_table_after_the_primary_sweeps(tmp_path, m
   assert calls == [(study.PRIMARY, ("--seeds=0,1,2",)), (study.SECONDARY, ())]
   text = open(tmp_path / "study.md").read()
   assert "primary rows" in text and "seeds 0, 1, 2 for every allocation" in text
+
+
+def test_a_study_that_exits_0_without_a_new_summary_was_stopped(tmp_path, monkeypatch):
+  """launch.study exits 0 on SIGTERM (preempted, runs pending): without a study.json
+  written by this invocation the section stops instead of reading a stale table."""
+  study_dir = tmp_path / "study"
+  study_dir.mkdir()
+  (study_dir / "study.json").write_text("{}")          # from an earlier invocation
+  (study_dir / "findings.md").write_text("stale\n")
+  os.utime(study_dir / "study.json", (1, 1))
+  monkeypatch.setattr(runs_lib.subprocess, "run",
+                      lambda *a, **k: subprocess.CompletedProcess(a, 0))
+  inv = tables.Invocation(out=str(tmp_path), results=str(tmp_path), repo=ROOT, command="x")
+  with pytest.raises(runs_lib.StudyFailed, match="stopped before it finished"):
+    runs_lib.launch_study(inv, str(study_dir), 64)
+
+  def finished(*a, **k):
+    (study_dir / "study.json").write_text("{}")
+    return subprocess.CompletedProcess(a, 0)
+  monkeypatch.setattr(runs_lib.subprocess, "run", finished)
+  assert runs_lib.launch_study(inv, str(study_dir), 64)[0] == "stale\n"
