@@ -255,7 +255,7 @@ def _start(out_dir: str, entry: dict[str, Any], env: dict[str, str]):
   final = sweep_plan.final_metrics(workdir, entry["num_steps"])
   if final is not None:
     lock.close()
-    entry.update(state=DONE, final=final)
+    _done_elsewhere(entry, workdir, final)
     return entry
   entry["attempts"] = entry.get("attempts", 0) + 1
   cmd = main_command(os.path.join(out_dir, entry["plan"]), workdir,
@@ -271,6 +271,16 @@ def _start(out_dir: str, entry: dict[str, Any], env: dict[str, str]):
   entry.update(state=RUNNING, returncode=None, started=time.strftime("%Y-%m-%dT%H:%M:%S"),
                pid=proc.pid)
   return _Active(entry, proc, lock, log, time.time())
+
+
+def _done_elsewhere(entry: dict[str, Any], workdir: str, final: dict[str, Any]) -> None:
+  """`entry` for a run another process finished: done, no pid, its wall seconds from its
+  last line (`wall_s`, the run's own clock) and when its metrics were last written."""
+  last = run_dir.last_metrics(workdir) or {}
+  finished = time.strftime("%Y-%m-%dT%H:%M:%S",
+                           time.localtime(os.path.getmtime(run_dir.metrics_path(workdir))))
+  entry.update(state=DONE, final=final, pid=None, returncode=0, error=None,
+               wall_s=last.get(run_dir.WALL_S), finished=finished)
 
 
 def _finish(out_dir: str, a: _Active) -> None:

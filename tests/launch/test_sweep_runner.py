@@ -103,10 +103,12 @@ def test_workers_run_in_parallel_and_a_locked_run_waits(tmp_path, fake_main):
   holder = open(os.path.join(workdir, sweep_runner.LOCK_FILE), "w")
   fcntl.flock(holder.fileno(), fcntl.LOCK_EX)
 
+  manifest["runs"][2].update(pid=999999)  # a dead launcher's record of it
+
   def finish_elsewhere():
     with open(run_dir.metrics_path(workdir), "w") as f:
       for step in range(manifest["runs"][2]["num_steps"] + 1):
-        f.write(json.dumps({"step": step, "rollouts": 0, "tokens": 0, "wall_s": 0.0,
+        f.write(json.dumps({"step": step, "rollouts": 0, "tokens": 0, "wall_s": 1.5 * step,
                             "val/avg@4": 0.5}) + "\n")
     holder.close()
   timer = threading.Timer(1.0, finish_elsewhere)
@@ -117,8 +119,11 @@ def test_workers_run_in_parallel_and_a_locked_run_waits(tmp_path, fake_main):
   starts, ends = _intervals(fake_main)
   assert "bp4_n8" not in starts  # never started here
   assert starts["bp4_n4"] < ends["bp4_n2"]  # the two workers overlapped
-  assert manifest["runs"][2]["state"] == "done"
-  assert manifest["runs"][2]["final"] == {"val/avg@4": 0.5}
+  entry = manifest["runs"][2]
+  assert entry["state"] == "done" and entry["final"] == {"val/avg@4": 0.5}
+  # Finished elsewhere: no stale pid; its wall seconds and end from the run's own files.
+  assert entry["pid"] is None and entry["returncode"] == 0
+  assert entry["wall_s"] == 1.5 * entry["num_steps"] and entry["finished"]
 
 
 def test_a_sigterm_just_after_a_start_stops_that_worker_too(tmp_path, fake_main,
