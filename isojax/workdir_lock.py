@@ -35,7 +35,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NoReturn
 
 from absl import logging
 
@@ -224,9 +224,38 @@ def _read_owner(fd: int) -> Owner | None:
   return None
 
 
+def _made_dirs(workdir: str) -> list[str]:
+  """Makes `workdir` and its missing parents; those it made, innermost first."""
+  made, current = [], os.path.abspath(workdir)
+  while not os.path.isdir(current):
+    made.append(current)
+    current = os.path.dirname(current)
+  os.makedirs(workdir, exist_ok=True)
+  return made
+
+
+def _record_failed(path: str, fd: int, made: list[str], needed: int, e: OSError) -> NoReturn:
+  """The owner record could not be written (a full disk): the lock file and the
+  directories this run made are removed, and the error names the file and the bytes."""
+  os.close(fd)
+  if made:
+    with contextlib.suppress(OSError):
+      os.unlink(path)
+    for directory in made:
+      with contextlib.suppress(OSError):
+        os.rmdir(directory)
+  if e.errno != errno.ENOSPC:
+    raise e
+  free = storage.free_bytes(path)
+  free_text = f", {free:,} are free there" if free is not None else ""
+  removed = f"; {made[-1]} was new and is removed" if made else ""
+  raise storage.NoSpace(f"no space left on device writing the workdir lock {path}: it needs "
+                        f"{needed:,} bytes{free_text}{removed}") from None
+
+
 @contextlib.contextmanager
 def _flock(workdir: str, force: bool, lease_s: float) -> Iterator[Owner]:
-  os.makedirs(workdir, exist_ok=True)
+  made = _made_dirs(workdir)
   path = os.path.join(workdir, LOCK_FILE)
   while True:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -260,8 +289,11 @@ def _flock(workdir: str, force: bool, lease_s: float) -> Iterator[Owner]:
     written[0] = len(text)
     return True
 
-  os.ftruncate(fd, 0)
-  write(owner)
+  try:
+    os.ftruncate(fd, 0)
+    write(owner)
+  except OSError as e:
+    _record_failed(path, fd, made, len(json.dumps(dataclasses.asdict(owner))), e)
   stop = _heartbeat("workdir-lock", lease_s, lambda: write(owner.renewed()))
   try:
     yield owner

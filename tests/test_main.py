@@ -247,3 +247,33 @@ def test_a_workdir_that_is_a_file_is_one_line_and_touches_nothing(tmp_path):
         "directory")
     assert "Traceback" not in proc.stderr
     assert (tmp_path / "afile").read_text() == "mine\n"
+
+
+_FULL_AT_START = """
+import errno, os, runpy, sys
+pwrite = os.pwrite
+
+def full(fd, data, offset):
+  if os.readlink(f"/proc/self/fd/{fd}").endswith("run.lock"):
+    raise OSError(errno.ENOSPC, "No space left on device")
+  return pwrite(fd, data, offset)
+
+os.pwrite = full
+sys.argv = ["isojax.main", *sys.argv[1:]]
+runpy.run_module("isojax.main", run_name="__main__")
+"""
+
+
+def test_a_disk_full_at_start_is_one_line_and_leaves_no_new_workdir(tmp_path):
+  workdir = tmp_path / "new" / "run"
+  proc = subprocess.run(
+      [sys.executable, "-c", _FULL_AT_START, "--config=configs/hard.py:micro",
+       f"--workdir={workdir}"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, GLIBC_TUNABLES="glibc.malloc.hugetlb=0"))  # no restart
+  assert proc.returncode == 1, proc.stderr[-3000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith("isojax.main: error: no space left on device writing the workdir "
+                         f"lock {workdir / 'run.lock'}: it needs "), last
+  assert last.endswith(f"{tmp_path / 'new'} was new and is removed"), last
+  assert "Traceback" not in proc.stderr
+  assert os.listdir(tmp_path) == []  # the directories it made are gone
