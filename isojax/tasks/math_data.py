@@ -24,6 +24,7 @@ import csv
 import dataclasses
 import glob
 import os
+import re
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
@@ -90,9 +91,13 @@ def _datasets():
 
 
 def _expand(spec: str, field: str) -> list[str]:
-  """Comma-separated paths and globs -> existing paths, in order."""
+  """Comma-separated paths and globs -> existing paths, in order. A comma inside a name is
+  written `\\,`; a spec that names an existing path whole is that one path."""
+  if os.path.exists(os.path.expanduser(spec.strip())):
+    return [os.path.expanduser(spec.strip())]
   paths = []
-  for pattern in (p.strip() for p in spec.split(",")):
+  pieces = [p.strip().replace("\\,", ",") for p in re.split(r"(?<!\\),", spec)]
+  for pattern in pieces:
     if not pattern:
       continue
     pattern = os.path.expanduser(pattern)
@@ -104,7 +109,9 @@ def _expand(spec: str, field: str) -> list[str]:
     elif os.path.exists(pattern):
       paths.append(pattern)
     else:
-      raise FileNotFoundError(f"{field}: {pattern} does not exist")
+      hint = (" (the value is split at commas into paths; write a comma inside a name as "
+              "\\,)" if len(pieces) > 1 else "")
+      raise FileNotFoundError(f"{field}: {pattern} does not exist{hint}")
   if not paths:
     raise ValueError(f"{field}={spec!r} names no files")
   return paths

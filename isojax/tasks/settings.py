@@ -49,7 +49,8 @@ class TaskSettings(validation.Section):
   format: str = F("generic", "math: column mapping (`generic`, `gsm8k`, `math`, `dapo`, "
                   "`polaris`, `deepscaler`)")
   train_files: str = F("", "math: comma-separated JSONL / JSON / Parquet / CSV / Arrow "
-                       "files or globs, or one `save_to_disk` directory")
+                       "files or globs (a comma inside a name: `\\,`), or one "
+                       "`save_to_disk` directory")
   val_files: str = F("", "math: the same for validation; `\"\"` holds out `num_val` "
                      "training problems (deterministic in `seed`)")
   tfds_name: str = F("", "math: a TFDS dataset prepared under `data_dir`")

@@ -8,6 +8,7 @@ reordering fails.
 
 import csv
 import json
+import os
 import socket
 
 import datasets
@@ -472,3 +473,18 @@ def test_tfds_array_record_without_tensorflow(tmp_path):
   with pytest.raises(ValueError, match=r"task\.val_split='validation'"):
     math_data.load(make_task(format="gsm8k", tfds_name=name, data_dir=str(tmp_path),
                              val_split="validation"))
+
+
+def test_a_comma_in_a_file_name_is_kept_or_escaped_and_a_split_is_said(tmp_path):
+  rows = [dict(q=f"What is {i}+7?", a=str(i + 7)) for i in range(6)]
+  comma = write(rows, tmp_path / "a,b", "jsonl")
+  assert "," in os.path.basename(comma)
+  other = generic_file(tmp_path, 4)
+  kw = dict(question_field="q", answer_field="a", num_val=1)
+  whole = math_data.load(make_task(train_files=comma, **kw))
+  escaped = math_data.load(make_task(train_files=comma.replace(",", "\\,") + "," + other, **kw))
+  count = lambda loaded: len(loaded[0]) + len(loaded[1])
+  assert count(whole) == 6 and count(escaped) == 10
+  with pytest.raises(FileNotFoundError, match=r"split at commas into paths; write a comma "
+                     r"inside a name as \\,"):
+    math_data.load(make_task(train_files=str(tmp_path / "x,y.jsonl"), **kw))
