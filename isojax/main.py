@@ -27,9 +27,10 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from isojax import (command_line, distributed, preemption, resume_settings, storage, train,
-                    workdir_lock)
+from isojax import (checkpointing, command_line, distributed, preemption, resume_settings,
+                    run_dir, storage, train, workdir_lock)
 from isojax.rl import guard
+from isojax.tasks import data_files
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/hard.py", "Config file, optionally with a preset: file.py:preset.",
@@ -56,7 +57,7 @@ def main(argv):
   if not_a_dir:
     raise SystemExit(f"isojax.main: error: --workdir={_WORKDIR.value}: {not_a_dir} is a "
                      "file; expected a directory")
-  logging.set_verbosity(logging.INFO)
+  logging.set_verbosity(max(logging.get_verbosity(), logging.INFO))  # --verbosity=1 kept
   if distributed.initialize():  # before anything touches a device
     logging.info("jax.distributed initialised: process %d of %d",
                  jax.process_index(), jax.process_count())
@@ -67,6 +68,12 @@ def main(argv):
     logging.warning("%s", e)  # exit status 0: a scheduler requeues, a rerun resumes
     return
   except (workdir_lock.WorkdirLocked, resume_settings.SettingsChanged, storage.NoSpace) as e:
+    raise SystemExit(f"isojax.main: error: {e}") from None
+  except (data_files.DataFileError, run_dir.RunFormatError,
+          checkpointing.NoRestorableCheckpoint) as e:
+    # Bad input files: the message names the file and line; the traceback is noise
+    # unless asked for (--verbosity=1).
+    logging.debug("the error's traceback", exc_info=True)
     raise SystemExit(f"isojax.main: error: {e}") from None
   except guard.RunStopped as e:
     raise SystemExit(f"isojax.main: stopped: {e}") from None
