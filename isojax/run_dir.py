@@ -201,17 +201,20 @@ class MetricsWriter:
       self._rewritten_at = time.monotonic()
 
 
+_REPAIR = "repair or delete that line (nothing in the run directory was changed)"
+
+
 def _parse_line(path: epath.Path, lineno: int | str, line: str) -> dict[str, Any]:
   """One metrics line; errors name the file and the line (its number, or where it is)."""
   try:
     record = json.loads(line)
   except json.JSONDecodeError as e:
-    raise RunFormatError(f"{path}:{lineno}: not valid JSON ({e})") from e
+    raise RunFormatError(f"{path}:{lineno}: not valid JSON ({e}); {_REPAIR}") from e
   if not isinstance(record, dict):
-    raise RunFormatError(f"{path}:{lineno}: expected a JSON object")
+    raise RunFormatError(f"{path}:{lineno}: expected a JSON object; {_REPAIR}")
   missing = [k for k in REQUIRED_KEYS if k not in record]
   if missing:
-    raise RunFormatError(f"{path}:{lineno}: missing required keys {missing}")
+    raise RunFormatError(f"{path}:{lineno}: missing required keys {missing}; {_REPAIR}")
   return record
 
 

@@ -356,6 +356,10 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
   start = state.ckpt.latest_step() if from_step is None else from_step
   changed = ({} if start is None else resume_settings.check(
       workdir, inputs.requested, step=start, allow=allow_changed))
+  if start is not None and state.primary and run_dir.metrics_path(workdir).exists():
+    # Every metrics line read before a checkpoint is moved aside or history appended:
+    # a damaged line stops the resume with nothing changed.
+    run_dir.read_metrics(workdir)
   if state.primary and start is None:  # the run that creates the workdir (or starts afresh)
     run_dir.write_config(workdir, config.to_dict())
 

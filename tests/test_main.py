@@ -277,3 +277,27 @@ def test_a_disk_full_at_start_is_one_line_and_leaves_no_new_workdir(tmp_path):
   assert last.endswith(f"{tmp_path / 'new'} was new and is removed"), last
   assert "Traceback" not in proc.stderr
   assert os.listdir(tmp_path) == []  # the directories it made are gone
+
+
+@pytest.mark.slow("a micro run and its resume as subprocesses")
+def test_a_damaged_metrics_line_stops_a_resume_before_anything_moves(tmp_path):
+  """--resume_step=2 of a 4-step run whose metrics.jsonl has a damaged line: the error
+  names the line and says to repair or delete it; checkpoint 4 is not moved aside and
+  no settings history is written."""
+  workdir = tmp_path / "run"
+  proc = _main("--config=configs/hard.py:micro", f"--workdir={workdir}",
+               "--config.num_steps=4", "--config.checkpoint_every=2")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  path = workdir / "metrics.jsonl"
+  lines = path.read_text().splitlines(keepends=True)
+  lines[1] = lines[1][:10] + "\n"
+  path.write_text("".join(lines))
+  before = sorted(str(p.relative_to(workdir)) for p in workdir.rglob("*"))
+  proc = _main("--config=configs/hard.py:micro", f"--workdir={workdir}",
+               "--config.num_steps=4", "--config.checkpoint_every=2", "--resume_step=2")
+  assert proc.returncode == 1
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith(f"isojax.main: error: {path}:2: not valid JSON"), last
+  assert last.endswith("repair or delete that line (nothing in the run directory was "
+                       "changed)"), last
+  assert sorted(str(p.relative_to(workdir)) for p in workdir.rglob("*")) == before
