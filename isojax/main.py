@@ -29,6 +29,7 @@ from ml_collections import config_flags
 
 from isojax import (checkpointing, command_line, distributed, preemption, resume_settings,
                     run_dir, storage, train, workdir_lock)
+from isojax.models import checkpoint_files
 from isojax.rl import guard
 from isojax.tasks import data_files
 
@@ -70,7 +71,7 @@ def main(argv):
   except (workdir_lock.WorkdirLocked, resume_settings.SettingsChanged, storage.NoSpace) as e:
     raise SystemExit(f"isojax.main: error: {e}") from None
   except (data_files.DataFileError, run_dir.RunFormatError,
-          checkpointing.NoRestorableCheckpoint) as e:
+          checkpointing.NoRestorableCheckpoint, checkpoint_files.CheckpointFileError) as e:
     # Bad input files: the message names the file and line; the traceback is noise
     # unless asked for (--verbosity=1).
     logging.debug("the error's traceback", exc_info=True)

@@ -29,7 +29,7 @@ from flax import nnx
 from isojax import (checkpointing, config_lib, evaluation, host_memory, memory_plan,
                     metric_writers, metrics, preemption, resume_settings, run_dir,
                     run_settings, run_state, storage, tasks, workdir_lock)
-from isojax.models import hf_checkpoint, lora, sharding
+from isojax.models import checkpoint_files, hf_checkpoint, lora, sharding
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.rl import guard, problem_pool, rollout, sources, update
 from isojax.rl import critic as critic_lib
@@ -171,8 +171,11 @@ def _check_inputs(config: ml_collections.ConfigDict) -> _Inputs:
   s = config_lib.settings(config)
   mesh, rollout_mesh = sharding.make_meshes(s.mesh.as_kwargs())
   path = policy_path(config)
-  hf_checkpoint.check_files(path, **s.model.as_kwargs())  # headers and sizes; reads no weights
-  tok = tokenizer_lib.load_tokenizer(path, extra_stop_ids=s.sampling.stop_token_ids)
+  try:
+    hf_checkpoint.check_files(path, **s.model.as_kwargs())  # headers and sizes; no weights
+    tok = tokenizer_lib.load_tokenizer(path, extra_stop_ids=s.sampling.stop_token_ids)
+  except (ValueError, OSError) as e:  # each names its file: one line for the user
+    raise checkpoint_files.CheckpointFileError(str(e)) from e
   rollout.interruption(s.sampling, tok)  # its text must fit the tokenizer
   critic_lib.check_vocabulary(s.critic, s.model, path)  # a loaded critic reads the policy's tokens
   train_problems, val_problems, book, skipped, skipped_rows = load_task(config, tok)

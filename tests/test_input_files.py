@@ -147,8 +147,9 @@ def test_main_reports_the_file_and_leaves_no_workdir(tmp_path, kind):
   last = proc.stderr.strip().splitlines()[-1]
   assert message in last, proc.stderr[-3000:]
   assert not workdir.exists()
-  if kind == "data":  # a named data file's fault is one line; its traceback on request
-    assert "Traceback" not in proc.stderr and last.startswith("isojax.main: error: ")
+  # A named file's fault is one line; its traceback on request.
+  assert "Traceback" not in proc.stderr and last.startswith("isojax.main: error: ")
+  if kind == "data":
     verbose = _main(f"--workdir={workdir}", "--verbosity=1", *flags)
     assert "Traceback" in verbose.stderr
     assert f"isojax.main: error: {message}" in verbose.stderr

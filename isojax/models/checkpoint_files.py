@@ -38,6 +38,11 @@ LAYOUT = ("a safetensors file: an 8-byte header length, a JSON header of {name: 
           "shape, data_offsets}}, then the tensor data")
 
 
+class CheckpointFileError(ValueError):
+  """A model checkpoint's files cannot be used; the message names the file (and the
+  tensor or field)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class TensorInfo:
   file: str
