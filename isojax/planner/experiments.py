@@ -36,6 +36,7 @@ from isojax import run_dir
 from isojax.planner import analysis
 from isojax.planner import bootstrap
 from isojax.planner import findings
+from isojax.planner import verdicts
 from isojax.planner import records
 from isojax.planner import sigmoid_fit
 
@@ -83,7 +84,7 @@ def n_star_centre(fits_by_n: Mapping[int, Sequence[sigmoid_fit.SigmoidFit]], com
 
 
 def frontier_stats(curves: Sequence[records.RunCurve], metric: str,
-                   margin: float = findings.EQUIVALENCE_MARGIN) -> dict[str, float]:
+                   margin: float = verdicts.EQUIVALENCE_MARGIN) -> dict[str, float]:
   """Claim 1 by a fixed rule: n* (`n_star_centre`) at the end of the compute range every
   allocation covers (C_end, the smallest last evaluation) and `CLAIM1_SPAN_DOUBLINGS`
   doublings of compute before it (or at the range's start, the largest first evaluation

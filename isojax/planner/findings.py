@@ -3,19 +3,9 @@
 Input: the experiments of a study, {sweep name: experiment dict} as
 `experiments.analyze_experiment` returns them, each with `difficulty` ("easy",
 "hard" or "") added, and any earlier looks at the same runs (`LOOKS_FILE`). Output:
-rows {finding, claim, effect, p, verdict, sweep, note} and their markdown. The analysis
-is fixed before the runs (docs/study.md, "How a claim is decided"):
-
-- a verdict follows the effect's hierarchical bootstrap interval (seeds, then problems),
-  never its point value; one that compares allocations measured with one seed each is
-  `bootstrap.INDICATIVE`: its interval omits run-to-run variance;
-- claims 1, 2a and 2b are the primary family: each gets a two-sided bootstrap p-value,
-  adjusted by Holm's procedure over every primary row of the study and of the earlier
-  looks at its runs (an extension re-reads the same runs: one family), and is decided
-  at adjusted p < 0.10; the rest are secondary, decided by their 90% intervals;
-- "barely matters" claims (4, 9 and K) share one equivalence margin.
-
-A claim with no experiment in the study is left out.
+rows (`verdicts.Row`: finding, claim, effect, p, verdict, sweep, note), decided by
+`verdicts.decide`, and their markdown. A claim with no experiment in the study is left
+out.
 """
 
 from __future__ import annotations
@@ -23,128 +13,18 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 
 from isojax import storage
 from isojax.planner import bootstrap
+from isojax.planner.verdicts import (CLAIMS, EQUIVALENCE_MARGIN, MECHANISMS, Row, decide,
+                                     margin_row, sign_row)
 
 FINDINGS_FILE = "findings.md"
 EXPERIMENT_FILE = "experiment.json"   # = experiments.EXPERIMENT_FILE (no JAX import here)
 LOOKS_FILE = "earlier_looks.json"     # a sweep's experiments at smaller budgets, oldest first
-
-# The one practical-equivalence margin (accuracy units) of every "barely matters"
-# claim: B_p's spread of final avg@k (claim 4), a run's end predicted from its first
-# half (claim 9; ScaleRL reports about +-0.02), ceilings that agree across n (K), and
-# near-ties of n* (claim 1).
-EQUIVALENCE_MARGIN = 0.02
-PRIMARY = ("1", "2a", "2b")        # the primary family, adjusted for multiplicity
-FAMILY_ALPHA = 1.0 - bootstrap.DEFAULT_LEVEL
-
-CLAIMS = {
-    "1": "n*(C) grows with C (then saturates)",
-    "2a": "hard set: larger n raises best@k (coverage)",
-    "2b": "easy set: larger n raises worst@k (sharpening)",
-    "2c": "hard sets saturate at a smaller n than easy sets",
-    "3": "at fixed batch B, n*(M) grows with the number of updates M",
-    "4": "B_p barely matters (moderate range, fixed n and C)",
-    "5": "larger n mitigates interference (fewer problems pushed to pass@1 = 0 or 1)",
-    "6": "small problem sets overfit: validation falls late in the run",
-    "7a": "decoupled baseline (estimate from n_est, train on n_train) beats plain n_train",
-    "7b": "plain n_est beats the decoupled baseline",
-    "8": "the n*(C) trend holds with other RL algorithms",
-    "9": "a run's end is predicted from its first half (within +-0.02)",
-}
-
-# What the verdicts rest on, measured beside them (not claims of the paper): whether
-# training on some problems raises others, whether the runs had reached their ceilings
-# at the budget, and whether every n heads for the same ceiling.
-MECHANISMS = {
-    "T": "training on a few problems raises held-out ones (transfer across problems)",
-    "S": "the runs were still rising when the budget ran out (not saturated)",
-    "K": "every n heads for the same ceiling (the model's capacity caps the gain)",
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class Row:
-  """One verdict. `verdict` is what the interval alone says; `decide` turns it into the
-  reported one (indicative with one seed, Holm-adjusted for the primary family)."""
-  finding: str
-  sweep: str
-  measured: str       # what the effect is, in words
-  effect: dict[str, Any]
-  verdict: str
-  note: str = ""
-  expected: int = 1   # the paper's side of 0 (sign claims; 0: a margin claim)
-  seeds: int = 0      # the fewest seeds of an allocation compared (0: runs are the unit)
-  p: float = float("nan")            # two-sided bootstrap p-value (sign claims)
-  p_adjusted: float = float("nan")   # Holm's, over the primary family
-  look: str = ""                     # "2 of 3": the second look at runs extended twice
-  family: int = 0                    # the tests Holm adjusted over (primary rows)
-
-  @property
-  def claim(self) -> str:
-    return CLAIMS.get(self.finding) or MECHANISMS[self.finding]
-
-  @property
-  def primary(self) -> bool:
-    return self.finding in PRIMARY
-
-  def to_dict(self) -> dict[str, Any]:
-    e = {k: v for k, v in self.effect.items() if k != "samples"}
-    return dict(finding=self.finding, claim=self.claim, sweep=self.sweep,
-                measured=self.measured, effect=e, verdict=self.verdict, note=self.note,
-                seeds=self.seeds, p=_json_float(self.p),
-                p_adjusted=_json_float(self.p_adjusted), look=self.look)
-
-
-def _json_float(x: float) -> float | None:
-  return float(x) if math.isfinite(x) else None
-
-
-def _sign_row(finding: str, sweep: str, measured: str, e: Mapping[str, Any], *,
-              expected: int = 1, seeds: int = 0, note: str = "") -> Row:
-  return Row(finding, sweep, measured, e, bootstrap.sign_verdict(e, expected=expected), note,
-             expected=expected, seeds=seeds,
-             p=bootstrap.p_value(e.get("samples", []), expected))
-
-
-def _margin_row(finding: str, sweep: str, measured: str, e: Mapping[str, Any], *,
-                seeds: int = 0, note: str = "") -> Row:
-  return Row(finding, sweep, measured, e, bootstrap.margin_verdict(e, EQUIVALENCE_MARGIN),
-             note, expected=0, seeds=seeds)
-
-
-_SIDE = {bootstrap.YES: "lies on the paper's side of 0",
-         bootstrap.NO: "lies on the other side of 0",
-         bootstrap.INCONCLUSIVE: "touches or straddles 0"}
-_MARGIN_SIDE = {bootstrap.YES: "lies within the margin",
-                bootstrap.NO: "lies outside the margin",
-                bootstrap.INCONCLUSIVE: "crosses the margin"}
-
-
-def _indicative(row: Row) -> Row:
-  side = (_SIDE if row.expected else _MARGIN_SIDE)[row.verdict]
-  note = (f"one seed per allocation: the interval omits seed variance; it {side}"
-          + (f"; {row.note}" if row.note else ""))
-  return dataclasses.replace(row, verdict=bootstrap.INDICATIVE, note=note)
-
-
-def decide(rows: list[Row], earlier_p: Sequence[float] = ()) -> list[Row]:
-  """The reported verdicts: Holm over the primary rows and `earlier_p` (the primary
-  p-values of earlier looks at the same runs), each primary row decided at adjusted
-  p < `FAMILY_ALPHA`; then every row resting on one seed per allocation indicative."""
-  primary = [i for i, r in enumerate(rows) if r.primary]
-  adjusted = bootstrap.holm([rows[i].p for i in primary] + list(earlier_p))
-  out = list(rows)
-  for i, p_adj in zip(primary, adjusted):
-    r = rows[i]
-    verdict = bootstrap.p_verdict(r.effect["value"], p_adj, alpha=FAMILY_ALPHA,
-                                  expected=r.expected)
-    out[i] = dataclasses.replace(r, p_adjusted=p_adj, family=len(adjusted), verdict=verdict)
-  return [_indicative(r) if r.seeds == 1 else r for r in out]
 
 
 def _difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
@@ -161,7 +41,7 @@ def _rows_iso(name: str, exp: Mapping[str, Any], *, prefix: str = "",
   rows = []
   rise = effects.get(f"n_star_rise{prefix}")
   if rise is not None:
-    rows.append(_sign_row(finding, name, "doublings of n* (the centre of the n within "
+    rows.append(sign_row(finding, name, "doublings of n* (the centre of the n within "
                           f"{EQUIVALENCE_MARGIN} of the best fit) from C_end / 16 to C_end",
                           rise, seeds=_seeds(exp), note=_saturation_note(effects, prefix)))
   return rows
@@ -215,7 +95,7 @@ def _rows_extrapolation(experiments: Mapping[str, Mapping[str, Any]], *,
               if x and x.get("error") is not None]
   if frontier:
     note += "; frontier's best value at C_max, predicted - observed: " + ", ".join(frontier)
-  return [_margin_row("9", "all", "median abs(predicted - observed) over runs, observed "
+  return [margin_row("9", "all", "median abs(predicted - observed) over runs, observed "
                       "strictly after the fit's first half", e, note=note)]
 
 
@@ -266,12 +146,12 @@ def raw_table(experiments: Mapping[str, Mapping[str, Any]], *,
     for name, exp in by_difficulty[difficulty]:
       e = exp["effects"].get(f"{which}_slope_log2_n")
       if e:
-        rows.append(_sign_row(finding, name, f"change of final {which}@k per doubling of n "
+        rows.append(sign_row(finding, name, f"change of final {which}@k per doubling of n "
                               "(at fixed C)", e, seeds=_seeds(exp)))
   for hard_name, hard in by_difficulty["hard"]:
     for easy_name, easy in by_difficulty["easy"]:
       e = _difference(hard["effects"]["log2_n_star_end"], easy["effects"]["log2_n_star_end"])
-      rows.append(_sign_row("2c", f"{hard_name} - {easy_name}",
+      rows.append(sign_row("2c", f"{hard_name} - {easy_name}",
                             "log2 n* at the largest C, hard minus easy", e, expected=-1,
                             seeds=min(_seeds(hard), _seeds(easy))))
   for name, exp in experiments.items():
@@ -281,7 +161,7 @@ def raw_table(experiments: Mapping[str, Mapping[str, Any]], *,
     if exp["kind"] == "problems_per_batch":
       e = exp["effects"]["spread"]
       v = exp["effects"]
-      rows.append(_margin_row("4", name, "spread (max - min) of final avg@k across B_p", e,
+      rows.append(margin_row("4", name, "spread (max - min) of final avg@k across B_p", e,
                               seeds=_seeds(exp), note=(
                                   f"margin {EQUIVALENCE_MARGIN}; late-run volatility smallest "
                                   f"B_p {v['volatility_smallest_bp']['value']:.3f}, largest "
@@ -289,7 +169,7 @@ def raw_table(experiments: Mapping[str, Mapping[str, Any]], *,
   for name, exp in iso.items():
     e = exp["effects"].get("lost_slope_log2_n")
     if e:
-      rows.append(_sign_row("5", name, "change in the fraction of training problems once "
+      rows.append(sign_row("5", name, "change in the fraction of training problems once "
                             "solved and now at pass@1 = 0, per doubling of n", e,
                             expected=-1, seeds=_seeds(exp)))
   for name, exp in experiments.items():
@@ -299,7 +179,7 @@ def raw_table(experiments: Mapping[str, Mapping[str, Any]], *,
       change = exp["details"].get("train_reward_change", {})
       note = (f"smallest set's own late fall {_number(own['value'])} [{_number(own['lo'])}, "
               f"{_number(own['hi'])}]; " if own else "")
-      rows.append(_sign_row("6", name, "fall of validation over the runs' second half of "
+      rows.append(sign_row("6", name, "fall of validation over the runs' second half of "
                             "compute (fitted trend), smallest set minus full set", e,
                             seeds=_seeds(exp), note=note + "train reward change (last - "
                             "first quarter): " + ", ".join(f"{k} {v:+.3f}"
@@ -308,7 +188,7 @@ def raw_table(experiments: Mapping[str, Mapping[str, Any]], *,
     if exp["kind"] == "decoupled_baseline":
       for finding, key in (("7a", "decoupled_minus_plain_train"),
                            ("7b", "plain_estimate_minus_decoupled")):
-        rows.append(_sign_row(finding, name, f"final avg@k, {key.replace('_', ' ')}",
+        rows.append(sign_row(finding, name, f"final avg@k, {key.replace('_', ' ')}",
                               exp["effects"][key], seeds=_seeds(exp)))
   for name, exp in experiments.items():
     if exp["kind"] == "algorithms":
@@ -332,7 +212,7 @@ def mechanism_table(experiments: Mapping[str, Mapping[str, Any]]) -> list[Row]:
       sizes = exp["details"].get("sizes", {})
       smallest = min((s for s in sizes.values() if s), default=None)
       f = effects["transfer_fraction"]
-      rows.append(_sign_row("T", name, f"held-out validation gain (final - first) of the "
+      rows.append(sign_row("T", name, f"held-out validation gain (final - first) of the "
                             f"runs trained on {smallest or 'the fewest'} problems",
                             effects["transfer_gain"], seeds=_seeds(exp), note=(
                                 f"fraction of the full set's gain {_number(f['value'])} "
@@ -354,9 +234,9 @@ def _rows_saturation(sweep: str, effects: Mapping[str, Any], suffix: str = "", *
   headroom, spread = effects.get(f"headroom{suffix}"), effects.get(f"asymptote_spread{suffix}")
   if headroom is None or spread is None:
     return []
-  return [_sign_row("S", sweep, "fitted asymptote minus final value, mean over runs",
+  return [sign_row("S", sweep, "fitted asymptote minus final value, mean over runs",
                     headroom, seeds=seeds),
-          _margin_row("K", sweep, "largest minus smallest fitted asymptote across n", spread,
+          margin_row("K", sweep, "largest minus smallest fitted asymptote across n", spread,
                       seeds=seeds, note=f"margin {EQUIVALENCE_MARGIN}")]
 
 

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import scipy.stats
 
 from isojax import run_dir, storage
-from isojax.planner import bootstrap, findings
+from isojax.planner import bootstrap, verdicts
 from isojax.reproduce import runs as runs_lib
 from isojax.reproduce import tables
 
@@ -87,7 +87,7 @@ def allocation_rows(analysis: dict[str, Any], since: float,
                     evals: dict[tuple[int, int], Series]) -> list[dict[str, Any]]:
   """Per allocation of a sweep's analysis.json (one run each): its final evaluation, its
   fitted asymptote A with a 90% interval (A +- Z * stderr), and whether the run has
-  reached A: True when the interval's upper end is within `findings.EQUIVALENCE_MARGIN` of
+  reached A: True when the interval's upper end is within `verdicts.EQUIVALENCE_MARGIN` of
   the final value (at most that much is left), False when its lower end is above the
   final value (the run was still rising), None otherwise (the interval is too wide to
   tell, or A's error is undetermined). A flat fit has no rise left. `gain`: the final
@@ -104,7 +104,7 @@ def allocation_rows(analysis: dict[str, Any], since: float,
     before = [v for c, v in zip(rollouts, values) if c <= since]
     lo, hi = (a - Z * se, a + Z * se) if se is not None else (math.nan, math.nan)
     reached = (True if f.get("flat") else None if se is None else
-               True if hi <= final + findings.EQUIVALENCE_MARGIN else False if lo > final
+               True if hi <= final + verdicts.EQUIVALENCE_MARGIN else False if lo > final
                else None)
     rows.append(dict(problems_per_batch=key[0], rollouts_per_problem=key[1], final=final,
                      asymptote=a, lo=lo, hi=hi, flat=bool(f.get("flat")), reached=reached,
@@ -121,7 +121,7 @@ def allocation_table(sweep: str, rows: list[dict[str, Any]], since: float) -> li
   views = "".join(f" final {m.removeprefix('val/')} |" for m in names)
   rising = sum(r["reached"] is False for r in rows)
   lines = [f"**{sweep}**: {reached} of {len(rows)} allocations have reached their fitted "
-           f"asymptote (its 90% interval ends within {findings.EQUIVALENCE_MARGIN} above the "
+           f"asymptote (its 90% interval ends within {verdicts.EQUIVALENCE_MARGIN} above the "
            f"final value), {rising} were still rising (the interval lies above it), the "
            f"other {len(rows) - reached - rising} undetermined.", "",
            f"| B_p | n | final avg@4 | gain since C = {since:,.0f} | fitted asymptote "

@@ -6,6 +6,7 @@ import numpy as np
 
 from isojax.planner import bootstrap
 from isojax.planner import findings
+from isojax.planner import verdicts as verdicts_lib
 
 
 def _effect(samples, value=None):
@@ -51,7 +52,7 @@ def test_verdicts_follow_the_intervals():
       ("4", "bp"): "yes", ("5", "hard"): "yes", ("5", "easy"): "inconclusive",
       ("7a", "decoupled"): "yes", ("7b", "decoupled"): "no", ("9", "all"): "yes"}
   assert [r.finding for r in rows] == sorted([r.finding for r in rows],
-                                             key=list(findings.CLAIMS).index)
+                                             key=list(verdicts_lib.CLAIMS).index)
   (c,) = [r for r in rows if r.finding == "2c"]
   assert abs(c.effect["value"] - (hard["effects"]["log2_n_star_end"]["value"]
                                    - easy["effects"]["log2_n_star_end"]["value"])) < 1e-12
@@ -80,7 +81,7 @@ def test_extrapolation_verdict_against_the_tolerance():
   exp = _iso("hard", [1.0] * 5, [1.0] * 5, [0.0] * 5, [0.0] * 5, [0.0] * 5,
              errors=[0.05, -0.06, 0.07, 0.08, -0.05, 0.09])
   (nine,) = [r for r in findings.table({"h": exp}) if r.finding == "9"]
-  assert nine.verdict == "no" and nine.effect["lo"] > findings.EQUIVALENCE_MARGIN
+  assert nine.verdict == "no" and nine.effect["lo"] > verdicts_lib.EQUIVALENCE_MARGIN
 
 
 def test_mechanisms_transfer_saturation_and_ceilings_follow_their_intervals():
@@ -121,7 +122,7 @@ def test_mechanisms_transfer_saturation_and_ceilings_follow_their_intervals():
   assert t.note == (f"fraction of the full set's gain {f['value']:+.3f} "
                     f"[{f['lo']:+.3f}, {f['hi']:+.3f}]")
   assert [r.finding for r in rows] == sorted([r.finding for r in rows],
-                                             key=list(findings.MECHANISMS).index)
+                                             key=list(verdicts_lib.MECHANISMS).index)
   assert "what is tested" in findings.to_markdown(rows, "what is tested")
 
 
