@@ -15,6 +15,7 @@ import os
 import shutil
 from typing import Any, Sequence
 
+import numpy as np
 import scipy.stats
 
 from isojax import run_dir, storage
@@ -70,47 +71,56 @@ Z = float(scipy.stats.norm.ppf(0.5 + bootstrap.DEFAULT_LEVEL / 2))
 Series = dict[str, tuple[list[float], list[float]]]  # metric -> (rollouts, values)
 
 
-def evaluations(analysis: dict[str, Any]) -> dict[tuple[int, int], Series]:
-  """(B_p, n) -> every evaluation of the analysis's metric and its views (best@k,
-  worst@k), read from the run of each record: analysis.json's records list only a run's
-  record-breaking points, which leave out a final evaluation below an earlier one."""
+def evaluations(analysis: dict[str, Any]) -> dict[tuple[int, int], list[Series]]:
+  """(B_p, n) -> per run (one per seed) every evaluation of the analysis's metric and its
+  views (best@k, worst@k), read from the run of each record: analysis.json's records
+  list only a run's record-breaking points, which leave out a final evaluation below an
+  earlier one."""
   metrics = [analysis["metric"], *analysis.get("views", {})]
-  out = {}
-  for record in analysis["records"]:
+  out: dict[tuple[int, int], list[Series]] = {}
+  for record in sorted(analysis["records"], key=lambda r: r["path"]):
     run = run_dir.load_run(record["path"])
-    out[record["problems_per_batch"], record["rollouts_per_problem"]] = {
-        m: run.series(m) for m in metrics}
+    out.setdefault((record["problems_per_batch"], record["rollouts_per_problem"]), []).append(
+        {m: run.series(m) for m in metrics})
   return out
 
 
+def _end_and_gain(series: Series, metric: str, since: float) -> tuple[float, float]:
+  """A run's final value of `metric` and what it added since `since` rollouts."""
+  rollouts, values = series[metric]
+  before = [v for c, v in zip(rollouts, values) if c <= since]
+  return values[-1], values[-1] - before[-1] if before else math.nan
+
+
 def allocation_rows(analysis: dict[str, Any], since: float,
-                    evals: dict[tuple[int, int], Series]) -> list[dict[str, Any]]:
-  """Per allocation of a sweep's analysis.json (one run each): its final evaluation, its
-  fitted asymptote A with a 90% interval (A +- Z * stderr), and whether the run has
-  reached A: True when the interval's upper end is within `verdicts.EQUIVALENCE_MARGIN` of
-  the final value (at most that much is left), False when its lower end is above the
-  final value (the run was still rising), None otherwise (the interval is too wide to
-  tell, or A's error is undetermined). A flat fit has no rise left. `gain`: the final
-  value less the last evaluation within `since` rollouts (the stage before's end), what
-  the stage added, with no fitted model. `views`: the analysis's other metrics (best@k,
-  worst@k) at the run's end. `evals`: from `evaluations`."""
+                    evals: dict[tuple[int, int], list[Series]]) -> list[dict[str, Any]]:
+  """Per allocation of a sweep's analysis.json: its runs' final evaluation (the mean over
+  its seeds), its fitted asymptote A with a 90% interval (A +- Z * stderr), and whether
+  it has reached A: True when the interval's upper end is within
+  `verdicts.EQUIVALENCE_MARGIN` of the final value (at most that much is left), False
+  when its lower end is above the final value (still rising), None otherwise (the
+  interval is too wide to tell, or A's error is undetermined). A flat fit has no rise
+  left. `gain`: the final value less the last evaluation within `since` rollouts (the
+  stage before's end), what the stage added, with no fitted model (mean over seeds).
+  `views`: the analysis's other metrics (best@k, worst@k) at the runs' end. `seeds`: how
+  many runs each mean is over. `evals`: from `evaluations`."""
   metric, names = analysis["metric"], list(analysis.get("views", {}))
   rows = []
   for f in sorted(analysis["fits"], key=lambda f: (f["problems_per_batch"],
                                                   f["rollouts_per_problem"])):
     key = (f["problems_per_batch"], f["rollouts_per_problem"])
-    rollouts, values = evals[key][metric]
-    final, a, se = values[-1], f["a"], f.get("a_stderr")
-    before = [v for c, v in zip(rollouts, values) if c <= since]
+    ends = [_end_and_gain(series, metric, since) for series in evals[key]]
+    final = float(np.mean([e for e, _ in ends]))
+    a, se = f["a"], f.get("a_stderr")
     lo, hi = (a - Z * se, a + Z * se) if se is not None else (math.nan, math.nan)
     reached = (True if f.get("flat") else None if se is None else
                True if hi <= final + verdicts.EQUIVALENCE_MARGIN else False if lo > final
                else None)
     rows.append(dict(problems_per_batch=key[0], rollouts_per_problem=key[1], final=final,
                      asymptote=a, lo=lo, hi=hi, flat=bool(f.get("flat")), reached=reached,
-                     gain=final - before[-1] if before else math.nan,
-                     views={m: evals[key][m][1][-1] if evals[key][m][1] else math.nan
-                            for m in names}))
+                     gain=float(np.mean([g for _, g in ends])), seeds=len(ends),
+                     views={m: float(np.mean([s[m][1][-1] if s[m][1] else math.nan
+                                              for s in evals[key]])) for m in names}))
   return rows
 
 
@@ -120,11 +130,13 @@ def allocation_table(sweep: str, rows: list[dict[str, Any]], since: float) -> li
   names = list(rows[0]["views"]) if rows else []
   views = "".join(f" final {m.removeprefix('val/')} |" for m in names)
   rising = sum(r["reached"] is False for r in rows)
+  counts = {r.get("seeds", 1) for r in rows}
+  seeds = f" (mean of {max(counts)} seeds)" if max(counts, default=1) > 1 else ""
   lines = [f"**{sweep}**: {reached} of {len(rows)} allocations have reached their fitted "
            f"asymptote (its 90% interval ends within {verdicts.EQUIVALENCE_MARGIN} above the "
            f"final value), {rising} were still rising (the interval lies above it), the "
            f"other {len(rows) - reached - rising} undetermined.", "",
-           f"| B_p | n | final avg@4 | gain since C = {since:,.0f} | fitted asymptote "
+           f"| B_p | n | final avg@4{seeds} | gain since C = {since:,.0f} | fitted asymptote "
            f"[90% CI] | reached |{views}",
            "|---|---|---|---|---|---|" + "---|" * len(names)]
   for r in rows:

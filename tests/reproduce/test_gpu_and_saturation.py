@@ -107,7 +107,7 @@ def test_each_allocation_is_judged_by_its_asymptotes_interval():
   analysis = dict(metric="val/avg@4",
                   fits=[fit(8, 2, 0.50, 0.005), fit(8, 4, 0.70, 0.02), fit(8, 8, 0.60, 0.5),
                         fit(8, 16, 0.9, None), fit(8, 32, 0.4, 0.3, flat=True)])
-  evals = {(8, n): {"val/avg@4": ([0, 90, 100, 400], [0.1, 0.3, 0.35, final])}
+  evals = {(8, n): [{"val/avg@4": ([0, 90, 100, 400], [0.1, 0.3, 0.35, final])}]
            for n, final in ((2, 0.49), (4, 0.60), (8, 0.55), (16, 0.5), (32, 0.4))}
   rows = {r["rollouts_per_problem"]: r
           for r in saturation.allocation_rows(analysis, 100, evals)}
@@ -150,7 +150,7 @@ def test_each_allocation_ends_at_its_runs_last_evaluation_not_its_last_record(tm
                     rollouts=[0, 80], values=[0.1, 0.45])],
       views={"val/best@4": {}, "val/worst@4": {}})
   evals = saturation.evaluations(analysis)
-  assert evals[8, 2]["val/avg@4"] == ([0.0, 80.0, 144.0], [0.1, 0.45, 0.4])
+  assert evals[8, 2][0]["val/avg@4"] == ([0.0, 80.0, 144.0], [0.1, 0.45, 0.4])
   [row] = saturation.allocation_rows(analysis, 100, evals)
   assert (row["final"], row["gain"]) == (0.4, pytest.approx(0.4 - 0.45))
   assert row["views"] == {"val/best@4": 0.625, "val/worst@4": 0.125}
@@ -158,3 +158,22 @@ def test_each_allocation_ends_at_its_runs_last_evaluation_not_its_last_record(tm
   assert text[2].endswith("| reached | final best@4 | final worst@4 |")
   assert text[3] == "|---|---|---|---|---|---|---|---|"
   assert text[4] == "| 8 | 2 | 0.400 | -0.050 | 0.500 [0.484, 0.516] | no | 0.625 | 0.125 |"
+
+
+def test_an_allocation_with_several_seeds_is_their_mean():
+  """Three seeds of one allocation: final, gain and views are their means (by hand);
+  the table says how many seeds each value is over."""
+  analysis = dict(metric="val/avg@4", views={"val/best@4": {}},
+                  fits=[dict(problems_per_batch=16, rollouts_per_problem=32, a=0.5,
+                             a_stderr=0.01)])
+  ends = ((0.20, 0.425, 0.6), (0.22, 0.232, 0.35), (0.21, 0.328, 0.5))
+  evals = {(16, 32): [{"val/avg@4": ([0, 100, 400], [0.1, before, end]),
+                       "val/best@4": ([0, 100, 400], [0.2, 0.3, best])}
+                      for before, end, best in ends]}
+  [row] = saturation.allocation_rows(analysis, 100, evals)
+  assert row["seeds"] == 3
+  assert row["final"] == pytest.approx((0.425 + 0.232 + 0.328) / 3)
+  assert row["gain"] == pytest.approx(((0.425 - 0.20) + (0.232 - 0.22) + (0.328 - 0.21)) / 3)
+  assert row["views"]["val/best@4"] == pytest.approx((0.6 + 0.35 + 0.5) / 3)
+  text = saturation.allocation_table("hard", [row], 100)
+  assert "| final avg@4 (mean of 3 seeds) |" in text[2]
