@@ -25,6 +25,8 @@ import dataclasses
 import os
 from typing import Any
 
+from isojax import run_settings
+
 GIB = 1024 ** 3
 # The LM head's share of a pass: logits (and their softmax and gradient) of one
 # chunk of response positions, at most this many bytes.
@@ -301,9 +303,10 @@ _FIELDS = {"micro_batch_size": "rl.micro_batch_size",
            "max_rollouts_per_call": "sampling.max_rollouts_per_call"}
 
 
-def for_config(config: Any, model_cfg: Any, *, prompt_len: int,
-               available: int | None = None, kind: str = "cpu") -> Plan:
-  """The plan of a resolved run config on the model `model_cfg` (a ModelConfig).
+def for_settings(config: run_settings.RunSettings, model_cfg: Any, *, prompt_len: int,
+                 available: int | None = None, kind: str = "cpu") -> Plan:
+  """The plan of a run's settings on the model `model_cfg` (a ModelConfig). The facts
+  derived from several fields (m, LoRA, a kept reference) are the settings' own.
 
   Raises, naming the fields and the values that would fit, when the estimate of the
   passes (as set, or at their smallest) exceeds the memory there is.
@@ -311,9 +314,9 @@ def for_config(config: Any, model_cfg: Any, *, prompt_len: int,
   if available is None:
     available, kind = available_bytes()
   n, b_p = config.rollouts_per_problem, config.problems_per_batch
-  m = config.rl.train_rollouts_per_problem or n
+  m = config.train_rollouts_per_problem
   eval_call = config.eval.chunk_problems * config.eval.num_samples
-  lora = config.model.lora.rank > 0
+  lora = config.model.lora.enabled
   shape = Shape.of(model_cfg)
   trained = shape.params
   if lora:  # adapters: rank x (in + out) per target projection per layer
@@ -322,7 +325,7 @@ def for_config(config: Any, model_cfg: Any, *, prompt_len: int,
               group=max(n, config.eval.num_samples),
               sample_rollouts=max(b_p * n, eval_call), prompt_len=prompt_len,
               max_new_tokens=config.sampling.max_new_tokens, trained_params=trained,
-              reference=(config.rl.kl_coef > 0 or config.rl.log_kl_to_base) and not lora,
+              reference=config.rl.keeps_reference and not lora,  # LoRA's is the base
               generator_copies=generator_copies(config))
   requested = Passes(config.rl.micro_batch_size, config.rl.logprob_chunk_size,
                      config.sampling.max_rollouts_per_call)
@@ -347,7 +350,7 @@ def for_config(config: Any, model_cfg: Any, *, prompt_len: int,
   return result
 
 
-def generator_copies(config: Any) -> int:
+def generator_copies(config: run_settings.RunSettings) -> int:
   """Copies of the weights off-policy generation holds beside the learner's: none when
   it is synchronous or has devices of its own (`mesh.rollout_fraction`); else one per
   version queued (up to k) and the one being sampled from (`rl.off_policy.Generator`),

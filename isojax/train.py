@@ -96,7 +96,8 @@ def plan_passes(config: ml_collections.ConfigDict, path: str, prompt_len: int
   shape and the memory there is (`memory_plan`); logs the plan. Raises, naming the
   fields, when the run cannot fit."""
   model_cfg = checked_model_config(config, path, prompt_len)
-  plan = memory_plan.for_config(config, model_cfg, prompt_len=prompt_len)
+  plan = memory_plan.for_settings(config_lib.settings(config), model_cfg,
+                                  prompt_len=prompt_len)
   config.rl.micro_batch_size = plan.passes.micro_batch_size
   config.rl.logprob_chunk_size = plan.passes.logprob_chunk_size
   config.sampling.max_rollouts_per_call = plan.passes.max_rollouts_per_call

@@ -139,7 +139,7 @@ def _smollm2_config(**fields):
     for part in path:
       parent = parent[part]
     parent[leaf] = value
-  return config_lib.resolve(config)
+  return config_lib.settings(config_lib.resolve(config))
 
 
 def _smollm2_model_config():
@@ -152,17 +152,17 @@ def test_an_estimate_above_the_machine_is_refused_naming_fields():
   with pytest.raises(ValueError, match=r"estimated peak memory is .* above the 8\.0 GiB.*"
                                        r"set by hand: rl\.micro_batch_size=256.*leave those "
                                        r"fields at 0"):
-    memory_plan.for_config(config, _smollm2_model_config(), prompt_len=120,
+    memory_plan.for_settings(config, _smollm2_model_config(), prompt_len=120,
                            available=8 * GIB)
   with pytest.raises(ValueError, match=r"above the 1\.0 GiB.*problems_per_batch=16") as e:
-    memory_plan.for_config(_smollm2_config(), _smollm2_model_config(), prompt_len=120,
+    memory_plan.for_settings(_smollm2_config(), _smollm2_model_config(), prompt_len=120,
                            available=1 * GIB)
   assert "max_staleness" not in str(e.value)
   with pytest.raises(ValueError, match=r"rl\.max_staleness=3 \(its generator holds 4 copies"
                                        r".*mesh\.rollout_fraction"):
-    memory_plan.for_config(_smollm2_config(**{"rl.max_staleness": 3}),
+    memory_plan.for_settings(_smollm2_config(**{"rl.max_staleness": 3}),
                            _smollm2_model_config(), prompt_len=120, available=1 * GIB)
-  derived = memory_plan.for_config(_smollm2_config(), _smollm2_model_config(), prompt_len=120,
+  derived = memory_plan.for_settings(_smollm2_config(), _smollm2_model_config(), prompt_len=120,
                                    available=24 * GIB)
   assert derived.peak <= 24 * GIB * memory_plan.USABLE_FRACTION["cpu"]
   assert derived.passes.micro_batch_size and derived.passes.logprob_chunk_size
@@ -243,7 +243,7 @@ def test_a_pipelined_run_plans_its_generator_beside_the_update(available_gib):
 
 def test_only_generation_on_the_learners_devices_is_overlapped():
   cfg = _smollm2_model_config()
-  plan = lambda **f: memory_plan.for_config(_smollm2_config(**f), cfg, prompt_len=120,
+  plan = lambda **f: memory_plan.for_settings(_smollm2_config(**f), cfg, prompt_len=120,
                                             available=64 * GIB, kind="accelerator")
   assert plan().generator == 0
   weights = 4 * memory_plan.Shape.of(cfg).params
