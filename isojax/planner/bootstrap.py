@@ -120,7 +120,7 @@ def problem_curve(run: run_dir.Run, metric: str, *,
     counts = line.get(counts_key)
     if isinstance(counts, list):
       c_E.append(float(line[run_dir.ROLLOUTS]))
-      rows.append(counts if metric == LOST else
+      rows.append(np.asarray(counts) if metric == LOST else
                   per_problem_values(metric, counts, num_samples))
   if not rows:
     raise run_dir.RunFormatError(

@@ -152,6 +152,9 @@ def test_problem_curve_reads_counts_and_rejects_runs_without_them(tmp_path):
   np.testing.assert_array_equal(c.rollouts_E, [0, 16])
   np.testing.assert_allclose(c.values_EG, [[0, 1, 0.5], [1, 1, 0]])
   assert c.seed == 3 and c.key == (4, 2)
+  # Interference from the same counts: problem 2 was solved at step 0 and is lost at 2.
+  lost = bootstrap.problem_curve(run, bootstrap.LOST)
+  np.testing.assert_array_equal(lost.values_EG, [[0, 0, 0], [0, 0, 1]])
   with pytest.raises(run_dir.RunFormatError, match="per-problem counts"):
     bootstrap.problem_curve(run, "val/avg@4", counts_key=metrics.TRAIN_PASS1_COUNTS)
 
