@@ -119,6 +119,11 @@ class Prescription:
   run: RunFigures               # what the run derives from the written config
 
   @property
+  def effective_learning_rate(self) -> float:
+    """The peak LR the run will use (the run's own figure, `run`)."""
+    return self.run.effective_learning_rate
+
+  @property
   def extrapolated(self) -> bool:
     lo, hi = self.law.compute_range
     return not lo <= self.budget_rollouts_requested <= hi
