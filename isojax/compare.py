@@ -18,8 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from isojax import run_dir
-
-LEVEL = 0.9   # the interval's two-sided level, as the study's
+from isojax.planner import bootstrap
 
 
 def first_reaching(lines: list[dict], metric: str, target: float) -> dict | None:
@@ -77,7 +76,7 @@ def ratio_effect(rows: Sequence[dict], key: str, *, resamples: int = 2000,
   mean = log_r.mean()
   picks = rng.integers(0, k, (resamples, k))
   means = mean + math.sqrt(k / (k - 1)) * (log_r[picks].mean(axis=1) - mean)
-  tail = 50.0 * (1.0 - LEVEL)
+  tail = 50.0 * (1.0 - bootstrap.DEFAULT_LEVEL)
   lo, hi = np.exp(np.percentile(means, [tail, 100.0 - tail]))
   return dict(value=value, lo=float(lo), hi=float(hi), seeds=k, censored=censored)
 

@@ -248,12 +248,11 @@ def effect(value: float, samples_Z, level: float = DEFAULT_LEVEL) -> dict[str, A
           "samples": [float(x) for x in samples_Z]}
 
 
-def p_value(samples_Z, expected: int = 1) -> float:
+def p_value(samples_Z) -> float:
   """Two-sided bootstrap p-value of "the effect is 0": twice the smaller fraction of the
   finite replicates on either side of 0 (a replicate at 0 counts on both), at most 1.
   The percentile interval at level L excludes 0 exactly when p < 1 - L. NaN with no
-  finite replicate. `expected` only names the paper's side; the test is two-sided."""
-  del expected
+  finite replicate."""
   finite = np.asarray(samples_Z, np.float64)
   finite = finite[np.isfinite(finite)]
   if finite.size == 0:
