@@ -57,7 +57,7 @@ def ratio_effect(rows: Sequence[dict], key: str, *, resamples: int = 2000,
   """The candidate's `key` (rollouts or wall_s) to reach the target over the baseline's,
   across seeds: the geometric mean of the per-seed ratios and its 90% interval from a
   bootstrap over seeds (log ratios drawn with replacement and moved from their mean by
-  sqrt(k / (k - 1)), as the study's bootstrap does). A seed whose candidate never
+  `bootstrap.seed_scale(k)`, as the study's bootstrap does). A seed whose candidate never
   reached the target counts with its run's end (a lower bound on its ratio) and is
   listed in `censored`."""
   log_r, censored = [], []
@@ -75,7 +75,7 @@ def ratio_effect(rows: Sequence[dict], key: str, *, resamples: int = 2000,
   rng = np.random.default_rng(seed)
   mean = log_r.mean()
   picks = rng.integers(0, k, (resamples, k))
-  means = mean + math.sqrt(k / (k - 1)) * (log_r[picks].mean(axis=1) - mean)
+  means = mean + bootstrap.seed_scale(k) * (log_r[picks].mean(axis=1) - mean)
   tail = 50.0 * (1.0 - bootstrap.DEFAULT_LEVEL)
   lo, hi = np.exp(np.percentile(means, [tail, 100.0 - tail]))
   return dict(value=value, lo=float(lo), hi=float(hi), seeds=k, censored=censored)

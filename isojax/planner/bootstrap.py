@@ -157,6 +157,12 @@ def fewest_seeds(groups: Groups) -> int:
              default=0)
 
 
+def seed_scale(k: int) -> float:
+  """sqrt(k / (k - 1)): how far from their mean k seeds drawn with replacement are moved
+  so that the drawn mean has the seeds' (unbiased) variance over k."""
+  return math.sqrt(k / (k - 1))
+
+
 @dataclasses.dataclass(frozen=True)
 class _Allocation:
   """An allocation's runs as a replicate draws them: k seeds, moved from their mean by
@@ -180,7 +186,7 @@ class _Allocation:
     picks = rng.integers(0, k, k)
     seed_KE = self.values_KEG[:, :, problems[self.values_KEG.shape[2]]].mean(axis=2)
     mean_E = seed_KE.mean(axis=0)
-    moved_KE = mean_E + math.sqrt(k / (k - 1)) * (seed_KE - mean_E)
+    moved_KE = mean_E + seed_scale(k) * (seed_KE - mean_E)
     return [records.RunCurve(path=c.path, problems_per_batch=c.problems_per_batch,
                              rollouts_per_problem=c.rollouts_per_problem,
                              rollouts_E=c.rollouts_E, values_E=moved_KE[i])
