@@ -40,12 +40,12 @@ def restored_policy(workdir: str, step: int | None = None):
   path = demo_bases.policy_path(config)
   model = hf_checkpoint.load_model(path, **config.model)
   graphdef, params = nnx.split(model)
-  trained, base = lora.split(params) if config.model.lora.rank else (params, None)
+  trained, base = lora.trained_and_frozen(params, enabled=config.model.lora.rank > 0)
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, trained)
   restored = ckpt.restore(step, args=ocp.args.Composite(
       params=ocp.args.StandardRestore(abstract))).params
   ckpt.close()
-  params = restored if base is None else lora.merge(restored, base)
+  params = lora.whole(restored, base)
   return nnx.merge(graphdef, params), path, step
 
 

@@ -83,7 +83,7 @@ class RunState:
     queue = self.source.checkpoint_tree() if self.source else None
     checkpointing.save(
         self.ckpt, self.counters.step,
-        params=lora.split(learner.params)[0] if self.use_lora else learner.params,
+        params=lora.trained_and_frozen(learner.params, enabled=self.use_lora)[0],
         opt_state=learner.opt_state,
         counters=dict(counters=dataclasses.asdict(self.counters), pool={
             k: v.tolist() for k, v in pool.to_dict().items()} if pool else None),

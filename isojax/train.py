@@ -217,7 +217,7 @@ def _learner(s: run_settings.RunSettings, inputs: _Inputs, state: run_state.RunS
       superseded_dir=run_dir.superseded_checkpoint_dir(workdir))
   if restored is not None:
     opt_state = restored.opt_state
-    params = lora.merge(restored.params, base) if state.use_lora else restored.params
+    params = lora.whole(restored.params, base)
     if critic is not None:
       critic.params, critic.opt_state = restored.critic["params"], restored.critic["opt_state"]
     state.counters = run_state.Counters(**restored.counters["counters"])

@@ -50,6 +50,23 @@ def merge(adapters, base):
   return nnx.merge_state(adapters, base)
 
 
+def trained_and_frozen(params, *, enabled: bool) -> tuple[Any, Any]:
+  """(what the update trains, what it holds frozen or None): with LoRA `enabled`, the
+  adapters and the base (`split`); without, every parameter and None."""
+  return split(params) if enabled else (params, None)
+
+
+def whole(trained, frozen):
+  """The policy's state from `trained_and_frozen`'s two parts."""
+  return trained if frozen is None else merge(trained, frozen)
+
+
+def as_model(graphdef, trained, frozen):
+  """The module of `trained_and_frozen`'s two parts (inside a traced function)."""
+  return nnx.merge(graphdef, trained) if frozen is None else nnx.merge(graphdef, trained,
+                                                                       frozen)
+
+
 def disabled(params):
   """The base model's state: `params` with zero adapters. The base arrays are the same
   arrays (no copy); the adapters are new zeros, so the update, which donates the

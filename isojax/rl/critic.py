@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from isojax.models import hf_checkpoint, sharding, transformer
+from isojax.models import hf_checkpoint, lora, sharding, transformer
 from isojax.models import settings as model_settings
 from isojax.models.transformer import Transformer
 from isojax.rl import advantages as advantages_lib
@@ -208,16 +208,12 @@ def value_loss(values_BT: jax.Array, old_values_BT: jax.Array, returns_BT: jax.A
           mask_BT & (clipped_BT > unclipped_BT))
 
 
-def _merge(graphdef, params, frozen):
-  return nnx.merge(graphdef, params) if frozen is None else nnx.merge(graphdef, params, frozen)
-
-
 @functools.partial(jax.jit, static_argnames=("graphdef", "prompt_len", "micro_batch_size"))
 def values(graphdef, state, tokens_BS, mask_BS, *, prompt_len: int, micro_batch_size: int = 0,
            frozen=None):
   """V [B, T] of every response token's state (no gradient), micro-batched as `score`.
   `frozen`: the policy's trunk when the head sits on it (`policy_trunk`)."""
-  model = _merge(graphdef, state, frozen)
+  model = lora.as_model(graphdef, state, frozen)
   fn = lambda xs: model.values(*xs, prompt_len=prompt_len)
   k = update.num_micro_batches(tokens_BS.shape[0], micro_batch_size, "the rollout batch")
   if k == 1:
@@ -237,7 +233,7 @@ def advantages(rewards_B, old_values_BT, response_mask_BT, *, gamma: float, lam:
 def _minibatch_loss(params, graphdef, mb: ValueBatch, weights_BT, s: ValueUpdateSettings,
                     frozen=None):
   """The share of rows `mb` in their minibatch's token-mean value loss."""
-  model = _merge(graphdef, params, frozen)
+  model = lora.as_model(graphdef, params, frozen)
   values_BT = model.values(mb.tokens, mb.mask, prompt_len=s.prompt_len,
                            train_trunk=s.train_trunk)
   loss_BT, clipped_BT = value_loss(values_BT, mb.old_values, mb.returns, mb.response_mask,

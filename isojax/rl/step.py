@@ -48,7 +48,7 @@ def policy_arrays(params, tx: optax.GradientTransformation, mesh: Mesh, *, lora:
   array returned (`launch.aot` compiles a pod's step against them): the reference is
   then the parameters' shapes, as a copy (or the LoRA base with zero adapters) has them.
   """
-  trained, frozen = lora_lib.split(params) if lora else (params, None)
+  trained, frozen = lora_lib.trained_and_frozen(params, enabled=lora)
   opt_state = update.init_optimizer(tx, trained, update.opt_state_shardings(tx, trained, mesh),
                                     abstract=abstract)
   reference = None
@@ -142,12 +142,11 @@ class Learner:
             scored.prompt_len)
         if self.critic.shares_policy_trunk:  # on the trunk its old values were read from,
           critic_stats = update_critic(self.params)  # before the policy's update donates it
-      trained, frozen = (lora_lib.split(self.params) if self.lora
-                         else (self.params, None))
+      trained, frozen = lora_lib.trained_and_frozen(self.params, enabled=self.lora)
       trained, self.opt_state, stats = update.train_step(
           self.graphdef, trained, self.opt_state, batch, tx=self.tx, settings=settings,
           frozen=frozen)
-      self.params = trained if frozen is None else lora_lib.merge(trained, frozen)
+      self.params = lora_lib.whole(trained, frozen)
       if self.critic is not None and not self.critic.shares_policy_trunk:
         critic_stats = update_critic()
     return StepResult(scored, zero_var_G, jax.device_get(dict(stats, **critic_stats)))

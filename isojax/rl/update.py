@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from isojax.models import sharding
+from isojax.models import lora, sharding
 from isojax.rl import logprobs, losses, names
 from isojax.rl import settings as rl_settings
 from isojax.sampling import settings as sampling_settings
@@ -296,10 +296,6 @@ def _importance_weights(mb: TrainBatch, old_logp_BT, s: UpdateSettings):
                                    sequence_ratio=s.is_sequence_ratio)
 
 
-def _merge(graphdef, params, frozen):
-  return nnx.merge(graphdef, params) if frozen is None else nnx.merge(graphdef, params, frozen)
-
-
 def _weighted_loss(params, graphdef, mb: TrainBatch, w_pg_BT, w_reg_BT, s: UpdateSettings,
                    frozen=None):
   """The share of rows `mb` in their minibatch's loss, and their (logp, entropy) [b, T].
@@ -307,7 +303,7 @@ def _weighted_loss(params, graphdef, mb: TrainBatch, w_pg_BT, w_reg_BT, s: Updat
   Every term is a per-token quantity of one row times a weight that holds the whole
   minibatch's normaliser, so the shares of any split of the minibatch add up to its loss.
   """
-  model = _merge(graphdef, params, frozen)
+  model = lora.as_model(graphdef, params, frozen)
   logp_BT, entropy_BT = logprobs.response_logp(
       model, mb.tokens, mb.mask, prompt_len=s.prompt_len, temperature=s.temperature,
       chunk_size=s.logprob_chunk_size, need_entropy=s.need_entropy)

@@ -209,6 +209,24 @@ def test_checkpoints_hold_the_adapters_and_resume_exactly(tmp_path):
   assert os.path.isfile(tmp_path / "hf" / "tokenizer.json")
 
 
+def test_the_trained_part_is_the_adapters_alone_and_joins_back_to_the_policy(adapted):
+  _, model = adapted
+  graphdef, params = nnx.split(model)
+  paths = {path for path, _ in nnx.to_flat_state(params)}
+  adapters = {p for p in paths if any(k.endswith("_lora") for k in p)}
+  trained, frozen = lora.trained_and_frozen(params, enabled=True)
+  assert {p for p, _ in nnx.to_flat_state(trained)} == adapters
+  assert {p for p, _ in nnx.to_flat_state(frozen)} == paths - adapters
+  everything, none = lora.trained_and_frozen(params, enabled=False)
+  assert everything is params and none is None
+  for got, want in ((lora.whole(trained, frozen), params), (lora.whole(params, None), params),
+                    (nnx.state(lora.as_model(graphdef, trained, frozen)), params)):
+    got, want = dict(nnx.to_flat_state(got)), dict(nnx.to_flat_state(want))
+    assert got.keys() == want.keys()
+    for path in want:
+      np.testing.assert_array_equal(got[path][...], want[path][...])
+
+
 def test_the_sampler_decodes_with_the_adapters_merged(adapted):
   """`sampler.sample` merges the adapters once per call: its rollouts are those of the
   merged model; decoding through the adapters instead (merge_adapters=False) is the
