@@ -21,7 +21,7 @@ from isojax import config_lib, run_dir, tasks, train  # pylint: disable=g-import
 from isojax.models import chat_template, hf_checkpoint  # pylint: disable=g-import-not-at-top
 from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
 from isojax.rl import rollout  # pylint: disable=g-import-not-at-top
-from isojax.tasks import math_verifier  # pylint: disable=g-import-not-at-top
+from isojax.tasks import math_data, math_verifier  # pylint: disable=g-import-not-at-top
 from flax import nnx  # pylint: disable=g-import-not-at-top
 
 QUESTIONS = [(f"Tom has {a} apples and buys {b} more. How many apples does he have?", a + b)
@@ -91,7 +91,7 @@ def test_prompts_are_what_transformers_renders(setup):
   hf_tok = transformers.AutoTokenizer.from_pretrained(ckpt)
   for p in train_problems[:3] + val_problems[:1]:
     messages = [{"role": "system", "content": "You are a careful solver."},
-                {"role": "user", "content": f"{p.prompt}\n\n{tasks.MATH_INSTRUCTION}"}]
+                {"role": "user", "content": f"{p.prompt}\n\n{math_data.DEFAULT_INSTRUCTION}"}]
     expected = hf_tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
     expected = list(expected["input_ids"] if hasattr(expected, "keys") else expected)
     assert list(book.ids[p]) == expected

@@ -11,9 +11,12 @@
                  base pass rates 2^-level by construction (the study's testbed for
                  coverage and sharpening; exact-match verifier)
 
-Every family provides `validate(task)` (cheap field checks, run before anything is
-compiled or written), its problems and its verifier. Families are imported lazily, so
-the config layer can list the names without loading `datasets` or `reasoning-gym`.
+Every family module provides the same four things, and the registry treats them alike:
+`validate(task)` (cheap field checks, run before anything is compiled or written),
+`load(task) -> TaskData` (its problems and the rows it skipped), `make_verifier(task)`
+and `DEFAULT_INSTRUCTION` (appended to each question when `task.instruction` is unset).
+Families are imported lazily, so the config layer can list the names without loading
+`datasets` or `reasoning-gym`.
 """
 
 from __future__ import annotations
@@ -26,28 +29,13 @@ import numpy as np
 
 from isojax.tasks import splits
 from isojax.tasks.settings import PROMPT_FORMATS, TaskSettings
-from isojax.tasks.problem import Grades, PerItemVerifier, Problem, Verifier
+from isojax.tasks.problem import Grades, PerItemVerifier, Problem, TaskData, Verifier
 
 NAMES = ("arithmetic", "reasoning_gym", "math", "recall")
 _MODULES = {"arithmetic": "isojax.tasks.arithmetic",
             "reasoning_gym": "isojax.tasks.reasoning_gym_task",
             "math": "isojax.tasks.math_data",
             "recall": "isojax.tasks.recall"}
-
-# The instruction appended to each question when `task.instruction` is unset: the
-# papers' boxed-answer instruction for math, answer tags for reasoning-gym, and none
-# for the arithmetic demo (its base model completes "12+34=" directly).
-MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
-
-
-@dataclasses.dataclass
-class TaskData:
-  train: list[Problem]
-  val: list[Problem]
-  skipped: dict[str, int]  # rows dropped at load time, by reason (logged, never silent)
-  # reason -> the first few skipped rows, "<file> row <i>" (files read by the loader)
-  skipped_rows: dict[str, list[str]] = dataclasses.field(default_factory=dict)
-
 
 def family(name: str):
   if name not in _MODULES:
@@ -68,14 +56,8 @@ def load(task: TaskSettings) -> TaskData:
 
 def _load(task: TaskSettings) -> TaskData:
   if task.split:
-    train, val = splits.load_split(task.splits_dir, task.split)
-    return TaskData(train, val, {})
-  module = family(task.name)
-  if task.name == "math":
-    train, val, report = module.load(task)
-    return TaskData(train, val, dict(report.skipped), dict(report.skipped_rows))
-  train, val = module.load(task)
-  return TaskData(train, val, {})
+    return TaskData(*splits.load_split(task.splits_dir, task.split))
+  return family(task.name).load(task)
 
 
 def limit_train(data: TaskData, max_train: int, seed: int) -> TaskData:
@@ -89,20 +71,13 @@ def limit_train(data: TaskData, max_train: int, seed: int) -> TaskData:
 
 
 def make_verifier(task: TaskSettings) -> Verifier:
-  if task.name == "math":
-    from isojax.tasks import math_verifier  # pylint: disable=g-import-not-at-top
-    return math_verifier.MathVerifier(pattern=task.answer_pattern,
-                                      timeout_s=task.verifier_timeout_s,
-                                      workers=task.verifier_workers)
   return family(task.name).make_verifier(task)
 
 
 def default_instruction(task: TaskSettings) -> str:
   if task.instruction is not None:
     return task.instruction
-  if task.name == "math":
-    return MATH_INSTRUCTION
-  return getattr(family(task.name), "DEFAULT_INSTRUCTION", "")
+  return family(task.name).DEFAULT_INSTRUCTION
 
 
 def describe(data: TaskData) -> dict[str, Any]:

@@ -23,6 +23,7 @@ ALPHABET = "0123456789+="
 
 # A problem's prompt is "123+45=", its answer "168", its difficulty the operand digits.
 Problem = problem_lib.Problem
+DEFAULT_INSTRUCTION = ""  # the base model completes "12+34=" directly
 
 
 def _operand(rng: np.random.Generator, digits: int) -> int:
@@ -113,9 +114,9 @@ def validate(task: TaskSettings) -> None:
     raise ValueError(f"task.min_digits={task.min_digits} > task.max_digits={task.max_digits}")
 
 
-def load(task: TaskSettings) -> tuple[list[Problem], list[Problem]]:
-  return make_splits(task.seed, task.num_train, task.num_val, task.min_digits,
-                     task.max_digits)
+def load(task: TaskSettings) -> problem_lib.TaskData:
+  return problem_lib.TaskData(*make_splits(task.seed, task.num_train, task.num_val,
+                                           task.min_digits, task.max_digits))
 
 
 def make_verifier(task: TaskSettings) -> problem_lib.Verifier:

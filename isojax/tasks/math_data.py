@@ -11,7 +11,7 @@ It reads local data only: `datasets` is put in offline mode and TFDS never downl
 so a run on a machine without Hub access fails at once with the path it could not
 find, instead of stalling on network retries. Rows that cannot be used (no question,
 no answer, a gold answer `math-verify` cannot parse, a repeated question) are skipped
-and counted in a `LoadReport`, with the first few row numbers of each reason, for the
+and counted in the `TaskData` it returns, with the first few row numbers of each reason, for the
 caller to log; a source that yields nothing raises, and so does a list-valued cell
 with several values (naming its file and row). A file the library cannot read (empty,
 a malformed line, text that is not UTF-8, binary data under a data extension) raises
@@ -32,8 +32,12 @@ from absl import logging
 
 from isojax.tasks import data_files, math_verifier
 from isojax.tasks.math_fields import MAPPINGS, Column, MultipleValues, mapping_for
-from isojax.tasks.problem import Problem
+from isojax.tasks.problem import Problem, TaskData
 from isojax.tasks.settings import TaskSettings
+
+# The papers' boxed-answer instruction, appended to each question when
+# `task.instruction` is unset.
+DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
 # Read by `datasets` when it is imported (lazily, below): local files never need the
 # Hub. `setdefault`, so a person who exported the variable keeps their choice.
@@ -283,15 +287,6 @@ def _val_tables(task: TaskSettings) -> list[_Table] | None:
 # ------------------------------------------------------------------------ problems
 
 
-@dataclasses.dataclass
-class LoadReport:
-  num_train: int
-  num_val: int
-  skipped: dict[str, int]  # "<train|val>/<reason>" -> rows skipped for that reason
-  # "<train|val>/<reason>" -> the first EXAMPLES_PER_REASON of them, as "<file> row <i>"
-  skipped_rows: dict[str, list[str]] = dataclasses.field(default_factory=dict)
-
-
 def _present(side: tuple[Column, ...], table: _Table, what: str,
              task: TaskSettings) -> tuple[Column, ...]:
   """The side's columns that this table has; raises naming the table if it has none."""
@@ -390,9 +385,10 @@ def _hold_out(pool: list[Problem], num_val: int, seed: int
           [p for i, p in enumerate(pool) if i in val_idx])
 
 
-def load(task: TaskSettings
-         ) -> tuple[list[Problem], list[Problem], LoadReport]:
-  """(train, val, report) from the sources and mapping that `task` names.
+def load(task: TaskSettings) -> TaskData:
+  """Train and validation problems, and the rows skipped (the first
+  EXAMPLES_PER_REASON of each reason named), from the sources and mapping that `task`
+  names.
 
   Validation comes from task.val_files, or task.val_split of the training source, or
   else task.num_val problems held out of the training set by task.seed. No question is
@@ -422,4 +418,11 @@ def load(task: TaskSettings
     more = skipped[reason] - len(named)
     logging.warning("task math: skipped %d row(s) for %s: %s%s", skipped[reason], reason,
                     ", ".join(named), f" and {more} more" if more else "")
-  return train, val, LoadReport(len(train), len(val), skipped, rows)
+  return TaskData(train, val, skipped, rows)
+
+
+def make_verifier(task: TaskSettings) -> math_verifier.MathVerifier:
+  """`math-verify` in worker processes, with a per-completion timeout."""
+  return math_verifier.MathVerifier(pattern=task.answer_pattern,
+                                    timeout_s=task.verifier_timeout_s,
+                                    workers=task.verifier_workers)

@@ -30,6 +30,17 @@ class Problem:
 
 
 @dataclasses.dataclass
+class TaskData:
+  """What every family's `load(task)` returns: its problems and the rows it skipped."""
+  train: list[Problem]
+  val: list[Problem]
+  # "<train|val>/<reason>" -> rows dropped at load time (logged, never silent)
+  skipped: dict[str, int] = dataclasses.field(default_factory=dict)
+  # "<train|val>/<reason>" -> the first few of them, as "<file> row <i>"
+  skipped_rows: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
 class Grades:
   rewards: np.ndarray  # [B] float32 in [0, 1]
   timeouts: int = 0    # completions cut off by the per-completion timeout (scored 0)

@@ -200,14 +200,14 @@ def _distinct(name: str, kwargs: dict, seed: int, count: int, exclude: frozenset
   return problems
 
 
-def load(task) -> tuple[list[problem_lib.Problem], list[problem_lib.Problem]]:
-  """(train, val): exactly num_train and num_val problems, no question in both."""
+def load(task) -> problem_lib.TaskData:
+  """Exactly num_train and num_val problems, no question in both."""
   name, kwargs = task.dataset, dataset_kwargs(task)
   val = _distinct(name, kwargs, split_seed(task.seed, "val"), task.num_val, frozenset(),
                   "num_val")
   train = _distinct(name, kwargs, split_seed(task.seed, "train"), task.num_train,
                     frozenset(p.prompt for p in val), "num_train")
-  return train, val
+  return problem_lib.TaskData(train, val)
 
 
 # ---------------------------------------------------------------------------------

@@ -96,7 +96,7 @@ def validate(task: TaskSettings) -> None:
                      "held-out keys), so num_val must be at most num_train")
 
 
-def load(task: TaskSettings) -> tuple[list[problem_lib.Problem], list[problem_lib.Problem]]:
+def load(task: TaskSettings) -> problem_lib.TaskData:
   """Training problems: the keys of levels [recall_min_level, recall_max_level] in an
   order fixed by `seed`, at most `num_train`; validation: the first `num_val` of them."""
   validate(task)
@@ -109,7 +109,7 @@ def load(task: TaskSettings) -> tuple[list[problem_lib.Problem], list[problem_li
         f"task.num_train={task.num_train}: levels {task.recall_min_level} to "
         f"{task.recall_max_level} hold only {len(chosen)} keys "
         f"(task.recall_keys_per_level={task.recall_keys_per_level} per level)")
-  return train, train[:task.num_val]
+  return problem_lib.TaskData(train, train[:task.num_val])
 
 
 def make_verifier(task: TaskSettings) -> problem_lib.Verifier:

@@ -125,7 +125,7 @@ def _reasoning_gym_data(task: ml_collections.ConfigDict):
   Prompts are rendered exactly as the RL loop renders them (`tasks.prompts`), so the
   base model is supervised on the prompts it will later be sampled on.
   """
-  train, _ = reasoning_gym_task.load(task)  # never the validation problems
+  train = reasoning_gym_task.load(task).train  # never the validation problems
   instruction = tasks.default_instruction(task)
   messages = lambda p: ([{"role": "system", "content": task.system_prompt}]
                         if task.system_prompt else []) + [

@@ -156,11 +156,12 @@ def test_every_mapping_in_every_file_type(tmp_path, case, file_type):
   else:
     task = make_task(train_files=write(rows[:-1], tmp_path / "train", file_type),
                      val_files=write(rows[-1:], tmp_path / "val", file_type), **fields)
-  train, val, report = math_data.load(task)
+  report = math_data.load(task)
+  train, val = report.train, report.val
   assert pairs(train) == expected[:-1]
   assert pairs(val) == expected[-1:]
   assert all(p.difficulty == 0 and p.meta == "" for p in train + val)
-  assert report == math_data.LoadReport(num_train=2, num_val=1, skipped={})
+  assert (len(train), len(val), report.skipped, report.skipped_rows) == (2, 1, {}, {})
 
 
 def test_globs_and_comma_lists_read_every_file_in_order(tmp_path):
@@ -169,7 +170,8 @@ def test_globs_and_comma_lists_read_every_file_in_order(tmp_path):
     write(rows[2 * i:2 * i + 2], tmp_path / f"part{i}", "jsonl")
   task = make_task(question_field="q", answer_field="a", num_val=1,
                    train_files=f"{tmp_path}/part[01].jsonl, {tmp_path}/part2.jsonl")
-  train, val, _ = math_data.load(task)
+  data = math_data.load(task)
+  train, val = data.train, data.val
   assert sorted(pairs(train + val)) == sorted((r["q"], r["a"]) for r in rows)
 
 
@@ -178,7 +180,8 @@ def test_integer_golds_become_text(tmp_path):
   task = make_task(question_field="q", answer_field="a",
                    train_files=write(rows, tmp_path / "t", "parquet"),
                    val_files=write(rows[:1], tmp_path / "v", "jsonl"))
-  train, val, report = math_data.load(task)
+  report = math_data.load(task)
+  train, val = report.train, report.val
   assert pairs(val) == [("What is 6*7?", "42")]
   assert pairs(train) == [("What is 0.5*3?", "1.5")]  # its twin is in val
   assert report.skipped == {"train/in_val": 1}
@@ -189,7 +192,8 @@ def test_csv_cells_are_read_as_text(tmp_path):
   rows = [dict(q="A?", a="0.50"), dict(q="B?", a=""), dict(q="C?", a="12")]
   task = make_task(question_field="q", answer_field="a", num_val=1,
                    train_files=write(rows, tmp_path / "t", "csv"))
-  train, val, report = math_data.load(task)
+  report = math_data.load(task)
+  train, val = report.train, report.val
   assert sorted(pairs(train + val)) == [("A?", "0.50"), ("C?", "12")]
   assert report.skipped == {"train/missing_answer": 1}
 
@@ -198,7 +202,8 @@ def test_field_override_keeps_the_formats_reading(tmp_path):
   rows = [dict(query="Q1", worked="so #### 1,000"), dict(query="Q2", worked="#### 7")]
   task = make_task(format="gsm8k", question_field="query", answer_field="worked",
                    num_val=1, train_files=write(rows, tmp_path / "t", "jsonl"))
-  train, val, _ = math_data.load(task)
+  data = math_data.load(task)
+  train, val = data.train, data.val
   assert sorted(pairs(train + val)) == [("Q1", "1000"), ("Q2", "7")]
 
 
@@ -215,15 +220,16 @@ def test_held_out_split_is_deterministic_disjoint_and_sized(tmp_path):
   path = generic_file(tmp_path, 40, duplicates=10)
   load = lambda seed, n_val: math_data.load(make_task(
       question_field="q", answer_field="a", train_files=path, num_val=n_val, seed=seed))
-  train, val, report = load(1, 7)
+  report = load(1, 7)
+  train, val = report.train, report.val
   assert (len(train), len(val)) == (33, 7)
   assert report.skipped == {"train/duplicate_question": 10}
   questions = [p.prompt for p in train + val]
   assert len(set(questions)) == 40 and not {p.prompt for p in train} & {p.prompt for p in val}
-  assert pairs(load(1, 7)[1]) == pairs(val) and pairs(load(1, 7)[0]) == pairs(train)
-  assert pairs(load(2, 7)[1]) != pairs(val)
+  assert pairs(load(1, 7).val) == pairs(val) and pairs(load(1, 7).train) == pairs(train)
+  assert pairs(load(2, 7).val) != pairs(val)
   # A larger hold-out keeps the smaller one's problems.
-  assert set(pairs(val)) < set(pairs(load(1, 12)[1]))
+  assert set(pairs(val)) < set(pairs(load(1, 12).val))
   # Every problem kept its own gold through the split.
   assert all(int(p.answer) == 3 * int(p.prompt.split()[2].split("*")[0]) for p in train + val)
 
@@ -233,15 +239,17 @@ def test_num_train_caps_with_a_seeded_subset(tmp_path):
   load = lambda n_train, seed=1: math_data.load(make_task(
       question_field="q", answer_field="a", train_files=path, num_val=5,
       num_train=n_train, seed=seed))
-  full_train, full_val, _ = load(0)
-  train10, val10, report = load(10)
-  assert len(full_train) == 35 and len(train10) == 10 and report.num_train == 10
+  full = load(0)
+  full_train, full_val = full.train, full.val
+  report = load(10)
+  train10, val10 = report.train, report.val
+  assert len(full_train) == 35 and len(train10) == 10 and len(report.train) == 10
   assert pairs(val10) == pairs(full_val)  # the cap never moves validation problems
   assert set(pairs(train10)) < set(pairs(full_train))
-  assert pairs(load(10)[0]) == pairs(train10)
-  assert set(pairs(train10)) < set(pairs(load(20)[0]))
-  assert pairs(load(10, seed=2)[0]) != pairs(train10)
-  assert len(load(1000)[0]) == 35  # a cap above the set's size takes everything
+  assert pairs(load(10).train) == pairs(train10)
+  assert set(pairs(train10)) < set(pairs(load(20).train))
+  assert pairs(load(10, seed=2).train) != pairs(train10)
+  assert len(load(1000).train) == 35  # a cap above the set's size takes everything
 
 
 def test_num_val_caps_a_separate_validation_source(tmp_path):
@@ -249,7 +257,8 @@ def test_num_val_caps_a_separate_validation_source(tmp_path):
                    train_files=generic_file(tmp_path, 3),
                    val_files=write([dict(q=f"V{i}", a=str(i)) for i in range(10)],
                                    tmp_path / "v", "csv"))
-  train, val, _ = math_data.load(task)
+  data = math_data.load(task)
+  train, val = data.train, data.val
   assert len(train) == 3 and len(val) == 4 and {p.prompt for p in val} < {
       f"V{i}" for i in range(10)}
 
@@ -264,7 +273,8 @@ def test_bad_rows_are_skipped_and_counted(tmp_path):
           dict(q="Good two?", a="\\frac{1}{3}")]
   task = make_task(question_field="q", answer_field="a", num_val=1, seed=0,
                    train_files=write(rows, tmp_path / "t", "jsonl"))
-  train, val, report = math_data.load(task)
+  report = math_data.load(task)
+  train, val = report.train, report.val
   assert sorted(pairs(train + val)) == [("Good one?", "1"), ("Good two?", "\\frac{1}{3}")]
   assert report.skipped == {"train/missing_question": 2, "train/missing_answer": 2,
                             "train/unparseable_answer": 1, "train/duplicate_question": 1}
@@ -281,7 +291,7 @@ def test_only_the_first_skipped_rows_are_named_and_the_log_says_how_many(tmp_pat
   task = make_task(question_field="q", answer_field="a", num_val=1,
                    train_files=write(rows, tmp_path / "t", "jsonl"))
   with caplog.at_level("INFO", logger="absl"):  # absl's logger keeps its own level
-    _, _, report = math_data.load(task)
+    report = math_data.load(task)
   path = tmp_path / "t.jsonl"
   assert report.skipped_rows["train/missing_answer"] == [f"{path} row {i}" for i in range(1, 6)]
   assert report.skipped["train/missing_answer"] == 8
@@ -298,7 +308,8 @@ def test_a_list_valued_answer_takes_its_one_element(tmp_path, file_type):
   rows = [dict(q="One?", a=["2"]), dict(q="Half?", a=["\\frac{1}{2}"]), dict(q="None?", a=[])]
   task = make_task(question_field="q", answer_field="a", num_val=1,
                    train_files=write(rows, tmp_path / "t", file_type))
-  train, val, report = math_data.load(task)
+  report = math_data.load(task)
+  train, val = report.train, report.val
   assert sorted(pairs(train + val)) == [("Half?", "\\frac{1}{2}"), ("One?", "2")]
   assert report.skipped == {"train/missing_answer": 1}
 
@@ -316,7 +327,8 @@ def test_a_gsm8k_answer_without_the_marker_is_skipped(tmp_path):
   rows = [dict(question="A?", answer="#### 3"), dict(question="B?", answer="just 4"),
           dict(question="C?", answer="#### 5")]
   task = make_task(format="gsm8k", num_val=1, train_files=write(rows, tmp_path / "t", "csv"))
-  train, val, report = math_data.load(task)
+  report = math_data.load(task)
+  train, val = report.train, report.val
   assert sorted(pairs(train + val)) == [("A?", "3"), ("C?", "5")]
   assert report.skipped == {"train/missing_answer": 1}
 
@@ -460,14 +472,15 @@ def test_tfds_array_record_without_tensorflow(tmp_path):
   name = prepare_tfds(tmp_path)
   task = make_task(format="gsm8k", tfds_name=name, data_dir=str(tmp_path),
                    val_split="test")
-  train, val, report = math_data.load(task)
+  report = math_data.load(task)
+  train, val = report.train, report.val
   # Array-record reads come back in record order, which TFDS shuffles when preparing.
   assert sorted(pairs(train)) == [(f"What is {i} plus {i}?", str(2 * i)) for i in range(6)]
   assert sorted(pairs(val)) == [(f"What is {i} plus {i}?", str(2 * i)) for i in (6, 7)]
-  assert report.num_train == 6 and report.num_val == 2
-  held_train, held_val, _ = math_data.load(make_task(
+  assert len(report.train) == 6 and len(report.val) == 2
+  held = math_data.load(make_task(
       format="gsm8k", tfds_name=name, data_dir=str(tmp_path), num_val=2))
-  assert (len(held_train), len(held_val)) == (4, 2)
+  assert (len(held.train), len(held.val)) == (4, 2)
   with pytest.raises(FileNotFoundError, match=r"tfds_name='nope': .*nope does not exist"):
     math_data.load(make_task(format="gsm8k", tfds_name="nope", data_dir=str(tmp_path)))
   with pytest.raises(ValueError, match=r"task\.val_split='validation'"):
@@ -483,7 +496,7 @@ def test_a_comma_in_a_file_name_is_kept_or_escaped_and_a_split_is_said(tmp_path)
   kw = dict(question_field="q", answer_field="a", num_val=1)
   whole = math_data.load(make_task(train_files=comma, **kw))
   escaped = math_data.load(make_task(train_files=comma.replace(",", "\\,") + "," + other, **kw))
-  count = lambda loaded: len(loaded[0]) + len(loaded[1])
+  count = lambda loaded: len(loaded.train) + len(loaded.val)
   assert count(whole) == 6 and count(escaped) == 10
   with pytest.raises(FileNotFoundError, match=r"split at commas into paths; write a comma "
                      r"inside a name as \\,"):

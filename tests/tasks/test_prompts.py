@@ -1,5 +1,7 @@
 """Prompt rendering, long-prompt dropping and bucketed padding; the task registry."""
 
+import inspect
+
 import numpy as np
 import pytest
 
@@ -95,3 +97,18 @@ def test_default_instructions():
   assert "<answer>" in tasks.default_instruction(task)
   task.instruction = "Answer briefly."
   assert tasks.default_instruction(task) == "Answer briefly."
+
+
+@pytest.mark.parametrize("name", tasks.NAMES)
+def test_every_family_provides_the_registry_interface_and_nothing_else_is_special(name):
+  """The registry treats families alike: each module has the same four members, and
+  the registry's source names no family."""
+  module = tasks.family(name)
+  for member in ("validate", "load", "make_verifier"):
+    assert callable(getattr(module, member)), (name, member)
+  assert isinstance(module.DEFAULT_INSTRUCTION, str)
+  assert inspect.signature(module.load).return_annotation in ("TaskData",
+                                                              "problem_lib.TaskData")
+  registry = inspect.getsource(tasks)
+  body = registry[registry.index("def family("):]
+  assert f'"{name}"' not in body

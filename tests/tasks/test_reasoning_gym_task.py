@@ -34,7 +34,7 @@ def demo_splits():
 
 
 def test_splits_have_exact_sizes_and_are_disjoint(demo_splits):
-  train, val = demo_splits
+  train, val = demo_splits.train, demo_splits.val
   assert (len(train), len(val)) == (48, 16)
   train_q, val_q = [p.prompt for p in train], [p.prompt for p in val]
   assert len(set(train_q)) == 48 and len(set(val_q)) == 16
@@ -44,15 +44,16 @@ def test_splits_have_exact_sizes_and_are_disjoint(demo_splits):
 def test_splits_are_deterministic_in_the_seed(demo_splits):
   assert rgt.load(_task()) == demo_splits
   other = rgt.load(_task(seed=8))
-  assert [p.prompt for p in other[0]] != [p.prompt for p in demo_splits[0]]
-  assert [p.prompt for p in other[1]] != [p.prompt for p in demo_splits[1]]
+  assert [p.prompt for p in other.train] != [p.prompt for p in demo_splits.train]
+  assert [p.prompt for p in other.val] != [p.prompt for p in demo_splits.val]
 
 
 def test_train_drops_questions_that_are_in_val():
   # One-digit two-term sums: 200 distinct questions, so the splits' streams collide
   # often; train must skip val's questions and still fill exactly.
   kwargs = dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1)
-  train, val = rgt.load(_task(kwargs=kwargs, num_train=120, num_val=40))
+  data = rgt.load(_task(kwargs=kwargs, num_train=120, num_val=40))
+  train, val = data.train, data.val
   assert len(train) == 120 and len(val) == 40
   assert len({p.prompt for p in train} | {p.prompt for p in val}) == 160
 
@@ -64,7 +65,7 @@ def test_too_many_problems_for_the_space_names_the_field():
 
 
 def test_problem_fields_come_from_the_entry(demo_splits):
-  for p in demo_splits[0]:
+  for p in demo_splits.train:
     entry = json.loads(p.meta)
     assert entry["question"] == p.prompt and entry["answer"] == p.answer
     meta = entry["metadata"]
@@ -76,7 +77,7 @@ def test_problem_fields_come_from_the_entry(demo_splits):
 @pytest.mark.parametrize("dataset,kwargs", GRADED)
 def test_verifier_scores_gold_one_and_wrong_zero(dataset, kwargs):
   task = _task(dataset, kwargs, num_train=4, num_val=2)
-  train, _ = rgt.load(task)
+  train = rgt.load(task).train
   verifier = rgt.make_verifier(task)
   gold = [f"some work\n<answer>\n{p.answer}\n</answer>" for p in train]
   grades = verifier.grade(gold, train)
@@ -90,7 +91,7 @@ def test_verifier_scores_gold_one_and_wrong_zero(dataset, kwargs):
 
 
 def test_last_answer_counts(demo_splits):
-  p = demo_splits[0][0]
+  p = demo_splits.train[0]
   verifier = rgt.make_verifier(_task())
   wrong = "@@@"  # not a number containing the gold, which chain_sum gives partial credit
   assert verifier.reward(f"<answer>{wrong}</answer> no: <answer>{p.answer}</answer>", p) == 1
@@ -98,14 +99,14 @@ def test_last_answer_counts(demo_splits):
 
 
 def test_custom_answer_pattern(demo_splits):
-  p = demo_splits[0][0]
+  p = demo_splits.train[0]
   verifier = rgt.make_verifier(_task(answer_pattern=r"ANSWER:\s*(\S+)"))
   assert verifier.grade([f"ANSWER: {p.answer}", f"<answer>{p.answer}</answer>"],
                         [p, p]).rewards.tolist() == [1.0, 0.0]
 
 
 def test_bad_meta_is_an_error_not_a_crash(demo_splits):
-  p = demo_splits[0][0]
+  p = demo_splits.train[0]
   broken = dataclasses.replace(p, meta="{not json")
   grades = rgt.make_verifier(_task()).grade([f"<answer>{p.answer}</answer>"] * 2, [broken, p])
   assert grades.rewards.tolist() == [0.0, 1.0] and grades.errors == 1
@@ -113,14 +114,14 @@ def test_bad_meta_is_an_error_not_a_crash(demo_splits):
 
 def test_verifier_rejects_mismatched_lengths(demo_splits):
   with pytest.raises(ValueError, match="2 completions for 1 problems"):
-    rgt.make_verifier(_task()).grade(["a", "b"], demo_splits[0][:1])
+    rgt.make_verifier(_task()).grade(["a", "b"], demo_splits.train[:1])
 
 
 @pytest.mark.parametrize("dataset,kwargs", GRADED)
 def test_meta_round_trip_rebuilds_the_entry(dataset, kwargs):
   import reasoning_gym  # pylint: disable=import-outside-toplevel
   task = _task(dataset, kwargs, num_train=3, num_val=1)
-  train, _ = rgt.load(task)
+  train = rgt.load(task).train
   verifier = rgt.make_verifier(task)
   fresh = reasoning_gym.create_dataset(dataset, seed=rgt.split_seed(7, "train"),
                                        size=rgt._draw_budget(3), **(rgt.DEMO_KWARGS if kwargs is None else kwargs))
@@ -134,7 +135,7 @@ def test_meta_round_trip_rebuilds_the_entry(dataset, kwargs):
 
 
 def test_sft_targets_are_correct_worked_sums(demo_splits):
-  train, val = demo_splits
+  train, val = demo_splits.train, demo_splits.val
   problems = train + val
   verifier = rgt.make_verifier(_task())
   targets = [rgt.sft_target(p) for p in problems]
@@ -157,12 +158,12 @@ def test_sft_targets_are_correct_worked_sums(demo_splits):
 
 
 def test_sft_target_is_the_bare_answer_elsewhere():
-  train, _ = rgt.load(_task("spell_backward", {}, num_train=2, num_val=1))
+  train = rgt.load(_task("spell_backward", {}, num_train=2, num_val=1)).train
   assert rgt.sft_target(train[0]) == f"<answer>{train[0].answer}</answer>"
 
 
 def test_demo_prompts_are_short(demo_splits):
-  for p in demo_splits[0]:
+  for p in demo_splits.train:
     assert len(p.prompt) < 90 and len(rgt.sft_target(p)) < 60
 
 

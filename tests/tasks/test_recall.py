@@ -41,11 +41,12 @@ def test_keys_levels_and_answers_follow_the_settings():
 def test_load_selects_the_levels_and_evaluates_on_training_keys():
   task = dataclasses.replace(SMALL, recall_min_level=2, recall_max_level=3, num_train=6,
                              num_val=3)
-  train, val = recall.load(task)
+  data = recall.load(task)
+  train, val = data.train, data.val
   assert len(train) == 6 and len({p.prompt for p in train}) == 6
   assert {p.difficulty for p in train} <= {2, 3}
   assert val == train[:3]
-  everything, _ = recall.load(dataclasses.replace(task, num_train=8, num_val=8))
+  everything = recall.load(dataclasses.replace(task, num_train=8, num_val=8)).train
   assert {p.prompt for p in everything} == {f"k{i}" for i in range(4, 12)}
 
 
@@ -141,7 +142,7 @@ def test_training_moves_only_the_keys_it_samples(tmp_path):
   config = _run_config("micro")
   config.task.update(num_train=16, num_val=16)
   task = config_lib.settings(config_lib.resolve(config)).task
-  trained_keys = {int(p.prompt[1:]) for p in recall.load(task)[0]}
+  trained_keys = {int(p.prompt[1:]) for p in recall.load(task).train}
   untouched = [k for k in range(recall.num_keys(task)) if k not in trained_keys]
   for layer_weight in ("q_proj", "k_proj", "v_proj", "o_proj"):
     assert not np.any(np.asarray(getattr(trained.layers.attn, layer_weight).kernel[...]))
