@@ -46,38 +46,6 @@ def policy_path(config: ml_collections.ConfigDict) -> str:
   return demo_bases.policy_path(config)
 
 
-def load_task(config: ml_collections.ConfigDict, tok: tokenizer_lib.TextTokenizer
-              ) -> tuple[list[tasks.Problem], list[tasks.Problem], prompts.PromptBook,
-                         dict[str, int], dict[str, list[str]]]:
-  """Train / validation problems with their rendered prompts; what was skipped, by
-  reason, and the first few skipped rows of each reason the loader names.
-
-  Fails (before anything is written or compiled) when too few problems remain.
-  """
-  task = tasks.TaskSettings.from_config(config.task.to_dict())
-  data = tasks.load(task)
-  book, kept, dropped = prompts.build({"train": data.train, "val": data.val}, tok, task,
-                                      tasks.default_instruction(task))
-  skipped = dict(data.skipped)
-  long_prompts = dropped["train"] + dropped["val"]
-  if long_prompts:
-    skipped["prompt_over_max_prompt_tokens"] = long_prompts
-  train_problems, val_problems = kept["train"], kept["val"]
-  logging.info("task %s: %d training and %d validation problems; prompts up to %d tokens%s",
-               config.task.name, len(train_problems), len(val_problems), book.max_len,
-               f"; skipped {skipped}" if skipped else "")
-  b_p = config.problems_per_batch
-  if b_p > len(train_problems):
-    raise ValueError(f"problems_per_batch={b_p} exceeds the {len(train_problems)} training "
-                     f"problems of task {config.task.name!r}"
-                     f"{f' (split {config.task.split!r})' if config.task.split else ''}"
-                     f"{f'; skipped {skipped}' if skipped else ''}")
-  if not val_problems:
-    raise ValueError(f"task {config.task.name!r} has no validation problems"
-                     f"{f' (skipped {skipped})' if skipped else ''}")
-  return train_problems, val_problems, book, skipped, data.skipped_rows
-
-
 def checked_model_config(config: ml_collections.ConfigDict, path: str, prompt_len: int):
   """The policy's `ModelConfig`, read from its config file, once prompt +
   `sampling.max_new_tokens` is checked against its context (raises, naming them)."""
@@ -179,11 +147,11 @@ def _check_inputs(config: ml_collections.ConfigDict) -> _Inputs:
     raise checkpoint_files.CheckpointFileError(str(e)) from e
   rollout.interruption(s.sampling, tok)  # its text must fit the tokenizer
   critic_lib.check_vocabulary(s.critic, s.model, path)  # a loaded critic reads the policy's tokens
-  train_problems, val_problems, book, skipped, skipped_rows = load_task(config, tok)
+  task = prompts.load_task(s.task, tok, problems_per_batch=s.problems_per_batch)
   requested = resume_settings.settings(config)  # as set: before the plan fills in passes
-  plan = plan_passes(config, path, book.max_len)  # the context and memory
-  return _Inputs(mesh, rollout_mesh, path, tok, train_problems, val_problems, book, skipped,
-                 skipped_rows, requested, tasks.make_verifier(s.task), plan)
+  plan = plan_passes(config, path, task.book.max_len)  # the context and memory
+  return _Inputs(mesh, rollout_mesh, path, tok, task.train, task.val, task.book, task.skipped,
+                 task.skipped_rows, requested, tasks.make_verifier(s.task), plan)
 
 
 def _learner(s: run_settings.RunSettings, inputs: _Inputs, state: run_state.RunState,

@@ -36,14 +36,11 @@ FUNCTION_LEVEL_IMPORTS: dict[tuple[str, str], str] = {
     **{("isojax.reproduce.smollm2", target): _CANDIDATES for target in (
         "isojax.config_lib", "isojax.configs.smollm2", "isojax.evaluation",
         "isojax.models.hf_checkpoint", "isojax.models.tokenizer", "isojax.tasks",
-        "isojax.train")},
+        "isojax.tasks.prompts", "isojax.train")},
     **{("isojax.reproduce.gpu", target): (
         "the reproduce command's own process builds the gpu section's random policy (on "
         "the host); every other section loads no model in it") for target in (
         "isojax.models.hf_checkpoint", "isojax.models.transformer")},
-    ("isojax.tasks", "isojax.tasks.math_verifier"):
-        "math-verify and pebble (the math family's grader) load only when a math task is "
-        "graded",
     ("isojax.bench.tunix_step", "isojax.models.hf_checkpoint"):
         "trl_step imports tunix_step at module level, and a process that imports "
         "trl_step for its tables (the reproduce command) loads no JAX; the config.json "

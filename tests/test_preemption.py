@@ -20,6 +20,7 @@ from isojax import evaluation, metrics, preemption, run_dir, train, workdir_lock
 from isojax.rl import batch as rl_batch
 from isojax.sweeps import plan as sweep_plan
 from isojax.sweeps import runner
+from isojax.tasks import prompts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -108,13 +109,13 @@ def test_signals_are_logged_by_a_thread_not_inside_the_handler(caplog):
 
 
 def test_sigterm_before_the_first_step_saves_nothing_and_says_so(tmp_path, monkeypatch):
-  load = train.load_task
+  load = prompts.load_task
 
   def load_and_signal(*args, **kwargs):  # during start-up, before anything compiles
     os.kill(os.getpid(), signal.SIGTERM)
     return load(*args, **kwargs)
 
-  monkeypatch.setattr(train, "load_task", load_and_signal)
+  monkeypatch.setattr(prompts, "load_task", load_and_signal)
   with pytest.raises(preemption.Preempted, match="after 0 steps .* nothing was saved yet"):
     train.run(_micro(), str(tmp_path / "early"))
   assert not os.listdir(run_dir.checkpoint_dir(str(tmp_path / "early")))

@@ -21,7 +21,7 @@ from isojax import config_lib, run_dir, tasks, train  # pylint: disable=g-import
 from isojax.models import chat_template, hf_checkpoint  # pylint: disable=g-import-not-at-top
 from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
 from isojax.rl import rollout  # pylint: disable=g-import-not-at-top
-from isojax.tasks import math_data, math_verifier  # pylint: disable=g-import-not-at-top
+from isojax.tasks import math_data, math_verifier, prompts  # pylint: disable=g-import-not-at-top
 from flax import nnx  # pylint: disable=g-import-not-at-top
 
 QUESTIONS = [(f"Tom has {a} apples and buys {b} more. How many apples does he have?", a + b)
@@ -84,7 +84,12 @@ def test_prompts_are_what_transformers_renders(setup):
   ckpt, _, data, root = setup
   config = config_lib.resolve(_config(ckpt, data, root))
   tok = tokenizer_lib.load_tokenizer(ckpt)
-  train_problems, val_problems, book, skipped, skipped_rows = train.load_task(config, tok)
+  run_settings = config_lib.settings(config)
+  loaded = prompts.load_task(
+      run_settings.task, tok,
+      problems_per_batch=run_settings.problems_per_batch)
+  train_problems, val_problems, book = loaded.train, loaded.val, loaded.book
+  skipped, skipped_rows = loaded.skipped, loaded.skipped_rows
   assert skipped == {"train/missing_answer": 1}
   assert skipped_rows == {"train/missing_answer": [f"{data} row 13"]}
   assert len(train_problems) == 8 and len(val_problems) == 4
@@ -105,7 +110,11 @@ def test_generation_stops_at_either_eos_id(setup):
   config = config_lib.resolve(_config(ckpt, data, root))
   tok = tokenizer_lib.load_tokenizer(ckpt)
   assert tok.eos_ids == (im_end, endoftext)
-  train_problems, _, book, _, _ = train.load_task(config, tok)
+  run_settings = config_lib.settings(config)
+  loaded = prompts.load_task(
+      run_settings.task, tok,
+      problems_per_batch=run_settings.problems_per_batch)
+  train_problems, book = loaded.train, loaded.book
   graphdef, params = nnx.split(hf_checkpoint.load_model(ckpt))
   sampling = ml_collections.ConfigDict(dict(config.sampling.to_dict(), temperature=1.0,
                                             max_new_tokens=48))
@@ -164,12 +173,17 @@ def test_long_prompts_are_dropped_and_counted(setup):
   config = _config(ckpt, data, root)
   tok = tokenizer_lib.load_tokenizer(ckpt)
   config.task.max_prompt_tokens = 10_000
-  _, _, book, _, _ = train.load_task(config_lib.resolve(config), tok)
+  run_settings = config_lib.settings(config_lib.resolve(config))
+  book = prompts.load_task(
+      run_settings.task, tok,
+      problems_per_batch=run_settings.problems_per_batch).book
   token_lengths = sorted(len(ids) for ids in book.ids.values())
   config.task.max_prompt_tokens = token_lengths[-3]  # the two longest prompts go
   config.problems_per_batch = 2
-  train_problems, val_problems, _, skipped, _ = train.load_task(config_lib.resolve(config),
-                                                                tok)
+  run_settings = config_lib.settings(config_lib.resolve(config))
+  loaded = prompts.load_task(run_settings.task, tok,
+                             problems_per_batch=run_settings.problems_per_batch)
+  train_problems, val_problems, skipped = loaded.train, loaded.val, loaded.skipped
   longer = sum(l > token_lengths[-3] for l in token_lengths)
   assert skipped == {"prompt_over_max_prompt_tokens": longer, "train/missing_answer": 1}
   assert len(train_problems) + len(val_problems) == 12 - longer

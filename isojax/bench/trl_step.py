@@ -115,11 +115,15 @@ def _update_profile(config, update_s: float) -> dict:
   from isojax.bench import train_step  # pylint: disable=g-import-not-at-top
   from isojax.models import hf_checkpoint  # pylint: disable=g-import-not-at-top
   from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from isojax.tasks import prompts  # pylint: disable=g-import-not-at-top
   config = config_lib.resolve(config)
   path = train.policy_path(config)
   shape = memory_plan.Shape.of(hf_checkpoint.model_config_from_hf(
       hf_checkpoint.read_hf_config(path), **config.model))
-  _, _, book, _, _ = train.load_task(config, tokenizer_lib.load_tokenizer(path))
+  run_settings = config_lib.settings(config)
+  book = prompts.load_task(
+      run_settings.task, tokenizer_lib.load_tokenizer(path),
+      problems_per_batch=run_settings.problems_per_batch).book
   head = shape.vocab_size * shape.embed_dim
   rows, response = config.problems_per_batch * config.rollouts_per_problem, \
       config.sampling.max_new_tokens
@@ -136,7 +140,7 @@ def run_trl(config_path: str, steps: int) -> dict:
   import transformers  # pylint: disable=g-import-not-at-top
   import datasets  # pylint: disable=g-import-not-at-top
   import trl  # pylint: disable=g-import-not-at-top
-  from isojax import config_lib, tasks, train  # pylint: disable=g-import-not-at-top
+  from isojax import config_lib, tasks  # pylint: disable=g-import-not-at-top
   from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   from isojax.rl import sources  # pylint: disable=g-import-not-at-top
   from isojax.tasks import prompts  # pylint: disable=g-import-not-at-top
@@ -154,7 +158,10 @@ def run_trl(config_path: str, steps: int) -> dict:
     del model.config.quantization_config
   processing = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
   tok = tokenizer_lib.load_tokenizer(path)
-  train_problems, _, _, _, _ = train.load_task(config, tok)
+  run_settings = config_lib.settings(config)
+  train_problems = prompts.load_task(
+      run_settings.task, tok,
+      problems_per_batch=run_settings.problems_per_batch).train
   instruction = tasks.default_instruction(config.task)
   n, b_p = config.rollouts_per_problem, config.problems_per_batch
   order = np.concatenate([sources.problems_for_step(config.seed, s, len(train_problems), b_p)
@@ -222,7 +229,7 @@ def run_trl(config_path: str, steps: int) -> dict:
 def run_tunix(config_path: str, steps: int) -> dict:
   """Tunix's GRPOLearner (vanilla rollout) on the same model, problems, allocation and
   loss (`tunix_step`); in an interpreter that has google-tunix."""
-  from isojax import tasks, train  # pylint: disable=g-import-not-at-top
+  from isojax import config_lib, tasks, train  # pylint: disable=g-import-not-at-top
   from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   from isojax.rl import sources  # pylint: disable=g-import-not-at-top
   from isojax.tasks import prompts  # pylint: disable=g-import-not-at-top
@@ -230,7 +237,11 @@ def run_tunix(config_path: str, steps: int) -> dict:
   config, path, gguf_file = _gguf_run(config_path, steps, "the Tunix comparison writes a "
                                       "GGUF checkpoint's tensors as safetensors for Tunix")
   tok = tokenizer_lib.load_tokenizer(path, extra_stop_ids=config.sampling.stop_token_ids)
-  train_problems, _, book, _, _ = train.load_task(config, tok)
+  run_settings = config_lib.settings(config)
+  loaded = prompts.load_task(
+      run_settings.task, tok,
+      problems_per_batch=run_settings.problems_per_batch)
+  train_problems, book = loaded.train, loaded.book
   # isojax's micro-batch of the update on this machine becomes Tunix's (its full batch
   # does not fit: no remat, full-vocabulary logits).
   train.plan_passes(config, path, book.max_len)

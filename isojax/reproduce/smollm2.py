@@ -44,6 +44,7 @@ def base_candidates(out: str) -> tuple[list[dict[str, Any]], float]:
   from isojax.configs import smollm2 as smollm2_config  # pylint: disable=g-import-not-at-top
   from isojax.models import hf_checkpoint  # pylint: disable=g-import-not-at-top
   from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from isojax.tasks import prompts  # pylint: disable=g-import-not-at-top
   start, rows, model = time.time(), [], None
   for name, fields in SMOLLM2_CANDIDATES:
     config = smollm2_config.get_config()
@@ -51,7 +52,11 @@ def base_candidates(out: str) -> tuple[list[dict[str, Any]], float]:
     config = config_lib.resolve(config)
     path = train.policy_path(config)
     tok = tokenizer_lib.load_tokenizer(path)
-    _, val, book, _, _ = train.load_task(config, tok)
+    run_settings = config_lib.settings(config)
+    loaded = prompts.load_task(
+        run_settings.task, tok,
+        problems_per_batch=run_settings.problems_per_batch)
+    val, book = loaded.val, loaded.book
     model = model or nnx.split(hf_checkpoint.load_model(path))
     verifier = tasks.make_verifier(config.task)
     s = config_lib.settings(config)

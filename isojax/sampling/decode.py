@@ -121,10 +121,6 @@ def prefill_rollouts(model: Transformer, prompts_GP, prompt_mask_GP, n: int):
   return first_logits_GV, prefix, jnp.repeat(prompt_mask_GP.sum(-1), n).astype(jnp.int32)
 
 
-def prefix_cache_for_rollouts(prefix: PrefixCache, n: int) -> PrefixCache:
-  """The same cache copied per rollout (what sharing avoids); used by tests."""
-  return jax.tree.map(lambda x: jnp.repeat(x, n, axis=0), prefix)  # all [G, ...]
-
 def init_cache(model: Transformer, batch: int, length: int) -> DecodeCache:
   """Zeroed generated caches for `batch` rollouts of up to `length` tokens."""
   cfg = model.cfg

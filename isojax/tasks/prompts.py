@@ -22,6 +22,7 @@ import dataclasses
 from typing import Sequence
 
 import numpy as np
+from absl import logging
 
 from isojax import tasks
 from isojax.models import tokenizer as tokenizer_lib
@@ -112,3 +113,42 @@ def build(splits: dict[str, list[Problem]], tok, task: TaskSettings,
                      f"{task.max_prompt_tokens} tokens")
   book = PromptBook({p: i for p, i in ids.items() if i is not None}, tok.pad_id, max(lengths))
   return book, kept, dropped
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptedTask:
+  """A run's problems with their rendered prompts, and what was skipped, by reason."""
+  train: list[Problem]
+  val: list[Problem]
+  book: PromptBook
+  skipped: dict[str, int]
+  skipped_rows: dict[str, list[str]]  # the first few rows of each reason the loader names
+
+
+def load_task(task: TaskSettings, tok, *, problems_per_batch: int) -> PromptedTask:
+  """Train / validation problems with their rendered prompts (prompts over
+  `task.max_prompt_tokens` are skipped and counted).
+
+  Fails (before anything is written or compiled) when fewer training problems remain
+  than a batch takes, or no validation problem does.
+  """
+  data = tasks.load(task)
+  book, kept, dropped = build({"train": data.train, "val": data.val}, tok, task,
+                              tasks.default_instruction(task))
+  skipped = dict(data.skipped)
+  long_prompts = dropped["train"] + dropped["val"]
+  if long_prompts:
+    skipped["prompt_over_max_prompt_tokens"] = long_prompts
+  train, val = kept["train"], kept["val"]
+  logging.info("task %s: %d training and %d validation problems; prompts up to %d tokens%s",
+               task.name, len(train), len(val), book.max_len,
+               f"; skipped {skipped}" if skipped else "")
+  if problems_per_batch > len(train):
+    raise ValueError(f"problems_per_batch={problems_per_batch} exceeds the {len(train)} "
+                     f"training problems of task {task.name!r}"
+                     f"{f' (split {task.split!r})' if task.split else ''}"
+                     f"{f'; skipped {skipped}' if skipped else ''}")
+  if not val:
+    raise ValueError(f"task {task.name!r} has no validation problems"
+                     f"{f' (skipped {skipped})' if skipped else ''}")
+  return PromptedTask(train, val, book, skipped, data.skipped_rows)

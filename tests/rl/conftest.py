@@ -6,6 +6,7 @@ import pytest
 from flax import nnx
 
 from isojax import config_lib, tasks, train
+from isojax.tasks import prompts
 from isojax.models import hf_checkpoint, lora, sharding
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.rl import step as rl_step
@@ -20,11 +21,12 @@ def _run_parts(config):
   mesh = sharding.make_mesh(config.mesh)
   path = train.policy_path(config)
   tok = tokenizer_lib.load_tokenizer(path)
-  train_problems, _, book, _, _ = train.load_task(config, tok)
+  loaded = prompts.load_task(s.task, tok, problems_per_batch=s.problems_per_batch)
+  train_problems, book = loaded.train, loaded.book
   verifier = tasks.make_verifier(config.task)
   graphdef, params = nnx.split(hf_checkpoint.load_model(path, mesh, **config.model))
   use_lora = config.model.lora.rank > 0
-  trained = lora.split(params)[0] if use_lora else params
+  trained = lora.trained_and_frozen(params, enabled=use_lora)[0]
   tx, _ = update.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
                                 updates_per_step=s.rl.updates_per_step)
   opt_state = jax.jit(tx.init, out_shardings=update.opt_state_shardings(tx, trained, mesh))(

@@ -169,7 +169,7 @@ def test_shared_prompt_cache_equals_per_rollout_cache():
   tokens, mask = _prompts()
   n, steps = 3, 4
   _, prefix = decode.prefill(model, jnp.asarray(tokens), jnp.asarray(mask))
-  copied = decode.prefix_cache_for_rollouts(prefix, n)
+  copied = jax.tree.map(lambda x: jnp.repeat(x, n, axis=0), prefix)  # one per rollout
   rng = np.random.default_rng(0)
   feed = rng.integers(3, 23, size=(steps, tokens.shape[0] * n))
   prompt_len = np.repeat(mask.sum(1), n)

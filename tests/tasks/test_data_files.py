@@ -17,9 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from isojax import config_lib, train
+from isojax import config_lib, tasks
 from isojax.models import tokenizer as tokenizer_lib
-from isojax.tasks import data_files, demo_bases, math_data
+from isojax.tasks import data_files, demo_bases, math_data, prompts
 
 ROWS = [dict(question=f"What is {i} plus 1?", answer=f"#### {i + 1}") for i in range(6)]
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
@@ -201,13 +201,12 @@ def test_a_50_mb_row_is_dropped_as_too_long_without_being_tokenized(tmp_path):
   path, val = tmp_path / "data.jsonl", tmp_path / "val.jsonl"
   path.write_text(_jsonl() + json.dumps(dict(question=huge, answer="#### 3")) + "\n")
   val.write_text(json.dumps(dict(question="What is 9 plus 9?", answer="#### 18")) + "\n")
-  config = config_lib.base_config()
-  config.task = _task(path, val_files=str(val), prompt_format="plain")
-  config.problems_per_batch = 2
+  task = tasks.TaskSettings.from_config(
+      _task(path, val_files=str(val), prompt_format="plain").to_dict())
   tok = tokenizer_lib.load_tokenizer(demo_bases.shipped_dir("reasoning_gym"))
   tok.tokenizer = _Recording(tok.tokenizer)
-  train_problems, val_problems, book, skipped, _ = train.load_task(config, tok)
-  assert skipped == {"prompt_over_max_prompt_tokens": 1}
-  assert len(train_problems) == len(ROWS) and len(val_problems) == 1
+  loaded = prompts.load_task(task, tok, problems_per_batch=2)
+  assert loaded.skipped == {"prompt_over_max_prompt_tokens": 1}
+  assert len(loaded.train) == len(ROWS) and len(loaded.val) == 1
   assert tok.tokenizer.lengths and max(tok.tokenizer.lengths) < 1000
-  assert book.max_len < config.task.max_prompt_tokens
+  assert loaded.book.max_len < task.max_prompt_tokens
