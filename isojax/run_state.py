@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
 from absl import logging
 
 from isojax import checkpointing, metrics, preemption, run_dir
@@ -29,6 +30,20 @@ class Counters:
   collapse_streak: int = 0  # steps in a row with zero reward and gradient (rl/guard.py)
   kept_step: int = -1       # the checkpoint kept from before a collapse (-1: none)
   batches: int = 0          # rollout batches consumed: trained, or dropped as too stale
+
+
+def counters_tree(counters: Counters, pool: problem_pool.ProblemPool | None) -> dict:
+  """A checkpoint's JSON item: the counters and No-Positive-Resampling's pool (as
+  lists; None without one). `restored_counters` is its inverse."""
+  return dict(counters=dataclasses.asdict(counters), pool={
+      k: v.tolist() for k, v in pool.to_dict().items()} if pool else None)
+
+
+def restored_counters(tree: dict) -> tuple[Counters, problem_pool.ProblemPool | None]:
+  """(counters, pool or None) from `counters_tree`'s item as a checkpoint restores it."""
+  pool = tree.get("pool")
+  return Counters(**tree["counters"]), (problem_pool.ProblemPool.from_dict(
+      {k: np.asarray(v) for k, v in pool.items()}) if pool else None)
 
 
 def kept_before_collapse(ckpt, counters: Counters) -> set[int]:
@@ -85,8 +100,7 @@ class RunState:
         self.ckpt, self.counters.step,
         params=lora.trained_and_frozen(learner.params, enabled=self.use_lora)[0],
         opt_state=learner.opt_state,
-        counters=dict(counters=dataclasses.asdict(self.counters), pool={
-            k: v.tolist() for k, v in pool.to_dict().items()} if pool else None),
+        counters=counters_tree(self.counters, pool),
         queue=queue, critic=learner.critic.checkpoint_tree() if learner.critic else None)
 
   def stop(self, event: dict) -> None:

@@ -21,7 +21,6 @@ from typing import Any, Callable, Sequence
 
 import jax
 import ml_collections
-import numpy as np
 import tqdm
 from absl import logging
 from flax import nnx
@@ -188,10 +187,9 @@ def _learner(s: run_settings.RunSettings, inputs: _Inputs, state: run_state.RunS
     params = lora.whole(restored.params, base)
     if critic is not None:
       critic.params, critic.opt_state = restored.critic["params"], restored.critic["opt_state"]
-    state.counters = run_state.Counters(**restored.counters["counters"])
-    if state.pool is not None:
-      state.pool = problem_pool.ProblemPool.from_dict(
-          {k: np.asarray(v) for k, v in restored.counters["pool"].items()})
+    state.counters, pool = run_state.restored_counters(restored.counters)
+    if state.pool is not None and pool is not None:  # else a fresh one, as configured
+      state.pool = pool
     logging.info("resumed %s at step %d (%d rollouts)", workdir, state.counters.step,
                  state.counters.rollouts)
   learner = rl_step.Learner(

@@ -24,7 +24,7 @@ import pytest
 
 from isojax import checkpointing, config_lib, resume_settings, run_dir, run_state, train
 from isojax.rl import batch as rl_batch
-from isojax.rl import guard
+from isojax.rl import guard, problem_pool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -65,6 +65,32 @@ def _tree(seed):
   return {"w": jnp.asarray(rng.normal(size=(64, 64)), jnp.float32),
           "b": jnp.asarray(rng.normal(size=(64,)), jnp.bfloat16),
           "count": jnp.asarray(seed, jnp.int32)}
+
+
+@pytest.mark.parametrize("with_pool", [False, True])
+def test_counters_and_pool_come_back_from_a_checkpoint_as_they_were_saved(tmp_path,
+                                                                          with_pool):
+  counters = run_state.Counters(step=7, rollouts=448, tokens=9001, wall_s=12.5,
+                                collapse_streak=2, kept_step=4, batches=9)
+  pool = None
+  if with_pool:
+    pool = problem_pool.ProblemPool(5, threshold=0.75, min_attempts=2)
+    pool.update([0, 0, 1, 3, 3, 3], [1.0, 1.0, 0.0, 1.0, 0.5, 1.0])
+  ckpt = checkpointing.manager(tmp_path / "ckpt", keep=1)
+  checkpointing.save(ckpt, 7, params=_tree(0), opt_state=_tree(1),
+                     counters=run_state.counters_tree(counters, pool))
+  tree = ckpt.restore(7, args=ocp.args.Composite(counters=ocp.args.JsonRestore())).counters
+  ckpt.close()
+  got, got_pool = run_state.restored_counters(tree)
+  assert got == counters
+  if not with_pool:
+    assert got_pool is None
+    return
+  want = {"successes": [2.0, 0.0, 0.0, 2.5, 0.0], "attempts": [2, 1, 0, 3, 0],
+          "retired": [True, False, False, True, False]}  # 2/2 and 2.5/3 >= 0.75
+  for key, values in want.items():
+    np.testing.assert_array_equal(got_pool.to_dict()[key], values)
+  assert (got_pool.threshold, got_pool.min_attempts) == (0.75, 2)
 
 
 def test_fingerprint_matches_numpy_and_sees_one_flipped_bit():
