@@ -81,7 +81,6 @@ class RunState:
   bar: Any = None                              # tqdm
   source: sources_lib.RolloutSource | None = None
   learner: Any = None                          # rl.step.Learner
-  use_lora: bool = False
   _closed: bool = False
 
   def record(self, values: dict) -> None:
@@ -98,7 +97,7 @@ class RunState:
     queue = self.source.checkpoint_tree() if self.source else None
     checkpointing.save(
         self.ckpt, self.counters.step,
-        params=lora.trained_and_frozen(learner.params, enabled=self.use_lora)[0],
+        params=lora.trained_and_frozen(learner.params, enabled=learner.lora)[0],
         opt_state=learner.opt_state,
         counters=counters_tree(self.counters, pool),
         queue=queue, critic=learner.critic.checkpoint_tree() if learner.critic else None)

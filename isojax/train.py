@@ -164,10 +164,9 @@ def _learner(s: run_settings.RunSettings, inputs: _Inputs, state: run_state.RunS
   graphdef, params = nnx.split(policy)
   # LoRA: only the adapters train, are held by the optimizer and are checkpointed; the
   # base weights stay as loaded and are the reference policy (its B matrices at zero).
-  state.use_lora = s.model.lora.enabled
   tx, schedule = update.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
                                        updates_per_step=s.rl.updates_per_step)
-  arrays = rl_step.policy_arrays(params, tx, mesh, lora=state.use_lora,
+  arrays = rl_step.policy_arrays(params, tx, mesh, lora=s.model.lora.enabled,
                                  keeps_reference=s.rl.keeps_reference)
   base, opt_state, ref_params = arrays.frozen, arrays.opt_state, arrays.reference
   if s.rl.retire_pass_rate > 0:
@@ -193,7 +192,7 @@ def _learner(s: run_settings.RunSettings, inputs: _Inputs, state: run_state.RunS
     logging.info("resumed %s at step %d (%d rollouts)", workdir, state.counters.step,
                  state.counters.rollouts)
   learner = rl_step.Learner(
-      s.rl, s.sampling, s.rollouts_per_problem, lora=state.use_lora, mesh=mesh,
+      s.rl, s.sampling, s.rollouts_per_problem, lora=s.model.lora.enabled, mesh=mesh,
       graphdef=graphdef, params=params, opt_state=opt_state, ref_params=ref_params, tx=tx,
       critic=critic)
   return learner, restored, schedule
