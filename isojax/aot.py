@@ -183,7 +183,8 @@ def model_config(config: ml_collections.ConfigDict, model: str | None = None):
       raise ValueError(f"--model={model!r}: expected one of {sorted(HF_CONFIGS)}")
     hf, source = HF_CONFIGS[model], f"--model={model}"
   else:
-    path = demo_bases.policy_path(config)  # checked as the run checks it
+    s = config_lib.settings(config)
+    path = demo_bases.policy_path(s.base_model.path, s.task)  # as the run checks it
     hf, source = hf_checkpoint.read_hf_config(path), hf_checkpoint.config_source(path)
   return hf_checkpoint.model_config_from_hf(hf, source=source, **config.model)
 

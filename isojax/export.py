@@ -37,7 +37,8 @@ def restored_policy(workdir: str, step: int | None = None):
   # The settings of that step: config.json with the changes a resume was allowed.
   config = config_lib.resolve(ml_collections.ConfigDict(
       resume_settings.config_at(workdir, step)))
-  path = demo_bases.policy_path(config)
+  s = config_lib.settings(config)
+  path = demo_bases.policy_path(s.base_model.path, s.task)
   model = hf_checkpoint.load_model(path, **config.model)
   graphdef, params = nnx.split(model)
   trained, base = lora.trained_and_frozen(params, enabled=config.model.lora.rank > 0)

@@ -62,8 +62,9 @@ def main(argv):
   if distributed.initialize():  # before anything touches a device
     logging.info("jax.distributed initialised: process %d of %d",
                  jax.process_index(), jax.process_count())
+  settings = train.as_settings(_CONFIG.value)  # the ConfigDict ends here
   try:
-    final = train.run(_CONFIG.value, _WORKDIR.value, force_unlock=_FORCE_UNLOCK.value,
+    final = train.run(settings, _WORKDIR.value, force_unlock=_FORCE_UNLOCK.value,
                       allow_changed=_ALLOW_CHANGED.value, resume_step=_RESUME_STEP.value)
   except preemption.Preempted as e:
     logging.warning("%s", e)  # exit status 0: a scheduler requeues, a rerun resumes

@@ -1,7 +1,9 @@
 """The RL loop: sample n rollouts for each of B_p problems, verify, update; M times.
 
-`run(config, workdir)` is the whole job and is importable from a notebook; `main.py`
-only parses flags. It reads top to bottom: the inputs checked (`_check_inputs`), the
+`run(settings, workdir)` is the whole job and is importable from a notebook (a
+ConfigDict given there is resolved into the frozen `RunSettings` at its top, once; the
+memory plan returns new settings with its passes filled in, and config.json is written
+from them); `main.py` only parses flags. It reads top to bottom: the inputs checked (`_check_inputs`), the
 run directory and the run's state (`run_state.RunState`: counters, checkpoints,
 writers; `save`, `stop`, `preempt`), the learner restored (`_learner`), the rollout
 source (`rl/sources.py`: synchronous, dynamic sampling, pipelined or in flight), then
@@ -40,36 +42,47 @@ from isojax.tasks import demo_bases, prompts
 # each checkpoint and the end) rather than at every step.
 METRICS_REWRITE_S = 30.0
 
-def policy_path(config: ml_collections.ConfigDict) -> str:
+def policy_path(s: run_settings.RunSettings) -> str:
   """`base_model.path`, or the shipped demo base model of the task (`demo_bases`)."""
-  return demo_bases.policy_path(config)
+  return demo_bases.policy_path(s.base_model.path, s.task)
 
 
-def checked_model_config(config: ml_collections.ConfigDict, path: str, prompt_len: int):
+def checked_model_config(s: run_settings.RunSettings, path: str, prompt_len: int):
   """The policy's `ModelConfig`, read from its config file, once prompt +
   `sampling.max_new_tokens` is checked against its context (raises, naming them)."""
   hf = hf_checkpoint.read_hf_config(path)
   source = hf_checkpoint.config_source(path)
   memory_plan.check_context(prompt_len=prompt_len,
-                            max_new_tokens=config.sampling.max_new_tokens,
+                            max_new_tokens=s.sampling.max_new_tokens,
                             context=hf.get("max_position_embeddings"), source=source)
-  return hf_checkpoint.model_config_from_hf(hf, **config.model, source=source)
+  return hf_checkpoint.model_config_from_hf(hf, **s.model.as_kwargs(), source=source)
 
 
-def plan_passes(config: ml_collections.ConfigDict, path: str, prompt_len: int
-                ) -> memory_plan.Plan:
-  """Checks prompt + max_new_tokens against the model's context and sets the passes
-  left at 0 (micro-batch, LM-head chunk, sampler call) in `config` from the model's
-  shape and the memory there is (`memory_plan`); logs the plan. Raises, naming the
-  fields, when the run cannot fit."""
-  model_cfg = checked_model_config(config, path, prompt_len)
-  plan = memory_plan.for_settings(config_lib.settings(config), model_cfg,
+def plan_passes(s: run_settings.RunSettings, path: str, prompt_len: int
+                ) -> tuple[run_settings.RunSettings, memory_plan.Plan]:
+  """(the settings with the passes left at 0 filled in, the plan): checks prompt +
+  max_new_tokens against the model's context and sizes the micro-batch, LM-head chunk
+  and sampler call from the model's shape and the memory there is (`memory_plan`);
+  logs the plan. Raises, naming the fields, when the run cannot fit."""
+  plan = memory_plan.for_settings(s, checked_model_config(s, path, prompt_len),
                                   prompt_len=prompt_len)
-  config.rl.micro_batch_size = plan.passes.micro_batch_size
-  config.rl.logprob_chunk_size = plan.passes.logprob_chunk_size
-  config.sampling.max_rollouts_per_call = plan.passes.max_rollouts_per_call
+  passes = plan.passes
+  planned = dataclasses.replace(
+      s, rl=dataclasses.replace(s.rl, micro_batch_size=passes.micro_batch_size,
+                                logprob_chunk_size=passes.logprob_chunk_size),
+      sampling=dataclasses.replace(s.sampling,
+                                   max_rollouts_per_call=passes.max_rollouts_per_call))
   logging.info("memory: %s", plan.describe())
-  return plan
+  return planned, plan
+
+
+def as_settings(config: ml_collections.ConfigDict | run_settings.RunSettings
+                ) -> run_settings.RunSettings:
+  """A run's typed settings: a ConfigDict (a notebook's, a test's) is resolved here,
+  once; everything below reads the frozen tree."""
+  if isinstance(config, run_settings.RunSettings):
+    return config
+  return config_lib.settings(config_lib.resolve(config))
 
 
 class _DropLibraryInfo(std_logging.Filter):
@@ -92,7 +105,8 @@ class _DropLibraryInfo(std_logging.Filter):
     return record.levelno >= std_logging.WARNING or "orbax" not in record.pathname
 
 
-def run(config: ml_collections.ConfigDict, workdir: str, *, force_unlock: bool = False,
+def run(config: ml_collections.ConfigDict | run_settings.RunSettings, workdir: str, *,
+        force_unlock: bool = False,
         allow_changed: Sequence[str] = (), resume_step: int | None = None
         ) -> dict[str, float]:
   """Trains; returns the last evaluation's metrics (without the per-problem counts).
@@ -104,7 +118,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, force_unlock: bool =
   (the newer ones are moved aside), with the run's settings: the fields that
   `allow_changed` names may differ, and are recorded (`resume_settings`).
   """
-  config = config_lib.resolve(config)
+  s = as_settings(config)
   with contextlib.ExitStack() as stack:
     notice = stack.enter_context(preemption.Notice())
 
@@ -112,13 +126,14 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, force_unlock: bool =
       if jax.process_index() == 0:  # the one writer; the other processes share its workdir
         stack.enter_context(workdir_lock.hold(workdir, force=force_unlock))
 
-    return _run(config, workdir, notice, hold_workdir, stack.push,
+    return _run(s, workdir, notice, hold_workdir, stack.push,
                 allow_changed=tuple(allow_changed), from_step=resume_step)
 
 
 @dataclasses.dataclass
 class _Inputs:
   """What a run reads before it touches its workdir, every part checked."""
+  settings: run_settings.RunSettings  # as planned: the passes left at 0 filled in
   mesh: Any
   rollout_mesh: Any        # the generator's own devices, or None (colocated)
   path: str                # the policy's checkpoint
@@ -133,12 +148,11 @@ class _Inputs:
   plan: memory_plan.Plan     # the passes and the estimated peak memory
 
 
-def _check_inputs(config: ml_collections.ConfigDict) -> _Inputs:
+def _check_inputs(s: run_settings.RunSettings) -> _Inputs:
   """The mesh, model files, tokenizer, task, memory plan and verifier; fails fast,
   before anything is written."""
-  s = config_lib.settings(config)
   mesh, rollout_mesh = sharding.make_meshes(s.mesh.as_kwargs())
-  path = policy_path(config)
+  path = policy_path(s)
   try:
     hf_checkpoint.check_files(path, **s.model.as_kwargs())  # headers and sizes; no weights
     tok = tokenizer_lib.load_tokenizer(path, extra_stop_ids=s.sampling.stop_token_ids)
@@ -147,10 +161,10 @@ def _check_inputs(config: ml_collections.ConfigDict) -> _Inputs:
   rollout.interruption(s.sampling, tok)  # its text must fit the tokenizer
   critic_lib.check_vocabulary(s.critic, s.model, path)  # a loaded critic reads the policy's tokens
   task = prompts.load_task(s.task, tok, problems_per_batch=s.problems_per_batch)
-  requested = resume_settings.settings(config)  # as set: before the plan fills in passes
-  plan = plan_passes(config, path, task.book.max_len)  # the context and memory
-  return _Inputs(mesh, rollout_mesh, path, tok, task.train, task.val, task.book, task.skipped,
-                 task.skipped_rows, requested, tasks.make_verifier(s.task), plan)
+  requested = resume_settings.settings(s.to_dict())  # as set: before the plan's passes
+  planned, plan = plan_passes(s, path, task.book.max_len)  # the context and memory
+  return _Inputs(planned, mesh, rollout_mesh, path, tok, task.train, task.val, task.book,
+                 task.skipped, task.skipped_rows, requested, tasks.make_verifier(s.task), plan)
 
 
 def _learner(s: run_settings.RunSettings, inputs: _Inputs, state: run_state.RunState,
@@ -303,13 +317,13 @@ def _evaluate(state: run_state.RunState, inputs: _Inputs, s: run_settings.RunSet
   return result
 
 
-def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Notice,
+def _run(requested: run_settings.RunSettings, workdir: str, notice: preemption.Notice,
          hold_workdir: Callable[[], None], on_exit: Callable[[Callable], None], *,
          allow_changed: tuple[str, ...], from_step: int | None) -> dict[str, float]:
   _DropLibraryInfo.install()
   resume_settings.check_allowance(allow_changed)  # a mistyped field fails before any work
-  inputs = _check_inputs(config)  # fail fast, before any write
-  s = config_lib.settings(config)  # as planned: the passes left at 0 are filled in
+  inputs = _check_inputs(requested)  # fail fast, before any write
+  s = inputs.settings  # as planned: the passes left at 0 are filled in
   num_steps = s.num_steps
   eval_at = s.eval.steps(num_steps)
 
@@ -330,7 +344,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
     # a damaged line stops the resume with nothing changed.
     run_dir.read_metrics(workdir)
   if state.primary and start is None:  # the run that creates the workdir (or starts afresh)
-    run_dir.write_config(workdir, config.to_dict())
+    run_dir.write_config(workdir, s.to_dict())
 
   # ==================== Model, optimizer and restore ====================
   state.learner, restored, schedule = _learner(s, inputs, state, from_step=from_step)
@@ -343,7 +357,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, notice: preemption.Not
                                        rewrite_every_s=METRICS_REWRITE_S)
   state.viewers = metric_writers.create(s.metric_writers, workdir,
                                         resume_step=resume_step, enabled=state.primary,
-                                        run_config=config.to_dict())
+                                        run_config=s.to_dict())
   sample_key, eval_key, shuffle_key, select_key = jax.random.split(
       jax.random.key(s.seed), 4)
   problems = sources.Problems(s.seed, s.rollouts_per_problem, s.problems_per_batch, s.rl,

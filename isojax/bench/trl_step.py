@@ -78,7 +78,7 @@ def _gguf_run(config_path: str, steps: int, why: str):
   from isojax import config_lib, train  # pylint: disable=g-import-not-at-top
   from isojax.models import gguf_checkpoint  # pylint: disable=g-import-not-at-top
   config = config_lib.resolve(_config(config_path, steps))
-  path = train.policy_path(config)
+  path = train.policy_path(config_lib.settings(config))
   gguf_file = gguf_checkpoint.find(path)
   if gguf_file is None:
     raise ValueError(f"{path}: {why}; expected base_model.path to be one")
@@ -117,7 +117,7 @@ def _update_profile(config, update_s: float) -> dict:
   from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   from isojax.tasks import prompts  # pylint: disable=g-import-not-at-top
   config = config_lib.resolve(config)
-  path = train.policy_path(config)
+  path = train.policy_path(config_lib.settings(config))
   shape = memory_plan.Shape.of(hf_checkpoint.model_config_from_hf(
       hf_checkpoint.read_hf_config(path), **config.model))
   run_settings = config_lib.settings(config)
@@ -244,8 +244,8 @@ def run_tunix(config_path: str, steps: int) -> dict:
   train_problems, book = loaded.train, loaded.book
   # isojax's micro-batch of the update on this machine becomes Tunix's (its full batch
   # does not fit: no remat, full-vocabulary logits).
-  train.plan_passes(config, path, book.max_len)
-  t = tunix_step.settings(config)
+  planned, _ = train.plan_passes(run_settings, path, book.max_len)
+  t = tunix_step.settings(planned)
   instruction = tasks.default_instruction(config.task)
   fmt = prompts.resolve_format(config.task, tok)
   text = lambda p: prompts.render(p, tok, fmt=fmt, system_prompt=config.task.system_prompt,
@@ -291,7 +291,7 @@ def load_isojax(config_path: str, steps: int) -> dict:
   from isojax import config_lib, train  # pylint: disable=g-import-not-at-top
   from isojax.models import hf_checkpoint  # pylint: disable=g-import-not-at-top
   from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
-  path = train.policy_path(config_lib.resolve(_config(config_path, 2)))
+  path = train.policy_path(config_lib.settings(config_lib.resolve(_config(config_path, 2))))
   start = time.perf_counter()
   model = hf_checkpoint.load_model(path)
   jax.block_until_ready(jax.tree.leaves(nnx.state(model)))
@@ -307,7 +307,7 @@ def load_transformers(config_path: str, steps: int) -> dict:
   import transformers  # pylint: disable=g-import-not-at-top
   from isojax import config_lib, train  # pylint: disable=g-import-not-at-top
   from isojax.models import gguf_checkpoint  # pylint: disable=g-import-not-at-top
-  path = train.policy_path(config_lib.resolve(_config(config_path, 2)))
+  path = train.policy_path(config_lib.settings(config_lib.resolve(_config(config_path, 2))))
   folder, name = os.path.split(gguf_checkpoint.find(path))
   start = time.perf_counter()
   transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)

@@ -39,10 +39,9 @@ import sys
 import time
 from typing import Sequence
 
-import ml_collections
 import numpy as np
 
-from isojax import config_lib
+from isojax import run_settings
 from isojax.models import gguf_checkpoint
 
 PAD_ID = -1   # never a token: see the module docstring
@@ -76,10 +75,9 @@ class TunixSettings:
   seed: int
 
 
-def settings(config: ml_collections.ConfigDict) -> TunixSettings:
-  """Tunix's GRPO settings for a resolved isojax config; ValueError naming the first
+def settings(s: run_settings.RunSettings) -> TunixSettings:
+  """Tunix's GRPO settings for isojax's run settings; ValueError naming the first
   isojax setting Tunix's GRPO learner has no equivalent for."""
-  s = config_lib.settings(config)
   rl, optim, sampling = s.rl, s.optim, s.sampling
   if rl.policy_loss not in POLICY_LOSSES:
     raise ValueError(f"rl.policy_loss={rl.policy_loss!r}: Tunix's GRPO loss is the PPO clip "

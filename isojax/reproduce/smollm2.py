@@ -50,9 +50,9 @@ def base_candidates(out: str) -> tuple[list[dict[str, Any]], float]:
     config = smollm2_config.get_config()
     config.task.update(**fields)
     config = config_lib.resolve(config)
-    path = train.policy_path(config)
-    tok = tokenizer_lib.load_tokenizer(path)
     run_settings = config_lib.settings(config)
+    path = train.policy_path(run_settings)
+    tok = tokenizer_lib.load_tokenizer(path)
     loaded = prompts.load_task(
         run_settings.task, tok,
         problems_per_batch=run_settings.problems_per_batch)

@@ -65,7 +65,8 @@ class Options:
 
 def model_path(config: ml_collections.ConfigDict) -> str:
   """The base model directory `train.policy_path` gives."""
-  return os.path.abspath(demo_bases.policy_path(config))
+  s = config_lib.settings(config)
+  return os.path.abspath(demo_bases.policy_path(s.base_model.path, s.task))
 
 
 def settings(config: ml_collections.ConfigDict, options: Options) -> dict[str, Any]:
@@ -120,7 +121,7 @@ class _Sampler:
                options: Options):
     self.config = config
     mesh = sharding.make_mesh(config.mesh)
-    path = train.policy_path(config)
+    path = train.policy_path(config_lib.settings(config))
     self.tok = tokenizer_lib.load_tokenizer(
         path, extra_stop_ids=tuple(config.sampling.stop_token_ids))
     self.book, kept, dropped = prompts.build({"pool": list(problems)}, self.tok, config.task,
@@ -131,7 +132,8 @@ class _Sampler:
     # The sampler's calls sized from the memory there is (left at 0, a whole chunk of
     # --chunk_rollouts would be one call); the context is checked and a problem's samples
     # that cannot fit are refused here, before the model loads or anything is sampled.
-    model_cfg = train.checked_model_config(config, path, self.book.max_len)
+    model_cfg = train.checked_model_config(config_lib.settings(config), path,
+                                           self.book.max_len)
     if not config.sampling.max_rollouts_per_call:
       config.sampling.max_rollouts_per_call = memory_plan.sampler_calls(
           memory_plan.Shape.of(model_cfg), rollouts=options.chunk_rollouts,

@@ -30,10 +30,9 @@ import json
 import os
 from typing import Any, Mapping
 
-import ml_collections
-
 from isojax.models import gguf_checkpoint
 from isojax.tasks import recall
+from isojax.tasks.settings import TaskSettings
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = 1
@@ -115,7 +114,7 @@ def shipped_dir(task_name: str) -> str:
   return directory
 
 
-def check_task(manifest: Mapping[str, Any], task: ml_collections.ConfigDict,
+def check_task(manifest: Mapping[str, Any], task: TaskSettings,
                directory: str) -> None:
   """Refuses a task whose data the shipped model was not built for (see the fields)."""
   built = manifest["task"]
@@ -170,26 +169,27 @@ def package_path(path: str) -> str:
   return os.path.dirname(spec.origin)
 
 
-def policy_path(config: ml_collections.ConfigDict) -> str:
-  """The base policy's checkpoint directory: `base_model.path`, or the shipped demo base.
+def policy_path(base_model_path: str, task: TaskSettings) -> str:
+  """The base policy's checkpoint directory: `base_model.path`, or (empty) the shipped
+  demo base of `task`.
 
   Checked before anything is compiled or written: a set path must be a checkpoint
   directory, and a shipped model must match its manifest and the task.
   """
-  path = config.base_model.path
+  path = base_model_path
   if path:
     path = package_path(path) if path.startswith(PACKAGE_PREFIX) else os.path.expanduser(path)
     if (not os.path.isfile(os.path.join(path, "config.json"))
         and gguf_checkpoint.find(path) is None):
       what = ("no config.json or .gguf file in it" if os.path.isdir(path)
               else "not a .gguf file" if os.path.isfile(path) else "no such file or directory")
-      raise ValueError(f"base_model.path={config.base_model.path!r}: {what}; expected a "
+      raise ValueError(f"base_model.path={base_model_path!r}: {what}; expected a "
                        "Hugging Face checkpoint directory, a GGUF file (or a directory "
                        "holding one), pip:<module> of an installed package that ships one, "
                        "or empty for the shipped demo base model of task.name")
     if os.path.isfile(os.path.join(path, MANIFEST_FILE)):  # a launch.build_base model
       verify(path)
     return path
-  directory = shipped_dir(config.task.name)
-  check_task(verify(directory), config.task, directory)
+  directory = shipped_dir(task.name)
+  check_task(verify(directory), task, directory)
   return directory

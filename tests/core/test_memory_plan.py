@@ -179,12 +179,13 @@ def test_a_run_beyond_the_context_writes_nothing(tmp_path):
 
 def test_the_shipped_demo_keeps_one_pass_and_one_call():
   """The tiny demo base: its programs are those it had before passes were planned."""
-  config = config_lib.resolve(hard.get_config("micro"))
-  plan = train.plan_passes(config, train.policy_path(config), prompt_len=16)
+  s = config_lib.settings(config_lib.resolve(hard.get_config("micro")))
+  planned, plan = train.plan_passes(s, train.policy_path(s), prompt_len=16)
   assert plan.passes == memory_plan.Passes(0, 0, 0)
-  assert dataclasses.astuple(plan.passes) == (config.rl.micro_batch_size,
-                                              config.rl.logprob_chunk_size,
-                                              config.sampling.max_rollouts_per_call)
+  assert dataclasses.astuple(plan.passes) == (planned.rl.micro_batch_size,
+                                              planned.rl.logprob_chunk_size,
+                                              planned.sampling.max_rollouts_per_call)
+  assert planned == s  # nothing to fill in: the settings come back as they were
 
 
 @pytest.mark.parametrize("available_gib", [0.5, 2.0, 8.0, 64.0])

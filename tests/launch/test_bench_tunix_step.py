@@ -30,7 +30,7 @@ def smollm2():
 def _settings(config, **rl):
   config = config.copy_and_resolve_references()
   config.rl.update(rl)
-  return tunix_step.settings(config_lib.resolve(config))
+  return tunix_step.settings(config_lib.settings(config_lib.resolve(config)))
 
 
 def test_tunix_is_given_the_configs_allocation_sampler_optimizer_and_clip(smollm2):
@@ -72,7 +72,7 @@ def test_dapo_and_the_other_aggregation_and_scaling_map_too(smollm2):
   assert t.micro_batch_problems == 2
   config = smollm2.copy_and_resolve_references()
   config.optim.update(lr_scaling="linear", warmup_steps=0)
-  t = tunix_step.settings(config_lib.resolve(config))
+  t = tunix_step.settings(config_lib.settings(config_lib.resolve(config)))
   assert t.learning_rate == pytest.approx(6e-5 * 64 / 128)
   assert t.warmup_steps == 0
 
@@ -94,7 +94,7 @@ def test_the_optimizer_takes_isojax_s_steps(smollm2):
   s = config_lib.settings(config)
   ours, _ = update.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
                                   updates_per_step=s.rl.updates_per_step)
-  theirs = tunix_step.optimizer(tunix_step.settings(config))
+  theirs = tunix_step.optimizer(tunix_step.settings(s))
   params = {"w": jnp.ones((3, 4)), "b": jnp.zeros(4)}
   rng = np.random.default_rng(0)
   a, b = ours.init(params), theirs.init(params)

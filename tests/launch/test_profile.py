@@ -164,8 +164,9 @@ def test_profile_sampler_calls_fit_the_memory(tmp_path, monkeypatch, available_m
   assert seen and len(set(seen)) == 1
   calls, prompt_len = seen[0]
   resolved = config_lib.resolve(config)
-  shape = memory_plan.Shape.of(train.checked_model_config(
-      resolved, train.policy_path(resolved), prompt_len))
+  s = config_lib.settings(resolved)
+  shape = memory_plan.Shape.of(train.checked_model_config(s, train.policy_path(s),
+                                                          prompt_len))
   new_tokens = resolved.sampling.max_new_tokens
   fits = lambda r: (4 * shape.params + memory_plan.sample_bytes(shape, r, prompt_len,
                                                                 new_tokens)

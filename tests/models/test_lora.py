@@ -12,17 +12,16 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from isojax import config_lib
+from isojax import config_lib, train
 from isojax.configs import hard
 from isojax.models import hf_checkpoint, lora, transformer
 from isojax.models.settings import LORA_TARGETS, LoraSettings
-from isojax.tasks import demo_bases
 
 RANK, ALPHA = 4, 8.0
 
 
 def _base_path():
-  return demo_bases.policy_path(config_lib.resolve(hard.get_config("micro")))
+  return train.policy_path(config_lib.settings(config_lib.resolve(hard.get_config("micro"))))
 
 
 def _tokens(vocab: int, b: int = 3, s: int = 12):

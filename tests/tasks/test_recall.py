@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from isojax import config_lib
+from isojax import config_lib, tasks
 from isojax.models import hf_checkpoint
 from isojax.tasks import demo_bases, recall, recall_base
 from isojax.tasks.settings import TaskSettings
@@ -20,6 +20,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SMALL = TaskSettings(name="recall", recall_keys_per_level=4, recall_levels=3,
                      recall_answers=4, recall_min_level=1, recall_max_level=3, num_train=12,
                      num_val=12)
+
+
+def _policy_path(config):
+  """`demo_bases.policy_path` of a config's base model and task."""
+  return demo_bases.policy_path(config.base_model.path,
+                                tasks.TaskSettings.from_config(config.task))
 
 
 def _run_config(arg=None):
@@ -74,7 +80,7 @@ def test_reward_is_exact_match_of_the_answer_token():
 
 def test_shipped_base_is_the_construction_of_the_run_configs_task():
   config = config_lib.resolve(_run_config())
-  path = demo_bases.policy_path(config)
+  path = _policy_path(config)
   assert path == os.path.join(demo_bases.assets_root(), "recall")
   model, _ = recall_base.construct(config_lib.settings(config).task)
   shipped = hf_checkpoint.load_model(path)
@@ -163,7 +169,7 @@ def test_a_base_built_for_other_keys_is_refused():
   config.task.recall_answers = 8
   with pytest.raises(ValueError, match=r"task.recall_answers=8, but .*recall was constructed "
                      r"for task.recall_answers=16"):
-    demo_bases.policy_path(config)
+    _policy_path(config)
 
 
 def test_build_command_constructs_the_shipped_files(tmp_path):
