@@ -9,7 +9,7 @@ memory bandwidth, and the figure of merit is
 against (a) the bandwidth a jitted elementwise pass over a large array reaches on the
 same device (read + write, the STREAM "scale" kernel; measured here, so it exists on
 every backend) and (b) the device's nominal HBM bandwidth where its `device_kind` is
-in `NOMINAL_BANDWIDTH` (datasheet figures; none for CPUs).
+in `datasheets.NOMINAL_BANDWIDTH` (datasheet figures; none for CPUs).
 
 Bytes per step: the sampling weights at their dtype, except the embedding table, of
 which a step reads one row per sequence (when the LM head is tied to it, the head reads
@@ -33,26 +33,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from isojax.bench import datasheets
 from isojax.bench.ours import isojax_sample
 from isojax.bench.options import Options
 from isojax.bench.timing import parse_workload, random_prompts, timed_rounds
 
-# Datasheet HBM bandwidth in bytes/s by a substring of `jax.Device.device_kind`, most
-# specific first (an H100 PCIe card has less than an H100 SXM).
-NOMINAL_BANDWIDTH = (
-    ("H100 PCIe", 2.0e12),
-    ("H100", 3.35e12),
-    ("H200", 4.8e12),
-    ("A100-SXM4-80GB", 2.039e12),
-    ("A100-PCIE-80GB", 1.935e12),
-    ("A100", 1.555e12),
-    ("L4", 0.3e12),
-)
-
-
-def nominal_bandwidth(device_kind: str) -> float | None:
-  """The datasheet memory bandwidth (bytes/s) of a device kind, None when unknown."""
-  return next((bw for name, bw in NOMINAL_BANDWIDTH if name in device_kind), None)
 
 
 def decode_bytes(*, weight_bytes: int, embed_bytes: int, tied: bool, rows: int, groups: int,
@@ -119,7 +104,7 @@ def bench_decode_roofline(model, counts: dict, workload: str, o: Options, rng, *
       head_dim=o.hidden // o.heads, prompt_len=p, cache_len=t, cache_itemsize=itemsize,
       weight_itemsize=itemsize)
   device_kind = jax.devices()[0].device_kind
-  nominal = nominal_bandwidth(device_kind)
+  nominal = datasheets.nominal_bandwidth(device_kind)
   step_s = float(np.median(steps))
   achieved = read["total"] / step_s
   return dict(workload=workload, dtype=o.roofline_dtype, rows=g * n, bytes_per_step=read,

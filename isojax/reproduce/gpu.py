@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from isojax import memory_plan, metrics, run_dir, storage
+from isojax.bench import datasheets
 from isojax.reproduce import runs as runs_lib
 from isojax.reproduce import tables
 
@@ -119,6 +120,56 @@ def table(results: dict[str, dict[str, Any]]) -> list[str]:
   return rows
 
 
+def limits(r: dict[str, Any], shape: memory_plan.Shape, *, rows: int, new_tokens: int,
+           device_kind: str, weight_itemsize: int = 4, cache_itemsize: int = 2
+           ) -> dict[str, Any]:
+  """One recipe's phases against the chip's limits, from its `summarize` figures.
+
+  Update: model FLOPs 6 x parameters x the step's response tokens (forward and
+  backward; the prompts' few tokens and the old-log-prob pass left out, so the MFU is a
+  lower bound) over the update's seconds, against the datasheet bfloat16 peak.
+  Sampling: one decode step reads every weight at the sampler's dtype (float32 unless
+  `sampling.weights_dtype` says otherwise) and the generated tokens' KV caches at half
+  the response length (their mean over the decode; the shared prompts' caches, under
+  0.1% of the bytes at this shape, left out); its time is the sampling seconds over
+  `new_tokens` steps. Other: the step's seconds
+  outside the update and the sampling (or, pipelined, the wait for it): host work,
+  grading, transfers, evaluation's share.
+  """
+  per_position = shape.num_layers * 2 * shape.num_kv_heads * shape.head_dim * cache_itemsize
+  decode_bytes = shape.params * weight_itemsize + rows * (new_tokens / 2) * per_position
+  update_flops = 6 * shape.params * r["tokens_per_step"]
+  peak_flops = datasheets.nominal_flops(device_kind)
+  bandwidth = datasheets.nominal_bandwidth(device_kind)
+  decode_s = None if r["sample_s"] is None else r["sample_s"] / new_tokens
+  waited = r["rollout_wait_s"] if r["rollout_wait_s"] is not None else r["sample_s"]
+  return dict(
+      update_tflops=update_flops / r["update_s"] / 1e12,
+      mfu=None if peak_flops is None else update_flops / r["update_s"] / peak_flops,
+      decode_ms=None if decode_s is None else decode_s * 1e3,
+      decode_gib=decode_bytes / 2**30,
+      bandwidth_fraction=(None if decode_s is None or bandwidth is None
+                          else decode_bytes / decode_s / bandwidth),
+      other_s=None if waited is None else r["step_s"] - r["update_s"] - waited)
+
+
+def limits_table(results: dict[str, dict[str, Any]], device_kind: str) -> list[str]:
+  peak, bandwidth = datasheets.nominal_flops(device_kind), datasheets.nominal_bandwidth(
+      device_kind)
+  rows = [f"Against the chip's limits ({device_kind}: datasheet bfloat16 peak "
+          f"{_cell(None if peak is None else peak / 1e12, '.0f')} TFLOP/s, HBM "
+          f"{_cell(None if bandwidth is None else bandwidth / 1e12, '.2f')} TB/s; "
+          "`gpu.limits` says how each figure is counted):", "",
+          "| recipe | update (model TFLOP/s) | update MFU | decode step (ms) | "
+          "read per decode step (GiB) | of nominal bandwidth | other (s) |",
+          "|---|---|---|---|---|---|---|"]
+  for name, r in results.items():
+    rows.append(f"| {name} | {r['update_tflops']:.1f} | {_cell(r['mfu'], '.1%')} | "
+                f"{_cell(r['decode_ms'], '.2f')} | {r['decode_gib']:.2f} | "
+                f"{_cell(r['bandwidth_fraction'], '.1%')} | {_cell(r['other_s'], '.2f')} |")
+  return rows
+
+
 def run(inv: tables.Invocation, shape: dict[str, Any] | None = None, *,
         steps: int = STEPS, problems: int = PROBLEMS, rollouts: int = ROLLOUTS,
         new_tokens: int = NEW_TOKENS) -> str:
@@ -137,7 +188,9 @@ def run(inv: tables.Invocation, shape: dict[str, Any] | None = None, *,
   if not os.path.isdir(policy):
     with jax.default_device(jax.devices("cpu")[0]):
       write_policy(policy, shape)
-  params = memory_plan.Shape(**{f: shape[f] for f in _SHAPE_FIELDS}).params
+  shape_of = memory_plan.Shape(**{f: shape[f] for f in _SHAPE_FIELDS})
+  params = shape_of.params
+  device_kind = jax.devices()[0].device_kind
   intro = (
       f"RL steps of a policy of Qwen2.5-1.5B's shape (about {params / 1e9:.2f}B parameters, "
       "random weights; `isojax/reproduce/gpu.py` says why random weights measure the same "
@@ -154,9 +207,12 @@ def run(inv: tables.Invocation, shape: dict[str, Any] | None = None, *,
                                 [*run_flags(policy, steps, problems, rollouts, new_tokens),
                                  *extra], env=child_env)
     results[name] = summarize(workdir)
+    results[name].update(limits(results[name], shape_of, rows=problems * rollouts,
+                                new_tokens=new_tokens, device_kind=device_kind))
     shutil.rmtree(os.path.join(workdir, "checkpoints"), ignore_errors=True)  # disk
     storage.write_json(os.path.join(section, "results.json"), results)
     # Written after each recipe, so a run cut short keeps the rows it measured.
     path = tables.write(inv, "gpu.md", "RL steps at 1.5B on an accelerator: time and memory",
-                        wall_s, "\n".join([intro, "", *table(results), ""]))
+                        wall_s, "\n".join([intro, "", *table(results), "",
+                                            *limits_table(results, device_kind), ""]))
   return path

@@ -22,7 +22,7 @@ from flax import nnx
 
 from isojax.models import hf_checkpoint
 from isojax.sampling import decode
-from isojax.bench import hf, long_outputs, report, rl_step, roofline, sampling, skew
+from isojax.bench import datasheets, hf, long_outputs, report, rl_step, roofline, sampling, skew
 from isojax.bench import ours as ours_lib
 from isojax.bench import timing
 from isojax.bench import tunix as tunix_lib
@@ -324,10 +324,15 @@ def test_roofline_step_time_and_nominal_bandwidth():
   assert roofline.step_seconds([2.0, 3.0, 2.6], [0.4, 1.0, 0.2], 9) == pytest.approx(0.25)
   with pytest.raises(ValueError, match="T=1"):
     roofline.step_seconds([1.0], [1.0], 1)
-  assert roofline.nominal_bandwidth("NVIDIA H100 PCIe") == 2.0e12
-  assert roofline.nominal_bandwidth("NVIDIA H100 80GB HBM3") == 3.35e12
-  assert roofline.nominal_bandwidth("NVIDIA H200") == 4.8e12
-  assert roofline.nominal_bandwidth("cpu") is None
+  assert datasheets.nominal_bandwidth("NVIDIA H100 PCIe") == 2.0e12
+  assert datasheets.nominal_bandwidth("NVIDIA H100 80GB HBM3") == 3.35e12
+  assert datasheets.nominal_bandwidth("NVIDIA H200") == 4.8e12
+  assert datasheets.nominal_bandwidth("cpu") is None
+  assert datasheets.nominal_flops("NVIDIA H100 80GB HBM3") == 989.4e12
+  assert datasheets.nominal_flops("NVIDIA H100 PCIe") == 756e12
+  assert datasheets.nominal_flops("TPU v5 lite") == 197e12
+  assert datasheets.nominal_flops("TPU v5p") == 459e12
+  assert datasheets.nominal_flops("cpu") is None
   # The copy-bandwidth callable counts a read and a write of the array.
   assert roofline.copy_bandwidth(2**20, calls=1)() > 0
 

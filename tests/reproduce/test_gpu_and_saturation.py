@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from isojax import metrics, run_dir
+from isojax import memory_plan, metrics, run_dir
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.reproduce import gpu, saturation, tables
 
@@ -48,6 +48,35 @@ def test_summary_averages_the_steps_after_the_first(tmp_path):
   assert (s["planned_gib"], s["device_peak_gib"], s["tokens_per_step"]) == (30.0, 23.0, 100.0)
   row = gpu.table({"synchronous": s})[-1]
   assert row == "| synchronous | 2.50 | 1.40 | 1.10 | n/a | 100 | 30.0 | 23.0 |"
+
+
+def test_limits_count_model_flops_and_decode_bytes_against_the_datasheet():
+  # 2 layers, 1 KV head of 4, vocabulary 10, width 8, MLP 16, tied.
+  shape = memory_plan.Shape(vocab_size=10, num_layers=2, embed_dim=8, num_heads=2,
+                            num_kv_heads=1, head_dim=4, mlp_dim=16, tie_embeddings=True)
+  params = shape.params
+  # Counted by hand: embedding 80; per layer q 8x8, k and v 8x4 each, o 8x8, MLP 3 x 8x16,
+  # two norms of 8, q/k/v biases 8 + 4 + 4: 64 + 64 + 64 + 384 + 16 + 16 = 608; final
+  # norm 8.
+  assert params == 80 + 2 * 608 + 8
+  r = dict(step_s=10.0, sample_s=4.0, update_s=5.0, rollout_wait_s=None,
+           tokens_per_step=1000.0)
+  got = gpu.limits(r, shape, rows=6, new_tokens=100, device_kind="NVIDIA H100 80GB HBM3")
+  flops = 6 * params * 1000.0
+  assert got["update_tflops"] == pytest.approx(flops / 5.0 / 1e12)
+  assert got["mfu"] == pytest.approx(flops / 5.0 / 989.4e12)
+  assert got["decode_ms"] == pytest.approx(40.0)
+  # Weights in float32, then 6 rows x 50 positions x 2 layers x (k, v) x 4 x 2 bytes.
+  read = params * 4 + 6 * 50 * 2 * 2 * 4 * 2
+  assert got["decode_gib"] == pytest.approx(read / 2**30)
+  assert got["bandwidth_fraction"] == pytest.approx(read / 0.040 / 3.35e12)
+  assert got["other_s"] == pytest.approx(1.0)
+  pipelined = gpu.limits(dict(r, rollout_wait_s=0.5), shape, rows=6, new_tokens=100,
+                         device_kind="cpu")
+  assert pipelined["other_s"] == pytest.approx(4.5)
+  assert pipelined["mfu"] is None and pipelined["bandwidth_fraction"] is None
+  row = gpu.limits_table({"synchronous": got}, "NVIDIA H100 80GB HBM3")[-1]
+  assert row.startswith("| synchronous | ") and row.endswith(" | 40.00 | 0.00 | 0.0% | 1.00 |")
 
 
 def test_the_gpu_section_refuses_a_machine_without_an_accelerator(tmp_path, monkeypatch):
