@@ -12,8 +12,8 @@ Each compiled XLA:CPU program holds about six memory mappings of its code for as
 as JAX caches it, and a worker compiles thousands of programs: near the kernel's limit
 on a process's mappings (`vm.max_map_count`, 65,530 by default) the next compilation
 cannot map its code and the worker dies with a segmentation fault inside XLA. After a
-test that leaves its worker above `MAPPINGS_BEFORE_CLEARING`, JAX's caches are cleared
-(the persistent cache still spares most recompilations).
+test that leaves its worker above `worker_memory.MAPPINGS_BEFORE_CLEARING`, JAX's caches
+are cleared (the persistent cache still spares most recompilations).
 
 The `slow` marker takes the longest tests out of the fast tier
 (`python -m pytest -q -n 2 -m "not slow" tests`); each says why it is slow.
@@ -29,6 +29,8 @@ import tempfile
 import textwrap
 
 import pytest
+
+import worker_memory  # tests/worker_memory.py, beside this file
 
 # Before anything imports jax (it reads these variables once). This file is imported by
 # pytest's main process before it starts the xdist workers, which inherit the variables.
@@ -46,26 +48,11 @@ from etils.epath import backend as epath_backend
 from fsspec.implementations import memory
 
 
-# Well below vm.max_map_count's default of 65,530: a test compiles at most a few
-# thousand programs, so it cannot cross the limit from here.
-MAPPINGS_BEFORE_CLEARING = 30_000
-_MAPS = "/proc/self/maps"
-
-
-def process_mappings(path: str = _MAPS) -> int:
-  """The number of memory mappings this process holds (0 where /proc is missing)."""
-  try:
-    with open(path, "rb") as f:
-      return sum(1 for _ in f)
-  except OSError:
-    return 0
-
-
 @pytest.fixture(autouse=True)
 def _keep_mappings_below_the_kernel_limit():
   """Clears JAX's caches after a test that leaves this worker with many mappings."""
   yield
-  if process_mappings() > MAPPINGS_BEFORE_CLEARING:
+  if worker_memory.process_mappings() > worker_memory.MAPPINGS_BEFORE_CLEARING:
     import jax  # pylint: disable=g-import-not-at-top
     jax.clear_caches()
     gc.collect()

@@ -1,5 +1,5 @@
 """The suite's guard against the kernel's limit on a worker's memory mappings
-(conftest.py): the mappings it counts are the kernel's, compiled programs hold them,
+(conftest.py, worker_memory.py): the mappings it counts are the kernel's, compiled programs hold them,
 and clearing JAX's caches gives them back."""
 
 import gc
@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-import conftest
+import worker_memory
 
 
 def _compile(count: int) -> list:
@@ -26,17 +26,17 @@ def _compile(count: int) -> list:
 def test_compiled_programs_hold_mappings_until_jax_clears_its_caches():
   jax.clear_caches()
   gc.collect()
-  before = conftest.process_mappings()
+  before = worker_memory.process_mappings()
   with open("/proc/self/maps") as f:  # the count is the kernel's list, line by line
     assert abs(before - len(f.read().splitlines())) <= 2
   fns = _compile(40)
-  held = conftest.process_mappings() - before
+  held = worker_memory.process_mappings() - before
   assert held >= 2 * 40, held  # at least two mappings a program
   del fns
   jax.clear_caches()
   gc.collect()
-  assert conftest.process_mappings() - before < held / 4
+  assert worker_memory.process_mappings() - before < held / 4
 
 
 def test_a_missing_maps_file_counts_none(tmp_path):
-  assert conftest.process_mappings(str(tmp_path / "absent")) == 0
+  assert worker_memory.process_mappings(str(tmp_path / "absent")) == 0
