@@ -317,6 +317,42 @@ def _evaluate(state: run_state.RunState, inputs: _Inputs, s: run_settings.RunSet
   return result
 
 
+def _open_workdir(state: run_state.RunState, inputs: _Inputs, *,
+                  allow_changed: tuple[str, ...], from_step: int | None
+                  ) -> tuple[int | None, dict]:
+  """(the step a resume starts from or None, the settings changed since it): checks
+  the settings and every metrics line before anything in the workdir changes, then
+  writes config.json for a run that starts afresh."""
+  workdir = state.workdir
+  # Nothing is written before the settings check: a workdir with a checkpoint holds a run.
+  checkpointing.check_step(state.ckpt, from_step)
+  start = state.ckpt.latest_step() if from_step is None else from_step
+  changed = ({} if start is None else resume_settings.check(
+      workdir, inputs.requested, step=start, allow=allow_changed))
+  if start is not None and state.primary and run_dir.metrics_path(workdir).exists():
+    # Every metrics line read before a checkpoint is moved aside or history appended:
+    # a damaged line stops the resume with nothing changed.
+    run_dir.read_metrics(workdir)
+  if state.primary and start is None:  # the run that creates the workdir (or starts afresh)
+    run_dir.write_config(workdir, inputs.settings.to_dict())
+  return start, changed
+
+
+def _step_0(state: run_state.RunState, inputs: _Inputs, run_eval: Callable[[], dict],
+            notice: preemption.Notice) -> dict:
+  """A fresh run's base model: evaluated, logged with the memory plan and what the task
+  skipped, and saved (kept if a collapse begins at once). Returns the evaluation."""
+  last_eval = run_eval()
+  state.record(dict(
+      last_eval, **{metrics.MEMORY_PLANNED: inputs.plan.peak / memory_plan.GIB},
+      **{metrics.TASK_SKIPPED_PREFIX + k: v for k, v in inputs.skipped.items()},
+      **{metrics.TASK_SKIPPED_ROWS_PREFIX + k: v for k, v in inputs.skipped_rows.items()}))
+  if notice.reached(state.counters.step):  # during the evaluation: stop before step 1
+    state.preempt()
+  state.save()
+  return last_eval
+
+
 def _run(requested: run_settings.RunSettings, workdir: str, notice: preemption.Notice,
          hold_workdir: Callable[[], None], on_exit: Callable[[Callable], None], *,
          allow_changed: tuple[str, ...], from_step: int | None) -> dict[str, float]:
@@ -334,17 +370,8 @@ def _run(requested: run_settings.RunSettings, workdir: str, notice: preemption.N
       run_dir.checkpoint_dir(workdir), keep=s.checkpoint_keep, kept=kept), kept,
       primary=jax.process_index() == 0)  # one writer per job, however many hosts
   on_exit(state.close)
-  # Nothing is written before the settings check: a workdir with a checkpoint holds a run.
-  checkpointing.check_step(state.ckpt, from_step)
-  start = state.ckpt.latest_step() if from_step is None else from_step
-  changed = ({} if start is None else resume_settings.check(
-      workdir, inputs.requested, step=start, allow=allow_changed))
-  if start is not None and state.primary and run_dir.metrics_path(workdir).exists():
-    # Every metrics line read before a checkpoint is moved aside or history appended:
-    # a damaged line stops the resume with nothing changed.
-    run_dir.read_metrics(workdir)
-  if state.primary and start is None:  # the run that creates the workdir (or starts afresh)
-    run_dir.write_config(workdir, s.to_dict())
+  start, changed = _open_workdir(state, inputs, allow_changed=allow_changed,
+                                 from_step=from_step)
 
   # ==================== Model, optimizer and restore ====================
   state.learner, restored, schedule = _learner(s, inputs, state, from_step=from_step)
@@ -376,15 +403,7 @@ def _run(requested: run_settings.RunSettings, workdir: str, notice: preemption.N
   _start_events(state, restored, settings_event)
   if notice.reached(c.step):  # during start-up: before the step-0 evaluation
     state.preempt()
-  last_eval = run_eval() if restored is None else {}
-  if restored is None:
-    state.record(dict(
-        last_eval, **{metrics.MEMORY_PLANNED: inputs.plan.peak / memory_plan.GIB},
-        **{metrics.TASK_SKIPPED_PREFIX + k: v for k, v in inputs.skipped.items()},
-        **{metrics.TASK_SKIPPED_ROWS_PREFIX + k: v for k, v in inputs.skipped_rows.items()}))
-    if notice.reached(c.step):  # during the evaluation: stop before step 1 compiles
-      state.preempt()
-    state.save()  # the state before any update: kept if a collapse begins at once
+  last_eval = _step_0(state, inputs, run_eval, notice) if restored is None else {}
   state.bar = tqdm.tqdm(total=num_steps, initial=c.step, desc="RL steps", unit="step",
                         dynamic_ncols=True, disable=None if state.primary else True)
   while c.step < num_steps:
