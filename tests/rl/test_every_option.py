@@ -18,10 +18,17 @@ _REGISTRIES = {"advantage": advantages.ADVANTAGE_ESTIMATORS,
                "kl_form": losses.KL_ESTIMATORS,
                "zero_variance_filter": update.ZERO_VARIANCE_MODES,
                "downsample": downsampling.DOWNSAMPLERS}
-# The first name of each registry in the fast tier, the others in the full suite.
-OPTIONS = [(field, name) if i == 0 else pytest.param(
-    field, name, marks=pytest.mark.slow("each option compiles its own train step"))
-           for field, names in _REGISTRIES.items() for i, name in enumerate(names)]
+# The first name of each registry trains one step in the fast tier; every name of each
+# registry, side by side, in the full suite.
+FIRST_OPTIONS = [(field, names[0] if isinstance(names, tuple) else next(iter(names)))
+                 for field, names in _REGISTRIES.items()]
+# Registries whose options must each give another loss or gradient on `_scored`'s batch.
+# Not compared: PODS's down-samplers, which may choose the same rows on it, and the policy
+# losses, which a one-minibatch step evaluates on-policy (the update scores the old
+# log-probs in its own pass), where the ratio is 1 and PPO's, DAPO's and GSPO's clipped
+# objectives have the same value and all four the same gradient; `test_losses.py`
+# tells them apart off-policy against NumPy.
+DISTINCT = ("advantage", "aggregation", "kl_form", "zero_variance_filter")
 
 
 def _tiny_policy():
@@ -30,49 +37,90 @@ def _tiny_policy():
   return nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
 
 
-def _config(field, value):
+def _config(field, value, num_minibatches=2, **optim):
   c = config_lib.base_config()
+  c.optim.update(optim)
   c.rollouts_per_problem, c.problems_per_batch, c.num_steps = 4, 2, 1
   c.sampling.max_new_tokens = 3
-  c.rl.update(kl_coef=0.1, entropy_coef=0.01, num_minibatches=2)
+  c.rl.update(kl_coef=0.1, entropy_coef=0.01, num_minibatches=num_minibatches)
   c.rl[field] = value
   if field == "downsample":
     c.rl.train_rollouts_per_problem = 2
   return config_lib.resolve(c)
 
 
-@pytest.mark.parametrize("field,value", OPTIONS)
-def test_option_trains_one_step(field, value):
-  config = _config(field, value)
-  graphdef, params = _tiny_policy()
+def _scored(g: int = 2, n: int = 4, p: int = 2, t: int = 3) -> rollout.ScoredRollouts:
+  """Two groups of four: the first all correct (zero variance), the second one in four.
+  Response lengths differ within and between groups (3, 3, 3, 2 and 3, 2, 1, 1 tokens),
+  so the aggregations weigh tokens, sequences and groups differently."""
   rng = np.random.default_rng(0)
-  g, n, p, t = 2, 4, 2, 3
+  lengths = np.array([3, 3, 3, 2, 3, 2, 1, 1])
   rollouts = sampler.Rollouts(tokens=rng.integers(3, 11, (g * n, t)).astype(np.int32),
                               logprobs=-rng.uniform(1, 3, (g * n, t)).astype(np.float32),
-                              mask=np.array([[1, 1, 1], [1, 1, 0]] * n, bool),
-                              finished=np.array([False, True] * n),
-                              forced=np.zeros((g * n, t), bool))
-  scored = rollout.ScoredRollouts(
+                              mask=np.arange(t)[None, :] < lengths[:, None],
+                              finished=lengths < t, forced=np.zeros((g * n, t), bool))
+  return rollout.ScoredRollouts(
       prompts_GP=np.full((g, p), 4, np.int32), prompt_mask_GP=np.ones((g, p), bool),
-      rollouts=rollouts, rewards_GN=np.array([[1, 0, 0, 1], [0, 1, 0, 0]], np.float32),
+      rollouts=rollouts, rewards_GN=np.array([[1, 1, 1, 1], [0, 1, 0, 0]], np.float32),
       completions=[""] * (g * n))
+
+
+def _one_option_step(field, value):
+  """(stats, parameters before, after) of one update under `rl.<field> = value`. The
+  reference's log-probs differ from the policy's by up to 0.4 a token, so the KL forms
+  differ.
+  One minibatch holds both groups: split by group, a minibatch of the zero-variance
+  group alone is empty under every filter, and one group's prompt mean is its token
+  mean. No warm-up: the one optimizer update of the step moves the parameters."""
+  config = _config(field, value, num_minibatches=1, warmup_steps=0)
+  graphdef, params = _tiny_policy()
   s = config_lib.settings(config)
-  batch, _ = rl_batch.build_train_batch(s.rl, scored, max_new_tokens=s.sampling.max_new_tokens,
+  p = 2
+  batch, _ = rl_batch.build_train_batch(s.rl, _scored(p=p),
+                                        max_new_tokens=s.sampling.max_new_tokens,
                                         select_rng=jax.random.key(0))
   settings = update.UpdateSettings.derive(s.rl, s.sampling,
                                           group_size=s.train_rollouts_per_problem, prompt_len=p)
-  logp = update.score(graphdef, params, batch.tokens, batch.mask, prompt_len=p,
-                      temperature=settings.temperature)
-  batch = batch.replace(old_logp=logp, ref_logp=logp - 0.1, shuffle_rng=jax.random.key(1))
+  logp = np.asarray(update.score(graphdef, params, batch.tokens, batch.mask, prompt_len=p,
+                                 temperature=settings.temperature))
+  shift = np.resize(np.array([0.4, -0.4, 0.16], np.float32), logp.shape)
+  batch = batch.replace(old_logp=logp, ref_logp=logp - shift, shuffle_rng=jax.random.key(1))
   tx, _ = update.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
                                 updates_per_step=s.rl.updates_per_step)
   before = jax.tree.map(np.array, params)
   new, _, stats = update.train_step(graphdef, params, tx.init(params), batch, tx=tx,
                                     settings=settings)
+  return jax.device_get(stats), before, new
+
+
+@pytest.mark.parametrize("field,value", FIRST_OPTIONS)
+def test_option_trains_one_step(field, value):
+  stats, before, new = _one_option_step(field, value)
   assert np.isfinite(float(stats["loss"])) and float(stats["grad_norm"]) > 0
   changed = [not np.allclose(a, np.asarray(b)) for a, b in zip(jax.tree.leaves(before),
                                                                 jax.tree.leaves(new))]
   assert any(changed)
+
+
+@pytest.mark.slow("compiles one train step for each option of the registry")
+@pytest.mark.parametrize("field", list(_REGISTRIES))
+def test_every_option_trains_and_each_differs_from_the_others(field):
+  """Each option of a registry reaches the update and trains; in `DISTINCT`'s
+  registries no two options give the same loss and gradient norm, so a name wired to
+  another's function fails here."""
+  seen = {}
+  for value in _REGISTRIES[field]:
+    stats, before, new = _one_option_step(field, value)
+    assert np.isfinite(float(stats["loss"])) and float(stats["grad_norm"]) > 0, value
+    assert any(not np.allclose(a, np.asarray(b)) for a, b in zip(jax.tree.leaves(before),
+                                                                 jax.tree.leaves(new))), value
+    seen[value] = np.array([float(stats["loss"]), float(stats["grad_norm"])])
+  if field not in DISTINCT:
+    return
+  names = list(seen)
+  for i, a in enumerate(names):
+    for b in names[i + 1:]:
+      assert not np.allclose(seen[a], seen[b], rtol=1e-5, atol=1e-7), (field, a, b, seen)
 
 
 @pytest.mark.parametrize("field", ["advantage", "policy_loss", "aggregation", "kl_form",
