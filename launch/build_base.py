@@ -39,6 +39,7 @@ from isojax import command_line
 from isojax.tasks import demo_bases
 from isojax.tasks import recall_base
 from isojax.tasks import tiny_base_model
+from isojax.tasks.settings import TaskSettings
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/hard.py", "Run config whose task the model is built for "
@@ -61,7 +62,7 @@ def shipped_settings(task_name: str) -> tiny_base_model.BuildSettings:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  task = _CONFIG.value.task
+  task = TaskSettings.from_config(_CONFIG.value.task)  # the ConfigDict ends here
   command = shlex.join(["python", "-m", "launch.build_base", *sys.argv[1:]])
   if task.name == "recall":  # constructed from the task's settings, nothing to train
     try:

@@ -55,7 +55,7 @@ FUNCTION_LEVEL_IMPORTS: dict[tuple[str, str], str] = {
 PLANNER_FORBIDDEN = ("ml_collections", "isojax.config_lib", "jax", "flax")
 # The layers below the command line read typed settings, never the config layer.
 SETTINGS_READERS = ("isojax.rl", "isojax.sampling", "isojax.models", "isojax.planner",
-                    "isojax.evaluation")
+                    "isojax.evaluation", "isojax.tasks")
 CONFIG_LAYER = ("ml_collections", "isojax.config_lib")
 
 

@@ -32,7 +32,6 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 from absl import logging
@@ -44,6 +43,7 @@ from isojax.models import hf_checkpoint
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.models.transformer import ModelConfig, Transformer
 from isojax.tasks import arithmetic, demo_bases, prompts, reasoning_gym_task
+from isojax.tasks.settings import TaskSettings
 
 # The demo BPE: Qwen's special tokens; <|im_end|> ends a turn, <|endoftext|> pads.
 _SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -77,7 +77,7 @@ class BuildSettings:
                        f"num_kv_heads={self.num_kv_heads}")
 
 
-def task_settings(task: ml_collections.ConfigDict) -> dict[str, Any]:
+def task_settings(task: TaskSettings) -> dict[str, Any]:
   """The task fields a build's SFT data and prompts depend on (its manifest's `task`)."""
   out = dict(name=task.name)
   if task.name == "reasoning_gym":
@@ -119,7 +119,7 @@ def _example_batch(rng, examples: list[tuple[list[int], list[int]]], batch_size:
   return tokens, loss_mask
 
 
-def _reasoning_gym_data(task: ml_collections.ConfigDict):
+def _reasoning_gym_data(task: TaskSettings):
   """(BPE tokenizer with a chat template, [(prompt ids, target ids)]) from train problems.
 
   Prompts are rendered exactly as the RL loop renders them (`tasks.prompts`), so the
@@ -180,7 +180,7 @@ def _supervised(cfg: ModelConfig, next_batch: Callable, base: BuildSettings,
   return nnx.merge(graphdef, params)
 
 
-def train_base_model(base: BuildSettings, task: ml_collections.ConfigDict):
+def train_base_model(base: BuildSettings, task: TaskSettings):
   """Supervised next-token training for the task's demo; returns (model, tokenizer)."""
   base.validate()
   dims = dict(num_layers=base.num_layers, embed_dim=base.embed_dim, num_heads=base.num_heads,
@@ -224,7 +224,7 @@ def built_with() -> dict[str, str]:
               isa=cpu_isa.effective_isa(), xla_flags=os.environ.get("XLA_FLAGS", ""))
 
 
-def build(base: BuildSettings, task: ml_collections.ConfigDict, out_dir: str,
+def build(base: BuildSettings, task: TaskSettings, out_dir: str,
           command: str, name: str = "") -> dict[str, Any]:
   """Trains a demo base model and writes it, with its manifest, to the new `out_dir`.
 

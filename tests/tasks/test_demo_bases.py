@@ -170,7 +170,8 @@ def test_builder_writes_the_shipped_architecture_and_tokenizer(tmp_path):
   settings = tiny_base_model.BuildSettings(
       **dict(demo_bases.read_manifest(shipped)["build"], sft_steps=3))
   out = tmp_path / "built"
-  manifest = tiny_base_model.build(settings, _config("hard").task, str(out), command="test")
+  task = tasks.TaskSettings.from_config(_config("hard").task)
+  manifest = tiny_base_model.build(settings, task, str(out), command="test")
   assert demo_bases.verify(str(out)) == manifest
   assert manifest["build"]["sft_steps"] == 3
   read = lambda d, f: json.load(open(os.path.join(d, f)))
@@ -181,7 +182,7 @@ def test_builder_writes_the_shipped_architecture_and_tokenizer(tmp_path):
   assert model.cfg == hf_checkpoint.load_model(shipped).cfg
   # The builder never replaces a directory.
   with pytest.raises(FileExistsError, match="already exists"):
-    tiny_base_model.build(settings, _config("hard").task, str(out), command="test")
+    tiny_base_model.build(settings, task, str(out), command="test")
   assert demo_bases.verify(str(out)) == manifest
 
 
