@@ -306,7 +306,7 @@ def test_a_run_flushes_metrics_held_for_an_object_store_when_it_closes(tmp_path,
   at_save = []
   monkeypatch.setattr(checkpointing, "save", lambda *_, **__: at_save.append(
       [r["step"] for r in run_dir.read_metrics(str(tmp_path))]))
-  state.learner = types.SimpleNamespace(params={}, opt_state={}, critic=None)
+  state.learner = types.SimpleNamespace(params={}, opt_state={}, critic=None, lora=False)
   state.save()
   assert at_save == [[0, 1]]
   state.counters.step = 2
