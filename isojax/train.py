@@ -3,13 +3,14 @@
 `run(settings, workdir)` is the whole job and is importable from a notebook (a
 ConfigDict given there is resolved into the frozen `RunSettings` at its top, once; the
 memory plan returns new settings with its passes filled in, and config.json is written
-from them); `main.py` only parses flags. It reads top to bottom: the inputs checked (`_check_inputs`), the
-run directory and the run's state (`run_state.RunState`: counters, checkpoints,
-writers; `save`, `stop`, `preempt`), the learner restored (`_learner`), the rollout
-source (`rl/sources.py`: synchronous, dynamic sampling, pipelined or in flight), then
-the loop: a batch from the source, one update (`_train_on`), the guards, evaluation,
-logging and checkpoints. The problem order and every random key are functions of
-(seed, step), so a run resumed from its checkpoint continues exactly where it stopped.
+from them); `main.py` only parses flags. It reads top to bottom: the inputs checked
+(`_check_inputs`), the run directory and the run's state (`run_state.RunState`:
+counters, checkpoints, writers; `save`, `stop`, `preempt`), the learner restored
+(`_learner`), the rollout source (`rl/sources.py`: synchronous, dynamic sampling,
+pipelined or in flight), then the loop: a batch from the source, one update
+(`_train_on`), the guards, evaluation, logging and checkpoints. The problem order and
+every random key are functions of (seed, step), so a run resumed from its checkpoint
+continues exactly where it stopped.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The suite's guard against the kernel's limit on a worker's memory mappings
-(conftest.py, worker_memory.py): the mappings it counts are the kernel's, compiled programs hold them,
-and clearing JAX's caches gives them back."""
+(conftest.py, worker_memory.py): the mappings it counts are the kernel's, compiled
+programs hold them, and clearing JAX's caches gives them back."""
 
 import gc
 import sys
