@@ -46,7 +46,7 @@ import sys
 from absl import app, flags, logging
 
 from isojax import storage
-from isojax.sweeps import plan as sweep_plan
+from isojax.sweeps import sweep_config
 from isojax.sweeps import profile_flags, profiling
 from isojax.sweeps import runner as sweep_runner
 from isojax.sweeps import study as study_lib
@@ -89,7 +89,7 @@ def main(argv):
   try:
     overrides = study_lib.Overrides(budget=_BUDGET.value, evals_per_run=_EVALS.value,
                                     seeds=tuple(int(s) for s in _SEEDS.value))
-  except sweep_plan.SweepError as e:
+  except sweep_config.SweepError as e:
     raise app.UsageError(f"--budget_rollouts, --evals_per_run or --seeds: {e}") from None
   logging.set_verbosity(logging.INFO)
   out_dir = storage.absolute(_OUT.value)
@@ -98,7 +98,7 @@ def main(argv):
     study = study_lib.run(out_dir, profile_config=_PROFILE_CONFIG.value, sweeps=_SWEEPS.value,
                           workers=workers, options_from_dir=_PROFILE_OPTIONS,
                           overrides=overrides, extend=_EXTEND.value)
-  except (profiling.ProfileError, sweep_plan.SweepError) as e:
+  except (profiling.ProfileError, sweep_config.SweepError) as e:
     raise SystemExit(f"launch.study: error: {e}") from None
   except (KeyboardInterrupt, sweep_runner.Interrupted) as e:
     raise sweep_runner.interrupted_exit("launch.study", e) from None

@@ -44,7 +44,10 @@ from ml_collections import config_flags
 from isojax import configs, storage
 from isojax.planner import analysis
 from isojax.sweeps import cluster as cluster_scripts
-from isojax.sweeps import plan as sweep_plan
+from isojax.sweeps import sweep_analysis
+from isojax.sweeps import sweep_config
+from isojax.sweeps import layout as sweep_layout
+from isojax.sweeps import manifest as sweep_manifest
 from isojax.sweeps import runner as sweep_runner
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -110,9 +113,9 @@ def main(argv):
   logging.set_verbosity(logging.INFO)
   out_dir = storage.absolute(_OUT.value)
   try:
-    manifest = sweep_plan.prepare(_CONFIG.value, out_dir, _BACKEND.value,
+    manifest = sweep_manifest.prepare(_CONFIG.value, out_dir, _BACKEND.value,
                                   extend=_EXTEND.value)
-  except sweep_plan.SweepError as e:
+  except sweep_config.SweepError as e:
     raise SystemExit(f"launch.sweep: error: {e}") from None
   if _BACKEND.value != "local":
     _cluster(manifest, out_dir)
@@ -120,32 +123,32 @@ def main(argv):
   failed = []
   if _RUN.value:
     workers = _WORKERS.value or sweep_runner.default_workers()
-    cache = (os.path.join(out_dir, sweep_plan.CACHE_DIR) if _CACHE.value is None
+    cache = (os.path.join(out_dir, sweep_layout.CACHE_DIR) if _CACHE.value is None
              else _CACHE.value)
     logging.info("%d runs (%d finished) with %d worker(s)", len(manifest["runs"]),
-                 sum(e["state"] == sweep_plan.DONE for e in manifest["runs"]), workers)
+                 sum(e["state"] == sweep_layout.DONE for e in manifest["runs"]), workers)
     try:
       failed = sweep_runner.run_local(out_dir, manifest, workers=workers, cache_dir=cache)
-    except sweep_plan.SweepError as e:
+    except sweep_config.SweepError as e:
       raise SystemExit(f"launch.sweep: error: {e}") from None
     except (KeyboardInterrupt, sweep_runner.Interrupted) as e:
       raise sweep_runner.interrupted_exit("launch.sweep", e) from None
   if _ANALYZE.value:
     try:
-      print(sweep_plan.format_analysis(sweep_plan.analyze(out_dir, _CONFIG.value)))
+      print(sweep_analysis.format_analysis(sweep_analysis.analyze(out_dir, _CONFIG.value)))
     except analysis.AnalysisError as e:
       print(f"launch.sweep: analysis failed: {e}", file=sys.stderr)
       failed = failed or ["analysis"]
-  unfinished = [e["name"] for e in manifest["runs"] if e["state"] != sweep_plan.DONE]
+  unfinished = [e["name"] for e in manifest["runs"] if e["state"] != sweep_layout.DONE]
   if failed or unfinished:
     for e in manifest["runs"]:
-      if e["state"] == sweep_plan.FAILED:
+      if e["state"] == sweep_layout.FAILED:
         print(f"FAILED {e['name']}: {e.get('error', '')}", file=sys.stderr)
     raise SystemExit(f"launch.sweep: {len(unfinished)} of {len(manifest['runs'])} runs not "
                      f"finished ({', '.join(unfinished) or 'analysis failed'}); see "
-                     f"{os.path.join(out_dir, sweep_plan.MANIFEST_FILE)}")
+                     f"{os.path.join(out_dir, sweep_layout.MANIFEST_FILE)}")
   print(f"all {len(manifest['runs'])} runs finished; manifest "
-        f"{os.path.join(out_dir, sweep_plan.MANIFEST_FILE)}")
+        f"{os.path.join(out_dir, sweep_layout.MANIFEST_FILE)}")
 
 
 if __name__ == "__main__":

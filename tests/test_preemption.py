@@ -18,7 +18,7 @@ import pytest
 
 from isojax import evaluation, metrics, preemption, run_dir, train, workdir_lock
 from isojax.rl import batch as rl_batch
-from isojax.sweeps import plan as sweep_plan
+from isojax.sweeps import layout as sweep_layout
 from isojax.sweeps import runner
 from isojax.tasks import prompts
 
@@ -182,15 +182,15 @@ def test_the_sweep_runner_keeps_a_preempted_run_pending(tmp_path):
     writer = run_dir.MetricsWriter(str(workdir))
     for line in lines:
       writer.write(line)
-    entry = dict(name=name, num_steps=8, state=sweep_plan.RUNNING)
+    entry = dict(name=name, num_steps=8, state=sweep_layout.RUNNING)
     os.makedirs(workdir, exist_ok=True)
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     active = runner._Active(entry, proc, open(workdir / "l", "w"),  # pylint: disable=protected-access
                             open(workdir / runner.LOG_FILE, "w"), time.time())
-    os.makedirs(sweep_plan.run_dir_of(str(tmp_path), name), exist_ok=True)
+    os.makedirs(sweep_layout.run_dir_of(str(tmp_path), name), exist_ok=True)
     runner._finish(str(tmp_path), active)  # pylint: disable=protected-access
-    want = sweep_plan.PENDING if pending else sweep_plan.FAILED
+    want = sweep_layout.PENDING if pending else sweep_layout.FAILED
     assert entry["state"] == want, entry
 
 

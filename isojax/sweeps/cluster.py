@@ -1,6 +1,6 @@
 """Cluster backends of `launch.sweep`: a SLURM array script and TPU-VM pod commands.
 
-Both are generated from the sweep's plans (`sweep_plan.prepare` writes
+Both are generated from the sweep's plans (`isojax.sweeps.manifest.prepare` writes
 `DIR/runs/<name>/plan.json` first) and run the same command as the local backend,
 `python -m isojax.main --config=configs/from_json.py:<plan.json> --workdir=<run dir>`,
 so a resubmitted job resumes every run from its checkpoint. Multi-host runs get their

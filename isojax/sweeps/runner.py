@@ -1,6 +1,6 @@
 """The local backend of `launch.sweep`: a pool of `python -m isojax.main` subprocesses.
 
-`run_local` runs every unfinished run of a prepared sweep (`isojax.sweeps.plan`) with
+`run_local` runs every unfinished run of a prepared sweep (`isojax.sweeps.manifest`) with
 `workers` parallel subprocesses, each with its output in the run's log.txt, and keeps
 the manifest current. Finished runs are never relaunched; anything else is relaunched
 with the same command, which resumes from the run's last checkpoint. A lock file held
@@ -27,8 +27,10 @@ from absl import logging
 
 import isojax
 from isojax import configs, metrics, run_dir, storage
-from isojax.sweeps import plan as sweep_plan
-from isojax.sweeps.plan import DONE, FAILED, PENDING, RUNNING
+from isojax.sweeps import sweep_config
+from isojax.sweeps import layout as sweep_layout
+from isojax.sweeps import manifest as sweep_manifest
+from isojax.sweeps.layout import DONE, FAILED, PENDING, RUNNING
 
 LOCK_FILE = ".lock"
 LOG_FILE = "log.txt"
@@ -165,7 +167,7 @@ def run_local(out_dir: str, manifest: dict[str, Any], *, workers: int,
   subprocesses, mark them pending and leave the manifest consistent.
   """
   if storage.is_uri(out_dir):
-    raise sweep_plan.SweepError(
+    raise sweep_config.SweepError(
         f"--out={out_dir}: the local backend locks and logs each run in its directory, "
         "which needs a local (or mounted) path; run gs:// sweeps with --backend=tpu, or "
         "use --norun to refresh the manifest and analysis there")
@@ -175,7 +177,7 @@ def run_local(out_dir: str, manifest: dict[str, Any], *, workers: int,
   for e in entries:
     if e["state"] == DONE:
       logging.info("skipping %s: finished (%s)", e["name"],
-                   sweep_plan.format_final(e.get("final")))
+                   sweep_manifest.format_final(e.get("final")))
   if not todo:
     return []
   env = worker_env(workers, cache_dir)
@@ -204,16 +206,16 @@ def run_local(out_dir: str, manifest: dict[str, Any], *, workers: int,
         if isinstance(started, dict):  # finished by another launcher meanwhile
           bar.update(1)
           finished_count += 1
-          sweep_plan.write_manifest(out_dir, manifest)
+          sweep_manifest.write_manifest(out_dir, manifest)
           continue
         active.append(started)
-        sweep_plan.write_manifest(out_dir, manifest)
+        sweep_manifest.write_manifest(out_dir, manifest)
       for a in list(active):
         if a.proc.poll() is None:
           continue
         active.remove(a)
         _finish(out_dir, a)
-        sweep_plan.write_manifest(out_dir, manifest)
+        sweep_manifest.write_manifest(out_dir, manifest)
         bar.update(1)
         finished_count += 1
         tqdm.tqdm.write(_finish_line(a.entry, done_before + finished_count, len(entries)))
@@ -237,7 +239,7 @@ def run_local(out_dir: str, manifest: dict[str, Any], *, workers: int,
                      wall_s=round(time.time() - a.start, 1))
       a.log.close()
       a.lock.close()
-    sweep_plan.write_manifest(out_dir, manifest)
+    sweep_manifest.write_manifest(out_dir, manifest)
     raise
   finally:
     bar.close()
@@ -248,11 +250,11 @@ def run_local(out_dir: str, manifest: dict[str, Any], *, workers: int,
 
 def _start(out_dir: str, entry: dict[str, Any], env: dict[str, str]):
   """Starts one run; None if another process holds it, the entry if it is finished."""
-  workdir = sweep_plan.run_dir_of(out_dir, entry["name"])
+  workdir = sweep_layout.run_dir_of(out_dir, entry["name"])
   lock = _try_lock(workdir)
   if lock is None:
     return None
-  final = sweep_plan.final_metrics(workdir, entry["num_steps"])
+  final = sweep_manifest.final_metrics(workdir, entry["num_steps"])
   if final is not None:
     lock.close()
     _done_elsewhere(entry, workdir, final)
@@ -287,8 +289,8 @@ def _finish(out_dir: str, a: _Active) -> None:
   entry, code = a.entry, a.proc.returncode
   a.log.close()
   a.lock.close()
-  workdir = sweep_plan.run_dir_of(out_dir, entry["name"])
-  final = sweep_plan.final_metrics(workdir, entry["num_steps"])
+  workdir = sweep_layout.run_dir_of(out_dir, entry["name"])
+  final = sweep_manifest.final_metrics(workdir, entry["num_steps"])
   entry.update(returncode=code, wall_s=round(time.time() - a.start, 1), pid=None,
                finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
   if code == 0 and final is not None:
@@ -316,7 +318,7 @@ def _preempted(workdir: str) -> bool:
 def _finish_line(entry: dict[str, Any], count: int, total: int) -> str:
   head = f"[{count}/{total}] {entry['name']} {entry['state']} in {entry['wall_s']:.1f} s"
   if entry["state"] == DONE:
-    return f"{head}: {sweep_plan.format_final(entry['final'])}"
+    return f"{head}: {sweep_manifest.format_final(entry['final'])}"
   if entry["state"] == PENDING:
     return f"{head}: preempted; the next launch resumes it"
   return f"{head} (exit status {entry['returncode']}; see {entry['error'].splitlines()[0]})"

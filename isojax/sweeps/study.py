@@ -19,7 +19,10 @@ import ml_collections
 
 from isojax import storage
 from isojax.planner import analysis, findings
-from isojax.sweeps import plan as sweep_plan
+from isojax.sweeps import sweep_analysis
+from isojax.sweeps import sweep_config
+from isojax.sweeps import layout as sweep_layout
+from isojax.sweeps import manifest as sweep_manifest
 from isojax.sweeps import profiling
 from isojax.sweeps import runner as sweep_runner
 
@@ -30,7 +33,7 @@ STUDY_FILE = "study.json"
 def profile(out_dir: str, profile_config: str, options: profiling.Options
             ) -> tuple[str, list[profiling.SplitSummary]]:
   """The splits of `profile_config`'s base model in DIR/splits; (the model, summaries)."""
-  config = sweep_plan.load_config_file(profile_config)
+  config = sweep_config.load_config_file(profile_config)
   summaries = profiling.profile(config, options)
   print(profiling.format_table(summaries, options.num_samples), flush=True)
   return profiling.model_path(config), summaries
@@ -45,17 +48,17 @@ class Overrides:
 
   def __post_init__(self):
     if self.budget < 0:
-      raise sweep_plan.SweepError(f"budget={self.budget}: expected >= 1, or 0 for each "
+      raise sweep_config.SweepError(f"budget={self.budget}: expected >= 1, or 0 for each "
                                   "sweep config's own")
     if self.evals_per_run < 0:
-      raise sweep_plan.SweepError(f"evals_per_run={self.evals_per_run}: expected >= 1, or 0 "
+      raise sweep_config.SweepError(f"evals_per_run={self.evals_per_run}: expected >= 1, or 0 "
                                   "for each sweep config's own")
-    sweep_plan.check_seeds(self.seeds)
+    sweep_config.check_seeds(self.seeds)
 
 
 def load_sweep(spec: str, overrides: Overrides = Overrides()) -> ml_collections.ConfigDict:
   """The sweep config `spec` with the study's `overrides` set over its own."""
-  sweep = sweep_plan.load_config_file(spec)
+  sweep = sweep_config.load_config_file(spec)
   if overrides.budget:
     sweep.budget_rollouts = overrides.budget
   if overrides.evals_per_run:
@@ -69,32 +72,32 @@ def run_sweep(spec: str, out_dir: str, model: str | None, workers: int,
               overrides: Overrides = Overrides(), extend: bool = False) -> dict:
   """Runs one sweep on the study's splits (`model`: the profiled base model, None when
   nothing was profiled; `extend`: train runs planned for a smaller budget on, see
-  `sweep_plan.prepare`; `overrides`: see `load_sweep`); returns its entry of
+  `sweep_manifest.prepare`; `overrides`: see `load_sweep`); returns its entry of
   study.json."""
   sweep = load_sweep(spec, overrides)
   split = sweep.overrides.get("task", {}).get("split")
   if split and model is None:
-    raise sweep_plan.SweepError(
+    raise sweep_config.SweepError(
         f"{spec}: its runs use the profiled split {split!r}, but this study profiles "
         "nothing (an empty profile config); give the base model's config to profile")
   if split:
     sweep.overrides.task.splits_dir = os.path.join(out_dir, SPLITS_DIR)
-  run_model = profiling.model_path(sweep_plan.base_run_config(sweep))
+  run_model = profiling.model_path(sweep_config.base_run_config(sweep))
   if split and run_model != model:
-    raise sweep_plan.SweepError(
+    raise sweep_config.SweepError(
         f"{spec}: its runs use the base model {run_model}, but the splits were profiled "
         f"with {model}; use the same base model (or --profile_config)")
   sweep_dir = os.path.join(out_dir, sweep.name)
-  manifest = sweep_plan.prepare(sweep, sweep_dir, "local", extend=extend)
+  manifest = sweep_manifest.prepare(sweep, sweep_dir, "local", extend=extend)
   print(f"\n== sweep {sweep.name}: {len(manifest['runs'])} runs "
         f"({manifest['total_rollouts']:,} rollouts) in {sweep_dir}", flush=True)
   failed = sweep_runner.run_local(sweep_dir, manifest, workers=workers,
-                                  cache_dir=os.path.join(sweep_dir, sweep_plan.CACHE_DIR))
+                                  cache_dir=os.path.join(sweep_dir, sweep_layout.CACHE_DIR))
   entry = dict(dir=sweep_dir, config=spec, num_runs=len(manifest["runs"]), failed=failed,
                wall_s=sum(e.get("wall_s") or 0.0 for e in manifest["runs"]))
   try:
-    summary = sweep_plan.analyze(sweep_dir, sweep)
-    print(sweep_plan.format_analysis(summary), flush=True)
+    summary = sweep_analysis.analyze(sweep_dir, sweep)
+    print(sweep_analysis.format_analysis(summary), flush=True)
     entry["analysis"] = summary
   except analysis.AnalysisError as e:
     logging.error("analysis of %s failed: %s", sweep_dir, e)

@@ -13,7 +13,7 @@ from isojax import config_lib, run_dir, storage
 from isojax.planner import analysis, plots, synthetic
 from isojax.tasks import splits
 from isojax.tasks.problem import Problem
-from isojax.sweeps import plan as sweep_plan
+from isojax.sweeps import manifest as sweep_manifest
 
 
 @pytest.fixture(params=["local", "gs"])
@@ -138,7 +138,7 @@ def test_a_damaged_last_line_is_a_format_error_naming_the_file(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(finished + damaged)
     with pytest.raises(run_dir.RunFormatError, match="metrics.jsonl:a line near its end"):
       run_dir.last_metrics(tmp_path)
-    assert sweep_plan.final_metrics(str(tmp_path), 1) is None
+    assert sweep_manifest.final_metrics(str(tmp_path), 1) is None
   (tmp_path / "metrics.jsonl").write_bytes(finished.encode() + b'{"a": "\xff"}\n')
   with pytest.raises(run_dir.RunFormatError, match="not UTF-8 near its end"):
     run_dir.last_metrics(tmp_path)
@@ -210,9 +210,9 @@ def test_splits_configs_and_manifests(root):
   config = config_lib.config_from_json(f"{root}/plan.json")
   assert (config.rollouts_per_problem, config.rl.kl_coef, config.problems_per_batch) == (
       2, 0.5, config_lib.base_config().problems_per_batch)
-  assert sweep_plan.read_manifest(f"{root}/sweep") is None
-  sweep_plan.write_manifest(f"{root}/sweep", {"name": "s", "runs": [{"name": "a"}]})
-  manifest = sweep_plan.read_manifest(f"{root}/sweep")
+  assert sweep_manifest.read_manifest(f"{root}/sweep") is None
+  sweep_manifest.write_manifest(f"{root}/sweep", {"name": "s", "runs": [{"name": "a"}]})
+  manifest = sweep_manifest.read_manifest(f"{root}/sweep")
   assert manifest["runs"] == [{"name": "a"}] and manifest["name"] == "s"
 
 

@@ -7,11 +7,12 @@ import pytest
 from isojax import run_settings as settings_lib
 from isojax import tasks
 from isojax.tasks import Problem
+from isojax.sweeps import sweep_config
 from isojax.sweeps import plan as sweep_plan
 
 
 def _plan(spec):
-  sweep = sweep_plan.load_config_file(spec)
+  sweep = sweep_config.load_config_file(spec)
   sweep.overrides.task.split = ""  # generated problems: no profiled split needed
   return {r.name: r for r in sweep_plan.plan_runs(sweep)}
 
@@ -85,7 +86,7 @@ def test_reasoning_sweep_runs_the_reasoning_gym_family():
 
 
 def _micro():
-  return sweep_plan.load_config_file("configs/sweep_hard.py:micro")
+  return sweep_config.load_config_file("configs/sweep_hard.py:micro")
 
 
 @pytest.mark.parametrize("field,value,match", [
@@ -98,28 +99,28 @@ def _micro():
 def test_bad_sweep_fields_are_named(field, value, match):
   sweep = _micro()
   sweep[field] = value
-  with pytest.raises(sweep_plan.SweepError, match=match):
+  with pytest.raises(sweep_config.SweepError, match=match):
     sweep_plan.plan_runs(sweep)
 
 
 def test_bad_variants_are_named():
   sweep = _micro()
   sweep.variants = ml_collections.ConfigDict({"a": {"kind": "fixed_batch"}})
-  with pytest.raises(sweep_plan.SweepError, match="variants.a: cannot set field"):
+  with pytest.raises(sweep_config.SweepError, match="variants.a: cannot set field"):
     sweep_plan.plan_runs(sweep)
   sweep = _micro()
   sweep.variants = ml_collections.ConfigDict({"a": {"seeds": (1,)}})
-  with pytest.raises(sweep_plan.SweepError, match="takes no variants"):
+  with pytest.raises(sweep_config.SweepError, match="takes no variants"):
     sweep_plan.plan_runs(sweep)
   sweep = _micro()
   sweep.kind = "decoupled_baseline"
-  with pytest.raises(sweep_plan.SweepError, match="plain_train"):
+  with pytest.raises(sweep_config.SweepError, match="plain_train"):
     sweep_plan.plan_runs(sweep)
   sweep = _micro()
   sweep.kind = "algorithms"
   sweep.variants = ml_collections.ConfigDict({"a": {"overrides": {"rl": {"polcy_loss": "x"}}},
                                               "b": {}})
-  with pytest.raises(sweep_plan.SweepError, match="polcy_loss"):
+  with pytest.raises(sweep_config.SweepError, match="polcy_loss"):
     sweep_plan.plan_runs(sweep)
 
 
@@ -141,7 +142,7 @@ def test_recall_sweeps_spend_their_budgets_on_their_levels():
       ("configs/sweep_recall_hard.py", 65536, (4, 8), 12),
       ("configs/sweep_recall_easy.py", 4096, (1, 2), 9),
       ("configs/sweep_recall_easy.py:long", 16384, (1, 2), 12)):
-    sweep = sweep_plan.load_config_file(spec)
+    sweep = sweep_config.load_config_file(spec)
     runs = {r.name: r for r in sweep_plan.plan_runs(sweep)}
     assert len(runs) == runs_wanted, spec
     keys = 64 * (levels[1] - levels[0] + 1)
@@ -162,8 +163,8 @@ def test_the_constant_lr_control_changes_only_the_lr_rule_and_the_name():
   for spec, preset in (("configs/sweep_recall_hard.py", "constant_lr"),
                        ("configs/sweep_recall_easy.py", "constant_lr"),
                        ("configs/sweep_recall_easy.py:long", "long_constant_lr")):
-    plain = sweep_plan.load_config_file(spec)
-    control = sweep_plan.load_config_file(f"{spec.split(':')[0]}:{preset}")
+    plain = sweep_config.load_config_file(spec)
+    control = sweep_config.load_config_file(f"{spec.split(':')[0]}:{preset}")
     assert control.name == plain.name + "_constant_lr"
     runs = {r.name: r.config for r in sweep_plan.plan_runs(plain)}
     controls = {r.name: r.config for r in sweep_plan.plan_runs(control)}
@@ -184,7 +185,7 @@ def test_the_constant_lr_control_changes_only_the_lr_rule_and_the_name():
 
 def test_smollm2_sweep_plans_four_values_of_n():
   runs = {r.name: r for r in sweep_plan.plan_runs(
-      sweep_plan.load_config_file("configs/sweep_smollm2.py"))}
+      sweep_config.load_config_file("configs/sweep_smollm2.py"))}
   assert sorted(_alloc(r) for r in runs.values()) == [(8, n, 1024 // (8 * n))
                                                        for n in (2, 4, 8, 16)]
   for r in runs.values():
@@ -194,7 +195,7 @@ def test_smollm2_sweep_plans_four_values_of_n():
 
 def test_a_study_without_a_profile_refuses_a_sweep_on_a_split(tmp_path):
   from isojax.sweeps import study as study_lib  # pylint: disable=g-import-not-at-top
-  with pytest.raises(sweep_plan.SweepError, match=r"sweep_hard.py: its runs use the "
+  with pytest.raises(sweep_config.SweepError, match=r"sweep_hard.py: its runs use the "
                      r"profiled split 'hard', but this study profiles nothing"):
     study_lib.run_sweep("configs/sweep_hard.py", str(tmp_path), None, workers=1)
   assert list(tmp_path.iterdir()) == []  # nothing planned or written

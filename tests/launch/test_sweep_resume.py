@@ -16,7 +16,8 @@ import time
 import pytest
 
 from isojax import run_dir
-from isojax.sweeps import plan as sweep_plan
+from isojax.sweeps import layout as sweep_layout
+from isojax.sweeps import manifest as sweep_manifest
 from isojax.sweeps import runner as sweep_runner
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -111,7 +112,7 @@ def test_killed_sweep_resumes_without_redoing_finished_runs(tmp_path):
   worker_env = sweep_runner.worker_env(2, os.environ.get("JAX_COMPILATION_CACHE_DIR"),
                                        base=env)
   references = {name: subprocess.Popen(
-      sweep_runner.main_command(sweep_plan.plan_path(str(out), name), str(reference / name)),
+      sweep_runner.main_command(sweep_layout.plan_path(str(out), name), str(reference / name)),
       cwd=tmp_path, env=worker_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
       text=True) for name in partial}
   for name, ref in references.items():
@@ -125,10 +126,10 @@ def test_killed_sweep_resumes_without_redoing_finished_runs(tmp_path):
     assert manifest[name]["state"] == "done"
     if name not in finished:  # the killed launcher may not have seen the others' exit
       assert manifest[name]["returncode"] == 0
-    assert manifest[name]["final"] == sweep_plan.final_metrics(
+    assert manifest[name]["final"] == sweep_manifest.final_metrics(
         str(out / "runs" / name), runs[name])
   for name in partial:
-    assert manifest[name]["final"] == sweep_plan.final_metrics(str(reference / name),
+    assert manifest[name]["final"] == sweep_manifest.final_metrics(str(reference / name),
                                                                runs[name])
   for sub in ("", "best@4", "worst@4"):
     for name in ("analysis.json", "metric_vs_compute.png", "n_star.png", "views.png"):

@@ -18,6 +18,9 @@ import ml_collections
 import pytest
 
 from isojax import run_dir
+from isojax.sweeps import sweep_config
+from isojax.sweeps import layout as sweep_layout
+from isojax.sweeps import manifest as sweep_manifest
 from isojax.sweeps import plan as sweep_plan
 from isojax.sweeps import runner as sweep_runner
 from isojax.sweeps import study as study_lib
@@ -58,7 +61,7 @@ def fake_main(tmp_path, monkeypatch):
 
 
 def _sweep(**fields):
-  sweep = sweep_plan.load_config_file("configs/sweep_hard.py:micro")
+  sweep = sweep_config.load_config_file("configs/sweep_hard.py:micro")
   sweep.update(fields)
   return sweep
 
@@ -72,7 +75,7 @@ def _intervals(record):
 
 def test_failures_are_recorded_and_do_not_stop_the_others(tmp_path, fake_main):
   out = str(tmp_path / "sweep")
-  manifest = sweep_plan.prepare(_sweep(), out, "local")
+  manifest = sweep_manifest.prepare(_sweep(), out, "local")
   assert [e["name"] for e in manifest["runs"]] == ["bp4_n2", "bp4_n4", "bp4_n8"]
   failed = sweep_runner.run_local(out, manifest, workers=1, cache_dir=None, poll_s=0.05)
   assert failed == ["bp4_n4"]
@@ -87,7 +90,7 @@ def test_failures_are_recorded_and_do_not_stop_the_others(tmp_path, fake_main):
   assert starts["bp4_n8"] >= ends["bp4_n2"]
 
   # Rerunning retries only the failed run.
-  manifest = sweep_plan.prepare(_sweep(), out, "local")
+  manifest = sweep_manifest.prepare(_sweep(), out, "local")
   fake_main.write_text("")
   assert sweep_runner.run_local(out, manifest, workers=2, cache_dir=None,
                                 poll_s=0.05) == ["bp4_n4"]
@@ -97,9 +100,9 @@ def test_failures_are_recorded_and_do_not_stop_the_others(tmp_path, fake_main):
 
 def test_workers_run_in_parallel_and_a_locked_run_waits(tmp_path, fake_main):
   out = str(tmp_path / "sweep")
-  manifest = sweep_plan.prepare(_sweep(), out, "local")
+  manifest = sweep_manifest.prepare(_sweep(), out, "local")
   # Another process holds bp4_n8 and finishes it while this launcher waits.
-  workdir = sweep_plan.run_dir_of(out, "bp4_n8")  # prepare() made it (plan.json)
+  workdir = sweep_layout.run_dir_of(out, "bp4_n8")  # prepare() made it (plan.json)
   holder = open(os.path.join(workdir, sweep_runner.LOCK_FILE), "w")
   fcntl.flock(holder.fileno(), fcntl.LOCK_EX)
 
@@ -131,7 +134,7 @@ def test_a_sigterm_just_after_a_start_stops_that_worker_too(tmp_path, fake_main,
   """The signal lands right after `Popen` returns, before the run is tracked: the
   launcher still stops that worker, waits for it and marks its run pending."""
   out = str(tmp_path / "sweep")
-  manifest = sweep_plan.prepare(_sweep(), out, "local")
+  manifest = sweep_manifest.prepare(_sweep(), out, "local")
   started = []
   real_popen = sweep_runner.subprocess.Popen
 
@@ -154,9 +157,9 @@ def test_a_sigterm_just_after_a_start_stops_that_worker_too(tmp_path, fake_main,
 
 def test_a_changed_plan_is_refused_and_worker_env(tmp_path):
   out = str(tmp_path / "sweep")
-  sweep_plan.prepare(_sweep(), out, "local")
-  with pytest.raises(sweep_plan.SweepError, match=r"bp4_n2/plan.json.*eval.every"):
-    sweep_plan.prepare(_sweep(evals_per_run=2), out, "local")
+  sweep_manifest.prepare(_sweep(), out, "local")
+  with pytest.raises(sweep_config.SweepError, match=r"bp4_n2/plan.json.*eval.every"):
+    sweep_manifest.prepare(_sweep(evals_per_run=2), out, "local")
   # A plan written before a field existed is the same plan when the field keeps its
   # default (from_json fills it in); given another value, it is a change.
   path = os.path.join(out, "runs", "bp4_n2", "plan.json")
@@ -165,11 +168,11 @@ def test_a_changed_plan_is_refused_and_worker_env(tmp_path):
   del older["model"]["lora"]
   with open(path, "w") as f:
     json.dump(older, f)
-  sweep_plan.prepare(_sweep(), out, "local")
+  sweep_manifest.prepare(_sweep(), out, "local")
   lora = _sweep()
   lora.overrides.model = ml_collections.ConfigDict(dict(lora=dict(rank=2)))
-  with pytest.raises(sweep_plan.SweepError, match=r"bp4_n2/plan.json.*model\.lora\.rank"):
-    sweep_plan.prepare(lora, out, "local")
+  with pytest.raises(sweep_config.SweepError, match=r"bp4_n2/plan.json.*model\.lora\.rank"):
+    sweep_manifest.prepare(lora, out, "local")
   env = sweep_runner.worker_env(2, "/tmp/cache", base={
       "XLA_FLAGS": "--xla_foo=1", "JAX_COMPILATION_CACHE_DIR": "/tmp/elsewhere"})
   assert env["XLA_FLAGS"] == "--xla_foo=1 --xla_cpu_multi_thread_eigen=false"
@@ -182,19 +185,19 @@ def test_a_changed_plan_is_refused_and_worker_env(tmp_path):
 def test_sweep_overrides_go_through_the_config_layer():
   sweep = _sweep()
   sweep.overrides.rl = ml_collections.ConfigDict(dict(klcoef=0.1))
-  with pytest.raises(sweep_plan.SweepError, match=r"^sweep config overrides: unknown "
+  with pytest.raises(sweep_config.SweepError, match=r"^sweep config overrides: unknown "
                      r"field\(s\) rl\.klcoef \(did you mean rl\.kl_coef\?\)$"):
-    sweep_plan.base_run_config(sweep)
+    sweep_config.base_run_config(sweep)
   sweep.overrides.rl = ml_collections.ConfigDict(dict(kl_coef=0.25))
   sweep.overrides.base_model = ml_collections.ConfigDict(dict(path="/tmp/models/qwen"))
-  base = sweep_plan.base_run_config(sweep)
+  base = sweep_config.base_run_config(sweep)
   # configs/hard.py:micro (micro preset: 4 rollouts, 3 steps) with the two overrides.
   assert (base.rl.kl_coef, base.base_model.path, base.task.split) == (
       0.25, "/tmp/models/qwen", "")
   assert (base.rollouts_per_problem, base.num_steps) == (4, 3)
-  with pytest.raises(sweep_plan.SweepError, match=r"config file 'configs/nope\.py' does "
+  with pytest.raises(sweep_config.SweepError, match=r"config file 'configs/nope\.py' does "
                      "not exist"):
-    sweep_plan.load_config_file("configs/nope.py:micro")
+    sweep_config.load_config_file("configs/nope.py:micro")
 
 
 def _finished(out, name, steps):
@@ -206,45 +209,45 @@ def _finished(out, name, steps):
 
 def test_an_extension_rewrites_only_plans_cut_shorter_and_resumes_them_allowed(tmp_path):
   out = str(tmp_path / "sweep")
-  manifest = sweep_plan.prepare(_sweep(budget_rollouts=128), out, "local")
+  manifest = sweep_manifest.prepare(_sweep(budget_rollouts=128), out, "local")
   steps = {e["name"]: e["num_steps"] for e in manifest["runs"]}
   for name, m in steps.items():
     _finished(out, name, m)
-  plans = {n: open(sweep_plan.plan_path(out, n)).read() for n in steps}
+  plans = {n: open(sweep_layout.plan_path(out, n)).read() for n in steps}
   # Twice the budget: refused as it was, with the way on named; nothing is rewritten.
-  with pytest.raises(sweep_plan.SweepError, match=r"--extend\) from 16 to 32 steps"):
-    sweep_plan.prepare(_sweep(budget_rollouts=256), out, "local")
-  with pytest.raises(sweep_plan.SweepError, match="--backend=local"):
-    sweep_plan.prepare(_sweep(budget_rollouts=256), out, "tpu", extend=True)
+  with pytest.raises(sweep_config.SweepError, match=r"--extend\) from 16 to 32 steps"):
+    sweep_manifest.prepare(_sweep(budget_rollouts=256), out, "local")
+  with pytest.raises(sweep_config.SweepError, match="--backend=local"):
+    sweep_manifest.prepare(_sweep(budget_rollouts=256), out, "tpu", extend=True)
   # Another change beside the length is no extension.
   other = _sweep(budget_rollouts=256)
   other.overrides.optim = ml_collections.ConfigDict(dict(learning_rate=0.5))
-  with pytest.raises(sweep_plan.SweepError, match="optim.learning_rate"):
-    sweep_plan.prepare(other, out, "local", extend=True)
+  with pytest.raises(sweep_config.SweepError, match="optim.learning_rate"):
+    sweep_manifest.prepare(other, out, "local", extend=True)
   # A shorter budget is not one either.
-  with pytest.raises(sweep_plan.SweepError, match="num_steps"):
-    sweep_plan.prepare(_sweep(budget_rollouts=64), out, "local", extend=True)
-  assert {n: open(sweep_plan.plan_path(out, n)).read() for n in steps} == plans
-  manifest = sweep_plan.prepare(_sweep(budget_rollouts=256), out, "local", extend=True)
+  with pytest.raises(sweep_config.SweepError, match="num_steps"):
+    sweep_manifest.prepare(_sweep(budget_rollouts=64), out, "local", extend=True)
+  assert {n: open(sweep_layout.plan_path(out, n)).read() for n in steps} == plans
+  manifest = sweep_manifest.prepare(_sweep(budget_rollouts=256), out, "local", extend=True)
   for e in manifest["runs"]:
-    plan = json.load(open(sweep_plan.plan_path(out, e["name"])))
+    plan = json.load(open(sweep_layout.plan_path(out, e["name"])))
     assert plan["num_steps"] == 2 * steps[e["name"]] == e["num_steps"]
     assert plan["budget_rollouts"] == 256 and e["state"] == "pending"
     assert e["allow_changed"] == ["num_steps", "eval.every"]
     cmd = sweep_runner.main_command("p.json", "w", allow_changed=e["allow_changed"])
     assert cmd[-1] == "--allow_changed=num_steps,eval.every"
   # Rerun (a launcher that stopped before the runs resumed): the allowance stays.
-  again = sweep_plan.prepare(_sweep(budget_rollouts=256), out, "local", extend=True)
+  again = sweep_manifest.prepare(_sweep(budget_rollouts=256), out, "local", extend=True)
   assert [e["allow_changed"] for e in again["runs"]] == [["num_steps", "eval.every"]] * 3
   assert sweep_runner.main_command("p.json", "w")[-1] == "--workdir=w"
   # Denser evaluations may come with a longer plan, never alone.
   denser = _sweep(budget_rollouts=512, evals_per_run=8)
-  with pytest.raises(sweep_plan.SweepError, match="eval.count"):
-    sweep_plan.prepare(_sweep(budget_rollouts=256, evals_per_run=8), out, "local",
+  with pytest.raises(sweep_config.SweepError, match="eval.count"):
+    sweep_manifest.prepare(_sweep(budget_rollouts=256, evals_per_run=8), out, "local",
                        extend=True)
-  manifest = sweep_plan.prepare(denser, out, "local", extend=True)
+  manifest = sweep_manifest.prepare(denser, out, "local", extend=True)
   for e in manifest["runs"]:
-    plan = json.load(open(sweep_plan.plan_path(out, e["name"])))
+    plan = json.load(open(sweep_layout.plan_path(out, e["name"])))
     assert (plan["num_steps"], plan["eval"]["count"]) == (4 * steps[e["name"]], 8)
     # eval.every = M // evals_per_run: 4M // 8 = 2M // 4, unchanged.
     assert e["allow_changed"] == ["num_steps", "eval.count"]
@@ -252,18 +255,18 @@ def test_an_extension_rewrites_only_plans_cut_shorter_and_resumes_them_allowed(t
 
 def test_a_study_sets_every_sweeps_budget_evaluations_and_seeds_over_its_own(tmp_path):
   spec = "configs/sweep_hard.py:micro"
-  own = sweep_plan.load_config_file(spec)
+  own = sweep_config.load_config_file(spec)
   assert study_lib.load_sweep(spec).to_dict() == own.to_dict()
   overrides = study_lib.Overrides(budget=4 * own.budget_rollouts, evals_per_run=24)
   sweep = study_lib.load_sweep(spec, overrides)
   assert (sweep.budget_rollouts, sweep.evals_per_run) == (4 * own.budget_rollouts, 24)
   out = str(tmp_path / "sweep")
-  sweep_plan.prepare(study_lib.load_sweep(spec), out, "local")
-  manifest = sweep_plan.prepare(sweep, out, "local", extend=True)
-  counts = {json.load(open(sweep_plan.plan_path(out, e["name"])))["eval"]["count"]
+  sweep_manifest.prepare(study_lib.load_sweep(spec), out, "local")
+  manifest = sweep_manifest.prepare(sweep, out, "local", extend=True)
+  counts = {json.load(open(sweep_layout.plan_path(out, e["name"])))["eval"]["count"]
             for e in manifest["runs"]}
   assert counts == {24} and all("eval.count" in e["allow_changed"] for e in manifest["runs"])
-  with pytest.raises(sweep_plan.SweepError, match="evals_per_run=-1: expected >= 1"):
+  with pytest.raises(sweep_config.SweepError, match="evals_per_run=-1: expected >= 1"):
     study_lib.Overrides(evals_per_run=-1)
   # Replicate seeds: every allocation once per seed, each run with its seed.
   seeded = study_lib.load_sweep(spec, study_lib.Overrides(seeds=(0, 1, 2)))
@@ -272,12 +275,12 @@ def test_a_study_sets_every_sweeps_budget_evaluations_and_seeds_over_its_own(tmp
   assert len(planned) == 3 * len(allocations) == 3 * len(sweep_plan.plan_runs(own))
   assert sorted((r.name.rsplit("_s", 1)[0], r.config["seed"]) for r in planned) == sorted(
       (a, s) for a in allocations for s in (0, 1, 2))
-  manifest = sweep_plan.prepare(seeded, str(tmp_path / "seeded"), "local")
+  manifest = sweep_manifest.prepare(seeded, str(tmp_path / "seeded"), "local")
   assert sorted(e["seed"] for e in manifest["runs"]) == sorted([0, 1, 2] * len(allocations))
   assert manifest["total_rollouts"] == sum(r.allocation.rollouts for r in planned) == (
       3 * sum(r.allocation.rollouts for r in sweep_plan.plan_runs(own)))
   for bad, why in (((0, 0), "distinct"), ((1, -1), "non-negative")):
-    with pytest.raises(sweep_plan.SweepError, match=why):
+    with pytest.raises(sweep_config.SweepError, match=why):
       study_lib.Overrides(seeds=bad)
   # The command refuses bad flags before profiling anything.
   for flag, message in (("--evals_per_run=-1", "evals_per_run=-1: expected >= 1"),
@@ -298,6 +301,6 @@ def test_a_split_is_the_same_split_when_it_holds_the_same_problems(tmp_path):
   write(tmp_path / "b", {"model": "/there"}, [{"prompt": "2+2="}])  # profiled elsewhere
   write(tmp_path / "c", {"model": "/here"}, [{"prompt": "3+3="}])
   plan = lambda d: {"task.splits_dir": str(tmp_path / d), "task.split": "hard"}
-  same = sweep_plan._same_split  # pylint: disable=protected-access
+  same = sweep_manifest._same_split  # pylint: disable=protected-access
   assert same(plan("a"), plan("a")) and same(plan("a"), plan("b"))
   assert not same(plan("a"), plan("c")) and not same(plan("a"), plan("missing"))

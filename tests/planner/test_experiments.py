@@ -238,7 +238,9 @@ def test_sweep_analysis_writes_variant_analyses_experiment_and_findings(tmp_path
   import subprocess
   import sys
 
-  from isojax.sweeps import plan as sweep_plan
+  from isojax.sweeps import sweep_analysis
+
+  from isojax.sweeps import sweep_config
 
   true_best = {}
   for variant, sat, c_mid in (("cispo", 16, 164.0), ("pods", 4, 410.0), ("ppo", 8, 250.0)):
@@ -248,9 +250,9 @@ def test_sweep_analysis_writes_variant_analyses_experiment_and_findings(tmp_path
                           budget_rollouts=16384, num_evals=12, log_spaced=True,
                           num_problems=1024, seed=len(variant))
     true_best[variant] = _true_centre(curves, 16384.0)
-  sweep = sweep_plan.load_config_file("configs/sweep_algorithms.py:micro")
+  sweep = sweep_config.load_config_file("configs/sweep_algorithms.py:micro")
   sweep.bootstrap_resamples = 30
-  summary = sweep_plan.analyze(str(tmp_path / "algorithms"), sweep)
+  summary = sweep_analysis.analyze(str(tmp_path / "algorithms"), sweep)
   for variant in ("cispo", "pods", "ppo"):
     assert (tmp_path / "algorithms" / variant / "analysis.json").is_file()
     assert (tmp_path / "algorithms" / variant / "worst@4" / "analysis.json").is_file()
@@ -268,7 +270,7 @@ def test_sweep_analysis_writes_variant_analyses_experiment_and_findings(tmp_path
   for variant, want in true_best.items():
     got = written["effects"][f"log2_n_star_end_{variant}"]["value"]
     assert abs(got - want) <= 0.5, (variant, got)
-  assert "n_star_rise_cispo" in sweep_plan.format_analysis(summary)
+  assert "n_star_rise_cispo" in sweep_analysis.format_analysis(summary)
   out = subprocess.run([sys.executable, "-m", "launch.findings", f"--study={tmp_path}"],
                        capture_output=True, text=True, check=True).stdout
   assert "| 8 | the n*(C) trend holds with other RL algorithms | algorithms/cispo |" in out

@@ -163,10 +163,10 @@ def test_every_shipped_run_config_is_planned_with_the_runs_own_figures():
   from isojax import run_settings
   from isojax.planner import prescribe
   from isojax.rl import update
-  from isojax.sweeps import plan as sweep_plan
+  from isojax.sweeps import sweep_config
   assert "configs/pods.py" in _RUN_CONFIGS and len(_RUN_CONFIGS) >= 10
   for spec in _RUN_CONFIGS:
-    base = sweep_plan.load_config_file(spec)
+    base = sweep_config.load_config_file(spec)
     budget = 1 << 18
     law = prescribe.default_law(prescribe.difficulty_of(base), 1024)
     plan = prescribe.prescribe(budget, law, base, max_batch_rollouts=1024,
