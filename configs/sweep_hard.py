@@ -21,7 +21,7 @@ and training in proportion to its C = 16,384 rollouts, and 13 evaluations. The m
 This module also holds the fields every sweep config shares (`sweep_config`); the
 other experiments (configs/sweep_*.py) start from it. The optional fields it leaves
 out (kind, variants, seeds, eval_schedule, ...) take the defaults of
-`isojax.sweeps.plan.OPTIONAL`, the one place they are defined.
+`isojax.sweeps.sweep_config.OPTIONAL`, the one place they are defined.
 
 Presets: default (above), micro (3 runs of the micro model on generated problems; a
 smoke test of the launcher).
