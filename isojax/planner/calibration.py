@@ -15,6 +15,10 @@ one problem set differs from the population's; s ~ N(0, seed_sd) is run-to-run
 variance (isojax's own seed spread is about 0.03 in avg@4); e ~ N(0, eval_sd) is the
 evaluation noise of one problem in one run. The truth is the population slope.
 
+Claim 1's statistic (n*'s rise over the compute frontier) is a whole analysis (a
+sigmoid fit per allocation, n* among near-ties), not a slope, so it gets its own model
+with a known n*(C): `FrontierModel`.
+
 `tests/planner/test_calibration.py` asserts the rates; `launch.reproduce --sections=
 calibration` writes them as a table (docs/results/calibration.md, quoted in
 docs/study.md).
@@ -28,8 +32,11 @@ from typing import Sequence
 
 import numpy as np
 
+from isojax import metrics
 from isojax.planner import bootstrap
 from isojax.planner import experiments
+from isojax.planner import sigmoid_fit
+from isojax.planner import verdicts
 
 NUM_EVALS = 3   # a run's last evaluations; its final value averages the last two
 
@@ -153,3 +160,124 @@ def slope_power(slope: float, run_sd: float, rollouts_per_problem: Sequence[int]
   se = run_sd / math.sqrt(float(((x - x.mean()) ** 2).sum()))
   z = stats.norm.ppf(1.0 - alpha / (2.0 * family))
   return float(stats.norm.cdf(abs(slope) / se - z) + stats.norm.cdf(-abs(slope) / se - z))
+
+
+# --- Claim 1: a sweep with a known n*(C) -----------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class FrontierModel:
+  """A synthetic iso-compute sweep whose n*(C) is known. Allocation n's mean curve is
+  the ScaleRL sigmoid R(C) = r0 + (A_n - r0) / (1 + (C_mid,n / C)^b) with
+
+    A_n = asymptote + gain_per_doubling * min(log2 n, gain_stops_at),
+    C_mid,n = c_mid * n^delay_exponent,
+
+  so larger n ends higher but rises later: small n leads early, large n late, and the
+  true n* at any C is the rule (`experiments.n_star_centre`) applied to these curves.
+  gain_per_doubling = delay_exponent = 0 is the null: every n on one curve, rise 0.
+  A run of allocation a, seed r on validation problem g at evaluation e:
+
+    value = R_n(C_e) + [C_e > 0] s_{a,r} + u_g + e_{a,r,e,g},
+
+  with s ~ N(0, seed_sd) a run's level (its base model, at C = 0, is shared), u_g ~
+  N(0, problem_sd) a problem's difficulty (shared by every run) and e ~ N(0, eval_sd)
+  evaluation noise. Evaluations at C = budget * e / evaluations, e = 0..evaluations."""
+  gain_per_doubling: float = 0.05
+  gain_stops_at: float = math.inf
+  delay_exponent: float = 0.5
+  r0: float = 0.2
+  asymptote: float = 0.35
+  b: float = 1.5
+  c_mid: float = 2000.0
+  seed_sd: float = 0.03
+  problem_sd: float = 0.1
+  eval_sd: float = 0.12
+  seeds: int = 3
+  problems: int = 256
+  evaluations: int = 12
+  budget: float = 65536.0
+  problems_per_batch: tuple[int, ...] = (8, 16)
+  rollouts_per_problem: tuple[int, ...] = (2, 4, 8, 16, 32, 64)
+
+  def mean_curve(self, n: int) -> sigmoid_fit.SigmoidFit:
+    """Allocation n's true curve (the same for every B_p)."""
+    a = self.asymptote + self.gain_per_doubling * min(math.log2(n), self.gain_stops_at)
+    return sigmoid_fit.SigmoidFit(
+        r0=self.r0, a=a, b=self.b, c_mid=self.c_mid * n ** self.delay_exponent,
+        a_stderr=0.0, rmse=0.0, num_points=self.evaluations + 1,
+        compute_range=(0.0, self.budget), r0_fixed=True)
+
+  @property
+  def compute_E(self) -> np.ndarray:
+    return self.budget * np.arange(self.evaluations + 1) / self.evaluations
+
+
+def true_rise(model: FrontierModel) -> float:
+  """Claim 1's estimand: the rule's n* rise on the true curves, at the rule's points
+  for this design (C_end the budget, the first evaluation the range's start)."""
+  fits_by_n = {n: [model.mean_curve(n)] for n in model.rollouts_per_problem}
+  c_start, c_end = experiments.claim1_points(model.budget, float(model.compute_E[1]))
+  start, _ = experiments.n_star_centre(fits_by_n, c_start, verdicts.EQUIVALENCE_MARGIN)
+  end, _ = experiments.n_star_centre(fits_by_n, c_end, verdicts.EQUIVALENCE_MARGIN)
+  return end - start
+
+
+def sample_frontier_runs(model: FrontierModel,
+                         rng: np.random.Generator) -> list[bootstrap.ProblemCurve]:
+  """One synthetic sweep: a run per allocation and seed, [evaluations + 1, problems]."""
+  c_E = model.compute_E
+  trained_E = (c_E > 0).astype(np.float64)
+  u_G = rng.normal(0.0, model.problem_sd, model.problems)
+  runs = []
+  for b_p in model.problems_per_batch:
+    for n in model.rollouts_per_problem:
+      mean_E = model.mean_curve(n).predict(c_E)
+      for seed in range(model.seeds):
+        level_E = mean_E + trained_E * rng.normal(0.0, model.seed_sd)
+        values_EG = level_E[:, None] + u_G[None, :] + rng.normal(
+            0.0, model.eval_sd, (c_E.size, model.problems))
+        runs.append(bootstrap.ProblemCurve(
+            path=f"bp{b_p}_n{n}_s{seed}", problems_per_batch=b_p, rollouts_per_problem=n,
+            seed=seed, rollouts_E=c_E, values_EG=values_EG))
+  return runs
+
+
+@dataclasses.dataclass(frozen=True)
+class FrontierRates:
+  """Claim 1's statistic over synthetic studies of one `FrontierModel`."""
+  truth: float             # `true_rise`
+  mean_estimate: float     # the statistic's mean over studies (NaN ones left out)
+  coverage: float          # the fraction of studies whose 90% interval holds the truth
+  decided: float           # the fraction with a yes or a no at raw p < 0.10: the error
+                           # rate for a null, the power (yes) for a planted rise
+  undefined: float         # the fraction where no fit rose (statistic undefined)
+
+
+def frontier_rates(model: FrontierModel, *, studies: int, resamples: int,
+                   seed: int = 0) -> FrontierRates:
+  """Claim 1 through the study's own code (`experiments.frontier_stats`,
+  `bootstrap.bootstrap`, `bootstrap.interval`, `bootstrap.p_value`) on `studies`
+  synthetic sweeps of `model`. An undefined statistic counts as not covering and not
+  deciding. A single test at raw p: in the study it is one of the primary family, whose
+  Holm adjustment only makes it stricter."""
+  truth = true_rise(model)
+  metric = metrics.val_avg(4)
+  rng = np.random.default_rng(seed)
+  estimates, covered, decided, undefined = [], 0, 0, 0
+  for _ in range(studies):
+    groups = {"runs": sample_frontier_runs(model, rng)}
+    point, out = bootstrap.bootstrap(
+        groups, lambda g: {"rise": experiments.frontier_stats(g["runs"], metric)[
+            "n_star_rise"]}, num_resamples=resamples, seed=int(rng.integers(2**31)))
+    e = bootstrap.effect(point["rise"], out["rise"])
+    if not (math.isfinite(e["value"]) and math.isfinite(e["lo"])):
+      undefined += 1
+      continue
+    estimates.append(e["value"])
+    covered += e["lo"] <= truth <= e["hi"]
+    verdict = bootstrap.p_verdict(e["value"], bootstrap.p_value(out["rise"]))
+    decided += (verdict == bootstrap.YES) if truth > 0 else (verdict != bootstrap.INCONCLUSIVE)
+  return FrontierRates(truth=truth, mean_estimate=float(np.mean(estimates)) if estimates
+                       else math.nan, coverage=covered / studies,
+                       decided=decided / studies, undefined=undefined / studies)

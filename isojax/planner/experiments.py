@@ -71,6 +71,13 @@ def slope(x, y) -> float:
 CLAIM1_SPAN_DOUBLINGS = 4
 
 
+def claim1_points(c_end: float, c_first: float) -> tuple[float, float]:
+  """(C_start, C_end) at which claim 1 compares n*: the end of the compute range every
+  allocation covers, and `CLAIM1_SPAN_DOUBLINGS` doublings of compute before it, or the
+  range's start (`c_first`, the largest first evaluation at compute > 0) when later."""
+  return max(c_end / 2.0 ** CLAIM1_SPAN_DOUBLINGS, c_first), c_end
+
+
 def n_star_centre(fits_by_n: Mapping[int, Sequence[sigmoid_fit.SigmoidFit]], compute: float,
                   margin: float) -> tuple[float, bool]:
   """(log2 n*, censored) at `compute`: the mean log2 n of the values of n whose best
@@ -85,10 +92,9 @@ def n_star_centre(fits_by_n: Mapping[int, Sequence[sigmoid_fit.SigmoidFit]], com
 
 def frontier_stats(curves: Sequence[records.RunCurve], metric: str,
                    margin: float = verdicts.EQUIVALENCE_MARGIN) -> dict[str, float]:
-  """Claim 1 by a fixed rule: n* (`n_star_centre`) at the end of the compute range every
-  allocation covers (C_end, the smallest last evaluation) and `CLAIM1_SPAN_DOUBLINGS`
-  doublings of compute before it (or at the range's start, the largest first evaluation
-  at compute > 0, when that is later); the rise is the difference in doublings.
+  """Claim 1 by a fixed rule: n* (`n_star_centre`) at the two points of
+  `claim1_points` (C_end: the smallest last evaluation over allocations); the rise is
+  the difference in doublings.
   n_star_censored is 1 when n* at the end includes the largest n swept (saturation
   then is not observed), and log2_n_saturation the fitted law's (bounded by the grid).
   All NaN when no fit rises significantly (no n is best, and a tie read as "no rise"
@@ -104,9 +110,8 @@ def frontier_stats(curves: Sequence[records.RunCurve], metric: str,
   fitted = result.curve_fits
   if not fitted or all(f.fit.flat for f in fitted):
     return empty
-  c_end = min(cf.max_compute for cf in fitted)
-  c_first = max(float(cf.compute_E.min()) for cf in fitted)
-  c_start = max(c_end / 2.0 ** CLAIM1_SPAN_DOUBLINGS, c_first)
+  c_start, c_end = claim1_points(min(cf.max_compute for cf in fitted),
+                                 max(float(cf.compute_E.min()) for cf in fitted))
   fits_by_n: dict[int, list[sigmoid_fit.SigmoidFit]] = {}
   for cf in fitted:
     fits_by_n.setdefault(cf.curve.rollouts_per_problem, []).append(cf.fit)

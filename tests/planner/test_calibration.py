@@ -90,6 +90,39 @@ def test_claim_1_finds_a_planted_rise_and_none_in_a_null():
   assert got["n_star_censored"] == 1.0  # the largest n ties: saturation not observed
 
 
+def test_the_frontier_model_has_the_n_star_it_claims():
+  """`true_rise` against a brute-force n* on a fine grid of the model's own curves:
+  n* is the centre of the n within the margin of the best mean value."""
+  m = calibration.FrontierModel()
+  c_E = m.compute_E
+
+  def centre(c):
+    v = {n: m.r0 + (m.asymptote + m.gain_per_doubling * math.log2(n) - m.r0)
+         / (1 + (m.c_mid * n ** m.delay_exponent / c) ** m.b) for n in m.rollouts_per_problem}
+    return np.mean([math.log2(n) for n, x in v.items() if x >= max(v.values()) - 0.02])
+  want = centre(c_E[-1]) - centre(max(c_E[-1] / 16, c_E[1]))
+  assert calibration.true_rise(m) == pytest.approx(want) and want > 1.0
+  null = calibration.FrontierModel(gain_per_doubling=0.0, delay_exponent=0.0)
+  assert calibration.true_rise(null) == 0.0
+
+
+@pytest.mark.slow("2 x 30 synthetic sweeps x 30 replicates of 6 sigmoid fits (about 40 s)")
+def test_claim_1_interval_covers_a_known_rise_and_a_null_rarely_decides():
+  """Claim 1 through the study's code on sweeps with a known n*(C): the interval holds
+  the true rise at least at its nominal rate (it is discrete and conservative), and a
+  null (every n on one curve) gives a yes or a no in at most about 10% of studies."""
+  small = dict(problems_per_batch=(8,), gain_stops_at=3.0)
+  planted = calibration.frontier_rates(calibration.FrontierModel(**small), studies=30,
+                                       resamples=30)
+  assert planted.truth == 2.0 and planted.undefined == 0.0
+  assert planted.coverage >= NOMINAL - 2.2 * math.sqrt(0.09 / 30), planted
+  null = calibration.frontier_rates(
+      calibration.FrontierModel(gain_per_doubling=0.0, delay_exponent=0.0, **small),
+      studies=30, resamples=30)
+  assert null.truth == 0.0
+  assert null.decided <= 1 - NOMINAL + 2.2 * math.sqrt(0.09 / 30), null
+
+
 def test_claim_5_counts_problems_once_solved_and_lost_and_finds_a_planted_trend():
   """Per-problem counts where runs with larger n lose fewer of the problems they
   once solved: the slope of the lost fraction on log2 n is the planted one."""
