@@ -44,7 +44,7 @@ from isojax import config_lib
 from isojax.models import hf_checkpoint, sharding, transformer
 from isojax.rl import critic as critic_lib
 from isojax.models import settings as model_settings
-from isojax.rl import rollout, update
+from isojax.rl import optimizer, rollout, update
 from isojax.rl import step as rl_step
 from isojax.rl import settings as rl_settings
 from isojax.sampling import sampler
@@ -240,7 +240,7 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
   sample_params = placed(abstract, sharding.state_shardings(abstract, sample_mesh))
   # The update's arrays as a run builds them: LoRA trains (and Adam holds) the adapters,
   # the base is read, not donated.
-  tx, _ = update.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
+  tx, _ = optimizer.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
                                 updates_per_step=s.rl.updates_per_step)
   arrays = rl_step.policy_arrays(params, tx, mesh, lora=model_cfg.lora.enabled,
                                  keeps_reference=s.rl.keeps_reference, abstract=True)

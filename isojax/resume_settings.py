@@ -39,7 +39,7 @@ FIXED = ("rollouts_per_problem", "problems_per_batch", "num_steps", "budget_roll
 # Fields (or sections) that do not change what the run computes.
 NOT_SETTINGS = ("metric_writers", "checkpoint_every", "checkpoint_keep", "log_every", "guard",
                 "mesh.data", "mesh.fsdp", "mesh.tensor", "task.verifier_workers")
-# Set from the machine's memory when 0 (train.plan_passes); compared only when set by hand.
+# Set from the machine's memory when 0 (run_inputs.plan_passes); compared only when set by hand.
 PLANNED = ("rl.micro_batch_size", "rl.logprob_chunk_size", "sampling.max_rollouts_per_call")
 # The allocation fields an extension changes (allowed by naming `num_steps`).
 EXTENSION = ("num_steps", "budget_rollouts")

@@ -4,7 +4,7 @@
 ConfigDict given there is resolved into the frozen `RunSettings` at its top, once; the
 memory plan returns new settings with its passes filled in, and config.json is written
 from them); `main.py` only parses flags. It reads top to bottom: the inputs checked
-(`_check_inputs`), the run directory and the run's state (`run_state.RunState`:
+(`run_inputs.check_inputs`), the run directory and the run's state (`run_state.RunState`:
 counters, checkpoints, writers; `save`, `stop`, `preempt`), the learner restored
 (`_learner`), the rollout source (`rl/sources.py`: synchronous, dynamic sampling,
 pipelined or in flight), then the loop: a batch from the source, one update
@@ -16,7 +16,6 @@ continues exactly where it stopped.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import logging as std_logging
 import time
@@ -30,51 +29,16 @@ from flax import nnx
 
 from isojax import (checkpointing, config_lib, evaluation, host_memory, memory_plan,
                     metric_writers, metrics, preemption, resume_settings, run_dir,
-                    run_settings, run_state, storage, tasks, workdir_lock)
-from isojax.models import checkpoint_files, hf_checkpoint, lora, sharding
-from isojax.models import tokenizer as tokenizer_lib
-from isojax.rl import guard, problem_pool, rollout, sources, update
+                    run_inputs, run_settings, run_state, storage, workdir_lock)
+from isojax.models import hf_checkpoint, lora, sharding
+from isojax.rl import guard, optimizer, problem_pool, sources
 from isojax.rl import critic as critic_lib
 from isojax.rl import settings as rl_settings
 from isojax.rl import step as rl_step
-from isojax.tasks import demo_bases, prompts
 
 # On an object store metrics.jsonl is rewritten whole, so at most this often (and at
 # each checkpoint and the end) rather than at every step.
 METRICS_REWRITE_S = 30.0
-
-def policy_path(s: run_settings.RunSettings) -> str:
-  """`base_model.path`, or the shipped demo base model of the task (`demo_bases`)."""
-  return demo_bases.policy_path(s.base_model.path, s.task)
-
-
-def checked_model_config(s: run_settings.RunSettings, path: str, prompt_len: int):
-  """The policy's `ModelConfig`, read from its config file, once prompt +
-  `sampling.max_new_tokens` is checked against its context (raises, naming them)."""
-  hf = hf_checkpoint.read_hf_config(path)
-  source = hf_checkpoint.config_source(path)
-  memory_plan.check_context(prompt_len=prompt_len,
-                            max_new_tokens=s.sampling.max_new_tokens,
-                            context=hf.get("max_position_embeddings"), source=source)
-  return hf_checkpoint.model_config_from_hf(hf, **s.model.as_kwargs(), source=source)
-
-
-def plan_passes(s: run_settings.RunSettings, path: str, prompt_len: int
-                ) -> tuple[run_settings.RunSettings, memory_plan.Plan]:
-  """(the settings with the passes left at 0 filled in, the plan): checks prompt +
-  max_new_tokens against the model's context and sizes the micro-batch, LM-head chunk
-  and sampler call from the model's shape and the memory there is (`memory_plan`);
-  logs the plan. Raises, naming the fields, when the run cannot fit."""
-  plan = memory_plan.for_settings(s, checked_model_config(s, path, prompt_len),
-                                  prompt_len=prompt_len)
-  passes = plan.passes
-  planned = dataclasses.replace(
-      s, rl=dataclasses.replace(s.rl, micro_batch_size=passes.micro_batch_size,
-                                logprob_chunk_size=passes.logprob_chunk_size),
-      sampling=dataclasses.replace(s.sampling,
-                                   max_rollouts_per_call=passes.max_rollouts_per_call))
-  logging.info("memory: %s", plan.describe())
-  return planned, plan
 
 
 def as_settings(config: ml_collections.ConfigDict | run_settings.RunSettings
@@ -131,44 +95,7 @@ def run(config: ml_collections.ConfigDict | run_settings.RunSettings, workdir: s
                 allow_changed=tuple(allow_changed), from_step=resume_step)
 
 
-@dataclasses.dataclass
-class _Inputs:
-  """What a run reads before it touches its workdir, every part checked."""
-  settings: run_settings.RunSettings  # as planned: the passes left at 0 filled in
-  mesh: Any
-  rollout_mesh: Any        # the generator's own devices, or None (colocated)
-  path: str                # the policy's checkpoint
-  tok: tokenizer_lib.TextTokenizer
-  train_problems: list[tasks.Problem]
-  val_problems: list[tasks.Problem]
-  book: prompts.PromptBook
-  skipped: dict[str, int]
-  skipped_rows: dict[str, list[str]]
-  requested: dict[str, Any]  # the settings as set, before the plan fills in passes
-  verifier: Any
-  plan: memory_plan.Plan     # the passes and the estimated peak memory
-
-
-def _check_inputs(s: run_settings.RunSettings) -> _Inputs:
-  """The mesh, model files, tokenizer, task, memory plan and verifier; fails fast,
-  before anything is written."""
-  mesh, rollout_mesh = sharding.make_meshes(s.mesh.as_kwargs())
-  path = policy_path(s)
-  try:
-    hf_checkpoint.check_files(path, **s.model.as_kwargs())  # headers and sizes; no weights
-    tok = tokenizer_lib.load_tokenizer(path, extra_stop_ids=s.sampling.stop_token_ids)
-  except (ValueError, OSError) as e:  # each names its file: one line for the user
-    raise checkpoint_files.CheckpointFileError(str(e)) from e
-  rollout.interruption(s.sampling, tok)  # its text must fit the tokenizer
-  critic_lib.check_vocabulary(s.critic, s.model, path)  # a loaded critic reads the policy's tokens
-  task = prompts.load_task(s.task, tok, problems_per_batch=s.problems_per_batch)
-  requested = resume_settings.settings(s.to_dict())  # as set: before the plan's passes
-  planned, plan = plan_passes(s, path, task.book.max_len)  # the context and memory
-  return _Inputs(planned, mesh, rollout_mesh, path, tok, task.train, task.val, task.book,
-                 task.skipped, task.skipped_rows, requested, tasks.make_verifier(s.task), plan)
-
-
-def _learner(s: run_settings.RunSettings, inputs: _Inputs, state: run_state.RunState,
+def _learner(s: run_settings.RunSettings, inputs: run_inputs.Inputs, state: run_state.RunState,
              *, from_step: int | None):
   """The policy, its optimizer, reference and critic, restored from the newest
   checkpoint that restores (newer ones that do not are moved aside); the restored
@@ -179,7 +106,7 @@ def _learner(s: run_settings.RunSettings, inputs: _Inputs, state: run_state.RunS
   graphdef, params = nnx.split(policy)
   # LoRA: only the adapters train, are held by the optimizer and are checkpointed; the
   # base weights stay as loaded and are the reference policy (its B matrices at zero).
-  tx, schedule = update.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
+  tx, schedule = optimizer.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
                                        updates_per_step=s.rl.updates_per_step)
   arrays = rl_step.policy_arrays(params, tx, mesh, lora=s.model.lora.enabled,
                                  keeps_reference=s.rl.keeps_reference)
@@ -213,7 +140,7 @@ def _learner(s: run_settings.RunSettings, inputs: _Inputs, state: run_state.RunS
   return learner, restored, schedule
 
 
-def _settings_event(workdir: str, inputs: _Inputs, restored, *, start: int | None,
+def _settings_event(workdir: str, inputs: run_inputs.Inputs, restored, *, start: int | None,
                     changed: dict, allow_changed: tuple[str, ...], primary: bool):
   """The `settings_changed` event a resume records (None: nothing to record). A
   damaged newest checkpoint set aside: the settings compared are the older step's."""
@@ -301,7 +228,7 @@ def _collapse(state: run_state.RunState, values: dict,
   return collapsed
 
 
-def _evaluate(state: run_state.RunState, inputs: _Inputs, s: run_settings.RunSettings,
+def _evaluate(state: run_state.RunState, inputs: run_inputs.Inputs, s: run_settings.RunSettings,
               key: jax.Array) -> dict[str, float | list[int]]:
   """The validation metrics of the learner's policy now (and the training set's pass@1
   histogram); the time counts in the run's wall time."""
@@ -318,7 +245,7 @@ def _evaluate(state: run_state.RunState, inputs: _Inputs, s: run_settings.RunSet
   return result
 
 
-def _open_workdir(state: run_state.RunState, inputs: _Inputs, *,
+def _open_workdir(state: run_state.RunState, inputs: run_inputs.Inputs, *,
                   allow_changed: tuple[str, ...], from_step: int | None
                   ) -> tuple[int | None, dict]:
   """(the step a resume starts from or None, the settings changed since it): checks
@@ -339,7 +266,7 @@ def _open_workdir(state: run_state.RunState, inputs: _Inputs, *,
   return start, changed
 
 
-def _step_0(state: run_state.RunState, inputs: _Inputs, run_eval: Callable[[], dict],
+def _step_0(state: run_state.RunState, inputs: run_inputs.Inputs, run_eval: Callable[[], dict],
             notice: preemption.Notice) -> dict:
   """A fresh run's base model: evaluated, logged with the memory plan and what the task
   skipped, and saved (kept if a collapse begins at once). Returns the evaluation."""
@@ -359,7 +286,7 @@ def _run(requested: run_settings.RunSettings, workdir: str, notice: preemption.N
          allow_changed: tuple[str, ...], from_step: int | None) -> dict[str, float]:
   _DropLibraryInfo.install()
   resume_settings.check_allowance(allow_changed)  # a mistyped field fails before any work
-  inputs = _check_inputs(requested)  # fail fast, before any write
+  inputs = run_inputs.check_inputs(requested)  # fail fast, before any write
   s = inputs.settings  # as planned: the passes left at 0 are filled in
   num_steps = s.num_steps
   eval_at = s.eval.steps(num_steps)

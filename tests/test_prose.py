@@ -244,7 +244,7 @@ def test_sections_named_in_words_exist():
 
 
 @pytest.mark.parametrize("text,ok", [
-    ("see `isojax.rl.update.make_optimizer`", True),
+    ("see `isojax.rl.optimizer.make_optimizer`", True),
     ("see `isojax.rl.update.no_such_function`", False),
     ("see isojax/rl/update.py", True),
     ("see isojax/rl/no_such_module.py", False),

@@ -13,7 +13,7 @@ import optax
 from isojax.bench import roofline
 from isojax.bench.options import Options
 from isojax.bench.timing import rate, timed_rounds
-from isojax.rl import update
+from isojax.rl import optimizer, update
 
 
 def matmul_peak(size: int, calls: int = 5) -> Callable[[], float]:
@@ -45,7 +45,7 @@ def bench_update(model, counts: dict, o: Options, rng) -> dict:
   mesh = jax.tree.leaves(params)[0].sharding.mesh
   # Moments beside their parameters, as `train.run` places them: the step's outputs
   # then match its inputs and the second call does not compile again.
-  init = jax.jit(tx.init, out_shardings=update.opt_state_shardings(tx, params, mesh))
+  init = jax.jit(tx.init, out_shardings=optimizer.opt_state_shardings(tx, params, mesh))
   carry = [params, init(params)]
 
   def step():

@@ -75,10 +75,10 @@ def _load(config_path: str):
 def _gguf_run(config_path: str, steps: int, why: str):
   """(the resolved config of `steps` steps, its checkpoint path, the GGUF file there);
   ValueError saying `why` a GGUF checkpoint is needed when there is none."""
-  from isojax import config_lib, train  # pylint: disable=g-import-not-at-top
+  from isojax import config_lib, run_inputs  # pylint: disable=g-import-not-at-top
   from isojax.models import gguf_checkpoint  # pylint: disable=g-import-not-at-top
   config = config_lib.resolve(_config(config_path, steps))
-  path = train.policy_path(config_lib.settings(config))
+  path = run_inputs.policy_path(config_lib.settings(config))
   gguf_file = gguf_checkpoint.find(path)
   if gguf_file is None:
     raise ValueError(f"{path}: {why}; expected base_model.path to be one")
@@ -111,13 +111,13 @@ def _update_profile(config, update_s: float) -> dict:
   """isojax's update against the machine: model FLOPs per step over the padded batch
   (6 per parameter per token; the LM head over response positions; attention not
   counted) per second of `time/update_s`, and a jitted float32 matmul's FLOP/s."""
-  from isojax import config_lib, memory_plan, train  # pylint: disable=g-import-not-at-top
+  from isojax import config_lib, memory_plan, run_inputs  # pylint: disable=g-import-not-at-top
   from isojax.bench import train_step  # pylint: disable=g-import-not-at-top
   from isojax.models import hf_checkpoint  # pylint: disable=g-import-not-at-top
   from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   from isojax.tasks import prompts  # pylint: disable=g-import-not-at-top
   config = config_lib.resolve(config)
-  path = train.policy_path(config_lib.settings(config))
+  path = run_inputs.policy_path(config_lib.settings(config))
   shape = memory_plan.Shape.of(hf_checkpoint.model_config_from_hf(
       hf_checkpoint.read_hf_config(path), **config.model))
   run_settings = config_lib.settings(config)
@@ -229,7 +229,7 @@ def run_trl(config_path: str, steps: int) -> dict:
 def run_tunix(config_path: str, steps: int) -> dict:
   """Tunix's GRPOLearner (vanilla rollout) on the same model, problems, allocation and
   loss (`tunix_step`); in an interpreter that has google-tunix."""
-  from isojax import config_lib, tasks, train  # pylint: disable=g-import-not-at-top
+  from isojax import config_lib, run_inputs, tasks  # pylint: disable=g-import-not-at-top
   from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   from isojax.rl import sources  # pylint: disable=g-import-not-at-top
   from isojax.tasks import prompts  # pylint: disable=g-import-not-at-top
@@ -244,7 +244,7 @@ def run_tunix(config_path: str, steps: int) -> dict:
   train_problems, book = loaded.train, loaded.book
   # isojax's micro-batch of the update on this machine becomes Tunix's (its full batch
   # does not fit: no remat, full-vocabulary logits).
-  planned, _ = train.plan_passes(run_settings, path, book.max_len)
+  planned, _ = run_inputs.plan_passes(run_settings, path, book.max_len)
   t = tunix_step.settings(planned)
   instruction = tasks.default_instruction(config.task)
   fmt = prompts.resolve_format(config.task, tok)
@@ -288,10 +288,10 @@ def load_isojax(config_path: str, steps: int) -> dict:
   del steps
   import jax  # pylint: disable=g-import-not-at-top
   from flax import nnx  # pylint: disable=g-import-not-at-top
-  from isojax import config_lib, train  # pylint: disable=g-import-not-at-top
+  from isojax import config_lib, run_inputs  # pylint: disable=g-import-not-at-top
   from isojax.models import hf_checkpoint  # pylint: disable=g-import-not-at-top
   from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
-  path = train.policy_path(config_lib.settings(config_lib.resolve(_config(config_path, 2))))
+  path = run_inputs.policy_path(config_lib.settings(config_lib.resolve(_config(config_path, 2))))
   start = time.perf_counter()
   model = hf_checkpoint.load_model(path)
   jax.block_until_ready(jax.tree.leaves(nnx.state(model)))
@@ -305,9 +305,9 @@ def load_transformers(config_path: str, steps: int) -> dict:
   del steps
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
-  from isojax import config_lib, train  # pylint: disable=g-import-not-at-top
+  from isojax import config_lib, run_inputs  # pylint: disable=g-import-not-at-top
   from isojax.models import gguf_checkpoint  # pylint: disable=g-import-not-at-top
-  path = train.policy_path(config_lib.settings(config_lib.resolve(_config(config_path, 2))))
+  path = run_inputs.policy_path(config_lib.settings(config_lib.resolve(_config(config_path, 2))))
   folder, name = os.path.split(gguf_checkpoint.find(path))
   start = time.perf_counter()
   transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)

@@ -1,6 +1,6 @@
 """One Flax NNX decoder-only transformer for the Llama 3 / Qwen2.5 / Qwen3 family.
 
-RMSNorm, rotary embeddings (with Llama 3 frequency scaling), grouped-query attention,
+RMSNorm, rotary embeddings (`models/rope.py`, with Llama 3 scaling), grouped-query attention,
 SwiGLU, optional qkv bias (Qwen2.5), optional per-head q/k RMSNorm (Qwen3), tied or
 untied embeddings; optional low-rank adapters (LoRA) beside the attention and MLP
 projections (`model.lora`). Every parameter carries logical axis names (`embed`, `heads`,
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any, Callable
 
 import jax
@@ -32,6 +31,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from isojax.models import settings as settings_lib
+from isojax.models import rope as rope_lib
 from isojax.models import sharding
 
 
@@ -141,50 +141,6 @@ class RMSNorm(nnx.Module):
     return (x32 * self.weight[...]).astype(x.dtype)
 
 
-def rope_inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> jax.Array:
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-  if not scaling or scaling.get("rope_type", scaling.get("type")) in (None, "default"):
-    return inv_freq
-  if scaling.get("rope_type", scaling.get("type")) != "llama3":
-    raise ValueError(f"rope_scaling {scaling}: only 'llama3' scaling is supported")
-  # Llama 3.1 frequency-dependent scaling (same formula as transformers).
-  factor = scaling["factor"]
-  low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
-  old_len = scaling["original_max_position_embeddings"]
-  wavelen = 2 * math.pi / inv_freq
-  smooth = (old_len / wavelen - low) / (high - low)
-  smoothed = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-  scaled = jnp.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-  is_medium = (wavelen <= old_len / low) & (wavelen >= old_len / high)
-  return jnp.where(is_medium, smoothed, scaled)
-
-
-# (cos, sin) of every position's rotary angles, [B, S, F] each.
-Rope = tuple[jax.Array, jax.Array]
-
-
-def rope_tables(positions_BS, inv_freq_F, num_positions: int) -> Rope:
-  """The rotary tables of `positions_BS` (each below `num_positions`): computed once per
-  forward or decode step and shared by every layer's queries and keys.
-
-  The cos and sin of every position in [0, num_positions) are computed once and the rows
-  of `positions_BS` gathered from them: computed at the positions themselves, XLA fuses
-  the cos and sin into each layer's rotation and evaluates them again for every element
-  of every head.
-  """
-  angles_SF = jnp.arange(num_positions, dtype=jnp.float32)[:, None] * inv_freq_F
-  return jnp.cos(angles_SF)[positions_BS], jnp.sin(angles_SF)[positions_BS]  # [B, S, F]
-
-
-def apply_rope(x, rope: Rope):
-  """Rotate-half RoPE (the Hugging Face Llama/Qwen convention) of queries [B, S, Q, H] or
-  keys [B, S, K, H]."""
-  cos, sin = (t[:, :, None, :] for t in rope)
-  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-  rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  return rotated.astype(x.dtype)
-
-
 class Attention(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -205,7 +161,7 @@ class Attention(nnx.Module):
     _adapters(self, cfg, {"q_proj": ("embed", "heads"), "k_proj": ("embed", "kv_heads"),
                           "v_proj": ("embed", "kv_heads"), "o_proj": ("heads", "embed")}, rngs)
 
-  def qkv(self, x_BSD, rope: Rope):
+  def qkv(self, x_BSD, rope: rope_lib.Rope):
     cfg = self.cfg
     b, s, d = x_BSD.shape
     rows = x_BSD.reshape(b * s, d)
@@ -214,7 +170,7 @@ class Attention(nnx.Module):
     v = _project(self, "v_proj", rows).reshape(b, s, cfg.num_kv_heads, cfg.head_dim)
     if cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
-    return apply_rope(q, rope), apply_rope(k, rope), v
+    return rope_lib.apply_rope(q, rope), rope_lib.apply_rope(k, rope), v
 
   def attend(self, q_BSQH, k_BSKH, v_BSKH, mask_BSS):
     """Full attention of S queries over the keys of the same S positions (training
@@ -238,8 +194,6 @@ class Attention(nnx.Module):
     out = jax.lax.map(lambda xs: jax.checkpoint(attend)(*xs),
                       (blocks(padded(q_BSQH)), blocks(padded(mask_BSS))))  # [J, B, C, Q, H]
     return jnp.moveaxis(out, 0, 1).reshape(q_BSQH.shape[0], s + pad, *q_BSQH.shape[2:])[:, :s]
-
-
 
 
 def token_rows(fn: Callable[[jax.Array], jax.Array], x_BSD: jax.Array) -> jax.Array:
@@ -309,7 +263,7 @@ class Block(nnx.Module):
     self.post_attn_norm = RMSNorm(cfg.embed_dim, cfg.rms_norm_eps)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x_BSD, rope: Rope, attention: AttentionFn):
+  def __call__(self, x_BSD, rope: rope_lib.Rope, attention: AttentionFn):
     q, k, v = self.attn.qkv(self.input_norm(x_BSD), rope)
     out_BSQH, aux = attention(q, k, v)
     x_BSD = x_BSD + token_rows(functools.partial(_project, self.attn, "o_proj"),
@@ -380,9 +334,9 @@ class Transformer(nnx.Module):
     return nnx.merge(graphdef, nnx.state(self))
 
   # -- pieces ---------------------------------------------------------------
-  def rope(self, positions_BS, num_positions: int) -> Rope:
+  def rope(self, positions_BS, num_positions: int) -> rope_lib.Rope:
     cfg = self.cfg
-    return rope_tables(positions_BS, rope_inverse_frequencies(
+    return rope_lib.rope_tables(positions_BS, rope_lib.rope_inverse_frequencies(
         cfg.head_dim, cfg.rope_theta, cfg.rope_scaling), num_positions)
 
   def embed_tokens(self, tokens):

@@ -255,16 +255,28 @@ def effect(value: float, samples_Z, level: float = DEFAULT_LEVEL) -> dict[str, A
 
 
 def p_value(samples_Z) -> float:
-  """Two-sided bootstrap p-value of "the effect is 0": twice the smaller fraction of the
-  finite replicates on either side of 0 (a replicate at 0 counts on both), at most 1.
-  The percentile interval at level L excludes 0 exactly when p < 1 - L. NaN with no
-  finite replicate."""
+  """Two-sided Monte Carlo p-value of "the effect is 0" from Z finite replicates:
+  2 (k + 1) / (Z + 1), at most 1, where k is the smaller count of replicates on either
+  side of 0 (a replicate at 0 counts on both). The + 1s (Davison and Hinkley 1997,
+  section 4.2) keep it valid at any Z: it is never 0, and no fewer than
+  `resamples_to_decide` replicates can take it below a threshold, so a family of many
+  tests cannot be decided on too few replicates. NaN with no finite replicate."""
   finite = np.asarray(samples_Z, np.float64)
   finite = finite[np.isfinite(finite)]
   if finite.size == 0:
     return float("nan")
-  below, above = float(np.mean(finite <= 0)), float(np.mean(finite >= 0))
-  return min(1.0, 2.0 * min(below, above))
+  k = min(int(np.sum(finite <= 0)), int(np.sum(finite >= 0)))
+  return min(1.0, 2.0 * (k + 1) / (finite.size + 1))
+
+
+def resamples_to_decide(family: int, alpha: float = 1.0 - DEFAULT_LEVEL) -> int:
+  """The fewest replicates whose smallest p-value (2 / (Z + 1), no replicate across 0)
+  passes Holm's strictest threshold alpha / family: below it, no test of the family can
+  be decided however large its effect."""
+  z = max(1, math.floor(2.0 * family / alpha) - 1)
+  while 2.0 * family / (z + 1) >= alpha:   # exact at the boundary, whatever the rounding
+    z += 1
+  return z
 
 
 def holm(p_values: Sequence[float]) -> list[float]:

@@ -244,12 +244,9 @@ def _number(x: float) -> str:
   return "nan" if not math.isfinite(x) else f"{x:+.3f}"
 
 
-def _p(x: float, num_resamples: float) -> str:
-  """A bootstrap p-value; 0 as below its resolution (2 / the finite replicates, times
-  the family's size for an adjusted one: pass num_resamples / family)."""
-  if not math.isfinite(x):
-    return ""
-  return f"< {min(1.0, 2 / max(num_resamples, 1e-9)):.3f}" if x == 0 else f"{x:.3f}"
+def _p(x: float) -> str:
+  """A bootstrap p-value (`bootstrap.p_value`: never 0, its floor 2 / (Z + 1))."""
+  return f"{x:.3f}" if math.isfinite(x) else ""
 
 
 def to_markdown(rows: list[Row], claim: str = "the paper's claim") -> str:
@@ -259,11 +256,10 @@ def to_markdown(rows: list[Row], claim: str = "the paper's claim") -> str:
            "seeds | verdict | note |", "|---|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
     e = r.effect
-    z = int(e.get("num_resamples") or 0)
     look = f" ({r.look})" if r.look and math.isfinite(r.p_adjusted) else ""
     lines.append(f"| {r.finding} | {r.claim} | {r.sweep} | {r.measured} | "
                  f"{_number(e['value'])} [{_number(e['lo'])}, {_number(e['hi'])}] | "
-                 f"{_p(r.p, z)} | {_p(r.p_adjusted, z / max(r.family, 1))}{look} | "
+                 f"{_p(r.p)} | {_p(r.p_adjusted)}{look} | "
                  f"{r.seeds or 'runs'} | "
                  f"**{r.verdict}** | {r.note} |")
   return "\n".join(lines) + "\n"

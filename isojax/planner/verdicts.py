@@ -20,6 +20,8 @@ import dataclasses
 import math
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from isojax.planner import bootstrap
 
 # The one practical-equivalence margin (accuracy units) of every "barely matters"
@@ -133,5 +135,20 @@ def decide(rows: list[Row], earlier_p: Sequence[float] = ()) -> list[Row]:
     r = rows[i]
     verdict = bootstrap.p_verdict(r.effect["value"], p_adj, alpha=FAMILY_ALPHA,
                                   expected=r.expected)
-    out[i] = dataclasses.replace(r, p_adjusted=p_adj, family=len(adjusted), verdict=verdict)
+    out[i] = dataclasses.replace(r, p_adjusted=p_adj, family=len(adjusted), verdict=verdict,
+                                 note=_resolution_note(r, verdict, len(adjusted)))
   return [_indicative(r) if r.seeds == 1 else r for r in out]
+
+
+def _resolution_note(row: Row, verdict: str, family: int) -> str:
+  """`row.note`, and why an interval clear of 0 stayed inconclusive when its replicates
+  are too few for the family (`bootstrap.resamples_to_decide`)."""
+  replicates = int(np.isfinite(np.asarray(row.effect.get("samples", []), float)).sum())
+  needed = bootstrap.resamples_to_decide(family, FAMILY_ALPHA)
+  if verdict != bootstrap.INCONCLUSIVE or row.verdict == bootstrap.INCONCLUSIVE or (
+      replicates >= needed):
+    return row.note
+  why = (f"{replicates} bootstrap replicates cannot decide a family of {family} at "
+         f"{FAMILY_ALPHA:.2f} (the smallest p is 2 / (Z + 1)): rerun the analysis with at "
+         f"least {needed} (`bootstrap_resamples`)")
+  return f"{row.note}; {why}" if row.note else why

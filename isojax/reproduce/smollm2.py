@@ -40,7 +40,7 @@ def base_candidates(out: str) -> tuple[list[dict[str, Any]], float]:
   # every other run of every section is a child process.
   import jax  # pylint: disable=g-import-not-at-top
   from flax import nnx  # pylint: disable=g-import-not-at-top
-  from isojax import config_lib, evaluation, tasks, train  # pylint: disable=g-import-not-at-top
+  from isojax import config_lib, evaluation, run_inputs, tasks  # pylint: disable=g-import-not-at-top
   from isojax.configs import smollm2 as smollm2_config  # pylint: disable=g-import-not-at-top
   from isojax.models import hf_checkpoint  # pylint: disable=g-import-not-at-top
   from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
@@ -51,7 +51,7 @@ def base_candidates(out: str) -> tuple[list[dict[str, Any]], float]:
     config.task.update(**fields)
     config = config_lib.resolve(config)
     run_settings = config_lib.settings(config)
-    path = train.policy_path(run_settings)
+    path = run_inputs.policy_path(run_settings)
     tok = tokenizer_lib.load_tokenizer(path)
     loaded = prompts.load_task(
         run_settings.task, tok,

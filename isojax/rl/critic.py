@@ -36,7 +36,7 @@ from isojax.models import settings as model_settings
 from isojax.models.transformer import Transformer
 from isojax.rl import advantages as advantages_lib
 from isojax.rl import settings as rl_settings
-from isojax.rl import update
+from isojax.rl import optimizer, update
 
 
 class ValueModel(nnx.Module):
@@ -115,10 +115,10 @@ def abstract(model_cfg: transformer.ModelConfig, mesh, trunk: str) -> tuple[Any,
 
 
 def opt_state_shardings(tx: optax.GradientTransformation, params, mesh, train_trunk: bool):
-  """Where `tx.init(params)` lives: beside the parameters (`update.opt_state_shardings`);
+  """Where `tx.init(params)` lives: beside the parameters (`optimizer.opt_state_shardings`);
   with a frozen trunk only the head has moments (D + 1 numbers each), replicated."""
   if train_trunk:
-    return update.opt_state_shardings(tx, params, mesh)
+    return optimizer.opt_state_shardings(tx, params, mesh)
   return sharding.replicated(mesh)
 
 
@@ -148,16 +148,16 @@ def make_optimizer(critic: rl_settings.CriticSettings, optim: rl_settings.OptimS
                    updates_per_step: int) -> optax.GradientTransformation:
   """AdamW at `critic.learning_rate` with the policy's warm-up, betas, decay and clip;
   with a frozen trunk, over the head only (no moments for the trunk)."""
-  schedule = update.warmup_schedule(critic.learning_rate,
+  schedule = optimizer.warmup_schedule(critic.learning_rate,
                                     optim.warmup_steps * updates_per_step)
-  tx = update.adamw(optim, schedule)
+  tx = optimizer.adamw(optim, schedule)
   return tx if critic.train_trunk else optax.masked(tx, trunk_mask)
 
 
 def init_optimizer(tx: optax.GradientTransformation, params, mesh, train_trunk: bool, *,
                    abstract: bool = False):
-  """`tx.init(params)` placed by `opt_state_shardings` (`update.init_optimizer`)."""
-  return update.init_optimizer(tx, params, opt_state_shardings(tx, params, mesh, train_trunk),
+  """`tx.init(params)` placed by `opt_state_shardings` (`optimizer.init_optimizer`)."""
+  return optimizer.init_optimizer(tx, params, opt_state_shardings(tx, params, mesh, train_trunk),
                                abstract=abstract)
 
 

@@ -24,7 +24,7 @@ from isojax.models import lora as lora_lib
 from isojax.models import sharding
 from isojax.rl import batch as rl_batch
 from isojax.rl import critic as critic_lib
-from isojax.rl import rollout, update
+from isojax.rl import optimizer, rollout, update
 from isojax.rl import settings as rl_settings
 from isojax.sampling import settings as sampling_settings
 
@@ -49,7 +49,7 @@ def policy_arrays(params, tx: optax.GradientTransformation, mesh: Mesh, *, lora:
   then the parameters' shapes, as a copy (or the LoRA base with zero adapters) has them.
   """
   trained, frozen = lora_lib.trained_and_frozen(params, enabled=lora)
-  opt_state = update.init_optimizer(tx, trained, update.opt_state_shardings(tx, trained, mesh),
+  opt_state = optimizer.init_optimizer(tx, trained, optimizer.opt_state_shardings(tx, trained, mesh),
                                     abstract=abstract)
   reference = None
   if keeps_reference:

@@ -28,7 +28,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from isojax import config_lib, evaluation, memory_plan, storage, tasks, train
+from isojax import config_lib, evaluation, memory_plan, run_inputs, storage, tasks
 from isojax.models import hf_checkpoint, sharding
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.tasks import arithmetic, demo_bases, prompts, splits
@@ -64,7 +64,7 @@ class Options:
 
 
 def model_path(config: ml_collections.ConfigDict) -> str:
-  """The base model directory `train.policy_path` gives."""
+  """The base model directory `run_inputs.policy_path` gives."""
   s = config_lib.settings(config)
   return os.path.abspath(demo_bases.policy_path(s.base_model.path, s.task))
 
@@ -121,7 +121,7 @@ class _Sampler:
                options: Options):
     self.config = config
     mesh = sharding.make_mesh(config.mesh)
-    path = train.policy_path(config_lib.settings(config))
+    path = run_inputs.policy_path(config_lib.settings(config))
     self.tok = tokenizer_lib.load_tokenizer(
         path, extra_stop_ids=tuple(config.sampling.stop_token_ids))
     self.book, kept, dropped = prompts.build({"pool": list(problems)}, self.tok, config.task,
@@ -132,7 +132,7 @@ class _Sampler:
     # The sampler's calls sized from the memory there is (left at 0, a whole chunk of
     # --chunk_rollouts would be one call); the context is checked and a problem's samples
     # that cannot fit are refused here, before the model loads or anything is sampled.
-    model_cfg = train.checked_model_config(config_lib.settings(config), path,
+    model_cfg = run_inputs.checked_model_config(config_lib.settings(config), path,
                                            self.book.max_len)
     if not config.sampling.max_rollouts_per_call:
       config.sampling.max_rollouts_per_call = memory_plan.sampler_calls(

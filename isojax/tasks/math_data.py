@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 from absl import logging
 
-from isojax.tasks import data_files, math_verifier
+from isojax.tasks import data_files, math_grading, math_verifier
 from isojax.tasks.math_fields import MAPPINGS, Column, MultipleValues, mapping_for
 from isojax.tasks.problem import Problem, TaskData
 from isojax.tasks.settings import TaskSettings
@@ -342,7 +342,7 @@ def _problems(tables: list[_Table], task: TaskSettings, role: str,
       if reason is None:
         answer = _first(answers, row, where)
         reason = ("missing_answer" if answer is None else
-                  "unparseable_answer" if math_verifier.parse_gold(answer) is None
+                  "unparseable_answer" if math_grading.parse_gold(answer) is None
                   else None)
       if reason is not None:
         counts[reason] += 1

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from isojax.tasks import math_verifier
+from isojax.tasks import math_grading
 from isojax.tasks.settings import TaskSettings
 
 # DAPO-Math-17k wraps every question in its own instruction (answer on an `Answer:`
@@ -64,7 +64,7 @@ def _after_hashes(value: Any) -> str | None:
 def _boxed(value: Any) -> str | None:
   """MATH-style solutions: the gold is the last `\\boxed{...}`."""
   text = _text(value)
-  return None if text is None else math_verifier.extract_answer(text)
+  return None if text is None else math_grading.extract_answer(text)
 
 
 def _user_message(value: Any) -> str | None:

@@ -9,7 +9,7 @@ import optax
 import pytest
 from flax import nnx
 
-from isojax import config_lib, memory_plan, train
+from isojax import config_lib, memory_plan, run_inputs, train
 from isojax.configs import hard
 from isojax.models.transformer import ModelConfig, Transformer
 from isojax.rl import update
@@ -180,7 +180,7 @@ def test_a_run_beyond_the_context_writes_nothing(tmp_path):
 def test_the_shipped_demo_keeps_one_pass_and_one_call():
   """The tiny demo base: its programs are those it had before passes were planned."""
   s = config_lib.settings(config_lib.resolve(hard.get_config("micro")))
-  planned, plan = train.plan_passes(s, train.policy_path(s), prompt_len=16)
+  planned, plan = run_inputs.plan_passes(s, run_inputs.policy_path(s), prompt_len=16)
   assert plan.passes == memory_plan.Passes(0, 0, 0)
   assert dataclasses.astuple(plan.passes) == (planned.rl.micro_batch_size,
                                               planned.rl.logprob_chunk_size,

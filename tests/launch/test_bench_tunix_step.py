@@ -89,10 +89,10 @@ def test_settings_tunix_grpo_cannot_express_are_refused(smollm2, rl, field):
 
 
 def test_the_optimizer_takes_isojax_s_steps(smollm2):
-  from isojax.rl import update  # pylint: disable=g-import-not-at-top
+  from isojax.rl import optimizer  # pylint: disable=g-import-not-at-top
   config = config_lib.resolve(smollm2)
   s = config_lib.settings(config)
-  ours, _ = update.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
+  ours, _ = optimizer.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
                                   updates_per_step=s.rl.updates_per_step)
   theirs = tunix_step.optimizer(tunix_step.settings(s))
   params = {"w": jnp.ones((3, 4)), "b": jnp.zeros(4)}

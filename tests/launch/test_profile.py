@@ -144,7 +144,7 @@ def test_profile_sampler_calls_fit_the_memory(tmp_path, monkeypatch, available_m
   """With the memory there is, every --chunk_rollouts chunk is one sampler call; with
   little, each call holds the most rollouts that fit beside the weights (brute force
   over call sizes here), and the model is profiled with those calls."""
-  from isojax import config_lib, evaluation, memory_plan, train  # pylint: disable=g-import-not-at-top
+  from isojax import config_lib, evaluation, memory_plan, run_inputs  # pylint: disable=g-import-not-at-top
   from isojax.configs import hard  # pylint: disable=g-import-not-at-top
   seen = []
 
@@ -165,7 +165,7 @@ def test_profile_sampler_calls_fit_the_memory(tmp_path, monkeypatch, available_m
   calls, prompt_len = seen[0]
   resolved = config_lib.resolve(config)
   s = config_lib.settings(resolved)
-  shape = memory_plan.Shape.of(train.checked_model_config(s, train.policy_path(s),
+  shape = memory_plan.Shape.of(run_inputs.checked_model_config(s, run_inputs.policy_path(s),
                                                           prompt_len))
   new_tokens = resolved.sampling.max_new_tokens
   fits = lambda r: (4 * shape.params + memory_plan.sample_bytes(shape, r, prompt_len,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from isojax import config_lib, train
+from isojax import config_lib, run_inputs
 from isojax.configs import hard
 from isojax.models import hf_checkpoint, lora, transformer
 from isojax.models.settings import LORA_TARGETS, LoraSettings
@@ -21,7 +21,7 @@ RANK, ALPHA = 4, 8.0
 
 
 def _base_path():
-  return train.policy_path(config_lib.settings(config_lib.resolve(hard.get_config("micro"))))
+  return run_inputs.policy_path(config_lib.settings(config_lib.resolve(hard.get_config("micro"))))
 
 
 def _tokens(vocab: int, b: int = 3, s: int = 12):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from isojax.models import transformer
+from isojax.models import rope as rope_lib
 from isojax.models.settings import REMAT_POLICIES
 from isojax.models.transformer import ModelConfig, Transformer
 
@@ -76,7 +76,7 @@ def test_stacked_layers_equal_an_unrolled_loop():
   x = model.embed_tokens(tokens)
   for i in range(3):
     block = nnx.merge(graphdef, jax.tree.map(lambda v: v[i], stacked))  # pylint: disable=cell-var-from-loop
-    rope = transformer.rope_tables(positions, transformer.rope_inverse_frequencies(
+    rope = rope_lib.rope_tables(positions, rope_lib.rope_inverse_frequencies(
         cfg.head_dim, cfg.rope_theta, cfg.rope_scaling), num_positions=7)
     x, _ = block(x, rope, lambda q, k, v: (block.attn.attend(q, k, v, causal), None))  # pylint: disable=cell-var-from-loop
   np.testing.assert_allclose(model.hidden_states(tokens, mask), x, atol=1e-6)
@@ -169,9 +169,9 @@ def test_float32_lm_head_on_bfloat16_weights_accumulates_exact_products(tied):
 def test_rope_tables_are_cos_and_sin_of_position_times_frequency():
   """Rows gathered from the per-position table: NumPy's cos and sin of the same float32
   angles (position * inverse frequency), at positions up to the table's last."""
-  inv_freq = transformer.rope_inverse_frequencies(64, 1e6, None)
+  inv_freq = rope_lib.rope_inverse_frequencies(64, 1e6, None)
   positions = jnp.asarray([[0, 1, 2, 4095], [17, 3000, 4095, 5]], jnp.int32)
-  cos, sin = transformer.rope_tables(positions, inv_freq, num_positions=4096)
+  cos, sin = rope_lib.rope_tables(positions, inv_freq, num_positions=4096)
   angles = np.asarray(positions, np.float32)[..., None] * np.asarray(inv_freq)
   np.testing.assert_allclose(cos, np.cos(angles.astype(np.float64)), atol=2e-6)
   np.testing.assert_allclose(sin, np.sin(angles.astype(np.float64)), atol=2e-6)

@@ -132,6 +132,24 @@ def test_p_value_matches_the_interval_it_goes_with():
     p = bootstrap.p_value(samples)
     assert (p < 0.1) == (lo > 0 or hi < 0) or abs(p - 0.1) < 0.01, (shift, p, lo, hi)
   assert bootstrap.p_value(np.zeros(50)) == 1.0  # every replicate at 0: nothing excluded
+
+
+def test_p_value_counts_one_more_on_each_side_and_is_never_zero():
+  """2 (k + 1) / (Z + 1) by hand: 3 of 199 finite replicates below 0, NaNs left out."""
+  samples = np.r_[np.full(196, 0.5), [-0.1, -0.2, 0.0], [np.nan, np.nan]]
+  assert bootstrap.p_value(samples) == pytest.approx(2 * (3 + 1) / (199 + 1))
+  assert bootstrap.p_value(np.ones(200)) == pytest.approx(2 / 201)
+
+
+def test_resamples_to_decide_is_the_fewest_that_can_pass_holm():
+  """With no replicate across 0, Z replicates give p = 2 / (Z + 1); Holm's strictest
+  threshold for a family of m is alpha / m: brute force over Z."""
+  for family in (1, 3, 4, 12):
+    fewest = next(z for z in range(1, 10_000) if 2 / (z + 1) * family < 0.1)
+    assert bootstrap.resamples_to_decide(family, 0.1) == fewest
+    smallest_p = bootstrap.p_value(np.ones(fewest))
+    assert bootstrap.holm([smallest_p] * family)[0] < 0.1
+    assert bootstrap.holm([bootstrap.p_value(np.ones(fewest - 1))] * family)[0] >= 0.1
   assert bootstrap.p_verdict(0.2, 0.01) == "yes"
   assert bootstrap.p_verdict(-0.2, 0.01) == "no"
   assert bootstrap.p_verdict(-0.2, 0.01, expected=-1) == "yes"

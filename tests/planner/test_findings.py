@@ -160,9 +160,9 @@ def test_one_seed_per_allocation_is_indicative_whatever_the_interval():
 def test_the_primary_family_is_holm_adjusted_across_sweeps_and_looks():
   """Three primary rows whose raw p-values are 0.02, 0.04 and 0.06 (replicates placed so),
   plus one earlier look at p = 0.01: Holm over four tests, by hand."""
-  def samples(p):  # 200 replicates, a fraction p / 2 of them at or below 0
-    k = int(round(100 * p))
-    return [-0.01] * k + [0.05] * (200 - k)
+  def samples(p):  # 199 replicates, k of them at or below 0: p = 2 (k + 1) / 200
+    k = int(round(100 * p)) - 1
+    return [-0.01] * k + [0.05] * (199 - k)
 
   def iso(rise_p, best_p):
     return _iso("hard", samples(rise_p), [3.0] * 5, samples(best_p), [0.0] * 5, [0.0] * 5)
@@ -193,6 +193,22 @@ def test_the_primary_family_is_holm_adjusted_across_sweeps_and_looks():
   assert round(rows[("1", "h")].p_adjusted, 6) == 0.08
   assert rows[("2a", "h")].verdict == "inconclusive" and rows[("1", "h")].verdict == "yes"
   assert rows[("1", "h")].look == "3 of 3"
+
+
+def test_too_few_replicates_for_the_family_leave_a_clear_effect_inconclusive_and_say_so():
+  """Six sweeps, two primary rows each (a family of 12), every replicate far above 0:
+  200 replicates give p = 2 / 201 and Holm 12 x that = 0.119, so nothing is decided and
+  each row names the 240 replicates it would take; 240 decide every row."""
+  def six(z):
+    return {f"s{i}": _iso("hard", [2.0] * z, [3.0] * 5, [0.02] * z, [0.0] * 5, [0.0] * 5)
+            for i in range(6)}
+  rows = [r for r in findings.table(six(200)) if r.primary]
+  assert len(rows) == 12 and {r.verdict for r in rows} == {"inconclusive"}
+  assert rows[0].p_adjusted == 12 * 2 / 201
+  assert all("200 bootstrap replicates cannot decide a family of 12" in r.note
+             and "at least 240" in r.note for r in rows), rows[0].note
+  rows = [r for r in findings.table(six(240)) if r.primary]
+  assert {r.verdict for r in rows} == {"yes"} and not any("replicates" in r.note for r in rows)
 
 
 def test_a_look_is_recorded_when_a_larger_budget_replaces_it(tmp_path):

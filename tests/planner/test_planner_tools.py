@@ -158,11 +158,11 @@ _RUN_CONFIGS = sorted(f"configs/{name}" for name in os.listdir(os.path.join(REPO
 def test_every_shipped_run_config_is_planned_with_the_runs_own_figures():
   """For each shipped run config, what launch.plan reports (the same functions it calls)
   against what the run derives: the peak of the LR schedule the training loop logs as
-  train/learning_rate (`update.make_optimizer`, evaluated at every step of the run) and
+  train/learning_rate (`optimizer.make_optimizer`, evaluated at every step of the run) and
   the step count of the written config, resolved as isojax.main resolves it."""
   from isojax import run_settings
   from isojax.planner import prescribe
-  from isojax.rl import update
+  from isojax.rl import optimizer
   from isojax.sweeps import sweep_config
   assert "configs/pods.py" in _RUN_CONFIGS and len(_RUN_CONFIGS) >= 10
   for spec in _RUN_CONFIGS:
@@ -177,7 +177,7 @@ def test_every_shipped_run_config_is_planned_with_the_runs_own_figures():
         prescribe.grids.Allocation(problems_per_batch=a[1], rollouts_per_problem=a[0],
                                    num_steps=a[2]), base))
     s = run_settings.RunSettings.from_config(config)
-    _, schedule = update.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
+    _, schedule = optimizer.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
                                         updates_per_step=s.rl.updates_per_step)
     logged = [float(schedule(step * s.rl.updates_per_step)) for step in range(s.num_steps)]
     assert plan["effective_learning_rate"] == pytest.approx(max(logged), rel=1e-6), spec

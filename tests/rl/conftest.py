@@ -5,12 +5,12 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from isojax import config_lib, tasks, train
+from isojax import config_lib, run_inputs, tasks
 from isojax.tasks import prompts
 from isojax.models import hf_checkpoint, lora, sharding
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.rl import step as rl_step
-from isojax.rl import update
+from isojax.rl import optimizer
 
 
 def _run_parts(config):
@@ -19,7 +19,7 @@ def _run_parts(config):
   config = config_lib.resolve(config)
   s = config_lib.settings(config)
   mesh = sharding.make_mesh(config.mesh)
-  path = train.policy_path(s)
+  path = run_inputs.policy_path(s)
   tok = tokenizer_lib.load_tokenizer(path)
   loaded = prompts.load_task(s.task, tok, problems_per_batch=s.problems_per_batch)
   train_problems, book = loaded.train, loaded.book
@@ -27,9 +27,9 @@ def _run_parts(config):
   graphdef, params = nnx.split(hf_checkpoint.load_model(path, mesh, **config.model))
   use_lora = config.model.lora.rank > 0
   trained = lora.trained_and_frozen(params, enabled=use_lora)[0]
-  tx, _ = update.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
+  tx, _ = optimizer.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
                                 updates_per_step=s.rl.updates_per_step)
-  opt_state = jax.jit(tx.init, out_shardings=update.opt_state_shardings(tx, trained, mesh))(
+  opt_state = jax.jit(tx.init, out_shardings=optimizer.opt_state_shardings(tx, trained, mesh))(
       trained)
   ref = None
   if config.rl.log_kl_to_base:

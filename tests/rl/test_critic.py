@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from isojax import config_lib, run_dir, train
+from isojax import config_lib, run_dir, run_inputs, train
 from isojax.models import hf_checkpoint, sharding
 from isojax.models.transformer import ModelConfig, Transformer
 from isojax.rl import advantages, critic, update
@@ -284,7 +284,7 @@ def test_a_critic_checkpoint_with_another_vocabulary_is_refused_before_any_write
 def test_a_critic_loaded_from_a_checkpoint_starts_from_its_weights(tmp_path):
   """critic.path: the trunk holds the checkpoint's tensors, not the policy's."""
   config = _micro()
-  policy_path = train.policy_path(config_lib.settings(config))
+  policy_path = run_inputs.policy_path(config_lib.settings(config))
   with open(os.path.join(policy_path, "config.json")) as f:
     vocab = json.load(f)["vocab_size"]
   mesh = sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})

@@ -9,7 +9,7 @@ from flax import nnx
 
 from isojax import config_lib
 from isojax.models.transformer import ModelConfig, Transformer
-from isojax.rl import advantages, downsampling, losses, rollout, update
+from isojax.rl import advantages, downsampling, losses, optimizer, rollout, update
 from isojax.rl import batch as rl_batch
 from isojax.sampling import sampler
 
@@ -85,7 +85,7 @@ def _one_option_step(field, value):
                                  temperature=settings.temperature))
   shift = np.resize(np.array([0.4, -0.4, 0.16], np.float32), logp.shape)
   batch = batch.replace(old_logp=logp, ref_logp=logp - shift, shuffle_rng=jax.random.key(1))
-  tx, _ = update.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
+  tx, _ = optimizer.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
                                 updates_per_step=s.rl.updates_per_step)
   before = jax.tree.map(np.array, params)
   new, _, stats = update.train_step(graphdef, params, tx.init(params), batch, tx=tx,
@@ -221,12 +221,12 @@ def _one_step(optim_fields):
   logp = update.score(graphdef, params, batch.tokens, batch.mask, prompt_len=2,
                       temperature=settings.temperature)
   batch = batch.replace(old_logp=logp, ref_logp=logp, shuffle_rng=jax.random.key(1))
-  tx, _ = update.make_optimizer(optim, peak_learning_rate=1e-2, updates_per_step=1)
-  before = {update.parameter_path(p): np.array(x)
+  tx, _ = optimizer.make_optimizer(optim, peak_learning_rate=1e-2, updates_per_step=1)
+  before = {optimizer.parameter_path(p): np.array(x)
             for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
   new, _, _ = update.train_step(graphdef, params, tx.init(params), batch, tx=tx,
                                 settings=settings)
-  after = {update.parameter_path(p): np.asarray(x)
+  after = {optimizer.parameter_path(p): np.asarray(x)
            for p, x in jax.tree_util.tree_flatten_with_path(new)[0]}
   return before, after
 
@@ -244,7 +244,7 @@ def test_frozen_parameters_keep_their_values_and_decay_nothing():
 
 def test_a_frozen_prefix_that_matches_nothing_is_named():
   from isojax.rl import settings as rl_settings  # pylint: disable=g-import-not-at-top
-  tx, _ = update.make_optimizer(rl_settings.OptimSettings(frozen=("embedding",)),
+  tx, _ = optimizer.make_optimizer(rl_settings.OptimSettings(frozen=("embedding",)),
                                 peak_learning_rate=1e-3, updates_per_step=1)
   with pytest.raises(ValueError, match=r"optim.frozen: \['embedding'\] match no trained "
                      r"parameter; the trained parameters are \['embed/embedding'"):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import strategies as st
 
-from isojax.tasks import math_verifier
+from isojax.tasks import math_grading, math_verifier
 from isojax.tasks.problem import Problem
 
 TIMEOUT_S = 1.0
@@ -33,7 +33,7 @@ def _misbehaving_grade(completion: str, gold: str, pattern: str = "") -> float:
     raise RuntimeError("injected failure")
   if CRASH in completion:
     os._exit(3)  # like a segfault in a native library: the worker dies
-  return math_verifier.grade_one(completion, gold, pattern)
+  return math_grading.grade_one(completion, gold, pattern)
 
 
 def _box(answer: str) -> str:
@@ -113,7 +113,7 @@ GRADE_TABLE = [
 
 @pytest.mark.parametrize("completion,gold,expected", GRADE_TABLE)
 def test_grade_one_table(completion, gold, expected):
-  assert math_verifier.grade_one(completion, gold) == expected
+  assert math_grading.grade_one(completion, gold) == expected
 
 
 @pytest.mark.parametrize("completion,expected", [
@@ -124,7 +124,7 @@ def test_grade_one_table(completion, gold, expected):
   ("\\boxed{1/2}", 0.0),  # a box is not the custom pattern's answer
 ])
 def test_grade_one_custom_pattern(completion, expected):
-  assert math_verifier.grade_one(completion, "\\frac{1}{2}", "<answer>(.*?)</answer>") == expected
+  assert math_grading.grade_one(completion, "\\frac{1}{2}", "<answer>(.*?)</answer>") == expected
 
 
 @pytest.mark.parametrize("completion,pattern,expected", [
@@ -143,25 +143,25 @@ def test_grade_one_custom_pattern(completion, expected):
   ("nothing", "<answer>(.*?)</answer>", None),
 ])
 def test_extract_answer(completion, pattern, expected):
-  assert math_verifier.extract_answer(completion, pattern) == expected
+  assert math_grading.extract_answer(completion, pattern) == expected
 
 
 @pytest.mark.parametrize("pattern", ["<answer>.*</answer>", "(a)(b)"])
 def test_extract_answer_rejects_pattern_without_one_group(pattern):
   with pytest.raises(ValueError, match="one capture group"):
-    math_verifier.extract_answer("<answer>1</answer>", pattern)
+    math_grading.extract_answer("<answer>1</answer>", pattern)
 
 
 def test_parse_gold():
-  assert [str(x) for x in math_verifier.parse_gold("\\frac{1}{2}")] == ["1/2"]
-  assert [str(x) for x in math_verifier.parse_gold("1,000")] == ["1000"]
+  assert [str(x) for x in math_grading.parse_gold("\\frac{1}{2}")] == ["1/2"]
+  assert [str(x) for x in math_grading.parse_gold("1,000")] == ["1000"]
   for text in ["", "   ", "\\frac{", "}}{{", "???"]:
-    assert math_verifier.parse_gold(text) is None, text
+    assert math_grading.parse_gold(text) is None, text
 
 
 def test_grade_one_raises_on_unparseable_gold():
   with pytest.raises(ValueError, match="gold answer"):
-    math_verifier.grade_one("\\boxed{1}", "\\frac{")
+    math_grading.grade_one("\\boxed{1}", "\\frac{")
 
 
 def test_verifier_validates_arguments():
@@ -392,15 +392,15 @@ def test_math_verify_alarm_is_a_timeout_and_logs_stay_short(monkeypatch, caplog)
   `GradingTimeout`, a TimeoutError, not a silent 0; in the pool it counts as a timeout,
   and the worker lives on (the alarm, not the pool's kill, ended it). No log line holds
   more than a clipped prefix of the 200 KB answer or of a 2 KB gold."""
-  monkeypatch.setattr(math_verifier, "_SIGNAL_TIMEOUT_S", 1)
+  monkeypatch.setattr(math_grading, "_SIGNAL_TIMEOUT_S", 1)
   caplog.set_level("DEBUG")
   start = time.monotonic()
-  with pytest.raises(math_verifier.GradingTimeout) as timed_out:
-    math_verifier.grade_one(_box(_DEEP), "1")
+  with pytest.raises(math_grading.GradingTimeout) as timed_out:
+    math_grading.grade_one(_box(_DEEP), "1")
   # The 1 s alarm ended it, not the minutes the parse takes.
   assert isinstance(timed_out.value, TimeoutError) and time.monotonic() - start < 30
   assert len(str(timed_out.value)) < 500
-  assert math_verifier.parse_gold(_DEEP) is None  # a loader drops such a gold row
+  assert math_grading.parse_gold(_DEEP) is None  # a loader drops such a gold row
   broken_gold = "\\frac{" + "x" * 2_000
   # The workers' alarm at 1 s, well before the pool's 5 s (for a loaded machine; by
   # default it is 4 s), so the alarm ends the deep one.
@@ -416,7 +416,7 @@ def test_math_verify_alarm_is_a_timeout_and_logs_stay_short(monkeypatch, caplog)
   np.testing.assert_array_equal(grades.rewards, [0, 1, 0])
   assert (grades.timeouts, grades.errors) == (1, 1)
   assert "1 of 3 completions timed out" in caplog.text
-  assert _DEEP[:math_verifier.CLIP_CHARS] in caplog.text and _DEEP not in caplog.text
+  assert _DEEP[:math_grading.CLIP_CHARS] in caplog.text and _DEEP not in caplog.text
   assert broken_gold[:100] in caplog.text and broken_gold not in caplog.text
   assert max(len(r.getMessage()) for r in caplog.records) < 2000
 
