@@ -32,15 +32,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 from absl import logging
 from flax import nnx
 
-from isojax import config_lib
+from isojax import run_settings, topology
 from isojax.models import hf_checkpoint, sharding, transformer
 from isojax.rl import critic as critic_lib
 from isojax.models import settings as model_settings
@@ -51,17 +50,7 @@ from isojax.sampling import sampler
 from isojax.sampling import settings as sampling_settings
 from isojax.tasks import demo_bases
 
-GIB = 1 << 30
-# get_topology_desc arguments of each pod slice; chips_per_host_bounds=(2, 2, 1).
-TOPOLOGIES = {
-    "v5p-64": dict(topology_name="v5:2x4x4", chip_config_name="megacore", wrap=(False,) * 3),
-    "v5p-128": dict(topology_name="v5:4x4x4", chip_config_name="megacore", wrap=(True,) * 3),
-    "v5e-256": dict(topology_name="v5e:16x16", chip_config_name="default",
-                    wrap=(True, True, False)),
-    "v5e-8": dict(topology_name="v5e:2x4", chip_config_name="default", wrap=(False,) * 3),
-    "v6e-8": dict(topology_name="v6e:2x4", chip_config_name="default", wrap=(False,) * 3),
-}
-HBM_GIB = {"TPU v5": 95, "TPU v5 lite": 16, "TPU v6 lite": 32}  # per chip (v5p, v5e, v6e)
+GIB = topology.GIB
 _QWEN2 = dict(model_type="qwen2", rope_theta=1e6, rms_norm_eps=1e-6, hidden_act="silu")
 HF_CONFIGS = {  # Hugging Face config.json fields that fix the parameter shapes
     "qwen2.5-7b": dict(_QWEN2, num_hidden_layers=28, hidden_size=3584, num_attention_heads=28,
@@ -101,57 +90,6 @@ class ProgramMemory:
     return self.argument + self.output - self.alias + self.temp + self.resident
 
 
-def prepare_backend(topology: str) -> None:
-  """Call before anything touches a device: a CPU backend, and libtpu for compiling only."""
-  if topology.startswith("cpu:"):
-    jax.config.update("jax_num_cpu_devices", _cpu_count(topology))
-  else:
-    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # no GCE metadata server here
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # nothing runs on a TPU
-  jax.config.update("jax_platforms", "cpu")
-
-
-def _cpu_count(topology: str) -> int:
-  count = topology.removeprefix("cpu:")
-  if not count.isdigit() or int(count) < 1:
-    raise ValueError(f"--topology={topology!r}: expected cpu:N with N >= 1")
-  return int(count)
-
-
-def topology_devices(topology: str) -> list:
-  """The devices of a named TPU topology (libtpu, nothing allocated) or of cpu:N."""
-  if topology.startswith("cpu:"):
-    count, devices = _cpu_count(topology), jax.devices("cpu")
-    if len(devices) < count:
-      raise ValueError(f"--topology={topology}: this process has {len(devices)} CPU "
-                       f"devices; start Python with XLA_FLAGS=--xla_force_host_platform_"
-                       f"device_count={count} (python -m launch.aot does it itself)")
-    return devices[:count]
-  slices, name = re.fullmatch(r"(?:(\d+)x)?(.*)", topology).groups()
-  if name not in TOPOLOGIES:
-    raise ValueError(f"--topology={topology!r}: expected cpu:N or [Kx]one of "
-                     f"{sorted(TOPOLOGIES)}")
-  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-  try:
-    return topologies.get_topology_desc(platform="tpu", chips_per_host_bounds=(2, 2, 1),
-                                        num_slices=int(slices or 1),
-                                        **TOPOLOGIES[name]).devices
-  except Exception as e:  # libtpu missing or refusing: say how to get it
-    raise ValueError(f"--topology={topology}: cannot describe the TPU topology ({e}); "
-                     'install libtpu with pip install "jax[tpu]==<your jax version>"') from e
-
-
-def hbm_bytes(devices: list, hbm_gib: float | None = None) -> int | None:
-  """Per-chip memory: --hbm_gib, else what the device reports, else HBM_GIB, else unknown."""
-  if hbm_gib:
-    return int(hbm_gib * GIB)
-  try:
-    return int(devices[0].memory_stats()["bytes_limit"])
-  except Exception:  # topology devices are not addressable; CPU reports nothing
-    gib = HBM_GIB.get(devices[0].device_kind)
-    return gib * GIB if gib else None
-
-
 def critic_model_config(critic: rl_settings.CriticSettings,
                         model: model_settings.ModelSettings, policy_cfg):
   """The critic's `ModelConfig`: the policy's, or that of `critic.path`/config.json."""
@@ -176,17 +114,16 @@ def weight_counts(state) -> tuple[int, int]:
   return counts["body"], counts["head"] or counts["embed"]
 
 
-def model_config(config: ml_collections.ConfigDict, model: str | None = None):
+def model_config(s: run_settings.RunSettings, model: str | None = None):
   """The `ModelConfig` of --model, of base_model.path, or of the shipped demo model."""
   if model:
     if model not in HF_CONFIGS:
       raise ValueError(f"--model={model!r}: expected one of {sorted(HF_CONFIGS)}")
     hf, source = HF_CONFIGS[model], f"--model={model}"
   else:
-    s = config_lib.settings(config)
     path = demo_bases.policy_path(s.base_model.path, s.task)  # as the run checks it
     hf, source = hf_checkpoint.read_hf_config(path), hf_checkpoint.config_source(path)
-  return hf_checkpoint.model_config_from_hf(hf, source=source, **config.model)
+  return hf_checkpoint.model_config_from_hf(hf, source=source, **s.model.as_kwargs())
 
 
 def _spec(shape, dtype, mesh) -> jax.ShapeDtypeStruct:
@@ -215,9 +152,70 @@ def _measure(name: str, lower, resident: int, inputs: str, flops: float) -> Prog
                        inputs=inputs, flops=flops)
 
 
-def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
+@dataclasses.dataclass(frozen=True)
+class _PolicyArrays:
+  """The policy's arrays as a run builds them, abstract: LoRA trains (and Adam holds)
+  the adapters, the base is read, not donated."""
+  graphdef: Any
+  params: Any              # placed on the learner's mesh
+  sample_params: Any       # placed on the sampler's mesh
+  tx: Any
+  trained: Any
+  frozen: Any
+  opt_state: Any
+  param_bytes: int         # per chip
+  opt_bytes: int
+  ref_bytes: int           # the KL reference: a copy, or with LoRA its zero adapters
+  snapshot_bytes: int      # the generator's copy beside the learner's (off-policy, shared)
+
+
+def _policy_arrays(s: run_settings.RunSettings, model_cfg, mesh, sample_mesh,
+                   shared: bool) -> _PolicyArrays:
+  graphdef, abstract = nnx.split(transformer.abstract_model(model_cfg))
+  placed = lambda tree, shardings: jax.tree.map(
+      lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), tree, shardings)
+  params = placed(abstract, sharding.state_shardings(abstract, mesh))
+  tx, _ = optimizer.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
+                                   updates_per_step=s.rl.updates_per_step)
+  arrays = rl_step.policy_arrays(params, tx, mesh, lora=model_cfg.lora.enabled,
+                                 keeps_reference=s.rl.keeps_reference, abstract=True)
+  lora = arrays.frozen is not None
+  param_bytes = _chip_bytes(params)
+  # LoRA's reference is the base itself, whose arrays it shares: only its adapters are new.
+  ref_bytes = (0 if arrays.reference is None else _chip_bytes(arrays.trained) if lora
+               else _chip_bytes(arrays.reference))
+  return _PolicyArrays(
+      graphdef, params, placed(abstract, sharding.state_shardings(abstract, sample_mesh)),
+      tx, arrays.trained, arrays.frozen, arrays.opt_state, param_bytes,
+      _chip_bytes(arrays.opt_state), ref_bytes,
+      param_bytes if s.rl.max_staleness and shared else 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class _CriticState:
+  """PPO's critic on the learner's chips, abstract: its weights and Adam state stay."""
+  graphdef: Any
+  params: Any
+  frozen: Any              # the policy's weights as the trunk of a head on it, else None
+  tx: Any
+  opt_state: Any
+  bytes: int               # per chip: weights and optimizer state
+
+
+def _critic_state(s: run_settings.RunSettings, model_cfg, params, mesh) -> _CriticState:
+  graphdef, critic_params = critic_lib.abstract(
+      critic_model_config(s.critic, s.model, model_cfg), mesh, s.critic.trunk)
+  frozen = critic_lib.policy_trunk(params) if s.critic.trunk == "policy" else None
+  tx = critic_lib.make_optimizer(s.critic, s.optim, updates_per_step=s.rl.updates_per_step)
+  opt = critic_lib.init_optimizer(tx, critic_params, mesh, s.critic.train_trunk,
+                                  abstract=True)
+  return _CriticState(graphdef, critic_params, frozen, tx, opt,
+                      _chip_bytes(critic_params) + _chip_bytes(opt))
+
+
+def check(s: run_settings.RunSettings, devices: list, model_cfg,
           prompt_len: int) -> list[ProgramMemory]:
-  """Compiles sample, score and train_step of one step of `config` for `devices`.
+  """Compiles sample, score and train_step of one step of the run `s` for `devices`.
 
   With `mesh.rollout_fraction` > 0 the sampler is compiled for its own devices (the
   generator's mesh) and score and train_step for the learner's, each program's bytes
@@ -228,103 +226,77 @@ def check(config: ml_collections.ConfigDict, devices: list, model_cfg,
   optimizer state are resident in every program of those chips, the policy's in the
   critic's.
   """
-  s = config_lib.settings(config_lib.resolve(config))
   mesh, rollout_mesh = sharding.make_meshes(s.mesh.as_kwargs(), devices)
   sample_mesh = mesh if rollout_mesh is None else rollout_mesh
-  n, m, b_p = s.rollouts_per_problem, s.train_rollouts_per_problem, s.problems_per_batch
-  p, t = prompt_len, s.sampling.max_new_tokens
-  graphdef, abstract = nnx.split(transformer.abstract_model(model_cfg))
-  placed = lambda tree, shardings: jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
-  params = placed(abstract, sharding.state_shardings(abstract, mesh))
-  sample_params = placed(abstract, sharding.state_shardings(abstract, sample_mesh))
-  # The update's arrays as a run builds them: LoRA trains (and Adam holds) the adapters,
-  # the base is read, not donated.
-  tx, _ = optimizer.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
-                                updates_per_step=s.rl.updates_per_step)
-  arrays = rl_step.policy_arrays(params, tx, mesh, lora=model_cfg.lora.enabled,
-                                 keeps_reference=s.rl.keeps_reference, abstract=True)
-  trained, frozen, opt_state = arrays.trained, arrays.frozen, arrays.opt_state
-  settings = update.UpdateSettings.derive(s.rl, s.sampling, group_size=m, prompt_len=p)
-  param_bytes, opt_bytes = _chip_bytes(params), _chip_bytes(opt_state)
-  # The reference: a copy of the weights, or with LoRA the base itself, whose arrays it
-  # shares (only its zero adapters are new).
-  ref_bytes = (0 if arrays.reference is None else _chip_bytes(trained) if frozen is not None
-               else _chip_bytes(arrays.reference))
-  # The generator's weights beside the learner's (off-policy on shared devices).
-  snapshot_bytes = param_bytes if s.rl.max_staleness and rollout_mesh is None else 0
-  # PPO's critic on the learner's chips: its weights and Adam state stay there.
-  uses_critic = s.rl.uses_critic
-  if uses_critic:
-    critic_graphdef, critic_params = critic_lib.abstract(
-        critic_model_config(s.critic, s.model, model_cfg), mesh, s.critic.trunk)
-    # A head on the policy's trunk: the policy's weights are its (frozen) trunk.
-    critic_frozen = critic_lib.policy_trunk(params) if s.critic.trunk == "policy" else None
-    critic_tx = critic_lib.make_optimizer(s.critic, s.optim,
-                                          updates_per_step=s.rl.updates_per_step)
-    critic_opt = critic_lib.init_optimizer(critic_tx, critic_params, mesh,
-                                           s.critic.train_trunk, abstract=True)
-    critic_bytes = _chip_bytes(critic_params) + _chip_bytes(critic_opt)
-  else:
-    critic_bytes = 0
+  policy = _policy_arrays(s, model_cfg, mesh, sample_mesh, shared=rollout_mesh is None)
+  critic = _critic_state(s, model_cfg, policy.params, mesh) if s.rl.uses_critic else None
+  critic_bytes = critic.bytes if critic else 0
   on = lambda mesh, what: ("" if rollout_mesh is None else
                            f" on the {mesh.devices.size} {what} chips")
-  body, head = weight_counts(abstract)
+  weights = weight_counts(policy.params)
   # While one copy of the weights is an argument the other (and Adam's state) waits.
+  waiting = policy.opt_bytes + policy.ref_bytes + policy.snapshot_bytes + critic_bytes
   sampled = _sample_program(
-      graphdef, sample_params, s.sampling, n=n, problems=b_p, prompt_len=p,
-      mesh=sample_mesh, vocab_size=model_cfg.vocab_size, weights=(body, head),
-      resident=0 if rollout_mesh is not None else (opt_bytes + ref_bytes + snapshot_bytes
-                                                   + critic_bytes),
-      where=on(sample_mesh, "sampling"))
+      policy.graphdef, policy.sample_params, s.sampling, n=s.rollouts_per_problem,
+      problems=s.problems_per_batch, prompt_len=prompt_len, mesh=sample_mesh,
+      vocab_size=model_cfg.vocab_size, weights=weights,
+      resident=0 if rollout_mesh is not None else waiting, where=on(sample_mesh, "sampling"))
+  # Lowered under their meshes, as isojax runs them: activations take their logical axes.
+  with jax.set_mesh(mesh):
+    return [sampled, *_update_programs(s, model_cfg, policy, critic, mesh, prompt_len,
+                                       weights, on(mesh, "learner"))]
 
-  b = b_p * m  # rollouts scored and trained per step; train_step splits the minibatches
+
+def _update_programs(s: run_settings.RunSettings, model_cfg, policy: _PolicyArrays,
+                     critic: _CriticState | None, mesh, prompt_len: int,
+                     weights: tuple[int, int], where: str) -> list[ProgramMemory]:
+  """score and train_step (and the critic's programs) on the learner's `mesh`."""
+  m, p, t = s.train_rollouts_per_problem, prompt_len, s.sampling.max_new_tokens
+  settings = update.UpdateSettings.derive(s.rl, s.sampling, group_size=m, prompt_len=p)
+  b = s.problems_per_batch * m  # rollouts scored and trained per step
+  critic_bytes = critic.bytes if critic else 0
   score = lambda: update.score.lower(
-      graphdef, params, _spec((b, p + t), jnp.int32, mesh), _spec((b, p + t), bool, mesh),
-      prompt_len=p, temperature=settings.temperature,
+      policy.graphdef, policy.params, _spec((b, p + t), jnp.int32, mesh),
+      _spec((b, p + t), bool, mesh), prompt_len=p, temperature=settings.temperature,
       micro_batch_size=settings.micro_batch_size, chunk_size=settings.logprob_chunk_size)
-
   f32, row = jnp.float32, lambda dtype: _spec((b, t), dtype, mesh)
   tokens, mask = _spec((b, p + t), jnp.int32, mesh), _spec((b, p + t), bool, mesh)
   batch = update.TrainBatch(
       tokens=tokens, mask=mask, response_mask=row(bool), sampler_logp=row(f32),
       old_logp=row(f32), ref_logp=row(f32),
       # GAE: one advantage per token, and the outcome rewards the critic's returns use
-      advantages=row(f32) if uses_critic else _spec((b,), f32, mesh),
+      advantages=row(f32) if critic else _spec((b,), f32, mesh),
       keep_pg=_spec((b,), bool, mesh), keep_reg=_spec((b,), bool, mesh),
-      shuffle_rng=_key_on(mesh), rewards=_spec((b,), f32, mesh) if uses_critic else None)
-  train_step = lambda: update.train_step.lower(graphdef, trained, opt_state, batch, tx=tx,
-                                               settings=settings, frozen=frozen)
+      shuffle_rng=_key_on(mesh), rewards=_spec((b,), f32, mesh) if critic else None)
+  train_step = lambda: update.train_step.lower(
+      policy.graphdef, policy.trained, policy.opt_state, batch, tx=policy.tx,
+      settings=settings, frozen=policy.frozen)
   split = (f"micro-batches of {settings.micro_batch_size or 'all'}, LM head chunks of "
            f"{settings.logprob_chunk_size or 'all'}")
-  # Model FLOPs: 2 per weight per token forward, 6 with the backward pass; the LM head
-  # sees only the response positions.
-  epochs = s.rl.num_epochs
-  flops = dict(score=2 * (body * b * (p + t) + head * b * t),
-               # LoRA: no weight gradients for the frozen base, 4 FLOPs per weight
-               train_step=(6 if frozen is None else 4) * epochs * (body * b * (p + t)
-                                                                   + head * b * t))
-  # Lowered under their meshes, as isojax runs them: activations take their logical axes.
-  with jax.set_mesh(mesh):
-    results = [
-        sampled,
-        _measure("score", score, opt_bytes + ref_bytes + snapshot_bytes + critic_bytes,
-                 f"[{b}, {p + t}] tokens, {split}{on(mesh, 'learner')}", flops["score"]),
-        _measure("train_step", train_step, ref_bytes + snapshot_bytes + critic_bytes,
-                 f"[{b}, {p + t}] tokens, {settings.num_minibatches} minibatch(es), "
-                 f"{split}, remat {model_cfg.remat}"
-                 f"{f', LoRA rank {model_cfg.lora.rank}' if frozen is not None else ''}"
-                 f"{on(mesh, 'learner')}",
-                 flops["train_step"])]
-    if uses_critic:
-      value_settings = critic_lib.ValueUpdateSettings.derive(s.critic, s.rl, group_size=m,
-                                                             prompt_len=p)
-      results += _critic_programs(value_settings, critic_graphdef, critic_params, critic_frozen,
-                                  critic_opt, critic_tx, tokens, mask, batch, settings,
-                                  param_bytes + opt_bytes + ref_bytes + snapshot_bytes,
-                                  weight_counts(critic_params if critic_frozen is None else
-                                                nnx.merge_state(critic_frozen, critic_params))[0],
-                                  on(mesh, "learner"))
+  # Model FLOPs: 2 per weight per token forward, 6 with the backward pass (LoRA: no
+  # weight gradients for the frozen base, 4); the LM head sees only the response.
+  body, head = weights
+  per_pass = body * b * (p + t) + head * b * t
+  lora = policy.frozen is not None
+  results = [
+      _measure("score", score, policy.opt_bytes + policy.ref_bytes + policy.snapshot_bytes
+               + critic_bytes, f"[{b}, {p + t}] tokens, {split}{where}", 2 * per_pass),
+      _measure("train_step", train_step,
+               policy.ref_bytes + policy.snapshot_bytes + critic_bytes,
+               f"[{b}, {p + t}] tokens, {settings.num_minibatches} minibatch(es), "
+               f"{split}, remat {model_cfg.remat}"
+               f"{f', LoRA rank {model_cfg.lora.rank}' if lora else ''}{where}",
+               (4 if lora else 6) * s.rl.num_epochs * per_pass)]
+  if critic:
+    value_settings = critic_lib.ValueUpdateSettings.derive(s.critic, s.rl, group_size=m,
+                                                           prompt_len=p)
+    trunk = (critic.params if critic.frozen is None
+             else nnx.merge_state(critic.frozen, critic.params))
+    results += _critic_programs(
+        value_settings, critic.graphdef, critic.params, critic.frozen, critic.opt_state,
+        critic.tx, tokens, mask, batch, settings,
+        policy.param_bytes + policy.opt_bytes + policy.ref_bytes + policy.snapshot_bytes,
+        weight_counts(trunk)[0], where)
   return results
 
 

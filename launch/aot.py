@@ -14,9 +14,8 @@ from __future__ import annotations
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from isojax import command_line
-from isojax.aot import (HF_CONFIGS, check, format_table, hbm_bytes, model_config, overflows,
-                        prepare_backend, topology_devices)
+from isojax import command_line, config_lib, topology
+from isojax.aot import HF_CONFIGS, check, format_table, model_config, overflows
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/hard.py", "Run config (file.py[:preset]).", lock_config=True)
@@ -33,18 +32,19 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.INFO)
-  topology = _TOPOLOGY.value
+  name = _TOPOLOGY.value
   try:
-    prepare_backend(topology)
-    devices = topology_devices(topology)
-    model_cfg = model_config(_CONFIG.value, _MODEL.value)
-    print(f"{topology}: {len(devices)} x {devices[0].device_kind}; model of "
+    topology.prepare_backend(name)
+    devices = topology.devices(name)
+    s = config_lib.settings(config_lib.resolve(_CONFIG.value))  # the ConfigDict ends here
+    model_cfg = model_config(s, _MODEL.value)
+    print(f"{name}: {len(devices)} x {devices[0].device_kind}; model of "
           f"{model_cfg.num_layers} layers, width {model_cfg.embed_dim}, vocabulary "
           f"{model_cfg.vocab_size}", flush=True)
-    results = check(_CONFIG.value, devices, model_cfg, _PROMPT_LEN.value)
+    results = check(s, devices, model_cfg, _PROMPT_LEN.value)
   except ValueError as e:
     raise SystemExit(f"launch.aot: error: {e}") from None
-  hbm = hbm_bytes(devices, _HBM_GIB.value)
+  hbm = topology.hbm_bytes(devices, _HBM_GIB.value)
   print(format_table(results, hbm))
   failures = overflows(results, hbm)
   if failures:

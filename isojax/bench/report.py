@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from isojax.bench import rl_step, trl_step
+from isojax.bench import rl_step
 
 
 def _sampling_lines(r: dict, o: dict) -> list[str]:
@@ -107,6 +107,27 @@ def _lora_lines(r: dict, o: dict) -> list[str]:
           f"merged rate; greedy tokens equal: {100 * f['greedy_tokens_equal']:.1f}%"]
 
 
+def trl_table(r: dict) -> list[str]:
+  """The per-step table of `trl_step.compare`, and the load times."""
+  lines = ["| side | step s | generation s | update s | generated tokens/s | peak RSS GiB |",
+           "|---|---|---|---|---|---|"]
+  for side in ("isojax", "trl", "tunix"):
+    if side not in r:   # no Tunix side unless asked for
+      continue
+    s = r[side]
+    lines.append(f"| {side} | {s['step_s']:.1f} | {s['generate_s']:.1f} | {s['update_s']:.1f} "
+                 f"| {s['tokens_per_s']:.0f} | {s['peak_rss_gib']:.2f} |")
+  ratios = [f"{name} {r[key]:.2f}x" for name, key in (("TRL", "trl_over_isojax_step"),
+                                                        ("Tunix", "tunix_over_isojax_step"))
+            if key in r]
+  lines += ["", "Step time over isojax's: " + ", ".join(ratios) + "."]
+  load = r["load_s"]
+  lines += ["", f"Loading the GGUF file (model and tokenizer, median of the rounds, each in a "
+            f"fresh process): isojax {load['isojax']:.1f} s, transformers "
+            f"{load['transformers']:.1f} s."]
+  return lines
+
+
 def _trl_lines(r, _):
   t = r["trl"]
   return ([f"RL step against TRL {t['versions']['trl']} (torch {t['versions']['torch']}, "
@@ -115,7 +136,7 @@ def _trl_lines(r, _):
            f"time {t['trl_over_isojax_step']:.2f}x"
            + (f"; Tunix {t['versions']['tunix']} (GRPOLearner, vanilla rollout) / isojax "
               f"{t['tunix_over_isojax_step']:.2f}x" if "tunix" in t else "")]
-          + trl_step.format_table(t))
+          + trl_table(t))
 
 
 _SECTION_LINES = dict(sampling=_sampling_lines, sharing=_sharing_lines, skew=_skew_lines,
@@ -142,4 +163,3 @@ def format_table(r: dict) -> str:
     if r.get(name):
       lines += [""] + section(r, o)
   return "\n".join(lines)
-

@@ -376,27 +376,6 @@ def compare(config_path: str = DEFAULT_CONFIG, *, steps: int = 4, rounds: int = 
   return result
 
 
-def format_table(r: dict) -> list[str]:
-  """The per-step table of `compare`, and the load times."""
-  lines = ["| side | step s | generation s | update s | generated tokens/s | peak RSS GiB |",
-           "|---|---|---|---|---|---|"]
-  for side in ("isojax", "trl", "tunix"):
-    if side not in r:   # no Tunix side unless asked for
-      continue
-    s = r[side]
-    lines.append(f"| {side} | {s['step_s']:.1f} | {s['generate_s']:.1f} | {s['update_s']:.1f} "
-                 f"| {s['tokens_per_s']:.0f} | {s['peak_rss_gib']:.2f} |")
-  ratios = [f"{name} {r[key]:.2f}x" for name, key in (("TRL", "trl_over_isojax_step"),
-                                                        ("Tunix", "tunix_over_isojax_step"))
-            if key in r]
-  lines += ["", "Step time over isojax's: " + ", ".join(ratios) + "."]
-  load = r["load_s"]
-  lines += ["", f"Loading the GGUF file (model and tokenizer, median of the rounds, each in a "
-            f"fresh process): isojax {load['isojax']:.1f} s, transformers "
-            f"{load['transformers']:.1f} s."]
-  return lines
-
-
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--side", choices=tuple(SIDES), required=True)

@@ -35,6 +35,7 @@ import numpy as np
 from isojax import metrics
 from isojax.planner import bootstrap
 from isojax.planner import experiments
+from isojax.planner import n_star
 from isojax.planner import sigmoid_fit
 from isojax.planner import verdicts
 
@@ -174,7 +175,7 @@ class FrontierModel:
     C_mid,n = c_mid * n^delay_exponent,
 
   so larger n ends higher but rises later: small n leads early, large n late, and the
-  true n* at any C is the rule (`experiments.n_star_centre`) applied to these curves.
+  true n* at any C is the rule (`n_star.n_star_centre`) applied to these curves.
   gain_per_doubling = delay_exponent = 0 is the null: every n on one curve, rise 0.
   A run of allocation a, seed r on validation problem g at evaluation e:
 
@@ -217,9 +218,9 @@ def true_rise(model: FrontierModel) -> float:
   """Claim 1's estimand: the rule's n* rise on the true curves, at the rule's points
   for this design (C_end the budget, the first evaluation the range's start)."""
   fits_by_n = {n: [model.mean_curve(n)] for n in model.rollouts_per_problem}
-  c_start, c_end = experiments.claim1_points(model.budget, float(model.compute_E[1]))
-  start, _ = experiments.n_star_centre(fits_by_n, c_start, verdicts.EQUIVALENCE_MARGIN)
-  end, _ = experiments.n_star_centre(fits_by_n, c_end, verdicts.EQUIVALENCE_MARGIN)
+  c_start, c_end = n_star.claim1_points(model.budget, float(model.compute_E[1]))
+  start, _ = n_star.n_star_centre(fits_by_n, c_start, verdicts.EQUIVALENCE_MARGIN)
+  end, _ = n_star.n_star_centre(fits_by_n, c_end, verdicts.EQUIVALENCE_MARGIN)
   return end - start
 
 
@@ -256,7 +257,7 @@ class FrontierRates:
 
 def frontier_rates(model: FrontierModel, *, studies: int, resamples: int,
                    seed: int = 0) -> FrontierRates:
-  """Claim 1 through the study's own code (`experiments.frontier_stats`,
+  """Claim 1 through the study's own code (`n_star.frontier_stats`,
   `bootstrap.bootstrap`, `bootstrap.interval`, `bootstrap.p_value`) on `studies`
   synthetic sweeps of `model`. An undefined statistic counts as not covering and not
   deciding. A single test at raw p: in the study it is one of the primary family, whose
@@ -268,7 +269,7 @@ def frontier_rates(model: FrontierModel, *, studies: int, resamples: int,
   for _ in range(studies):
     groups = {"runs": sample_frontier_runs(model, rng)}
     point, out = bootstrap.bootstrap(
-        groups, lambda g: {"rise": experiments.frontier_stats(g["runs"], metric)[
+        groups, lambda g: {"rise": n_star.frontier_stats(g["runs"], metric)[
             "n_star_rise"]}, num_resamples=resamples, seed=int(rng.integers(2**31)))
     e = bootstrap.effect(point["rise"], out["rise"])
     if not (math.isfinite(e["value"]) and math.isfinite(e["lo"])):

@@ -36,7 +36,7 @@ from isojax import run_dir
 from isojax.planner import analysis
 from isojax.planner import bootstrap
 from isojax.planner import findings
-from isojax.planner import verdicts
+from isojax.planner import n_star
 from isojax.planner import records
 from isojax.planner import sigmoid_fit
 
@@ -64,62 +64,6 @@ def slope(x, y) -> float:
     return float("nan")
   dx = x - x.mean()
   return float(dx @ (y - y.mean()) / (dx @ dx))
-
-
-# Claim 1 compares n* at two fixed points of the compute range every allocation
-# covers: its end, and this many doublings of compute before it (or the range's start).
-CLAIM1_SPAN_DOUBLINGS = 4
-
-
-def claim1_points(c_end: float, c_first: float) -> tuple[float, float]:
-  """(C_start, C_end) at which claim 1 compares n*: the end of the compute range every
-  allocation covers, and `CLAIM1_SPAN_DOUBLINGS` doublings of compute before it, or the
-  range's start (`c_first`, the largest first evaluation at compute > 0) when later."""
-  return max(c_end / 2.0 ** CLAIM1_SPAN_DOUBLINGS, c_first), c_end
-
-
-def n_star_centre(fits_by_n: Mapping[int, Sequence[sigmoid_fit.SigmoidFit]], compute: float,
-                  margin: float) -> tuple[float, bool]:
-  """(log2 n*, censored) at `compute`: the mean log2 n of the values of n whose best
-  fitted value (over B_p) lies within `margin` of the best, so near-ties give the
-  middle of the tied range rather than an argmax among them; censored when the largest
-  n swept is among them (the best n may lie beyond the grid)."""
-  best_n = {n: max(float(f.predict(compute)) for f in fits) for n, fits in fits_by_n.items()}
-  top = max(best_n.values())
-  near = [n for n, v in best_n.items() if v >= top - margin]
-  return float(np.mean(np.log2(near))), max(fits_by_n) in near
-
-
-def frontier_stats(curves: Sequence[records.RunCurve], metric: str,
-                   margin: float = verdicts.EQUIVALENCE_MARGIN) -> dict[str, float]:
-  """Claim 1 by a fixed rule: n* (`n_star_centre`) at the two points of
-  `claim1_points` (C_end: the smallest last evaluation over allocations); the rise is
-  the difference in doublings.
-  n_star_censored is 1 when n* at the end includes the largest n swept (saturation
-  then is not observed), and log2_n_saturation the fitted law's (bounded by the grid).
-  All NaN when no fit rises significantly (no n is best, and a tie read as "no rise"
-  would be a verdict the data cannot give)."""
-  nan = float("nan")
-  empty = dict(log2_n_star_start=nan, log2_n_star_end=nan, n_star_rise=nan,
-               n_star_censored=nan, log2_n_saturation=nan)
-  try:
-    result = analysis.analyze_metric(curves, metric, analysis.Options(metric=metric),
-                                     groups=False)
-  except ValueError:
-    return empty
-  fitted = result.curve_fits
-  if not fitted or all(f.fit.flat for f in fitted):
-    return empty
-  c_start, c_end = claim1_points(min(cf.max_compute for cf in fitted),
-                                 max(float(cf.compute_E.min()) for cf in fitted))
-  fits_by_n: dict[int, list[sigmoid_fit.SigmoidFit]] = {}
-  for cf in fitted:
-    fits_by_n.setdefault(cf.curve.rollouts_per_problem, []).append(cf.fit)
-  start, _ = n_star_centre(fits_by_n, c_start, margin)
-  end, censored = n_star_centre(fits_by_n, c_end, margin)
-  return dict(log2_n_star_start=start, log2_n_star_end=end, n_star_rise=end - start,
-              n_star_censored=float(censored),
-              log2_n_saturation=result.law.log2_n_high if result.law else nan)
 
 
 def _finals_vs(curves: Sequence[records.RunCurve], x_of) -> tuple[np.ndarray, np.ndarray]:
@@ -178,7 +122,7 @@ def saturation_stats(curves: Sequence[records.RunCurve], metric: str) -> dict[st
 
 
 def iso_compute_stats(groups, *, metric: str, variant: str = "") -> dict[str, float]:
-  out = frontier_stats(groups[_key(variant, metric)], metric)
+  out = n_star.frontier_stats(groups[_key(variant, metric)], metric)
   out.update(saturation_stats(groups[_key(variant, metric)], metric))
   for name in analysis.companion_metrics(metric):
     curves = groups.get(_key(variant, name))
@@ -233,7 +177,7 @@ def problem_set_size_stats(groups, *, metric: str, sizes: Mapping[str, float]
     curves = groups[_key(variant, metric)]
     out[f"late_fall_{variant}"] = float(np.nanmean([late_fall(c) for c in curves]))
     out[f"gain_{variant}"] = float(np.mean([_change(c) for c in curves]))
-    out[f"log2_n_star_end_{variant}"] = frontier_stats(curves, metric)["log2_n_star_end"]
+    out[f"log2_n_star_end_{variant}"] = n_star.frontier_stats(curves, metric)["log2_n_star_end"]
   smallest, largest = min(sizes, key=sizes.get), max(sizes, key=sizes.get)
   out["late_fall_smallest"] = out[f"late_fall_{smallest}"]
   out["overfit_gap"] = out[f"late_fall_{smallest}"] - out[f"late_fall_{largest}"]

@@ -82,7 +82,7 @@ def run(inv: tables.Invocation) -> str:
       f"evaluated {f.evaluations} times up to C = {f.budget:,.0f}, plus a run's level (SD "
       f"{f.seed_sd}), a problem's difficulty (SD {f.problem_sd}) and evaluation noise (SD "
       f"{f.eval_sd}). The truth is the claim's rule on the true curves "
-      "(`calibration.true_rise`); the statistic is `experiments.frontier_stats` (a "
+      "(`calibration.true_rise`); the statistic is `n_star.frontier_stats` (a "
       f"sigmoid fit per allocation, n* among near-ties) over {FRONTIER_STUDIES} studies of "
       f"{FRONTIER_RESAMPLES} replicates each. \"decided\" is the rate of yes (planted) or "
       "of any yes or no (null) at raw p < 0.10: the power, or the error of one test "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from isojax.bench import trl_step
+from isojax.bench import report, trl_step
 from isojax.reproduce import smollm2
 from isojax.reproduce import tables
 
@@ -42,7 +42,7 @@ def run(inv: tables.Invocation, steps: int, rounds: int, tunix_python: str = "")
       "each, and the first step of each process (compilation, warm-up) is left out. "
       "Generation is isojax's `time/sample_s` and TRL's `_generate_and_score_completions`; "
       "the update is the rest of the step.", "",
-      *trl_step.format_table(r), "",
+      *report.trl_table(r), "",
       f"TRL / isojax step time: **{r['trl_over_isojax_step']:.2f}x**; generation "
       f"{t['generate_s'] / i['generate_s']:.2f}x, update {t['update_s'] / i['update_s']:.2f}x.",
       *(_tunix_lines(r) if "tunix" in r else []),

@@ -75,6 +75,45 @@ def _compact(st: _Slots, slots: int, empty: int) -> _Slots:
                     token=pick(st.token, keep_XW), cache=cache)
 
 
+def _first_draws(first_logits_GV, key, spec: SampleSpec, choose, shard):
+  """Every rollout's first token, drawn from its prompt's prefill logits: ([X, U] first
+  tokens, the [X, U, T] tokens and log-probs with their first column set)."""
+  n, t = spec.n, spec.max_new_tokens
+  b = first_logits_GV.shape[0] * n
+  # n draws from each prompt's logits (not one draw from logits repeated n times: XLA:CPU
+  # fuses that repeat into the argmax reduction, which LLVM is very slow to compile).
+  first_NG, first_logp_NG = jax.vmap(choose, in_axes=(None, 0))(
+      first_logits_GV, jax.random.split(key, n))
+  first_B, first_logp_B = first_NG.T.reshape(b), first_logp_NG.T.reshape(b)
+  tokens = shard(jnp.full((b, t), spec.pad_id, jnp.int32).at[:, 0].set(first_B))
+  logprobs = shard(jnp.zeros((b, t), jnp.float32).at[:, 0].set(first_logp_B))
+  return shard(first_B), tokens, logprobs
+
+
+def _queue(first_XU, stops, t: int, w: int):
+  """Each shard's queue of the rollouts that still decode (their first token no stop):
+  ([X, U] rollout ids, queued first; [X] how many; [X, W] the first W in the slots,
+  u marking an empty slot)."""
+  u = first_XU.shape[1]
+  needs_decode_XU = ~jnp.isin(first_XU, stops) & (t > 1)
+  queue = jnp.argsort(~needs_decode_XU, axis=-1, stable=True).astype(jnp.int32)
+  queued = needs_decode_XU.sum(-1).astype(jnp.int32)
+  start = jnp.arange(w)
+  rollout = jnp.where(start < queued[:, None], queue[:, jnp.minimum(start, u - 1)], u)
+  return queue, queued, rollout
+
+
+def _running_until(fewer: int, u: int, queued_X):
+  """The decode loop's condition: a slot is busy (rollout id below `u`), and (fewer > 0)
+  the shards cannot yet move to `fewer` slots (a queue not empty, or more busy)."""
+  def cond(st: _Slots):
+    busy_X = jnp.sum(st.rollout < u, axis=-1)
+    if not fewer:
+      return jnp.any(busy_X > 0)
+    return jnp.any(busy_X > 0) & ~jnp.all((st.taken >= queued_X) & (busy_X <= fewer))
+  return cond
+
+
 def sample(model, prompts_GP, prompt_mask_GP, rng, spec: SampleSpec) -> Rollouts:
   """n rollouts per prompt decoded in `spec.num_slots` rows, refilled as rollouts finish.
 
@@ -114,19 +153,8 @@ def sample(model, prompts_GP, prompt_mask_GP, rng, spec: SampleSpec) -> Rollouts
   shard = lambda x: sharding.constrain(x.reshape(shards, -1, *x.shape[1:]),
                                        ("batch",) + (None,) * x.ndim)
   rng, first_key = jax.random.split(rng)
-  # n draws from each prompt's logits (not one draw from logits repeated n times: XLA:CPU
-  # fuses that repeat into the argmax reduction, which LLVM is very slow to compile).
-  first_NG, first_logp_NG = jax.vmap(choose, in_axes=(None, 0))(
-      first_logits_GV, jax.random.split(first_key, n))
-  first_B, first_logp_B = first_NG.T.reshape(b), first_logp_NG.T.reshape(b)
-  tokens = shard(jnp.full((b, t), spec.pad_id, jnp.int32).at[:, 0].set(first_B))
-  logprobs = shard(jnp.zeros((b, t), jnp.float32).at[:, 0].set(first_logp_B))
-  first_XU = shard(first_B)
-  needs_decode_XU = ~jnp.isin(first_XU, stops) & (t > 1)
-  queue = jnp.argsort(~needs_decode_XU, axis=-1, stable=True).astype(jnp.int32)
-  queued = needs_decode_XU.sum(-1).astype(jnp.int32)
-  start = jnp.arange(w)
-  rollout = jnp.where(start < queued[:, None], queue[:, jnp.minimum(start, u - 1)], u)
+  first_XU, tokens, logprobs = _first_draws(first_logits_GV, first_key, spec, choose, shard)
+  queue, queued, rollout = _queue(first_XU, stops, t, w)
   prompt_len_XU = shard(prompt_len_B)
   by_shard = jax.vmap(lambda x, i: x[jnp.minimum(i, u - 1)])
 
@@ -165,15 +193,6 @@ def sample(model, prompts_GP, prompt_mask_GP, rng, spec: SampleSpec) -> Rollouts
                   lengths=lengths, cache=cache, rng=rng, thinking=thinking,
                   interrupted=interrupted)
 
-  def running_until(fewer: int):
-    """Loop condition: a slot is busy, and (fewer > 0) the shards cannot move to fewer."""
-    def cond(st: _Slots):
-      busy_X = jnp.sum(st.rollout < u, axis=-1)
-      if not fewer:
-        return jnp.any(busy_X > 0)
-      return jnp.any(busy_X > 0) & ~jnp.all((st.taken >= queued) & (busy_X <= fewer))
-    return cond
-
   thinking = jnp.ones((shards, u), bool)
   if interruption:  # a one-token marker may be the first token
     thinking = ~interruption.ends_thinking(tokens, 0)
@@ -184,8 +203,8 @@ def sample(model, prompts_GP, prompt_mask_GP, rng, spec: SampleSpec) -> Rollouts
               interrupted=jnp.zeros((shards, u), bool))
   levels = slot_levels(w, -(-min_slots // shards))
   for fewer in levels[1:]:
-    st = _compact(jax.lax.while_loop(running_until(fewer), body, st), fewer, u)
-  final = jax.lax.while_loop(running_until(0), body, st)
+    st = _compact(jax.lax.while_loop(_running_until(fewer, u, queued), body, st), fewer, u)
+  final = jax.lax.while_loop(_running_until(0, u, queued), body, st)
   unshard = lambda x: x.reshape(b, *x.shape[2:])
   return spec_lib.rollouts_from(unshard(final.tokens), unshard(final.logprobs),
                                 unshard(final.lengths), unshard(final.interrupted), stops, spec)

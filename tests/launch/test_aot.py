@@ -1,7 +1,7 @@
 """launch.aot: one step compiled for 8 fake CPU devices, its byte counts and its refusals.
 
 The compiling tests run a child Python: the fake device count must be set before JAX
-starts (`aot.prepare_backend` sets it), and this process already has its one device.
+starts (`topology.prepare_backend` sets it), and this process already has its one device.
 """
 
 import json
@@ -14,7 +14,7 @@ import jax
 import pytest
 
 from isojax.configs import hard
-from isojax import aot
+from isojax import aot, config_lib, topology
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # A Qwen2-shaped model (qkv bias, untied head) small enough to count by hand.
@@ -61,12 +61,13 @@ def test_cpu8_compiles_every_program_with_hand_counted_arguments(model_dir):
   code = f"""
     import dataclasses, json
     from isojax.configs import hard
-    from isojax import aot
-    aot.prepare_backend("cpu:8")
+    from isojax import aot, config_lib, topology
+    topology.prepare_backend("cpu:8")
     config = hard.get_config("micro")
     config.base_model.path = {model_dir!r}
     config.mesh.update(data=1, fsdp=-1, tensor=1)
-    results = aot.check(config, aot.topology_devices("cpu:8"), aot.model_config(config), 16)
+    s = config_lib.settings(config_lib.resolve(config))
+    results = aot.check(s, topology.devices("cpu:8"), aot.model_config(s), 16)
     print(json.dumps([dataclasses.asdict(r) for r in results]))
   """
   printed = _child_json(code)
@@ -94,8 +95,8 @@ def test_sampler_is_compiled_with_the_configured_slots_and_dtype(model_dir):
   code = f"""
     import dataclasses, json
     from isojax.configs import hard
-    from isojax import aot
-    aot.prepare_backend("cpu:8")
+    from isojax import aot, config_lib, topology
+    topology.prepare_backend("cpu:8")
     out = []
     for slots, fewest, weights, dtype in ((0, 0, "", ""), (8, 0, "", ""), (8, 1, "", ""),
                                           (0, 0, "bfloat16", ""),
@@ -106,7 +107,8 @@ def test_sampler_is_compiled_with_the_configured_slots_and_dtype(model_dir):
       config.sampling.max_new_tokens = 512   # the decode cache dominates the temporaries
       config.sampling.update(decode_slots=slots, decode_slots_min=fewest,
                              weights_dtype=weights, dtype=dtype)
-      sample = aot.check(config, aot.topology_devices("cpu:8"), aot.model_config(config), 16)[0]
+      s = config_lib.settings(config_lib.resolve(config))
+      sample = aot.check(s, topology.devices("cpu:8"), aot.model_config(s), 16)[0]
       out.append(dataclasses.asdict(sample))
     print(json.dumps(out))
   """
@@ -145,35 +147,41 @@ def test_too_small_hbm_fails_naming_programs_and_fields(model_dir):
   assert "train_step" in proc.stdout and "HBM 0.10" in proc.stdout  # the table, in MiB
 
 
+def _settings(config):
+  return config_lib.settings(config_lib.resolve(config))
+
+
 def test_bad_inputs_fail_before_compiling(model_dir):
   with pytest.raises(ValueError, match=r"--topology='v9-1024'.*v5p-64"):
-    aot.topology_devices("v9-1024")
+    topology.devices("v9-1024")
   with pytest.raises(ValueError, match="cpu:N"):
-    aot.topology_devices("cpu:many")
+    topology.devices("cpu:many")
   with pytest.raises(ValueError, match="xla_force_host_platform_device_count=4096"):
-    aot.topology_devices("cpu:4096")
+    topology.devices("cpu:4096")
   with pytest.raises(ValueError, match=r"--model='llama-9b'.*qwen2.5-7b"):
-    aot.model_config(_micro(model_dir), "llama-9b")
+    aot.model_config(_settings(_micro(model_dir)), "llama-9b")
   config = _micro(model_dir)
   config.base_model.path = model_dir + "/missing"
+  s = _settings(config)
   with pytest.raises(ValueError, match=r"missing'?: no such file or directory"):
-    aot.model_config(config)
+    aot.model_config(s)
   config = _micro(model_dir)
   config.mesh.update(data=3, fsdp=1, tensor=1)
+  s = _settings(config)
   with pytest.raises(ValueError, match="uses 3 devices"):
-    aot.check(config, aot.topology_devices("cpu:1"), aot.model_config(config), 16)
+    aot.check(s, topology.devices("cpu:1"), aot.model_config(s), 16)
 
 
 def test_known_models_have_their_published_sizes():
   import math  # pylint: disable=g-import-not-at-top
   from isojax.models import transformer  # pylint: disable=g-import-not-at-top
-  cfg = aot.model_config(hard.get_config("paper"), "qwen2.5-7b")
+  cfg = aot.model_config(_settings(hard.get_config("paper")), "qwen2.5-7b")
   assert (cfg.num_layers, cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
           cfg.mlp_dim, cfg.vocab_size) == (28, 3584, 28, 4, 128, 18944, 152064)
   assert cfg.qkv_bias and not cfg.tie_embeddings and cfg.rope_theta == 1e6
   sizes = [math.prod(x.shape) for x in jax.tree.leaves(transformer.abstract_model(cfg))]
   assert sum(sizes) == 7_615_616_512  # Qwen2.5-7B's model card: 7.61B
-  assert aot.model_config(hard.get_config("paper"), "qwen2.5-1.5b").tie_embeddings
+  assert aot.model_config(_settings(hard.get_config("paper")), "qwen2.5-1.5b").tie_embeddings
 
 
 @pytest.mark.slow("compiles every program of a step for eight fake devices")
@@ -183,13 +191,14 @@ def test_cpu8_split_compiles_the_sampler_and_the_learner_on_their_own_chips(mode
   code = f"""
     import dataclasses, json
     from isojax.configs import hard
-    from isojax import aot
-    aot.prepare_backend("cpu:8")
+    from isojax import aot, config_lib, topology
+    topology.prepare_backend("cpu:8")
     config = hard.get_config("micro")
     config.base_model.path = {model_dir!r}
     config.mesh.update(data=1, fsdp=-1, tensor=1, rollout_fraction=0.5)
     config.rl.max_staleness = 2
-    results = aot.check(config, aot.topology_devices("cpu:8"), aot.model_config(config), 16)
+    s = config_lib.settings(config_lib.resolve(config))
+    results = aot.check(s, topology.devices("cpu:8"), aot.model_config(s), 16)
     print(json.dumps([dataclasses.asdict(r) for r in results]))
   """
   printed = _child_json(code)
@@ -217,8 +226,8 @@ def test_cpu8_ppo_compiles_the_critic_with_hand_counted_bytes_and_flops(model_di
   code = f"""
     import dataclasses, json
     from isojax.configs import hard
-    from isojax import aot
-    aot.prepare_backend("cpu:8")
+    from isojax import aot, config_lib, topology
+    topology.prepare_backend("cpu:8")
     out = []
     for train_trunk, trunk in ((True, "own"), (False, "own"), (False, "policy")):
       config = hard.get_config("micro")
@@ -226,7 +235,8 @@ def test_cpu8_ppo_compiles_the_critic_with_hand_counted_bytes_and_flops(model_di
       config.mesh.update(data=1, fsdp=-1, tensor=1)
       config.rl.advantage = "gae"
       config.critic.update(train_trunk=train_trunk, trunk=trunk)
-      results = aot.check(config, aot.topology_devices("cpu:8"), aot.model_config(config), 16)
+      s = config_lib.settings(config_lib.resolve(config))
+      results = aot.check(s, topology.devices("cpu:8"), aot.model_config(s), 16)
       out.append([dataclasses.asdict(r) for r in results])
     print(json.dumps(out))
   """
@@ -281,13 +291,14 @@ def test_cpu8_lora_trains_and_holds_only_the_adapters(model_dir):
   code = f"""
     import dataclasses, json
     from isojax.configs import hard
-    from isojax import aot
-    aot.prepare_backend("cpu:8")
+    from isojax import aot, config_lib, topology
+    topology.prepare_backend("cpu:8")
     config = hard.get_config("micro")
     config.base_model.path = {model_dir!r}
     config.mesh.update(data=1, fsdp=-1, tensor=1)
     config.model.lora.rank = 4
-    results = aot.check(config, aot.topology_devices("cpu:8"), aot.model_config(config), 16)
+    s = config_lib.settings(config_lib.resolve(config))
+    results = aot.check(s, topology.devices("cpu:8"), aot.model_config(s), 16)
     print(json.dumps([dataclasses.asdict(r) for r in results]))
   """
   printed = _child_json(code)

@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 
 from isojax import config_lib
-from isojax.bench import trl_step, tunix_step
+from isojax.bench import report, trl_step, tunix_step
 from isojax.bench.options import Options, check_options
 from isojax.models import tokenizer as tokenizer_lib
 
@@ -153,12 +153,12 @@ def test_compare_runs_the_tunix_side_in_its_interpreter(monkeypatch):
   assert all(python == "" for side, python in calls if side != "tunix")
   assert r["tunix_over_isojax_step"] == pytest.approx(2.0)
   assert r["versions"]["tunix"] == "0.1.7"
-  table = "\n".join(trl_step.format_table(r))
+  table = "\n".join(report.trl_table(r))
   assert "| tunix | 8.0 |" in table and "Tunix 2.00x" in table and "TRL 1.00x" in table
   calls.clear()
   r = trl_step.compare(steps=3, rounds=1)
   assert "tunix" not in r and all(side != "tunix" for side, _ in calls)
-  assert "tunix" not in "\n".join(trl_step.format_table(r))
+  assert "tunix" not in "\n".join(report.trl_table(r))
 
 
 def test_the_tunix_python_flag_is_checked_before_anything_runs():

@@ -16,6 +16,7 @@ from isojax import metrics
 from isojax.planner import bootstrap
 from isojax.planner import calibration
 from isojax.planner import experiments
+from isojax.planner import n_star
 from isojax.planner import records
 
 STUDIES, RESAMPLES = 200, 100
@@ -76,7 +77,7 @@ def test_claim_1_finds_a_planted_rise_and_none_in_a_null():
   sig = lambda a, c_mid: 0.1 + (a - 0.1) / (1 + (c_mid / c_E) ** 1.5)
   grid = (2, 4, 8, 16)
   planted = [_run(n, sig(0.3 + 0.08 * math.log2(n), 200.0 * n), c_E) for n in grid]
-  got = experiments.frontier_stats(planted, metrics.val_avg(4))
+  got = n_star.frontier_stats(planted, metrics.val_avg(4))
 
   def true_centre(c):  # the rule on the true curves, by hand
     v = {n: 0.1 + (0.2 + 0.08 * math.log2(n)) / (1 + (200.0 * n / c) ** 1.5) for n in grid}
@@ -85,7 +86,7 @@ def test_claim_1_finds_a_planted_rise_and_none_in_a_null():
   want = true_centre(c_end) - true_centre(c_end / 16)
   assert want >= 1.0 and got["n_star_rise"] == pytest.approx(want, abs=0.5)
   null = [_run(n, sig(0.5, 2000.0), c_E) for n in (2, 4, 8, 16)]
-  got = experiments.frontier_stats(null, metrics.val_avg(4))
+  got = n_star.frontier_stats(null, metrics.val_avg(4))
   assert got["n_star_rise"] == 0.0 and got["log2_n_star_end"] == 2.5
   assert got["n_star_censored"] == 1.0  # the largest n ties: saturation not observed
 

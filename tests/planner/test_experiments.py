@@ -12,6 +12,7 @@ from isojax import run_dir
 from isojax.planner import analysis
 from isojax.planner import bootstrap
 from isojax.planner import experiments
+from isojax.planner import n_star
 from isojax.planner import records
 from isojax.planner import synthetic
 
@@ -64,7 +65,7 @@ def test_fixed_batch_recovers_n_star_of_m(tmp_path):
                         log_spaced=True, num_problems=512, seed=3)
   result = experiments.analyze_experiment(str(tmp_path), "fixed_batch", num_resamples=60)
   c_end = batch * float(steps)
-  c_start = c_end / 2 ** experiments.CLAIM1_SPAN_DOUBLINGS
+  c_start = c_end / 2 ** n_star.CLAIM1_SPAN_DOUBLINGS
   true_start, true_end = _true_centre(curves, c_start), _true_centre(curves, c_end)
   assert true_end - true_start >= 2  # the ground truth rises
   e = result["effects"]
@@ -284,8 +285,8 @@ def test_n_star_is_undefined_when_no_allocation_rises():
   c_E = np.linspace(0.0, 1024.0, 5)
   bumps = [records.RunCurve(f"n{n}", 8, n, c_E, np.array([0.1, 0.12, 0.2, 0.11, 0.1]) + d)
            for n, d in ((2, 0.0), (4, 0.01), (8, -0.01))]
-  got = experiments.frontier_stats(bumps, metrics.val_avg(4))
+  got = n_star.frontier_stats(bumps, metrics.val_avg(4))
   assert all(math.isnan(v) for v in got.values()), got
   rising = [_sigmoid_curve(n, 0.3 + 0.1 * i, c_mid=3000.0) for i, n in enumerate((2, 4, 8))]
-  got = experiments.frontier_stats(rising, metrics.val_avg(4))
+  got = n_star.frontier_stats(rising, metrics.val_avg(4))
   assert got["log2_n_star_end"] == 3.0  # the highest ceiling's n wins at the end
