@@ -35,13 +35,12 @@ def restored_policy(workdir: str, step: int | None = None):
                      f"{'at all' if not steps else f'at step {step} (has {sorted(steps)})'}")
   step = max(steps) if step is None else step
   # The settings of that step: config.json with the changes a resume was allowed.
-  config = config_lib.resolve(ml_collections.ConfigDict(
-      resume_settings.config_at(workdir, step)))
-  s = config_lib.settings(config)
+  s = config_lib.settings(config_lib.resolve(ml_collections.ConfigDict(
+      resume_settings.config_at(workdir, step))))
   path = demo_bases.policy_path(s.base_model.path, s.task)
-  model = hf_checkpoint.load_model(path, **config.model)
+  model = hf_checkpoint.load_model(path, **s.model.as_kwargs())
   graphdef, params = nnx.split(model)
-  trained, base = lora.trained_and_frozen(params, enabled=config.model.lora.rank > 0)
+  trained, base = lora.trained_and_frozen(params, enabled=s.model.lora.enabled)
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, trained)
   restored = ckpt.restore(step, args=ocp.args.Composite(
       params=ocp.args.StandardRestore(abstract))).params

@@ -12,7 +12,10 @@ metrics.jsonl without its wall-clock fields, config.json, the files' names, and 
 array of every checkpoint (`isojax.identical_runs`, `isojax.run_compare`). Prints one
 line per run (identical, or the first step and field, or the first array path and its
 largest difference, that changed) and exits with status 1 when any run differs or fails.
-Both sides must run on the same machine: XLA:CPU's float results depend on it.
+Both sides must run on the same machine, pinned to the same cores: XLA:CPU's float
+results depend on both (two runs of one commit, one on both cores and one under
+`taskset -c 0`, differed in the last bits of two configs' checkpoints). Give a fresh
+--out when the base's cached runs were made otherwise.
 """
 
 from __future__ import annotations

@@ -28,10 +28,11 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from isojax import config_lib, evaluation, memory_plan, run_inputs, storage, tasks
+from isojax import (config_lib, evaluation, memory_plan, run_inputs, run_settings, storage,
+                    tasks)
 from isojax.models import hf_checkpoint, sharding
 from isojax.models import tokenizer as tokenizer_lib
-from isojax.tasks import arithmetic, demo_bases, prompts, splits
+from isojax.tasks import arithmetic, prompts, splits
 from isojax.tasks.difficulty import BANDS, EXTREMELY_HARD, SPLITS, ProblemRates, SplitPlan
 from isojax.tasks.difficulty import plan_splits
 
@@ -63,26 +64,34 @@ class Options:
   force: bool = False
 
 
-def model_path(config: ml_collections.ConfigDict) -> str:
+def run_settings_of(config: ml_collections.ConfigDict | run_settings.RunSettings
+                    ) -> run_settings.RunSettings:
+  """A base run config's typed settings (a ConfigDict is resolved here, once)."""
+  if isinstance(config, run_settings.RunSettings):
+    return config
+  return config_lib.settings(config_lib.resolve(config))
+
+
+def model_path(config: ml_collections.ConfigDict | run_settings.RunSettings) -> str:
   """The base model directory `run_inputs.policy_path` gives."""
-  s = config_lib.settings(config)
-  return os.path.abspath(demo_bases.policy_path(s.base_model.path, s.task))
+  return os.path.abspath(run_inputs.policy_path(run_settings_of(config)))
 
 
-def settings(config: ml_collections.ConfigDict, options: Options) -> dict[str, Any]:
+def settings(s: run_settings.RunSettings, options: Options) -> dict[str, Any]:
   """Everything that determines the splits: equal settings, equal files.
 
   Round-tripped through JSON (tuples become lists) so it compares equal to what a
   split file holds.
   """
+  sections = s.to_dict()
   return json.loads(json.dumps(dict(
-      version=_VERSION, model=model_path(config), sampling=config.sampling.to_dict(),
-      model_dtype=config.model.dtype, num_samples=options.num_samples,
+      version=_VERSION, model=model_path(s), sampling=sections["sampling"],
+      model_dtype=s.model.dtype, num_samples=options.num_samples,
       hard_samples=options.hard_samples, pool_size=options.pool_size,
       val_pool_size=options.val_pool_size, min_digits=options.min_digits,
       max_digits=options.max_digits, num_train=options.num_train, num_val=options.num_val,
       seed=options.seed, bands={k: dataclasses.asdict(b) for k, b in BANDS.items()},
-      **({} if config.task.name == "arithmetic" else dict(task=config.task.to_dict())))))
+      **({} if s.task.name == "arithmetic" else dict(task=sections["task"])))))
 
 
 def _check_options(options: Options) -> None:
@@ -97,9 +106,9 @@ def _check_options(options: Options) -> None:
     raise ProfileError(f"min_digits={options.min_digits} > max_digits={options.max_digits}")
 
 
-def cached(config: ml_collections.ConfigDict, options: Options) -> bool:
+def cached(s: run_settings.RunSettings, options: Options) -> bool:
   """True when every requested split file exists with these settings."""
-  want = settings(config, options)
+  want = settings(s, options)
   for name in options.splits:
     if not splits.split_path(options.out_dir, name).is_file():
       return False
@@ -117,32 +126,32 @@ def cached(config: ml_collections.ConfigDict, options: Options) -> bool:
 class _Sampler:
   """The base policy, its prompts and verifier, and a correct-count function."""
 
-  def __init__(self, config: ml_collections.ConfigDict, problems: Sequence[tasks.Problem],
+  def __init__(self, s: run_settings.RunSettings, problems: Sequence[tasks.Problem],
                options: Options):
-    self.config = config
-    mesh = sharding.make_mesh(config.mesh)
-    path = run_inputs.policy_path(config_lib.settings(config))
+    mesh = sharding.make_mesh(s.mesh.as_kwargs())
+    path = run_inputs.policy_path(s)
     self.tok = tokenizer_lib.load_tokenizer(
-        path, extra_stop_ids=tuple(config.sampling.stop_token_ids))
-    self.book, kept, dropped = prompts.build({"pool": list(problems)}, self.tok, config.task,
-                                             tasks.default_instruction(config.task))
+        path, extra_stop_ids=tuple(s.sampling.stop_token_ids))
+    self.book, kept, dropped = prompts.build({"pool": list(problems)}, self.tok, s.task,
+                                             tasks.default_instruction(s.task))
     if dropped["pool"]:
       raise ProfileError(f"{dropped['pool']} pool problems have prompts longer than "
-                         f"task.max_prompt_tokens={config.task.max_prompt_tokens}")
+                         f"task.max_prompt_tokens={s.task.max_prompt_tokens}")
     # The sampler's calls sized from the memory there is (left at 0, a whole chunk of
     # --chunk_rollouts would be one call); the context is checked and a problem's samples
     # that cannot fit are refused here, before the model loads or anything is sampled.
-    model_cfg = run_inputs.checked_model_config(config_lib.settings(config), path,
-                                           self.book.max_len)
-    if not config.sampling.max_rollouts_per_call:
-      config.sampling.max_rollouts_per_call = memory_plan.sampler_calls(
-          memory_plan.Shape.of(model_cfg), rollouts=options.chunk_rollouts,
-          group=max(options.num_samples, options.hard_samples),
-          prompt_len=self.book.max_len, max_new_tokens=config.sampling.max_new_tokens)
+    model_cfg = run_inputs.checked_model_config(s, path, self.book.max_len)
+    self.sampling = s.sampling
+    if not s.sampling.max_rollouts_per_call:
+      self.sampling = dataclasses.replace(s.sampling, max_rollouts_per_call=(
+          memory_plan.sampler_calls(
+              memory_plan.Shape.of(model_cfg), rollouts=options.chunk_rollouts,
+              group=max(options.num_samples, options.hard_samples),
+              prompt_len=self.book.max_len, max_new_tokens=s.sampling.max_new_tokens)))
       logging.info("profile sampler calls of %s rollouts",
-                   config.sampling.max_rollouts_per_call or "every")
-    self.verifier = tasks.make_verifier(config.task)
-    policy = hf_checkpoint.load_model(path, mesh, **config.model)
+                   self.sampling.max_rollouts_per_call or "every")
+    self.verifier = tasks.make_verifier(s.task)
+    policy = hf_checkpoint.load_model(path, mesh, **s.model.as_kwargs())
     self.graphdef, self.params = nnx.split(policy)
 
   def correct(self, problems, num_samples: int, chunk_rollouts: int, rng) -> np.ndarray:
@@ -152,7 +161,7 @@ class _Sampler:
     counts, _ = evaluation.correct_counts(
         self.graphdef, self.params, self.tok, self.book, problems, self.verifier,
         num_samples=num_samples, chunk=chunk, rng=rng,
-        sampling=config_lib.settings(self.config).sampling)
+        sampling=self.sampling)
     return counts
 
 
@@ -195,15 +204,15 @@ def _digit_mix(difficulties: Sequence[int]) -> dict[int, float]:
   return {int(v): float(c) / len(difficulties) for v, c in zip(values, counts)}
 
 
-def _task_pool(config: ml_collections.ConfigDict, options: Options
+def _task_pool(s: run_settings.RunSettings, options: Options
                ) -> tuple[list[tasks.Problem], list[tasks.Problem]]:
   """The candidate pools of a loaded family (reasoning_gym, math): the first pool_size
   training and val_pool_size validation problems of the task (disjoint by the task)."""
-  data = tasks.load(config.task)
+  data = tasks.load(s.task)
   train_pool, val_pool = data.train[:options.pool_size], data.val[:options.val_pool_size]
   if len(train_pool) < options.pool_size or len(val_pool) < options.val_pool_size:
     logging.warning("task %s has %d training and %d validation problems; profiling "
-                    "pools of %d and %d", config.task.name, len(data.train), len(data.val),
+                    "pools of %d and %d", s.task.name, len(data.train), len(data.val),
                     len(train_pool), len(val_pool))
   return train_pool, val_pool
 
@@ -220,20 +229,22 @@ def _pool(options: Options) -> tuple[list[tasks.Problem], list[tasks.Problem]]:
                        "pool sizes") from e
 
 
-def profile(config: ml_collections.ConfigDict, options: Options) -> list[SplitSummary]:
-  """Measures the pool and writes the splits (or reuses them); returns their summary."""
+def profile(config: ml_collections.ConfigDict | run_settings.RunSettings, options: Options
+            ) -> list[SplitSummary]:
+  """Measures the pool and writes the splits (or reuses them); returns their summary.
+  A ConfigDict (the command line's, a notebook's) is resolved once, here."""
   _check_options(options)
-  config = config_lib.resolve(config)
-  want = settings(config, options)
-  if not options.force and cached(config, options):
+  s = run_settings_of(config)
+  want = settings(s, options)
+  if not options.force and cached(s, options):
     logging.info("splits %s in %s are up to date (same model and settings); reusing them",
                  ", ".join(options.splits), options.out_dir)
     return [_summary_from_file(options.out_dir, name) for name in options.splits]
 
   start = time.time()
-  train_pool, val_pool = (_pool(options) if config.task.name == "arithmetic"
-                          else _task_pool(config, options))
-  sampler = _Sampler(config, train_pool + val_pool, options)
+  train_pool, val_pool = (_pool(options) if s.task.name == "arithmetic"
+                          else _task_pool(s, options))
+  sampler = _Sampler(s, train_pool + val_pool, options)
   rng = jax.random.key(options.seed)
   wants_xh = any(EXTREMELY_HARD in SPLITS[s] for s in options.splits)
   train_rates = _measure(sampler, train_pool, options, jax.random.fold_in(rng, 0),

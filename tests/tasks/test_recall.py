@@ -121,10 +121,10 @@ def test_isojax_sampler_draws_the_constructed_pass_rates():
   sampler and verifier), within a 99.9% binomial interval of 2^-level."""
   from isojax.sweeps import profiling  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
-  config = config_lib.resolve(_run_config())
-  problems = recall.all_problems(config_lib.settings(config).task)
+  s = config_lib.settings(config_lib.resolve(_run_config()))
+  problems = recall.all_problems(s.task)
   options = profiling.Options(out_dir="", num_samples=64, chunk_rollouts=8192)
-  sampler = profiling._Sampler(config, problems, options)  # pylint: disable=protected-access
+  sampler = profiling._Sampler(s, problems, options)  # pylint: disable=protected-access
   correct = sampler.correct(problems, 64, 8192, jax.random.key(0))
   levels = np.array([p.difficulty for p in problems])
   for level in range(1, 9):
