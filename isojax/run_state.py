@@ -9,6 +9,7 @@ SIGTERM, and `close` releases all of it once, quietly after an error.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import numpy as np
@@ -67,21 +68,54 @@ def resume_hint(kept_step: int | None, last: int | None, checkpoints: str) -> st
 
 
 @dataclasses.dataclass(eq=False)
-class RunState:
-  """A run's state and outputs. The fields after `kept` are set as the run builds them
-  (`close` closes what exists)."""
-  workdir: str
+class Workdir:
+  """A run's directory as opened, before anything is restored: its checkpoint manager,
+  the steps kept beside the newest, and whether this process is the one writer.
+  `close` waits for the last save and closes the manager, once."""
+  path: str
   ckpt: Any                                    # orbax CheckpointManager
   kept: checkpointing.KeptSteps                # the healthy checkpoint before a collapse
   primary: bool                                # the one writer of a multi-host job
-  counters: Counters = dataclasses.field(default_factory=Counters)
-  pool: problem_pool.ProblemPool | None = None
-  writer: run_dir.MetricsWriter | None = None
-  viewers: Any = None                          # TensorBoard / W&B (metric_writers)
-  bar: Any = None                              # tqdm
-  source: sources_lib.RolloutSource | None = None
-  learner: Any = None                          # rl.step.Learner
   _closed: bool = False
+
+  def close(self, *exc) -> None:
+    """After an error (`exc`, as an exit stack passes it), quietly: a failure here is
+    logged, so it does not hide the first."""
+    if self._closed:
+      return
+    self._closed = True
+    _close_all([self.ckpt.wait_until_finished, self.ckpt.close], exc)
+
+
+@dataclasses.dataclass(eq=False)
+class RunState:
+  """A run's state and outputs, built whole once its checkpoint is restored (or a
+  fresh run's step 0 is set up); `close` closes all of it, once."""
+  opened: Workdir
+  counters: Counters
+  pool: problem_pool.ProblemPool | None        # No-Positive-Resampling's (None: off)
+  learner: Any                                 # rl.step.Learner
+  writer: run_dir.MetricsWriter
+  viewers: Any                                 # TensorBoard / W&B (metric_writers)
+  source: sources_lib.RolloutSource
+  bar: Any                                     # tqdm
+  _closed: bool = False
+
+  @property
+  def workdir(self) -> str:
+    return self.opened.path
+
+  @property
+  def ckpt(self):
+    return self.opened.ckpt
+
+  @property
+  def kept(self) -> checkpointing.KeptSteps:
+    return self.opened.kept
+
+  @property
+  def primary(self) -> bool:
+    return self.opened.primary
 
   def record(self, values: dict) -> None:
     c = self.counters
@@ -94,7 +128,7 @@ class RunState:
   def save(self) -> None:
     self.writer.flush()  # a resume from this checkpoint keeps the lines up to it
     learner, pool = self.learner, self.pool
-    queue = self.source.checkpoint_tree() if self.source else None
+    queue = self.source.checkpoint_tree()
     checkpointing.save(
         self.ckpt, self.counters.step,
         params=lora.trained_and_frozen(learner.params, enabled=learner.lora)[0],
@@ -120,7 +154,7 @@ class RunState:
              if last is not None else "nothing was saved yet: a rerun starts afresh")
     message = f"preempted after {step} steps (SIGTERM): {where}"
     lost = {}
-    discarded = self.source.discarded_rollouts() if self.source else None
+    discarded = self.source.discarded_rollouts()
     if discarded is not None:  # in flight: its queue is not saved
       lost = {"discarded_rollouts": discarded}
       message += (f"; in flight, the {discarded} queued rollouts not yet trained and the "
@@ -136,15 +170,22 @@ class RunState:
     if self._closed:
       return
     self._closed = True
-    closers = [x.close for x in (self.bar, self.viewers) if x is not None]
-    closers += [self.ckpt.wait_until_finished, self.ckpt.close]
-    closers += [self.source.close] if self.source is not None else []
     # Last: a failed write to an object store leaves the checkpoints and the source closed.
-    closers += [x.flush for x in (self.writer,) if x is not None]
-    for closer in closers:
-      try:
-        closer()
-      except Exception as e:  # pylint: disable=broad-except
-        if not (exc and exc[0]):
-          raise
+    _close_all([self.bar.close, self.viewers.close, functools.partial(self.opened.close, *exc),
+                self.source.close, self.writer.flush], exc)
+
+
+def _close_all(closers, exc) -> None:
+  """Calls every closer. The first failure is raised once all have been called, or, after
+  an error (`exc`), each is logged: no second error hides the first."""
+  first = None
+  for closer in closers:
+    try:
+      closer()
+    except Exception as e:  # pylint: disable=broad-except
+      if exc and exc[0]:
         logging.warning("while stopping: %s: %s", type(e).__name__, e)
+      elif first is None:
+        first = e
+  if first is not None:
+    raise first

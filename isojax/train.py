@@ -16,6 +16,7 @@ continues exactly where it stopped.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging as std_logging
 import time
@@ -95,13 +96,23 @@ def run(config: ml_collections.ConfigDict | run_settings.RunSettings, workdir: s
                 allow_changed=tuple(allow_changed), from_step=resume_step)
 
 
-def _learner(s: run_settings.RunSettings, inputs: run_inputs.Inputs, state: run_state.RunState,
-             *, from_step: int | None):
-  """The policy, its optimizer, reference and critic, restored from the newest
-  checkpoint that restores (newer ones that do not are moved aside); the restored
-  counters and pool go into `state`. Returns (learner, restore result or None, the
-  learning-rate schedule)."""
-  mesh, workdir = inputs.mesh, state.workdir
+@dataclasses.dataclass(frozen=True)
+class _Restored:
+  """What a run goes on from: its learner, counters and pool, restored from the newest
+  checkpoint that restores, or fresh (`result` None)."""
+  learner: rl_step.Learner
+  counters: run_state.Counters
+  pool: problem_pool.ProblemPool | None
+  result: Any                    # checkpointing's restore result, or None
+  schedule: Any                  # the learning-rate schedule
+
+
+def _learner(s: run_settings.RunSettings, inputs: run_inputs.Inputs, opened: run_state.Workdir,
+             *, from_step: int | None) -> _Restored:
+  """The policy, its optimizer, reference and critic, with the counters and pool,
+  restored from the newest checkpoint that restores (newer ones that do not are moved
+  aside), or as a fresh run starts them."""
+  mesh, workdir = inputs.mesh, opened.path
   policy = hf_checkpoint.load_model(inputs.path, mesh, **s.model.as_kwargs())
   graphdef, params = nnx.split(policy)
   # LoRA: only the adapters train, are held by the optimizer and are checkpointed; the
@@ -111,16 +122,16 @@ def _learner(s: run_settings.RunSettings, inputs: run_inputs.Inputs, state: run_
   arrays = rl_step.policy_arrays(params, tx, mesh, lora=s.model.lora.enabled,
                                  keeps_reference=s.rl.keeps_reference)
   base, opt_state, ref_params = arrays.frozen, arrays.opt_state, arrays.reference
-  if s.rl.retire_pass_rate > 0:
-    state.pool = problem_pool.ProblemPool(len(inputs.train_problems),
-                                          threshold=s.rl.retire_pass_rate)
+  pool = (problem_pool.ProblemPool(len(inputs.train_problems), threshold=s.rl.retire_pass_rate)
+          if s.rl.retire_pass_rate > 0 else None)
+  counters = run_state.Counters()
   critic = (critic_lib.create(s.critic, s.rl, s.optim, s.model,
                               group_size=s.train_rollouts_per_problem, mesh=mesh,
                               policy_graphdef=graphdef, policy_params=params)
             if s.rl.uses_critic else None)  # PPO's value model
   restored = checkpointing.restore_newest(
-      state.ckpt, params=arrays.trained, opt_state=opt_state,
-      corrupt_dir=run_dir.corrupt_checkpoint_dir(workdir), primary=state.primary,
+      opened.ckpt, params=arrays.trained, opt_state=opt_state,
+      corrupt_dir=run_dir.corrupt_checkpoint_dir(workdir), primary=opened.primary,
       critic=critic.checkpoint_tree() if critic else None, step=from_step,
       superseded_dir=run_dir.superseded_checkpoint_dir(workdir))
   if restored is not None:
@@ -128,16 +139,16 @@ def _learner(s: run_settings.RunSettings, inputs: run_inputs.Inputs, state: run_
     params = lora.whole(restored.params, base)
     if critic is not None:
       critic.params, critic.opt_state = restored.critic["params"], restored.critic["opt_state"]
-    state.counters, pool = run_state.restored_counters(restored.counters)
-    if state.pool is not None and pool is not None:  # else a fresh one, as configured
-      state.pool = pool
-    logging.info("resumed %s at step %d (%d rollouts)", workdir, state.counters.step,
-                 state.counters.rollouts)
+    counters, saved_pool = run_state.restored_counters(restored.counters)
+    if pool is not None and saved_pool is not None:  # else a fresh one, as configured
+      pool = saved_pool
+    logging.info("resumed %s at step %d (%d rollouts)", workdir, counters.step,
+                 counters.rollouts)
   learner = rl_step.Learner(
       s.rl, s.sampling, s.rollouts_per_problem, lora=s.model.lora.enabled, mesh=mesh,
       graphdef=graphdef, params=params, opt_state=opt_state, ref_params=ref_params, tx=tx,
       critic=critic)
-  return learner, restored, schedule
+  return _Restored(learner, counters, pool, restored, schedule)
 
 
 def _settings_event(workdir: str, inputs: run_inputs.Inputs, restored, *, start: int | None,
@@ -245,23 +256,23 @@ def _evaluate(state: run_state.RunState, inputs: run_inputs.Inputs, s: run_setti
   return result
 
 
-def _open_workdir(state: run_state.RunState, inputs: run_inputs.Inputs, *,
+def _open_workdir(opened: run_state.Workdir, inputs: run_inputs.Inputs, *,
                   allow_changed: tuple[str, ...], from_step: int | None
                   ) -> tuple[int | None, dict]:
   """(the step a resume starts from or None, the settings changed since it): checks
   the settings and every metrics line before anything in the workdir changes, then
   writes config.json for a run that starts afresh."""
-  workdir = state.workdir
+  workdir = opened.path
   # Nothing is written before the settings check: a workdir with a checkpoint holds a run.
-  checkpointing.check_step(state.ckpt, from_step)
-  start = state.ckpt.latest_step() if from_step is None else from_step
+  checkpointing.check_step(opened.ckpt, from_step)
+  start = opened.ckpt.latest_step() if from_step is None else from_step
   changed = ({} if start is None else resume_settings.check(
       workdir, inputs.requested, step=start, allow=allow_changed))
-  if start is not None and state.primary and run_dir.metrics_path(workdir).exists():
+  if start is not None and opened.primary and run_dir.metrics_path(workdir).exists():
     # Every metrics line read before a checkpoint is moved aside or history appended:
     # a damaged line stops the resume with nothing changed.
     run_dir.read_metrics(workdir)
-  if state.primary and start is None:  # the run that creates the workdir (or starts afresh)
+  if opened.primary and start is None:  # the run that creates the workdir (or starts afresh)
     run_dir.write_config(workdir, inputs.settings.to_dict())
   return start, changed
 
@@ -281,6 +292,34 @@ def _step_0(state: run_state.RunState, inputs: run_inputs.Inputs, run_eval: Call
   return last_eval
 
 
+def _state(s: run_settings.RunSettings, inputs: run_inputs.Inputs, opened: run_state.Workdir,
+           restored: _Restored, sample_key: jax.Array) -> run_state.RunState:
+  """The run's whole state once restored: its metrics writers (the lines after the
+  restored step dropped: the run goes on as if never interrupted), the rollout source
+  (the restored queue of an in-flight run) and the progress bar."""
+  resume_step = restored.result.step if restored.result else None
+  writer = run_dir.MetricsWriter(opened.path, resume_step=resume_step, enabled=opened.primary,
+                                 rewrite_every_s=METRICS_REWRITE_S)
+  viewers = metric_writers.create(s.metric_writers, opened.path, resume_step=resume_step,
+                                  enabled=opened.primary, run_config=s.to_dict())
+  problems = sources.Problems(s.seed, s.rollouts_per_problem, s.problems_per_batch, s.rl,
+                              s.sampling, restored.learner.graphdef, inputs.tok, inputs.book,
+                              inputs.train_problems, inputs.verifier, restored.pool, sample_key)
+  try:
+    source = sources.make(
+        problems, num_steps=s.num_steps, batches=restored.counters.batches,
+        queue=restored.result and restored.result.queue,
+        snapshot=(None if inputs.rollout_mesh is None
+                  else functools.partial(sharding.on_mesh, mesh=inputs.rollout_mesh)))
+  except BaseException:
+    viewers.close()
+    raise
+  bar = tqdm.tqdm(total=s.num_steps, initial=restored.counters.step, desc="RL steps",
+                  unit="step", dynamic_ncols=True, disable=None if opened.primary else True)
+  return run_state.RunState(opened, restored.counters, restored.pool, restored.learner,
+                            writer, viewers, source, bar)
+
+
 def _run(requested: run_settings.RunSettings, workdir: str, notice: preemption.Notice,
          hold_workdir: Callable[[], None], on_exit: Callable[[Callable], None], *,
          allow_changed: tuple[str, ...], from_step: int | None) -> dict[str, float]:
@@ -294,52 +333,39 @@ def _run(requested: run_settings.RunSettings, workdir: str, notice: preemption.N
   # ==================== Run directory and checkpoints ====================
   hold_workdir()  # before anything is read from or written to it
   kept = checkpointing.KeptSteps()  # the healthy checkpoint from before a collapse
-  state = run_state.RunState(workdir, checkpointing.manager(
+  opened = run_state.Workdir(workdir, checkpointing.manager(
       run_dir.checkpoint_dir(workdir), keep=s.checkpoint_keep, kept=kept), kept,
       primary=jax.process_index() == 0)  # one writer per job, however many hosts
-  on_exit(state.close)
-  start, changed = _open_workdir(state, inputs, allow_changed=allow_changed,
+  on_exit(opened.close)
+  start, changed = _open_workdir(opened, inputs, allow_changed=allow_changed,
                                  from_step=from_step)
 
   # ==================== Model, optimizer and restore ====================
-  state.learner, restored, schedule = _learner(s, inputs, state, from_step=from_step)
-  settings_event = _settings_event(workdir, inputs, restored, start=start, changed=changed,
-                                   allow_changed=allow_changed, primary=state.primary)
-  kept.steps = run_state.kept_before_collapse(state.ckpt, state.counters)
-  # Lines after the restored step are dropped: the run ends as if never interrupted.
-  resume_step = restored.step if restored else None
-  state.writer = run_dir.MetricsWriter(workdir, resume_step=resume_step, enabled=state.primary,
-                                       rewrite_every_s=METRICS_REWRITE_S)
-  state.viewers = metric_writers.create(s.metric_writers, workdir,
-                                        resume_step=resume_step, enabled=state.primary,
-                                        run_config=s.to_dict())
+  restored = _learner(s, inputs, opened, from_step=from_step)
+  settings_event = _settings_event(workdir, inputs, restored.result, start=start,
+                                   changed=changed, allow_changed=allow_changed,
+                                   primary=opened.primary)
+  kept.steps = run_state.kept_before_collapse(opened.ckpt, restored.counters)
   sample_key, eval_key, shuffle_key, select_key = jax.random.split(
       jax.random.key(s.seed), 4)
-  problems = sources.Problems(s.seed, s.rollouts_per_problem, s.problems_per_batch, s.rl,
-                              s.sampling, state.learner.graphdef, inputs.tok, inputs.book,
-                              inputs.train_problems, inputs.verifier, state.pool, sample_key)
-  state.source = sources.make(
-      problems, num_steps=num_steps, batches=state.counters.batches,
-      queue=restored and restored.queue,
-      snapshot=(None if inputs.rollout_mesh is None
-                else functools.partial(sharding.on_mesh, mesh=inputs.rollout_mesh)))
+  state = _state(s, inputs, opened, restored, sample_key)
+  on_exit(state.close)
 
   run_eval = functools.partial(_evaluate, state, inputs, s, eval_key)
 
   # ==================== Loop ====================
   c = state.counters
-  _start_events(state, restored, settings_event)
+  resume_step = restored.result.step if restored.result else None
+  _start_events(state, restored.result, settings_event)
   if notice.reached(c.step):  # during start-up: before the step-0 evaluation
     state.preempt()
-  last_eval = _step_0(state, inputs, run_eval, notice) if restored is None else {}
-  state.bar = tqdm.tqdm(total=num_steps, initial=c.step, desc="RL steps", unit="step",
-                        dynamic_ncols=True, disable=None if state.primary else True)
+  last_eval = _step_0(state, inputs, run_eval, notice) if restored.result is None else {}
   while c.step < num_steps:
     if c.step > (resume_step or 0) and notice.reached(c.step):
       state.preempt()
     step_start = time.time()
     batch = state.source.next_batch(c.step, state.learner)
-    values, timings = _train_on(state, batch, s, schedule, select_key=select_key,
+    values, timings = _train_on(state, batch, s, restored.schedule, select_key=select_key,
                                 shuffle_key=shuffle_key, step_start=step_start)
     diverged = guard.non_finite(values, step=c.step,
                                 params_finite=bool(guard.all_finite(state.learner.params)))

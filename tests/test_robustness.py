@@ -284,6 +284,18 @@ def test_event_lines_are_kept_apart_from_metrics_and_truncated_on_resume(tmp_pat
   assert [r["message"] for r in run_dir.read_events(str(tmp_path))] == ["at 1"]
 
 
+class _Closes:
+  """A stand-in for what a run closes (bar, viewers, source) and writes nothing to."""
+  write = close = lambda *_: None
+  checkpoint_tree = discarded_rollouts = lambda self: None
+
+
+def _state(tmp_path, ckpt, writer, learner=None) -> run_state.RunState:
+  opened = run_state.Workdir(str(tmp_path), ckpt, checkpointing.KeptSteps(), primary=True)
+  return run_state.RunState(opened, run_state.Counters(), pool=None, learner=learner,
+                            writer=writer, viewers=_Closes(), source=_Closes(), bar=_Closes())
+
+
 def test_a_run_flushes_metrics_held_for_an_object_store_when_it_closes(tmp_path,
                                                                        monkeypatch):
   """Lines an object store's writer holds back reach the file when the run ends, even
@@ -294,11 +306,8 @@ def test_a_run_flushes_metrics_held_for_an_object_store_when_it_closes(tmp_path,
   class Checkpoints:
     wait_until_finished = close = lambda self: None
 
-  state = run_state.RunState(str(tmp_path), ckpt=Checkpoints(),
-                             kept=checkpointing.KeptSteps(), primary=True)
-  state.writer = writer
-  state.viewers = type("Viewers", (), {"write": lambda *_: None,
-                                       "close": lambda self: None})()
+  state = _state(tmp_path, Checkpoints(), writer,
+                 learner=types.SimpleNamespace(params={}, opt_state={}, critic=None, lora=False))
   for step in range(2):
     state.counters.step = step
     state.record({"train/reward": step / 4})
@@ -306,7 +315,6 @@ def test_a_run_flushes_metrics_held_for_an_object_store_when_it_closes(tmp_path,
   at_save = []
   monkeypatch.setattr(checkpointing, "save", lambda *_, **__: at_save.append(
       [r["step"] for r in run_dir.read_metrics(str(tmp_path))]))
-  state.learner = types.SimpleNamespace(params={}, opt_state={}, critic=None, lora=False)
   state.save()
   assert at_save == [[0, 1]]
   state.counters.step = 2
@@ -330,9 +338,7 @@ def test_a_failed_metrics_flush_still_closes_the_checkpoints(tmp_path):
     def flush(self):
       raise OSError("the bucket refused the write")
 
-  state = run_state.RunState(str(tmp_path), ckpt=Checkpoints(),
-                             kept=checkpointing.KeptSteps(), primary=True)
-  state.writer = Writer()
+  state = _state(tmp_path, Checkpoints(), Writer())
   with pytest.raises(OSError, match="refused"):
     state.close()
   assert closed == ["wait", "close"]
