@@ -176,6 +176,7 @@ def _policy_arrays(s: run_settings.RunSettings, model_cfg, mesh, sample_mesh,
       lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), tree, shardings)
   params = placed(abstract, sharding.state_shardings(abstract, mesh))
   tx, _ = optimizer.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
+                                   warmup_steps=s.warmup_steps,
                                    updates_per_step=s.rl.updates_per_step)
   arrays = rl_step.policy_arrays(params, tx, mesh, lora=model_cfg.lora.enabled,
                                  keeps_reference=s.rl.keeps_reference, abstract=True)
@@ -206,7 +207,8 @@ def _critic_state(s: run_settings.RunSettings, model_cfg, params, mesh) -> _Crit
   graphdef, critic_params = critic_lib.abstract(
       critic_model_config(s.critic, s.model, model_cfg), mesh, s.critic.trunk)
   frozen = critic_lib.policy_trunk(params) if s.critic.trunk == "policy" else None
-  tx = critic_lib.make_optimizer(s.critic, s.optim, updates_per_step=s.rl.updates_per_step)
+  tx = critic_lib.make_optimizer(s.critic, s.optim, warmup_steps=s.warmup_steps,
+                                 updates_per_step=s.rl.updates_per_step)
   opt = critic_lib.init_optimizer(tx, critic_params, mesh, s.critic.train_trunk,
                                   abstract=True)
   return _CriticState(graphdef, critic_params, frozen, tx, opt,

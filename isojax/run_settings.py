@@ -138,6 +138,12 @@ class RunSettings(validation.Section):
     return self.problems_per_batch * self.rollouts_per_problem
 
   @property
+  def warmup_steps(self) -> int:
+    """The LR warm-up in RL steps (`optim.warmup_steps`, or `optim.warmup_rollouts` over
+    the rollouts a step samples, rounded up)."""
+    return self.optim.warmup(self.rollouts_per_step)
+
+  @property
   def learning_rate(self) -> float:
     """The peak LR: `optim.learning_rate` scaled with the trained batch B_p * m."""
     return self.optim.peak_learning_rate(

@@ -118,7 +118,8 @@ def _learner(s: run_settings.RunSettings, inputs: run_inputs.Inputs, opened: run
   # LoRA: only the adapters train, are held by the optimizer and are checkpointed; the
   # base weights stay as loaded and are the reference policy (its B matrices at zero).
   tx, schedule = optimizer.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
-                                       updates_per_step=s.rl.updates_per_step)
+                                          warmup_steps=s.warmup_steps,
+                                          updates_per_step=s.rl.updates_per_step)
   arrays = rl_step.policy_arrays(params, tx, mesh, lora=s.model.lora.enabled,
                                  keeps_reference=s.rl.keeps_reference)
   base, opt_state, ref_params = arrays.frozen, arrays.opt_state, arrays.reference
@@ -126,7 +127,8 @@ def _learner(s: run_settings.RunSettings, inputs: run_inputs.Inputs, opened: run
           if s.rl.retire_pass_rate > 0 else None)
   counters = run_state.Counters()
   critic = (critic_lib.create(s.critic, s.rl, s.optim, s.model,
-                              group_size=s.train_rollouts_per_problem, mesh=mesh,
+                              group_size=s.train_rollouts_per_problem,
+                              warmup_steps=s.warmup_steps, mesh=mesh,
                               policy_graphdef=graphdef, policy_params=params)
             if s.rl.uses_critic else None)  # PPO's value model
   restored = checkpointing.restore_newest(

@@ -103,7 +103,7 @@ def settings(s: run_settings.RunSettings) -> TunixSettings:
                                                 s.problems_per_batch),
       max_tokens_to_generate=sampling.max_new_tokens, temperature=sampling.temperature,
       top_p=sampling.top_p, top_k=sampling.top_k or None, learning_rate=s.learning_rate,
-      warmup_steps=optim.warmup_steps * rl.updates_per_step, b1=optim.b1, b2=optim.b2,
+      warmup_steps=s.warmup_steps * rl.updates_per_step, b1=optim.b1, b2=optim.b2,
       weight_decay=optim.weight_decay, grad_clip_norm=optim.grad_clip_norm,
       epsilon=rl.clip_eps,
       epsilon_high=rl.clip_eps_high if rl.policy_loss == "dapo" else rl.clip_eps,

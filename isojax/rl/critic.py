@@ -145,11 +145,11 @@ def trunk_mask(params) -> Any:
 
 
 def make_optimizer(critic: rl_settings.CriticSettings, optim: rl_settings.OptimSettings, *,
-                   updates_per_step: int) -> optax.GradientTransformation:
-  """AdamW at `critic.learning_rate` with the policy's warm-up, betas, decay and clip;
-  with a frozen trunk, over the head only (no moments for the trunk)."""
-  schedule = optimizer.warmup_schedule(critic.learning_rate,
-                                    optim.warmup_steps * updates_per_step)
+                   warmup_steps: int, updates_per_step: int) -> optax.GradientTransformation:
+  """AdamW at `critic.learning_rate` with the policy's warm-up (`warmup_steps` RL steps),
+  betas, decay and clip; with a frozen trunk, over the head only (no moments for the
+  trunk)."""
+  schedule = optimizer.warmup_schedule(critic.learning_rate, warmup_steps * updates_per_step)
   tx = optimizer.adamw(optim, schedule)
   return tx if critic.train_trunk else optax.masked(tx, trunk_mask)
 
@@ -356,11 +356,13 @@ class Critic:
 
 def create(critic: rl_settings.CriticSettings, rl: rl_settings.RLSettings,
            optim: rl_settings.OptimSettings, model: model_settings.ModelSettings, *,
-           group_size: int, mesh, policy_graphdef, policy_params) -> Critic:
+           group_size: int, warmup_steps: int, mesh, policy_graphdef, policy_params) -> Critic:
   """The critic of a run with `rl.advantage=gae` training on `group_size` (m) rollouts per
-  problem, its optimizer state placed on `mesh`."""
+  problem and warming up over the policy's `warmup_steps`, its optimizer state placed on
+  `mesh`."""
   graphdef, params = build(critic, model, mesh, policy_graphdef, policy_params)
-  tx = make_optimizer(critic, optim, updates_per_step=rl.updates_per_step)
+  tx = make_optimizer(critic, optim, warmup_steps=warmup_steps,
+                      updates_per_step=rl.updates_per_step)
   return Critic(graphdef, params, init_optimizer(tx, params, mesh, critic.train_trunk), tx,
                 settings=ValueUpdateSettings.derive(critic, rl, group_size=group_size),
                 gamma=rl.gamma, gae_lambda=rl.gae_lambda)

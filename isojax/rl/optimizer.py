@@ -14,12 +14,13 @@ from isojax.rl import settings as rl_settings
 
 
 def make_optimizer(optim: rl_settings.OptimSettings, *, peak_learning_rate: float,
-                   updates_per_step: int) -> tuple[optax.GradientTransformation,
-                                                   optax.Schedule]:
-  """AdamW with linear warm-up then constant LR at `peak_learning_rate` (the run's,
-  scaled with the rollout batch: `RunSettings.learning_rate`); the parameters under
+                   warmup_steps: int, updates_per_step: int
+                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """AdamW with a linear warm-up over `warmup_steps` RL steps (the run's:
+  `RunSettings.warmup_steps`) then constant LR at `peak_learning_rate` (the run's, scaled
+  with the rollout batch: `RunSettings.learning_rate`); the parameters under
   `optim.frozen` get no update."""
-  schedule = warmup_schedule(peak_learning_rate, optim.warmup_steps * updates_per_step)
+  schedule = warmup_schedule(peak_learning_rate, warmup_steps * updates_per_step)
   if not optim.frozen:
     return adamw(optim, schedule), schedule
   frozen = frozen_mask(optim.frozen)
@@ -68,7 +69,7 @@ def frozen_mask(prefixes: tuple[str, ...]):
 
 
 def warmup_schedule(peak: float, warmup_updates: int) -> optax.Schedule:
-  """Linear from 0 to `peak` over `warmup_updates` optimizer updates (`optim.warmup_steps`
+  """Linear from 0 to `peak` over `warmup_updates` optimizer updates (the warm-up's
   RL steps of `RLSettings.updates_per_step` each), then constant; 0 is `peak` from the
   first update on."""
   if not warmup_updates:

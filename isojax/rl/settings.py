@@ -251,6 +251,9 @@ class OptimSettings(validation.Section):
   lr_scaling: str = F("sqrt", "how the LR follows the trained batch B: `constant`, `sqrt` "
                       "or `linear` in B / B_ref")
   warmup_steps: int = F(10, "linear warm-up, in steps")
+  warmup_rollouts: int = F(0, "linear warm-up counted in sampled rollouts instead (B_p * n "
+                           "a step, rounded up to whole steps), so every allocation of a "
+                           "sweep warms up on the same compute; needs warmup_steps=0")
   weight_decay: float = F(0.0, "AdamW decay")
   b1: float = F(0.9, "AdamW's first moment decay")
   b2: float = F(0.99, "AdamW's second moment decay")
@@ -268,9 +271,19 @@ class OptimSettings(validation.Section):
     validation.choice("optim.lr_scaling", self.lr_scaling, LR_SCALING_RULES)
     validation.positive_int("optim.lr_reference_batch", self.lr_reference_batch)
     validation.non_negative_int("optim.warmup_steps", self.warmup_steps, "0: no warm-up")
+    validation.non_negative_int("optim.warmup_rollouts", self.warmup_rollouts,
+                                "0: the warm-up is optim.warmup_steps")
+    if self.warmup_steps and self.warmup_rollouts:
+      raise ValueError(f"optim.warmup_steps={self.warmup_steps} and optim.warmup_rollouts="
+                       f"{self.warmup_rollouts}: set one (warmup_steps=0 to count the "
+                       "warm-up in rollouts)")
     if not self.learning_rate > 0:
       raise ValueError(f"optim.learning_rate={self.learning_rate}: expected > 0")
 
+
+  def warmup(self, rollouts_per_step: int) -> int:
+    """The warm-up in RL steps at `rollouts_per_step` sampled rollouts a step."""
+    return self.warmup_steps or -(-self.warmup_rollouts // rollouts_per_step)
 
   def peak_learning_rate(self, batch_rollouts: int) -> float:
     """The LR for a trained batch of B rollouts: learning_rate * (B / B_ref)^{0, 1/2, 1}."""

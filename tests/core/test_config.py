@@ -83,6 +83,32 @@ def test_learning_rate_scaling(rule, expected):
   assert config_lib.settings(config_lib.resolve(c)).learning_rate == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("n,b_p,steps", [(2, 8, 63), (16, 16, 4), (64, 16, 1)])
+def test_warmup_in_rollouts_gives_every_allocation_the_same_compute(n, b_p, steps):
+  """1,000 warm-up rollouts at B_p * n a step: ceil(1000 / (B_p * n)) steps, the fewest
+  whose rollouts reach 1,000; the optimizer's schedule peaks at that step."""
+  from isojax.rl import optimizer  # pylint: disable=g-import-not-at-top
+  c = _config(rollouts_per_problem=n, problems_per_batch=b_p)
+  c.optim.update(warmup_steps=0, warmup_rollouts=1000)
+  s = config_lib.settings(config_lib.resolve(c))
+  assert s.warmup_steps == steps
+  assert (steps - 1) * b_p * n < 1000 <= steps * b_p * n
+  _, schedule = optimizer.make_optimizer(s.optim, peak_learning_rate=1.0,
+                                         warmup_steps=s.warmup_steps, updates_per_step=1)
+  assert float(schedule(steps - 1)) < 1.0 == float(schedule(steps))
+
+
+def test_warmup_in_steps_and_in_rollouts_together_is_refused():
+  c = _config()
+  c.optim.update(warmup_steps=10, warmup_rollouts=1000)
+  with pytest.raises(ValueError, match=r"optim.warmup_steps=10 and optim.warmup_rollouts="
+                                       r"1000: set one"):
+    config_lib.resolve(c)
+  c.optim.update(warmup_steps=0, warmup_rollouts=-1)
+  with pytest.raises(ValueError, match="optim.warmup_rollouts=-1"):
+    config_lib.resolve(c)
+
+
 def test_recipe_table_rows():
   easy = config_lib.apply_recipe(config_lib.base_config(), "easy")
   hard = config_lib.apply_recipe(config_lib.base_config(), "hard")

@@ -93,6 +93,7 @@ def test_the_optimizer_takes_isojax_s_steps(smollm2):
   config = config_lib.resolve(smollm2)
   s = config_lib.settings(config)
   ours, _ = optimizer.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
+                                  warmup_steps=s.warmup_steps,
                                   updates_per_step=s.rl.updates_per_step)
   theirs = tunix_step.optimizer(tunix_step.settings(s))
   params = {"w": jnp.ones((3, 4)), "b": jnp.zeros(4)}

@@ -178,6 +178,7 @@ def test_every_shipped_run_config_is_planned_with_the_runs_own_figures():
                                    num_steps=a[2]), base))
     s = run_settings.RunSettings.from_config(config)
     _, schedule = optimizer.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
+                                        warmup_steps=s.warmup_steps,
                                         updates_per_step=s.rl.updates_per_step)
     logged = [float(schedule(step * s.rl.updates_per_step)) for step in range(s.num_steps)]
     assert plan["effective_learning_rate"] == pytest.approx(max(logged), rel=1e-6), spec

@@ -28,6 +28,7 @@ def _run_parts(config):
   use_lora = config.model.lora.rank > 0
   trained = lora.trained_and_frozen(params, enabled=use_lora)[0]
   tx, _ = optimizer.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
+                                warmup_steps=s.warmup_steps,
                                 updates_per_step=s.rl.updates_per_step)
   opt_state = jax.jit(tx.init, out_shardings=optimizer.opt_state_shardings(tx, trained, mesh))(
       trained)

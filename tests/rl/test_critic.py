@@ -89,7 +89,8 @@ def _create(config, mesh, graphdef, params):
   """`critic.create` as `train.run` calls it, from a config's settings."""
   s = config_lib.settings(config_lib.resolve(config))
   return s, critic.create(s.critic, s.rl, s.optim, s.model,
-                          group_size=s.train_rollouts_per_problem, mesh=mesh,
+                          group_size=s.train_rollouts_per_problem,
+                          warmup_steps=s.warmup_steps, mesh=mesh,
                           policy_graphdef=graphdef, policy_params=params)
 
 

@@ -86,6 +86,7 @@ def _one_option_step(field, value):
   shift = np.resize(np.array([0.4, -0.4, 0.16], np.float32), logp.shape)
   batch = batch.replace(old_logp=logp, ref_logp=logp - shift, shuffle_rng=jax.random.key(1))
   tx, _ = optimizer.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
+                                warmup_steps=s.warmup_steps,
                                 updates_per_step=s.rl.updates_per_step)
   before = jax.tree.map(np.array, params)
   new, _, stats = update.train_step(graphdef, params, tx.init(params), batch, tx=tx,
@@ -221,7 +222,8 @@ def _one_step(optim_fields):
   logp = update.score(graphdef, params, batch.tokens, batch.mask, prompt_len=2,
                       temperature=settings.temperature)
   batch = batch.replace(old_logp=logp, ref_logp=logp, shuffle_rng=jax.random.key(1))
-  tx, _ = optimizer.make_optimizer(optim, peak_learning_rate=1e-2, updates_per_step=1)
+  tx, _ = optimizer.make_optimizer(optim, peak_learning_rate=1e-2, warmup_steps=0,
+                                   updates_per_step=1)
   before = {optimizer.parameter_path(p): np.array(x)
             for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
   new, _, _ = update.train_step(graphdef, params, tx.init(params), batch, tx=tx,
@@ -245,7 +247,7 @@ def test_frozen_parameters_keep_their_values_and_decay_nothing():
 def test_a_frozen_prefix_that_matches_nothing_is_named():
   from isojax.rl import settings as rl_settings  # pylint: disable=g-import-not-at-top
   tx, _ = optimizer.make_optimizer(rl_settings.OptimSettings(frozen=("embedding",)),
-                                peak_learning_rate=1e-3, updates_per_step=1)
+                                peak_learning_rate=1e-3, warmup_steps=0, updates_per_step=1)
   with pytest.raises(ValueError, match=r"optim.frozen: \['embedding'\] match no trained "
                      r"parameter; the trained parameters are \['embed/embedding'"):
     tx.init(_tiny_policy()[1])
