@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import errno
 import json
+import logging as std_logging
 import os
 import shutil
 import uuid
 from typing import Any, Union
 
+from absl import logging
 from etils import epath
 
 PathLike = Union[str, os.PathLike]
@@ -187,3 +189,23 @@ def read_json(source: PathLike) -> Any:
     return json.loads(source.read_text())
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise ValueError(f"{source}: not valid JSON ({e})") from e
+
+
+class QuietLibraries(std_logging.Filter):
+  """A run's log without the libraries' noise: orbax logs every save step at INFO through
+  absl; keep its warnings only. A full disk the libraries log too, with a traceback, from each of orbax's writer threads and each
+  asyncio task left with the error: the save raises `storage.NoSpace`, whose one line
+  says it all."""
+
+  @classmethod
+  def install(cls) -> None:
+    handler = logging.get_absl_handler()
+    if not any(isinstance(f, cls) for f in handler.filters):
+      handler.addFilter(cls())
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    if "/isojax/" not in record.pathname and record.levelno >= std_logging.WARNING:
+      error = record.exc_info[1] if record.exc_info else None
+      return not (is_no_space(error)
+                  or is_no_space(Exception(record.getMessage())))
+    return record.levelno >= std_logging.WARNING or "orbax" not in record.pathname

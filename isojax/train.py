@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import logging as std_logging
 import time
 from typing import Any, Callable, Sequence
 
@@ -49,26 +48,6 @@ def as_settings(config: ml_collections.ConfigDict | run_settings.RunSettings
   if isinstance(config, run_settings.RunSettings):
     return config
   return config_lib.settings(config_lib.resolve(config))
-
-
-class _DropLibraryInfo(std_logging.Filter):
-  """Orbax logs every save step at INFO through absl; keep its warnings only. A full disk
-  the libraries log too, with a traceback, from each of orbax's writer threads and each
-  asyncio task left with the error: the save raises `storage.NoSpace`, whose one line
-  says it all."""
-
-  @classmethod
-  def install(cls) -> None:
-    handler = logging.get_absl_handler()
-    if not any(isinstance(f, cls) for f in handler.filters):
-      handler.addFilter(cls())
-
-  def filter(self, record: std_logging.LogRecord) -> bool:
-    if "/isojax/" not in record.pathname and record.levelno >= std_logging.WARNING:
-      error = record.exc_info[1] if record.exc_info else None
-      return not (storage.is_no_space(error)
-                  or storage.is_no_space(Exception(record.getMessage())))
-    return record.levelno >= std_logging.WARNING or "orbax" not in record.pathname
 
 
 def run(config: ml_collections.ConfigDict | run_settings.RunSettings, workdir: str, *,
@@ -307,17 +286,18 @@ def _state(s: run_settings.RunSettings, inputs: run_inputs.Inputs, opened: run_s
   problems = sources.Problems(s.seed, s.rollouts_per_problem, s.problems_per_batch, s.rl,
                               s.sampling, restored.learner.graphdef, inputs.tok, inputs.book,
                               inputs.train_problems, inputs.verifier, restored.pool, sample_key)
-  try:
+  bar = tqdm.tqdm(total=s.num_steps, initial=restored.counters.step, desc="RL steps",
+                  unit="step", dynamic_ncols=True, disable=None if opened.primary else True)
+  try:  # last: an in-flight source starts sampling on a thread
     source = sources.make(
         problems, num_steps=s.num_steps, batches=restored.counters.batches,
         queue=restored.result and restored.result.queue,
         snapshot=(None if inputs.rollout_mesh is None
                   else functools.partial(sharding.on_mesh, mesh=inputs.rollout_mesh)))
   except BaseException:
+    bar.close()
     viewers.close()
     raise
-  bar = tqdm.tqdm(total=s.num_steps, initial=restored.counters.step, desc="RL steps",
-                  unit="step", dynamic_ncols=True, disable=None if opened.primary else True)
   return run_state.RunState(opened, restored.counters, restored.pool, restored.learner,
                             writer, viewers, source, bar)
 
@@ -325,7 +305,7 @@ def _state(s: run_settings.RunSettings, inputs: run_inputs.Inputs, opened: run_s
 def _run(requested: run_settings.RunSettings, workdir: str, notice: preemption.Notice,
          hold_workdir: Callable[[], None], on_exit: Callable[[Callable], None], *,
          allow_changed: tuple[str, ...], from_step: int | None) -> dict[str, float]:
-  _DropLibraryInfo.install()
+  storage.QuietLibraries.install()
   resume_settings.check_allowance(allow_changed)  # a mistyped field fails before any work
   inputs = run_inputs.check_inputs(requested)  # fail fast, before any write
   s = inputs.settings  # as planned: the passes left at 0 are filled in

@@ -22,7 +22,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from isojax import checkpointing, config_lib, resume_settings, run_dir, run_state, train
+from isojax import (checkpointing, config_lib, resume_settings, run_dir, run_state, storage,
+                    train)
 from isojax.rl import batch as rl_batch
 from isojax.rl import guard, problem_pool
 
@@ -250,7 +251,7 @@ def test_a_full_disk_during_a_save_says_so_in_one_line(tmp_path, monkeypatch):
 def test_the_libraries_echoes_of_a_full_disk_are_not_logged():
   """Orbax's writer threads and asyncio's tasks log the error that `storage.NoSpace`
   reports in one line; isojax's own lines and other errors stay."""
-  keep = train._DropLibraryInfo()  # pylint: disable=protected-access
+  keep = storage.QuietLibraries()
   full = "Task exception was never retrieved: ... No space left on device [os_error_code='28']"
 
   def record(path, level, message):
