@@ -1,9 +1,11 @@
 """What a run changes besides the policy, and what leaves the process.
 
-`RunState` owns the counters, No-Positive-Resampling's pool, the checkpoint manager,
-the metric writers, the progress bar and the rollout source: `record` writes a metrics
-line, `save` a checkpoint, `stop` ends the run on a guard's event, `preempt` on a
-SIGTERM, and `close` releases all of it once, quietly after an error.
+`Workdir` is the run directory as opened, with its checkpoint manager, before anything
+is restored. `RunState`, built whole once the checkpoint is restored, owns the counters,
+No-Positive-Resampling's pool, the learner, the metric writers, the progress bar and the
+rollout source: `record` writes a metrics line, `save` a checkpoint, `stop` ends the run
+on a guard's event, `preempt` on a SIGTERM, and `close` releases all of it once, quietly
+after an error.
 """
 
 from __future__ import annotations
