@@ -50,7 +50,7 @@ class SettingsChanged(ValueError):
   that names no field or one of the allocation."""
 
 
-def settings(config: ml_collections.ConfigDict | dict[str, Any]) -> dict[str, Any]:
+def dotted_fields(config: ml_collections.ConfigDict | dict[str, Any]) -> dict[str, Any]:
   """The config as dotted field -> value, with values as config.json holds them (JSON:
   tuples as lists). Free-form sections (`task.dataset_kwargs`) are one value."""
   as_dict = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else config
@@ -84,8 +84,8 @@ def _changes_until(workdir: storage.PathLike, step: int) -> dict[str, Any]:
 
 
 def recorded(workdir: storage.PathLike, step: int) -> dict[str, Any]:
-  """The settings the run in `workdir` used at `step` (dotted, as `settings`)."""
-  return {**settings(run_dir.read_config(workdir)), **_changes_until(workdir, step)}
+  """The settings the run in `workdir` used at `step` (dotted, as `dotted_fields`)."""
+  return {**dotted_fields(run_dir.read_config(workdir)), **_changes_until(workdir, step)}
 
 
 def config_at(workdir: storage.PathLike, step: int) -> dict[str, Any]:
@@ -115,7 +115,7 @@ def changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict[str
 
 def check(workdir: storage.PathLike, requested: dict[str, Any], *, step: int,
           allow: Iterable[str] = ()) -> dict[str, dict[str, Any]]:
-  """The changes of a resume at `step` with the settings `requested` (`settings(config)`
+  """The changes of a resume at `step` with the settings `requested` (`dotted_fields(config)`
   before the memory plan), all of them allowed; raises `SettingsChanged` naming those
   `allow` leaves out, and any of the allocation. Reads only."""
   allow = tuple(allow)

@@ -88,7 +88,7 @@ def check_inputs(s: run_settings.RunSettings) -> Inputs:
   rollout.interruption(s.sampling, tok)  # its text must fit the tokenizer
   critic_lib.check_vocabulary(s.critic, s.model, path)  # a loaded critic reads the policy's tokens
   task = prompts.load_task(s.task, tok, problems_per_batch=s.problems_per_batch)
-  requested = resume_settings.settings(s.to_dict())  # as set: before the plan's passes
+  requested = resume_settings.dotted_fields(s.to_dict())  # as set: before the plan's passes
   planned, plan = plan_passes(s, path, task.book.max_len)  # the context and memory
   return Inputs(planned, mesh, rollout_mesh, path, tok, task.train, task.val, task.book,
                  task.skipped, task.skipped_rows, requested, tasks.make_verifier(s.task), plan)

@@ -26,9 +26,9 @@ def _workdir(tmp_path, history=()):
 
 def test_settings_are_every_field_but_the_named_exceptions(tmp_path):
   workdir = _workdir(tmp_path)
-  same = resume_settings.settings(_config())
+  same = resume_settings.dotted_fields(_config())
   # A planned pass left at 0, the viewers, the cadence, the guard, the device layout.
-  moved = resume_settings.settings(_config(**{
+  moved = resume_settings.dotted_fields(_config(**{
       "metric_writers.tensorboard": False, "checkpoint_every": 7, "checkpoint_keep": 3,
       "log_every": 2, "guard.stop_on_collapse": True, "mesh.data": 1, "mesh.fsdp": -1,
       "task.verifier_workers": 2}))
@@ -36,7 +36,7 @@ def test_settings_are_every_field_but_the_named_exceptions(tmp_path):
   assert resume_settings.changes(recorded, same) == {}
   assert resume_settings.changes(recorded, moved) == {}
   # A pass set by hand is a setting; so is everything else.
-  hand = resume_settings.settings(_config(**{"rl.micro_batch_size": 4,
+  hand = resume_settings.dotted_fields(_config(**{"rl.micro_batch_size": 4,
                                              "sampling.temperature": 1.0,
                                              "sampling.stop_token_ids": (7,)}))
   assert resume_settings.changes(recorded, hand) == {
@@ -50,7 +50,7 @@ def test_settings_are_every_field_but_the_named_exceptions(tmp_path):
 def test_a_changed_setting_is_refused_naming_each_field_and_both_values(tmp_path):
   workdir = _workdir(tmp_path)
   before = open(run_dir.config_path(workdir)).read()
-  requested = resume_settings.settings(_config(**{"optim.learning_rate": 1e-3,
+  requested = resume_settings.dotted_fields(_config(**{"optim.learning_rate": 1e-3,
                                                   "model.lora.rank": 4}))
   with pytest.raises(resume_settings.SettingsChanged) as refused:
     resume_settings.check(workdir, requested, step=2)
@@ -71,7 +71,7 @@ def test_a_changed_setting_is_refused_naming_each_field_and_both_values(tmp_path
 
 def test_the_allocation_cannot_be_allowed_and_unknown_fields_are_named(tmp_path):
   workdir = _workdir(tmp_path)
-  requested = resume_settings.settings(_config(seed=3))
+  requested = resume_settings.dotted_fields(_config(seed=3))
   with pytest.raises(resume_settings.SettingsChanged, match="different seed=0 .*asked for "
                      "seed=3.*new --workdir"):
     resume_settings.check(workdir, requested, step=2, allow=["optim.learning_rate"])
@@ -110,7 +110,7 @@ def test_the_history_applies_from_its_step_and_a_later_line_ends_a_discarded_bra
 
 def test_an_extension_raises_num_steps_and_nothing_else_of_the_allocation(tmp_path):
   workdir = _workdir(tmp_path)  # num_steps=4
-  longer = resume_settings.settings(_config(num_steps=8))
+  longer = resume_settings.dotted_fields(_config(num_steps=8))
   with pytest.raises(resume_settings.SettingsChanged, match="different budget_rollouts=512, num_steps=4 .*--allow_changed=num_steps"):
     resume_settings.check(workdir, longer, step=4)
   assert resume_settings.check(workdir, longer, step=4, allow=["num_steps"]) == {
@@ -118,13 +118,13 @@ def test_an_extension_raises_num_steps_and_nothing_else_of_the_allocation(tmp_pa
       "budget_rollouts": {"old": 4 * 128, "new": 8 * 128}}
   # Another allocation field beside it is still refused.
   with pytest.raises(resume_settings.SettingsChanged, match="different .*seed=0"):
-    resume_settings.check(workdir, resume_settings.settings(_config(num_steps=8, seed=1)),
+    resume_settings.check(workdir, resume_settings.dotted_fields(_config(num_steps=8, seed=1)),
                           step=4, allow=["num_steps"])
   with pytest.raises(resume_settings.SettingsChanged, match="an extension raises"):
-    resume_settings.check(workdir, resume_settings.settings(_config(num_steps=2)), step=2,
+    resume_settings.check(workdir, resume_settings.dotted_fields(_config(num_steps=2)), step=2,
                           allow=["num_steps"])
   # An off-policy pipeline sampled its last batches for the old end.
-  staleness = resume_settings.settings(_config(num_steps=8, **{"rl.max_staleness": 1}))
+  staleness = resume_settings.dotted_fields(_config(num_steps=8, **{"rl.max_staleness": 1}))
   with pytest.raises(resume_settings.SettingsChanged, match="rl.max_staleness=1"):
     resume_settings.check(workdir, staleness, step=4, allow=["num_steps", "rl"])
   with pytest.raises(ValueError, match="rollouts_per_problem.*cannot change"):
