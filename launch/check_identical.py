@@ -9,7 +9,7 @@ Runs every shipped run config's `micro` preset and configs/hard.py's default pre
 under --out and reused by later checks against the same commit), then from this
 checkout, uncommitted changes included; and compares each pair of run directories:
 metrics.jsonl without its wall-clock fields, config.json, the files' names, and every
-array of every checkpoint (`isojax.identical_runs`, `isojax.run_compare`). Prints one
+array of every checkpoint (`isojax.tools.identical_runs`, `isojax.tools.run_compare`). Prints one
 line per run (identical, or the first step and field, or the first array path and its
 largest difference, that changed) and exits with status 1 when any run differs or fails.
 Both sides must run on the same machine, pinned to the same cores: XLA:CPU's float
@@ -30,7 +30,7 @@ import time
 
 from absl import app, flags, logging
 
-from isojax import identical_runs
+from isojax.tools import identical_runs
 
 _BASE = flags.DEFINE_string("base", None, "The commit whose runs are the reference "
                             "(default: the merge-base of HEAD and main).")
@@ -39,7 +39,8 @@ _OUT = flags.DEFINE_string("out", "/tmp/isojax/identical", "Directory for the ru
 _RUNS = flags.DEFINE_list("runs", [], "Runs to compare (default: all), e.g. hard-micro.")
 
 # The checkout holding this package: the tree whose numbers are checked.
-TREE = os.path.dirname(os.path.dirname(os.path.abspath(identical_runs.__file__)))
+TREE = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(identical_runs.__file__))))
 
 
 def main(argv):

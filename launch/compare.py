@@ -9,7 +9,7 @@ same machine), then reports, per seed, the baseline's peak `--metric`, and the
 rollouts, generated tokens and wall-clock seconds at which each run first reached it.
 Extra flags after `--` go to both runs. Finished runs are reused (isojax.main resumes).
 Prints a Markdown table and writes `<out>/comparison.json`. The library is
-`isojax.compare`.
+`isojax.tools.time_to_target`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import os
 
 from absl import app, flags
 
-from isojax import compare, metrics, storage
+from isojax import metrics, storage
+from isojax.tools import time_to_target
 
 _BASELINE = flags.DEFINE_string("baseline", None, "Baseline config (file.py[:preset]).",
                                 required=True)
@@ -34,15 +35,15 @@ def main(argv):
   os.makedirs(_OUT.value, exist_ok=True)
   rows = []
   for seed in _SEEDS.value:
-    base = compare.run_config(_BASELINE.value, os.path.join(_OUT.value, f"baseline_s{seed}"),
+    base = time_to_target.run_config(_BASELINE.value, os.path.join(_OUT.value, f"baseline_s{seed}"),
                               seed, extra)
-    cand = compare.run_config(_CANDIDATE.value, os.path.join(_OUT.value, f"candidate_s{seed}"),
+    cand = time_to_target.run_config(_CANDIDATE.value, os.path.join(_OUT.value, f"candidate_s{seed}"),
                               seed, extra)
-    rows.append(dict(seed=seed, **compare.compare(base, cand, _METRIC.value)))
+    rows.append(dict(seed=seed, **time_to_target.compare(base, cand, _METRIC.value)))
   storage.write_json(os.path.join(_OUT.value, "comparison.json"),
                      dict(baseline=_BASELINE.value, candidate=_CANDIDATE.value,
                           extra_flags=extra, metric=_METRIC.value, seeds=rows), indent=2)
-  print(compare.markdown_table(rows, _METRIC.value))
+  print(time_to_target.markdown_table(rows, _METRIC.value))
 
 
 if __name__ == "__main__":

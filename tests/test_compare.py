@@ -1,9 +1,9 @@
-"""isojax.compare (behind launch.compare): time to reach the baseline's peak."""
+"""isojax.tools.time_to_target (behind launch.compare): time to reach the baseline's peak."""
 
 import numpy as np
 import pytest
 
-from isojax import compare
+from isojax.tools import time_to_target
 
 
 def _lines(values, per_step=8):
@@ -14,7 +14,7 @@ def _lines(values, per_step=8):
 def test_candidate_reaching_the_peak_earlier():
   base = _lines([0.1, 0.2, None, 0.35, 0.3])
   cand = _lines([0.1, 0.36, 0.2], per_step=32)
-  out = compare.compare(base, cand, "val/avg@4")
+  out = time_to_target.compare(base, cand, "val/avg@4")
   assert out["target"] == 0.35
   assert out["baseline"] == dict(step=3, rollouts=24, tokens=120, wall_s=1.5)
   assert out["candidate"] == dict(step=1, rollouts=32, tokens=40, wall_s=0.5)
@@ -22,13 +22,13 @@ def test_candidate_reaching_the_peak_earlier():
 
 
 def test_candidate_that_never_reaches_it():
-  out = compare.compare(_lines([0.1, 0.5]), _lines([0.1, 0.4]), "val/avg@4")
+  out = time_to_target.compare(_lines([0.1, 0.5]), _lines([0.1, 0.4]), "val/avg@4")
   assert out["candidate"] is None and out["candidate_best"] == 0.4
 
 
 def test_baseline_without_the_metric():
   with pytest.raises(ValueError, match="val/avg@4"):
-    compare.compare(_lines([None, None]), _lines([0.1]), "val/avg@4")
+    time_to_target.compare(_lines([None, None]), _lines([0.1]), "val/avg@4")
 
 
 def _row(seed, base, cand, end=None):
@@ -44,19 +44,19 @@ def _row(seed, base, cand, end=None):
 def test_ratio_over_seeds_is_a_geometric_mean_with_censored_seeds_as_lower_bounds():
   rows = [_row(0, (100, 10.0), (420, 12.0)), _row(1, (100, 10.0), None, end=(900, 30.0)),
           _row(2, (200, 20.0), (700, 21.0))]
-  wall = compare.ratio_effect(rows, "wall_s")
+  wall = time_to_target.ratio_effect(rows, "wall_s")
   assert wall["value"] == pytest.approx(np.exp(np.mean(np.log([1.2, 3.0, 1.05]))))
   assert wall["censored"] == [1] and wall["seeds"] == 3
   assert wall["lo"] <= wall["value"] <= wall["hi"]
-  assert compare.speedup_verdict(wall, 1.7) == "no"  # every seed slower, not 1.7x faster
-  rollouts = compare.ratio_effect(rows, "rollouts")
+  assert time_to_target.speedup_verdict(wall, 1.7) == "no"  # every seed slower, not 1.7x faster
+  rollouts = time_to_target.ratio_effect(rows, "rollouts")
   assert rollouts["value"] == pytest.approx(np.exp(np.mean(np.log([4.2, 9.0, 3.5]))))
   fast = [_row(s, (100, 10.0), (100, w)) for s, w in enumerate((4.0, 5.0, 4.5))]
-  assert compare.speedup_verdict(compare.ratio_effect(fast, "wall_s"), 1.7) == "yes"
+  assert time_to_target.speedup_verdict(time_to_target.ratio_effect(fast, "wall_s"), 1.7) == "yes"
   mixed = [_row(s, (100, 10.0), (100, w)) for s, w in enumerate((3.0, 12.0, 6.0))]
-  assert compare.speedup_verdict(compare.ratio_effect(mixed, "wall_s"), 1.7) == "inconclusive"
-  one = compare.ratio_effect(fast[:1], "wall_s")
-  assert compare.speedup_verdict(one, 1.7) == "indicative"
+  assert time_to_target.speedup_verdict(time_to_target.ratio_effect(mixed, "wall_s"), 1.7) == "inconclusive"
+  one = time_to_target.ratio_effect(fast[:1], "wall_s")
+  assert time_to_target.speedup_verdict(one, 1.7) == "indicative"
 
 
 def test_the_pods_verdict_row_names_the_regime():

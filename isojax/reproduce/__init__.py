@@ -2,7 +2,7 @@
 
   demos       the shipped demo configs over seeds           -> demos.md, img/demos.png
   isa         configs/hard.py under each XLA:CPU cap         -> isa.md
-  pods        PODS against vanilla GRPO (`isojax.compare`)   -> pods.md
+  pods        PODS against vanilla GRPO (`isojax.tools.time_to_target`)   -> pods.md
   off_policy  synchronous against off-policy generation      -> off_policy.md
   algorithms  the PPO, DAPO and LoRA presets, the RQ4 sweep  -> algorithms.md
   study       `launch.study` at a budget                     -> study.md

@@ -1,4 +1,4 @@
-"""isojax.run_compare on run directories written here: equal numbers pass whatever the
+"""isojax.tools.run_compare on run directories written here: equal numbers pass whatever the
 timings, and the first changed number is named by step and field or by array path."""
 
 import os
@@ -6,7 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from isojax import checkpointing, metrics, run_compare, run_dir
+from isojax import checkpointing, metrics, run_dir
+from isojax.tools import run_compare
 from isojax.rl import off_policy, rollout
 from isojax.sampling import sampler
 

@@ -1,4 +1,4 @@
-"""isojax.identical_runs and launch.check_identical: which runs are compared, the base
+"""isojax.tools.identical_runs and launch.check_identical: which runs are compared, the base
 commit's runs cached by its hash, and a real micro run of this checkout against HEAD."""
 
 import json
@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from isojax import configs, identical_runs, run_dir
+from isojax import configs, run_dir
+from isojax.tools import identical_runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -3,7 +3,7 @@
 A refactor must leave every number as it was. XLA:CPU's float results differ between
 machines (instruction sets, thread counts), so the expected numbers cannot be committed
 and checked anywhere: they are written by the base commit on the machine that checks,
-and the current tree's runs must match them bit for bit (`isojax.run_compare`).
+and the current tree's runs must match them bit for bit (`isojax.tools.run_compare`).
 
 The runs (`shipped_runs`): every run config under `isojax/configs/` at its `micro`
 preset, and `configs/hard.py`'s default preset cut to 20 steps (the micro preset's
@@ -38,7 +38,8 @@ import tempfile
 import time
 from typing import Callable, Iterator, Sequence
 
-from isojax import configs, run_compare, storage
+from isojax import configs, storage
+from isojax.tools import run_compare
 
 # Run configs left out, and why.
 EXCLUDED = {

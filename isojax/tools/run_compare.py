@@ -2,7 +2,7 @@
 
 A change that should leave every number as it was (a refactor) is checked by running
 the same configs before and after it on the same machine and comparing the run
-directories (`isojax.identical_runs` does the running). Two runs of the same code on
+directories (`isojax.tools.identical_runs` does the running). Two runs of the same code on
 the same machine agree exactly except in what measures time, so everything else is
 compared exactly:
 
