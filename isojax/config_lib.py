@@ -227,6 +227,16 @@ def settings(config: ml_collections.ConfigDict) -> run_settings.RunSettings:
   return run_settings.RunSettings.from_config(config)
 
 
+def as_settings(config: ml_collections.ConfigDict | run_settings.RunSettings
+                ) -> run_settings.RunSettings:
+  """A run's typed settings: a ConfigDict (the command line's, a notebook's, a test's)
+  is resolved here, once; typed settings pass through. Everything below reads the
+  frozen tree."""
+  if isinstance(config, run_settings.RunSettings):
+    return config
+  return settings(resolve(config))
+
+
 def resolve_dict(fields: dict[str, Any]) -> dict[str, Any]:
   """`resolve` of a whole config given as a plain nested dict (a planner prescription,
   `prescribe.to_config`); the resolved config as a plain dict, as written to JSON."""

@@ -27,8 +27,8 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from isojax import (checkpointing, command_line, distributed, preemption, resume_settings,
-                    run_dir, storage, train, workdir_lock)
+from isojax import (checkpointing, command_line, config_lib, distributed, preemption,
+                    resume_settings, run_dir, storage, train, workdir_lock)
 from isojax.models import checkpoint_files
 from isojax.rl import guard
 from isojax.tasks import data_files
@@ -62,7 +62,7 @@ def main(argv):
   if distributed.initialize():  # before anything touches a device
     logging.info("jax.distributed initialised: process %d of %d",
                  jax.process_index(), jax.process_count())
-  settings = train.as_settings(_CONFIG.value)  # the ConfigDict ends here
+  settings = config_lib.as_settings(_CONFIG.value)  # the ConfigDict ends here
   try:
     final = train.run(settings, _WORKDIR.value, force_unlock=_FORCE_UNLOCK.value,
                       allow_changed=_ALLOW_CHANGED.value, resume_step=_RESUME_STEP.value)

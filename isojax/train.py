@@ -41,15 +41,6 @@ from isojax.rl import step as rl_step
 METRICS_REWRITE_S = 30.0
 
 
-def as_settings(config: ml_collections.ConfigDict | run_settings.RunSettings
-                ) -> run_settings.RunSettings:
-  """A run's typed settings: a ConfigDict (a notebook's, a test's) is resolved here,
-  once; everything below reads the frozen tree."""
-  if isinstance(config, run_settings.RunSettings):
-    return config
-  return config_lib.settings(config_lib.resolve(config))
-
-
 def run(config: ml_collections.ConfigDict | run_settings.RunSettings, workdir: str, *,
         force_unlock: bool = False,
         allow_changed: Sequence[str] = (), resume_step: int | None = None
@@ -63,7 +54,7 @@ def run(config: ml_collections.ConfigDict | run_settings.RunSettings, workdir: s
   (the newer ones are moved aside), with the run's settings: the fields that
   `allow_changed` names may differ, and are recorded (`resume_settings`).
   """
-  s = as_settings(config)
+  s = config_lib.as_settings(config)
   with contextlib.ExitStack() as stack:
     notice = stack.enter_context(preemption.Notice())
 

@@ -218,9 +218,8 @@ def true_rise(model: FrontierModel) -> float:
   """Claim 1's estimand: the rule's n* rise on the true curves, at the rule's points
   for this design (C_end the budget, the first evaluation the range's start)."""
   fits_by_n = {n: [model.mean_curve(n)] for n in model.rollouts_per_problem}
-  c_start, c_end = n_star.claim1_points(model.budget, float(model.compute_E[1]))
-  start, _ = n_star.n_star_centre(fits_by_n, c_start, verdicts.EQUIVALENCE_MARGIN)
-  end, _ = n_star.n_star_centre(fits_by_n, c_end, verdicts.EQUIVALENCE_MARGIN)
+  start, end, _ = n_star.n_star_at_claim1_points(
+      fits_by_n, model.budget, float(model.compute_E[1]), verdicts.EQUIVALENCE_MARGIN)
   return end - start
 
 

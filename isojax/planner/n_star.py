@@ -44,6 +44,16 @@ def n_star_centre(fits_by_n: Mapping[int, Sequence[sigmoid_fit.SigmoidFit]], com
   return float(np.mean(np.log2(near))), max(fits_by_n) in near
 
 
+def n_star_at_claim1_points(fits_by_n: Mapping[int, Sequence[sigmoid_fit.SigmoidFit]],
+                            c_end: float, c_first: float, margin: float
+                            ) -> tuple[float, float, bool]:
+  """(log2 n* at C_start, log2 n* at C_end, censored at C_end), at `claim1_points`."""
+  c_start, c_end = claim1_points(c_end, c_first)
+  start, _ = n_star_centre(fits_by_n, c_start, margin)
+  end, censored = n_star_centre(fits_by_n, c_end, margin)
+  return start, end, censored
+
+
 def frontier_stats(curves: Sequence[records.RunCurve], metric: str,
                    margin: float = verdicts.EQUIVALENCE_MARGIN) -> dict[str, float]:
   """Claim 1 by a fixed rule: n* (`n_star_centre`) at the two points of
@@ -64,13 +74,12 @@ def frontier_stats(curves: Sequence[records.RunCurve], metric: str,
   fitted = result.curve_fits
   if not fitted or all(f.fit.flat for f in fitted):
     return empty
-  c_start, c_end = claim1_points(min(cf.max_compute for cf in fitted),
-                                 max(float(cf.compute_E.min()) for cf in fitted))
   fits_by_n: dict[int, list[sigmoid_fit.SigmoidFit]] = {}
   for cf in fitted:
     fits_by_n.setdefault(cf.curve.rollouts_per_problem, []).append(cf.fit)
-  start, _ = n_star_centre(fits_by_n, c_start, margin)
-  end, censored = n_star_centre(fits_by_n, c_end, margin)
+  start, end, censored = n_star_at_claim1_points(
+      fits_by_n, min(cf.max_compute for cf in fitted),
+      max(float(cf.compute_E.min()) for cf in fitted), margin)
   return dict(log2_n_star_start=start, log2_n_star_end=end, n_star_rise=end - start,
               n_star_censored=float(censored),
               log2_n_saturation=result.law.log2_n_high if result.law else nan)

@@ -64,17 +64,9 @@ class Options:
   force: bool = False
 
 
-def run_settings_of(config: ml_collections.ConfigDict | run_settings.RunSettings
-                    ) -> run_settings.RunSettings:
-  """A base run config's typed settings (a ConfigDict is resolved here, once)."""
-  if isinstance(config, run_settings.RunSettings):
-    return config
-  return config_lib.settings(config_lib.resolve(config))
-
-
 def model_path(config: ml_collections.ConfigDict | run_settings.RunSettings) -> str:
   """The base model directory `run_inputs.policy_path` gives."""
-  return os.path.abspath(run_inputs.policy_path(run_settings_of(config)))
+  return os.path.abspath(run_inputs.policy_path(config_lib.as_settings(config)))
 
 
 def settings(s: run_settings.RunSettings, options: Options) -> dict[str, Any]:
@@ -234,7 +226,7 @@ def profile(config: ml_collections.ConfigDict | run_settings.RunSettings, option
   """Measures the pool and writes the splits (or reuses them); returns their summary.
   A ConfigDict (the command line's, a notebook's) is resolved once, here."""
   _check_options(options)
-  s = run_settings_of(config)
+  s = config_lib.as_settings(config)
   want = settings(s, options)
   if not options.force and cached(s, options):
     logging.info("splits %s in %s are up to date (same model and settings); reusing them",
