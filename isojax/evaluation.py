@@ -9,7 +9,7 @@ padded by repetition, so one compiled sampler serves every evaluation.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -22,14 +22,20 @@ from isojax.tasks import Problem, Verifier
 from isojax.tasks.prompts import PromptBook
 
 
+class SampleCounts(NamedTuple):
+  """What `correct_counts` measured of G problems' N samples each."""
+  correct_G: np.ndarray     # [G] int, correct samples of N
+  lengths_GN: np.ndarray    # [G, N] int, generated tokens (stop token included)
+  truncated_GN: np.ndarray  # [G, N] bool, cut at max_new_tokens (no stop token)
+
+
 def correct_counts(graphdef, params, tok: TextTokenizer, book: PromptBook,
                    problems: Sequence[Problem], verifier: Verifier, *, num_samples: int,
                    chunk: int, rng: jax.Array,
-                   sampling: sampling_settings.SamplingSettings
-                   ) -> tuple[np.ndarray, float]:
-  """Correct samples out of `num_samples` per problem [G] int, and the fraction of
-  samples truncated at `max_new_tokens`."""
-  counts, truncated = [], []
+                   sampling: sampling_settings.SamplingSettings) -> SampleCounts:
+  """Correct samples out of `num_samples` per problem, and every sample's length and
+  whether it was truncated at `max_new_tokens`."""
+  counts, lengths, truncated = [], [], []
   for start in range(0, len(problems), chunk):
     part = list(problems[start:start + chunk])
     real = len(part)
@@ -37,8 +43,11 @@ def correct_counts(graphdef, params, tok: TextTokenizer, book: PromptBook,
     scored = rollout.generate(graphdef, params, tok, book, part, verifier, n=num_samples,
                               rng=jax.random.fold_in(rng, start), sampling=sampling)
     counts.append((scored.rewards_GN[:real] > 0.5).sum(axis=1))
-    truncated.append(~np.asarray(scored.rollouts.finished)[:real * num_samples])
-  return np.concatenate(counts), float(np.concatenate(truncated).mean())
+    rows = real * num_samples
+    lengths.append(np.asarray(scored.rollouts.lengths)[:rows].reshape(real, num_samples))
+    truncated.append(~np.asarray(scored.rollouts.finished)[:rows].reshape(real, num_samples))
+  return SampleCounts(np.concatenate(counts), np.concatenate(lengths),
+                      np.concatenate(truncated))
 
 
 def evaluate(graphdef, params, tok: TextTokenizer, book: PromptBook,
@@ -59,17 +68,18 @@ def evaluate(graphdef, params, tok: TextTokenizer, book: PromptBook,
   """
   num_samples = settings.num_samples
 
-  def count(part: Sequence[Problem]) -> tuple[np.ndarray, float]:
+  def count(part: Sequence[Problem]) -> SampleCounts:
     return correct_counts(graphdef, params, tok, book, part, verifier, num_samples=num_samples,
                           chunk=min(settings.chunk_problems, len(part)), rng=rng,
                           sampling=sampling)
 
-  counts_G, truncated = count(problems)
+  val = count(problems)
+  counts_G = val.correct_G
   result = dict(metrics.summarize_correct(counts_G, num_samples, settings.k),
-                **{metrics.VAL_TRUNCATED: truncated,
+                **{metrics.VAL_TRUNCATED: float(val.truncated_GN.mean()),
                    metrics.VAL_CORRECT_COUNTS: counts_G.tolist()})
   if histogram_problems:
-    counts_G, _ = count(histogram_problems)
+    counts_G = count(histogram_problems).correct_G
     result[metrics.TRAIN_PASS1_HISTOGRAM] = metrics.pass_count_histogram(counts_G, num_samples)
     result[metrics.TRAIN_PASS1_COUNTS] = counts_G.tolist()
   return result

@@ -146,22 +146,23 @@ class _Sampler:
     policy = hf_checkpoint.load_model(path, mesh, **s.model.as_kwargs())
     self.graphdef, self.params = nnx.split(policy)
 
-  def correct(self, problems, num_samples: int, chunk_rollouts: int, rng) -> np.ndarray:
+  def sample(self, problems, num_samples: int, chunk_rollouts: int, rng
+             ) -> evaluation.SampleCounts:
     if not problems:
-      return np.zeros(0, np.int64)
+      empty = np.zeros((0, num_samples), np.int64)
+      return evaluation.SampleCounts(np.zeros(0, np.int64), empty, empty.astype(bool))
     chunk = max(1, min(len(problems), chunk_rollouts // num_samples))
-    counts, _ = evaluation.correct_counts(
+    return evaluation.correct_counts(
         self.graphdef, self.params, self.tok, self.book, problems, self.verifier,
-        num_samples=num_samples, chunk=chunk, rng=rng,
-        sampling=self.sampling)
-    return counts
+        num_samples=num_samples, chunk=chunk, rng=rng, sampling=self.sampling)
 
 
 def _measure(sampler: _Sampler, problems, options: Options, rng, need_extremely_hard: int,
              ) -> ProblemRates:
   """avg@k of every problem; pass@hard_samples of avg@k = 0 ones until enough are found."""
-  correct = sampler.correct(problems, options.num_samples, options.chunk_rollouts,
-                            jax.random.fold_in(rng, 0))
+  samples = sampler.sample(problems, options.num_samples, options.chunk_rollouts,
+                           jax.random.fold_in(rng, 0))
+  correct = samples.correct_G
   hard = np.full(len(problems), -1, np.int64)
   if need_extremely_hard:
     zeros = np.flatnonzero(correct == 0)
@@ -169,12 +170,14 @@ def _measure(sampler: _Sampler, problems, options: Options, rng, need_extremely_
     found = 0
     for i, start in enumerate(range(0, len(zeros), step)):
       idx = zeros[start:start + step]
-      hard[idx] = sampler.correct([problems[j] for j in idx], options.hard_samples,
-                                  options.chunk_rollouts, jax.random.fold_in(rng, 1 + i))
+      hard[idx] = sampler.sample([problems[j] for j in idx], options.hard_samples,
+                                 options.chunk_rollouts,
+                                 jax.random.fold_in(rng, 1 + i)).correct_G
       found += int(np.count_nonzero(hard[idx] == 0))
       if found >= need_extremely_hard:
         break
-  return ProblemRates(list(problems), correct, hard, options.num_samples)
+  return ProblemRates(list(problems), correct, hard, options.num_samples,
+                      samples.lengths_GN, samples.truncated_GN)
 
 
 # --- The whole job ---------------------------------------------------------------------
@@ -304,9 +307,13 @@ def _write_profile(out_dir: str, want: dict, train_rates: ProblemRates,
                    val_rates: ProblemRates) -> None:
   """Every measured problem's pass rates, for inspection (not read back)."""
   def rows(r: ProblemRates):
-    return [dict(prompt=p.prompt, answer=p.answer, difficulty=p.difficulty,
-                 correct=int(c), hard_correct=None if h < 0 else int(h))
-            for p, c, h in zip(r.problems, r.correct_G, r.hard_correct_G)]
+    out = [dict(prompt=p.prompt, answer=p.answer, difficulty=p.difficulty,
+                correct=int(c), hard_correct=None if h < 0 else int(h))
+           for p, c, h in zip(r.problems, r.correct_G, r.hard_correct_G)]
+    if r.lengths_GN is not None:  # each sample's generated tokens, and how many were cut
+      for row, lengths_N, cut_N in zip(out, r.lengths_GN, r.truncated_GN):
+        row.update(lengths=[int(x) for x in lengths_N], truncated=int(cut_N.sum()))
+    return out
   storage.write_json(storage.path(out_dir) / PROFILE_FILE,
                      dict(settings=want, train=rows(train_rates), val=rows(val_rates)), indent=0)
 

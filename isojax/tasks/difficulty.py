@@ -63,6 +63,8 @@ class ProblemRates:
   correct_G: np.ndarray             # [G] int, correct of num_samples
   hard_correct_G: np.ndarray        # [G] int, correct of hard_samples; -1 = not sampled
   num_samples: int
+  lengths_GN: np.ndarray | None = None    # [G, num_samples] int, generated tokens
+  truncated_GN: np.ndarray | None = None  # [G, num_samples] bool, cut at the token cap
 
   @property
   def rate_G(self) -> np.ndarray:   # [G] float, avg@num_samples

@@ -74,19 +74,31 @@ def read_split_meta(splits_dir: storage.PathLike, name: str) -> dict[str, Any]:
 
 def pool_table(splits_dir: storage.PathLike) -> str:
   """Per value of the problems' difficulty (arithmetic: operand digits; chain_sum: terms
-  x digits): problems, mean avg@k and the fraction in each of the paper's classes, from
-  the profile beside the splits."""
+  x digits), then all together: problems, mean avg@k, the fraction in each of the
+  paper's classes and, where the profile recorded them, the samples' lengths in tokens
+  (median, 90th percentile, longest) and the fraction cut at the token cap; from the
+  profile beside the splits."""
   path = storage.path(splits_dir) / PROFILE_FILE
   if not path.is_file():
     return f"{path}: missing (rerun with --force to measure the pool again)"
   data = storage.read_json(path)
   k = data["settings"]["num_samples"]
   rows = data["train"] + data["val"]
+  has_lengths = all("lengths" in r for r in rows)
   lines = [f"{'difficulty':<12}{'problems':>9}{'avg@' + str(k):>9}" +
-           "".join(f"{c:>11}" for c in BANDS)]
-  for d in sorted({r["difficulty"] for r in rows}):
-    rates = np.array([r["correct"] / k for r in rows if r["difficulty"] == d])
+           "".join(f"{c:>11}" for c in BANDS) +
+           (f"{'tokens p50':>12}{'p90':>6}{'max':>6}{'cut':>7}" if has_lengths else "")]
+  groups = [(d, [r for r in rows if r["difficulty"] == d])
+            for d in sorted({r["difficulty"] for r in rows})]
+  for d, part in groups + ([("all", rows)] if len(groups) > 1 else []):
+    rates = np.array([r["correct"] / k for r in part])
     fractions = "".join(f"{np.mean([b.contains(x) for x in rates]):>11.2f}"
                         for b in BANDS.values())
-    lines.append(f"{d:<12}{len(rates):>9}{rates.mean():>9.3f}{fractions}")
+    line = f"{d!s:<12}{len(rates):>9}{rates.mean():>9.3f}{fractions}"
+    if has_lengths:
+      lengths = np.concatenate([r["lengths"] for r in part])
+      cut = sum(r["truncated"] for r in part) / lengths.size
+      line += (f"{np.median(lengths):>12.0f}{np.percentile(lengths, 90):>6.0f}"
+               f"{lengths.max():>6d}{cut:>7.3f}")
+    lines.append(line)
   return "\n".join(lines)

@@ -49,8 +49,27 @@ def _fake_generate(graphdef, params, tok, book, problems, verifier, *, n, rng, s
   rewards_GN = (np.arange(n)[None, :] < correct_G[:, None]).astype(np.float32)
   finished_B = np.ones(len(problems) * n, bool)
   finished_B[::3] = False  # a third of the rollouts truncated, padding included
-  return types.SimpleNamespace(rewards_GN=rewards_GN,
-                               rollouts=types.SimpleNamespace(finished=finished_B))
+  # Sample s of problem p is int(p.prompt[1:]) * 10 + s tokens long.
+  lengths_B = np.array([int(p.prompt[1:]) * 10 + s for p in problems for s in range(n)])
+  return types.SimpleNamespace(rewards_GN=rewards_GN, rollouts=types.SimpleNamespace(
+      finished=finished_B, lengths=lengths_B))
+
+
+def test_correct_counts_keep_each_samples_length_and_cut_in_problem_order(monkeypatch):
+  """7 problems in calls of 3 (the last padded): each problem's own samples' lengths,
+  and the truncated flags of the real rows only."""
+  monkeypatch.setattr(evaluation.rollout, "generate", _fake_generate)
+  problems = [Problem(prompt=f"v{i}", answer=str(i)) for i in range(7)]
+  got = evaluation.correct_counts(None, None, None, None, problems, None, num_samples=4,
+                                  chunk=3, rng=jax.random.key(0),
+                                  sampling=sampling_settings.SamplingSettings())
+  np.testing.assert_array_equal(got.correct_G, [i % 5 for i in range(7)])
+  np.testing.assert_array_equal(got.lengths_GN,
+                                [[i * 10 + s for s in range(4)] for i in range(7)])
+  # Within each call of 3 problems x 4 samples, rows 0, 3, 6, 9 are cut.
+  cut_in_call = [r % 3 == 0 for r in range(12)]
+  expected = [cut_in_call[(i % 3) * 4:(i % 3) * 4 + 4] for i in range(7)]
+  np.testing.assert_array_equal(got.truncated_GN, expected)
 
 
 def test_evaluate_reports_counts_per_problem_in_order(monkeypatch):

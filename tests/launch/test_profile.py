@@ -53,6 +53,13 @@ def test_profile_writes_thresholded_disjoint_splits_and_reuses_them(tmp_path):
   for row in extreme["train"] + extreme["val"]:
     assert measured[row["prompt"]]["correct"] == 0
     assert measured[row["prompt"]]["hard_correct"] == 0 and row["pass_rate"] == 0.0
+  # Every sample's length is recorded: K lengths within the cap, and no more cut
+  # samples than samples at the cap.
+  cap = 8  # configs/hard.py:micro's sampling.max_new_tokens
+  for row in measured.values():
+    assert len(row["lengths"]) == K and all(1 <= x <= cap for x in row["lengths"])
+    assert 0 <= row["truncated"] <= sum(x == cap for x in row["lengths"])
+  assert "tokens p50" in proc.stdout  # the pool table's length columns
   # The split meta records how it was made.
   meta = hard["meta"]
   assert meta["model"] == demo_bases.shipped_dir("arithmetic") and meta["num_samples"] == K
@@ -152,7 +159,10 @@ def test_profile_sampler_calls_fit_the_memory(tmp_path, monkeypatch, available_m
                      chunk, rng, sampling):
     del graphdef, params, tok, verifier, chunk, rng
     seen.append((sampling.max_rollouts_per_call, book.max_len))
-    return np.full(len(problems), num_samples // 2), None  # no sampling: avg 0.5, easy
+    g = len(problems)  # no sampling: avg 0.5, easy
+    return evaluation.SampleCounts(np.full(g, num_samples // 2),
+                                   np.ones((g, num_samples), int),
+                                   np.zeros((g, num_samples), bool))
   monkeypatch.setattr(evaluation, "correct_counts", correct_counts)
   available = available_mib * 1024 ** 2
   monkeypatch.setattr(memory_plan, "available_bytes", lambda: (available, "cpu"))
@@ -175,3 +185,27 @@ def test_profile_sampler_calls_fit_the_memory(tmp_path, monkeypatch, available_m
     assert available_mib > 1024 and calls == 0  # one call per chunk
   else:
     assert available_mib == 40 and fits(calls) and not fits(calls + 1) and calls >= 16
+
+
+def test_pool_table_reports_each_difficultys_lengths_and_cut_fraction(tmp_path):
+  """The pool table's length columns, against order statistics counted by hand."""
+  def row(difficulty, correct, lengths, truncated):
+    return dict(prompt=f"{difficulty}-{correct}-{lengths}", answer="1",
+                difficulty=difficulty, correct=correct, hard_correct=None,
+                lengths=lengths, truncated=truncated)
+  train = [row(2, 2, [1, 2, 3, 40], 1), row(2, 0, [5, 6, 7, 8], 0)]
+  val = [row(3, 4, [10, 10, 10, 10], 0)]
+  with open(tmp_path / profiling.PROFILE_FILE, "w") as f:
+    json.dump(dict(settings=dict(num_samples=4), train=train, val=val), f)
+  lines = splits.pool_table(str(tmp_path)).splitlines()
+  assert lines[0].split()[-4:] == ["p50", "p90", "max", "cut"]
+  by_name = {line.split()[0]: line.split() for line in lines[1:]}
+  # Difficulty 2: lengths 1 2 3 5 6 7 8 40; median (5 + 6) / 2 = 5.5 -> "6" (round half
+  # to even gives 6); p90 at rank 0.9 * 7 = 6.3: 8 + 0.3 * (40 - 8) = 17.6 -> "18".
+  assert by_name["2"][1:3] == ["2", "0.250"]
+  assert by_name["2"][-4:] == ["6", "18", "40", f"{1 / 8:.3f}"]
+  assert by_name["3"][-4:] == ["10", "10", "10", "0.000"]
+  # All 12 samples: sorted 1 2 3 5 6 7 8 10 10 10 10 40; median 7.5 -> "8";
+  # p90 at rank 0.9 * 11 = 9.9, between the 10 at ranks 9 and 10: 10.
+  assert by_name["all"][1:3] == ["3", f"{(0.5 + 0 + 1) / 3:.3f}"]
+  assert by_name["all"][-4:] == ["8", "10", "40", f"{1 / 12:.3f}"]
