@@ -75,16 +75,22 @@ def _compact(st: _Slots, slots: int, empty: int) -> _Slots:
                     token=pick(st.token, keep_XW), cache=cache)
 
 
-def _first_draws(first_logits_GV, key, spec: SampleSpec, choose, shard):
+def _first_draws(first_logits_GV, key, spec: SampleSpec, choose, shard, group_B=None):
   """Every rollout's first token, drawn from its prompt's prefill logits: ([X, U] first
   tokens, the [X, U, T] tokens and log-probs with their first column set)."""
   n, t = spec.n, spec.max_new_tokens
-  b = first_logits_GV.shape[0] * n
+  g = first_logits_GV.shape[0]
   # n draws from each prompt's logits (not one draw from logits repeated n times: XLA:CPU
   # fuses that repeat into the argmax reduction, which LLVM is very slow to compile).
   first_NG, first_logp_NG = jax.vmap(choose, in_axes=(None, 0))(
       first_logits_GV, jax.random.split(key, n))
-  first_B, first_logp_B = first_NG.T.reshape(b), first_logp_NG.T.reshape(b)
+  if group_B is None:
+    b = g * n
+    first_B, first_logp_B = first_NG.T.reshape(b), first_logp_NG.T.reshape(b)
+  else:  # rollout b takes draw `rank` of its prompt, its place among the prompt's rollouts
+    b = group_B.shape[0]
+    rank_B = jnp.arange(b) - jnp.searchsorted(group_B, jnp.arange(g))[group_B]
+    first_B, first_logp_B = first_NG[rank_B, group_B], first_logp_NG[rank_B, group_B]
   tokens = shard(jnp.full((b, t), spec.pad_id, jnp.int32).at[:, 0].set(first_B))
   logprobs = shard(jnp.zeros((b, t), jnp.float32).at[:, 0].set(first_logp_B))
   return shard(first_B), tokens, logprobs
@@ -103,6 +109,16 @@ def _queue(first_XU, stops, t: int, w: int):
   return queue, queued, rollout
 
 
+def _slot_groups(group_B, g: int, n: int, u: int, shards: int):
+  """The function from the [X, W] rollout ids in the slots (u: empty) to each slot's
+  prompt among its shard's own: rollout // n, or its `group_B` entry."""
+  if group_B is None:
+    return lambda rollout_XW: jnp.minimum(rollout_XW, u - 1) // n
+  group_XU = decode.local_groups(group_B, g, shards)
+  return lambda rollout_XW: jax.vmap(lambda x, i: x[jnp.minimum(i, u - 1)])(group_XU,
+                                                                            rollout_XW)
+
+
 def _running_until(fewer: int, u: int, queued_X):
   """The decode loop's condition: a slot is busy (rollout id below `u`), and (fewer > 0)
   the shards cannot yet move to `fewer` slots (a queue not empty, or more busy)."""
@@ -114,8 +130,10 @@ def _running_until(fewer: int, u: int, queued_X):
   return cond
 
 
-def sample(model, prompts_GP, prompt_mask_GP, rng, spec: SampleSpec) -> Rollouts:
-  """n rollouts per prompt decoded in `spec.num_slots` rows, refilled as rollouts finish.
+def sample(model, prompts_GP, prompt_mask_GP, rng, spec: SampleSpec, group_B=None
+           ) -> Rollouts:
+  """n rollouts per prompt decoded in `spec.num_slots` rows, refilled as rollouts finish
+  (with `group_B` [B], `spec_lib.group_index`'s: rollout b of prompt `group_B[b]`).
 
   Each prompt is prefilled once; the first token of every rollout is drawn from its
   prompt's prefill logits up front, and the rollouts that do not stop there are queued.
@@ -139,12 +157,12 @@ def sample(model, prompts_GP, prompt_mask_GP, rng, spec: SampleSpec) -> Rollouts
   n, num_slots, min_slots = spec.n, spec.num_slots, spec.min_slots
   interruption = spec.interruption
   first_logits_GV, prefix, prompt_len_B = decode.prefill_rollouts(
-      model, prompts_GP, prompt_mask_GP, n)
+      model, prompts_GP, prompt_mask_GP, n, group_B)
   blocks = decode.layer_blocks(model)
   choose = functools.partial(distributions.choose, spec=spec)
   stops = spec_lib.stop_ids(spec)
   g = first_logits_GV.shape[0]
-  b, t = g * n, spec.max_new_tokens
+  b, t = (g * n if group_B is None else group_B.shape[0]), spec.max_new_tokens
   shards = sharding.batch_shards(jax.sharding.get_abstract_mesh())
   if g % shards or num_slots % shards:
     raise ValueError(f"continuous batching on {shards} data-parallel shards needs groups ({g}) "
@@ -153,10 +171,12 @@ def sample(model, prompts_GP, prompt_mask_GP, rng, spec: SampleSpec) -> Rollouts
   shard = lambda x: sharding.constrain(x.reshape(shards, -1, *x.shape[1:]),
                                        ("batch",) + (None,) * x.ndim)
   rng, first_key = jax.random.split(rng)
-  first_XU, tokens, logprobs = _first_draws(first_logits_GV, first_key, spec, choose, shard)
+  first_XU, tokens, logprobs = _first_draws(first_logits_GV, first_key, spec, choose, shard,
+                                            group_B)
   queue, queued, rollout = _queue(first_XU, stops, t, w)
   prompt_len_XU = shard(prompt_len_B)
   by_shard = jax.vmap(lambda x, i: x[jnp.minimum(i, u - 1)])
+  slot_groups = _slot_groups(group_B, g, n, u, shards)
 
   def body(st: _Slots) -> _Slots:
     rng, key = jax.random.split(st.rng)
@@ -165,7 +185,7 @@ def sample(model, prompts_GP, prompt_mask_GP, rng, spec: SampleSpec) -> Rollouts
     logits, cache = decode.decode_step(
         model, flat(st.token), flat(by_shard(prompt_len_XU, st.rollout) + st.position),
         flat(st.position), prefix, st.cache, blocks=blocks,
-        groups_XW=jnp.minimum(st.rollout, u - 1) // n, cache_block=spec.decode_block)
+        groups_XW=slot_groups(st.rollout), cache_block=spec.decode_block)
     token, logp = choose(sharding.constrain(logits, ("batch", "vocab")), key)
     token, logp = token.reshape(shards, slots), logp.reshape(shards, slots)
     # Empty slots (rollout u) decode a dummy row and write nowhere.

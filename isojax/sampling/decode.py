@@ -112,13 +112,26 @@ def prefill(model: Transformer, tokens_GP, mask_GP) -> tuple[jax.Array, PrefixCa
   return model.logits(x[:, -1:])[:, 0], PrefixCache(k=k, v=v, mask=mask_GP)
 
 
-def prefill_rollouts(model: Transformer, prompts_GP, prompt_mask_GP, n: int):
-  """`prefill` for a call of n rollouts per prompt, split over the data-parallel axes:
-  (first logits [G, V], the shared prompt cache, each rollout's prompt length [G * n])."""
+def prefill_rollouts(model: Transformer, prompts_GP, prompt_mask_GP, n: int,
+                     group_B: jax.Array | None = None):
+  """`prefill` for a call of n rollouts per prompt (or, with `group_B`, rollout b of
+  prompt `group_B[b]`), split over the data-parallel axes: (first logits [G, V], the
+  shared prompt cache, each rollout's prompt length [B])."""
   prompts_GP = sharding.constrain(prompts_GP, ("batch", None))
   prompt_mask_GP = sharding.constrain(prompt_mask_GP, ("batch", None))
   first_logits_GV, prefix = prefill(model, prompts_GP, prompt_mask_GP)
-  return first_logits_GV, prefix, jnp.repeat(prompt_mask_GP.sum(-1), n).astype(jnp.int32)
+  prompt_len_G = prompt_mask_GP.sum(-1).astype(jnp.int32)
+  if group_B is None:
+    return first_logits_GV, prefix, jnp.repeat(prompt_len_G, n)
+  return first_logits_GV, prefix, sharding.constrain(prompt_len_G[group_B], ("batch",))
+
+
+def local_groups(group_B: jax.Array, num_groups: int, shards: int) -> jax.Array:
+  """[X, B / X]: each rollout's group among its data-parallel shard's own G / X groups
+  (the index `gather_groups` takes); `check_groups` holds that they are its own."""
+  per_shard = num_groups // shards
+  return (group_B.reshape(shards, -1)
+          - (jnp.arange(shards, dtype=group_B.dtype) * per_shard)[:, None])
 
 
 def init_cache(model: Transformer, batch: int, length: int) -> DecodeCache:

@@ -40,6 +40,8 @@ class Decoding:
   loop: _LoopState
   prefix: PrefixCache
   prompt_len_B: jax.Array  # [B] int32
+  groups_XU: jax.Array | None = None  # [X, B / X] each row's prompt among its shard's
+                                      # own (unequal groups); None: row b's is b // n
 
   @property
   def step(self) -> jax.Array:  # [] int32: tokens generated per row so far
@@ -50,22 +52,30 @@ class Decoding:
     return self.loop.done
 
 
-def start(model, prompts_GP, prompt_mask_GP, rng, spec: SampleSpec) -> Decoding:
-  """Prefills the prompts; no token is chosen yet."""
+def start(model, prompts_GP, prompt_mask_GP, rng, spec: SampleSpec, group_B=None
+          ) -> Decoding:
+  """Prefills the prompts; no token is chosen yet. Rollout b is of prompt b // n, or
+  with `group_B` [B] (`spec.group_index`'s) of prompt `group_B[b]`."""
   n, t = spec.n, spec.max_new_tokens
+  g = prompts_GP.shape[0]
   first_logits_GV, prefix, prompt_len_B = decode.prefill_rollouts(
-      model, prompts_GP, prompt_mask_GP, n)
-  b = prompts_GP.shape[0] * n
+      model, prompts_GP, prompt_mask_GP, n, group_B)
+  if group_B is None:
+    b, groups_XU, first_logits_BV = g * n, None, jnp.repeat(first_logits_GV, n, axis=0)
+  else:
+    shards = sharding.batch_shards(jax.sharding.get_abstract_mesh())
+    b, groups_XU = group_B.shape[0], decode.local_groups(group_B, g, shards)
+    first_logits_BV = first_logits_GV[group_B]
   rows = lambda x: sharding.constrain(x, ("batch", None))
   loop = _LoopState(
       step=jnp.zeros((), jnp.int32),
-      logits=sharding.constrain(jnp.repeat(first_logits_GV, n, axis=0), ("batch", "vocab")),
+      logits=sharding.constrain(first_logits_BV, ("batch", "vocab")),
       tokens=rows(jnp.full((b, t), spec.pad_id, jnp.int32)),
       logprobs=rows(jnp.zeros((b, t), jnp.float32)),
       done=sharding.constrain(jnp.zeros((b,), bool), ("batch",)),
       cache=decode.init_cache(model, b, t),
       rng=rng, thinking=jnp.ones((b,), bool), interrupted=jnp.zeros((b,), bool))
-  return Decoding(loop, prefix, prompt_len_B)
+  return Decoding(loop, prefix, prompt_len_B, groups_XU)
 
 
 def advance(model, d: Decoding, spec: SampleSpec, until=None) -> Decoding:
@@ -90,7 +100,8 @@ def advance(model, d: Decoding, spec: SampleSpec, until=None) -> Decoding:
       thinking = thinking & ~cut.ends_thinking(tokens, s.step)
       done = done | (interrupted & (s.step + 1 >= cut.end))
     logits, cache = decode.decode_step(model, token, prompt_len_B + s.step, s.step, prefix,
-                                       s.cache, blocks=blocks, cache_block=spec.decode_block)
+                                       s.cache, blocks=blocks, groups_XW=d.groups_XU,
+                                       cache_block=spec.decode_block)
     return _LoopState(step=s.step + 1, logits=sharding.constrain(logits, ("batch", "vocab")),
                       tokens=tokens, logprobs=logprobs, done=done, cache=cache, rng=rng,
                       thinking=thinking, interrupted=interrupted)

@@ -37,11 +37,11 @@ from isojax.models import lora
 from isojax.sampling import continuous, lockstep
 from isojax.sampling.interruption import Interruption
 from isojax.sampling.lockstep import Decoding
-from isojax.sampling.spec import Rollouts, SampleSpec
+from isojax.sampling.spec import Rollouts, SampleSpec, group_index
 
 # What callers use, all importable from here (the parts define them).
 __all__ = ["Decoding", "Interruption", "Rollouts", "SampleSpec", "advance", "finish",
-           "sample", "start"]
+           "group_index", "sample", "start"]
 
 
 def _cast_floats(state, dtype: str | None):
@@ -64,8 +64,13 @@ def _call_model(graphdef, state, spec: SampleSpec):
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
-def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, spec: SampleSpec) -> Rollouts:
-  """Samples n rollouts for each of G left-padded prompts; rollout b belongs to b // n.
+def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, spec: SampleSpec,
+           group_B=None) -> Rollouts:
+  """Samples n rollouts for each of G left-padded prompts; rollout b belongs to b // n,
+  or, with unequal groups, to prompt `group_B[b]` (`group_B` [B] int32 from
+  `spec.group_index`: prompt g's rollouts side by side, at most `spec.n` of them, and
+  each data-parallel shard's B / X rollouts of its own G / X prompts). Every rollout of
+  a prompt reads that prompt's one cache either way.
 
   Any id of `stop_ids` ends a rollout (it is kept as the rollout's last token).
   `weights_dtype` ("bfloat16") casts the weights once for the whole call; `dtype`
@@ -81,8 +86,8 @@ def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, spec: SampleSpec) -
   """
   model = _call_model(graphdef, state, spec)
   if spec.num_slots:
-    return continuous.sample(model, prompts_GP, prompt_mask_GP, rng, spec)
-  decoding = lockstep.start(model, prompts_GP, prompt_mask_GP, rng, spec)
+    return continuous.sample(model, prompts_GP, prompt_mask_GP, rng, spec, group_B)
+  decoding = lockstep.start(model, prompts_GP, prompt_mask_GP, rng, spec, group_B)
   return lockstep.finish(lockstep.advance(model, decoding, spec), spec)
 
 

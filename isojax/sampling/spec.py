@@ -14,6 +14,7 @@ import dataclasses
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from isojax.sampling.interruption import Interruption
 
@@ -25,7 +26,8 @@ class SampleSpec:
   `rl.rollout.sample_spec` builds it from `config.sampling` (`SamplingSettings`), the
   tokenizer's stop and pad ids, and the call's continuous-batching slots.
   """
-  n: int                                 # rollouts per prompt
+  n: int                                 # rollouts per prompt (with unequal groups,
+                                         # `group_index`: the most of any prompt)
   max_new_tokens: int
   temperature: float
   stop_ids: tuple[int, ...]
@@ -84,3 +86,28 @@ def rollouts_from(tokens_BT, logprobs_BT, written, interrupted_B, stops, spec: S
   return Rollouts(tokens=jnp.where(mask, tokens_BT, spec.pad_id),
                   logprobs=jnp.where(mask, logprobs_BT, 0.0), mask=mask,
                   finished=jnp.any(is_stop, axis=-1), forced=forced)
+
+
+def group_index(sizes_G, n_max: int, shards: int = 1) -> np.ndarray:
+  """[B] int32, the prompt of each rollout for a call of `sizes_G[g]` rollouts of prompt
+  g (B = their sum), rollouts of a prompt side by side, in prompt order: the `group_B`
+  a sampler call with unequal groups takes.
+
+  A data-parallel shard decodes the x-th B / X rollouts against its own G / X prompts,
+  so each shard's prompts must hold the same number of rollouts; ValueError, naming
+  the sizes, where they do not, or where a size is outside 1..n_max (spec.n)."""
+  sizes_G = np.asarray(sizes_G, np.int64)
+  if sizes_G.ndim != 1 or not sizes_G.size:
+    raise ValueError(f"group sizes {sizes_G.tolist()}: expected one size per prompt")
+  if sizes_G.min() < 1 or sizes_G.max() > n_max:
+    raise ValueError(f"group sizes {sizes_G.tolist()}: expected each in 1..{n_max} "
+                     "(the sampler's n, the largest group)")
+  if sizes_G.size % shards:
+    raise ValueError(f"{sizes_G.size} prompts cannot be split over {shards} "
+                     "data-parallel shards")
+  per_shard = sizes_G.reshape(shards, -1).sum(axis=1)
+  if np.any(per_shard != per_shard[0]):
+    raise ValueError(f"group sizes {sizes_G.tolist()}: each of the {shards} data-parallel "
+                     f"shards' prompts must hold the same number of rollouts (they hold "
+                     f"{per_shard.tolist()})")
+  return np.repeat(np.arange(sizes_G.size, dtype=np.int32), sizes_G)
