@@ -14,6 +14,12 @@ recipes and every estimator is tested against a NumPy formula.
 The population std (ddof=0) matches the GRPO and ScaleRL reference code; with 0/1
 rewards it makes a half-solved group's advantages exactly +-1.
 
+Groups of unequal size (per-problem allocation: problem g has n_g rollouts) come as
+`rewards_GN` padded to the largest group with `valid_GN` marking the real entries;
+every statistic above is then taken over a group's own n_g rewards (the batch std over
+all real ones), and padding gets advantage 0. Without `valid_GN` the computation is
+exactly the equal-group one.
+
 The IsoCompute paper's decoupled baseline (baseline from all n rollouts, update on m of
 them) is `gather_groups(compute_advantages(name, rewards_GN), indices_GM)` with
 `isojax.rl.downsampling`; computing advantages on the selected subset instead is the
@@ -39,49 +45,81 @@ def _as_float(rewards_GN: jax.Array) -> jax.Array:
   return rewards_GN.astype(jnp.float32)
 
 
-def _centre(r_GN: jax.Array) -> jax.Array:
+def _valid(valid_GN, r_GN: jax.Array) -> jax.Array | None:
+  if valid_GN is None:
+    return None
+  valid_GN = jnp.asarray(valid_GN, bool)
+  if valid_GN.shape != r_GN.shape:
+    raise ValueError(f"valid_GN has shape {valid_GN.shape}: expected rewards' {r_GN.shape}")
+  return valid_GN
+
+
+def _constant_groups(r_GN: jax.Array, valid_GN: jax.Array | None) -> jax.Array:
+  """[G, 1] bool: every (real) reward of the group equal to its first real one."""
+  if valid_GN is None:
+    return jnp.all(r_GN == r_GN[:, :1], axis=1, keepdims=True)
+  first_G1 = jnp.take_along_axis(r_GN, jnp.argmax(valid_GN, axis=1)[:, None], axis=1)
+  return jnp.all((r_GN == first_G1) | ~valid_GN, axis=1, keepdims=True)
+
+
+def _centre(r_GN: jax.Array, valid_GN: jax.Array | None = None) -> jax.Array:
   """r - mean_g, exactly 0 in groups whose rewards are all equal: float rounding of
   the mean would otherwise leave ~1e-8 residues that the std division blows up."""
-  constant_G1 = jnp.all(r_GN == r_GN[:, :1], axis=1, keepdims=True)
-  return jnp.where(constant_G1, 0.0, r_GN - r_GN.mean(axis=1, keepdims=True))
+  constant_G1 = _constant_groups(r_GN, valid_GN)
+  if valid_GN is None:
+    return jnp.where(constant_G1, 0.0, r_GN - r_GN.mean(axis=1, keepdims=True))
+  mean_G1 = r_GN.mean(axis=1, keepdims=True, where=valid_GN)
+  return jnp.where(constant_G1 | ~valid_GN, 0.0, r_GN - mean_G1)
 
 
-def grpo(rewards_GN: jax.Array, *, eps: float = 1e-6) -> jax.Array:
+def grpo(rewards_GN: jax.Array, *, eps: float = 1e-6, valid_GN=None) -> jax.Array:
   """Group mean and population std (ddof=0) normalisation, [G, N] float32."""
   r_GN = _as_float(rewards_GN)
-  return _centre(r_GN) / (r_GN.std(axis=1, keepdims=True) + eps)
+  valid_GN = _valid(valid_GN, r_GN)
+  if valid_GN is None:
+    return _centre(r_GN) / (r_GN.std(axis=1, keepdims=True) + eps)
+  std_G1 = r_GN.std(axis=1, keepdims=True, where=valid_GN)
+  return _centre(r_GN, valid_GN) / (std_G1 + eps)
 
 
-def drgrpo(rewards_GN: jax.Array, *, eps: float = 1e-6) -> jax.Array:
+def drgrpo(rewards_GN: jax.Array, *, eps: float = 1e-6, valid_GN=None) -> jax.Array:
   """Dr.GRPO: subtract the group mean only; dividing by the std biases towards
   too-easy and too-hard problems. `eps` is accepted for a uniform signature."""
   del eps
-  return _centre(_as_float(rewards_GN))
+  r_GN = _as_float(rewards_GN)
+  return _centre(r_GN, _valid(valid_GN, r_GN))
 
 
-def batch_norm(rewards_GN: jax.Array, *, eps: float = 1e-6) -> jax.Array:
+def batch_norm(rewards_GN: jax.Array, *, eps: float = 1e-6, valid_GN=None) -> jax.Array:
   """ScaleRL: centre within the group, then divide by the population std of the
-  centred values over the whole batch (all G * N of them).
+  centred values over the whole batch (all G * N of them, or every real one).
 
   Groups with zero variance keep advantage 0 but still count in the batch std, as in
   ScaleRL's description; filter them out before this call to exclude them.
   """
-  centred_GN = drgrpo(rewards_GN)
-  return centred_GN / (centred_GN.std() + eps)
+  centred_GN = drgrpo(rewards_GN, valid_GN=valid_GN)
+  if valid_GN is None:
+    return centred_GN / (centred_GN.std() + eps)
+  return centred_GN / (centred_GN.std(where=jnp.asarray(valid_GN, bool)) + eps)
 
 
-def rloo(rewards_GN: jax.Array, *, eps: float = 1e-6) -> jax.Array:
+def rloo(rewards_GN: jax.Array, *, eps: float = 1e-6, valid_GN=None) -> jax.Array:
   """REINFORCE leave-one-out: r_i minus the mean of the other N - 1 rewards.
 
-  Equals N / (N - 1) * (r_i - mean_g); needs N >= 2.
+  Equals N / (N - 1) * (r_i - mean_g); needs N >= 2 (with unequal groups, a group of
+  one has no baseline and gets advantage 0).
   """
   del eps
   r_GN = _as_float(rewards_GN)
-  n = r_GN.shape[1]
-  if n < 2:
-    raise ValueError(f"rloo needs at least 2 rollouts per group, got n={n}")
-  # r_i - (sum - r_i) / (n - 1) = n / (n - 1) * (r_i - mean).
-  return _centre(r_GN) * (n / (n - 1))
+  valid_GN = _valid(valid_GN, r_GN)
+  if valid_GN is None:
+    n = r_GN.shape[1]
+    if n < 2:
+      raise ValueError(f"rloo needs at least 2 rollouts per group, got n={n}")
+    # r_i - (sum - r_i) / (n - 1) = n / (n - 1) * (r_i - mean).
+    return _centre(r_GN) * (n / (n - 1))
+  n_G1 = valid_GN.sum(axis=1, keepdims=True).astype(jnp.float32)
+  return _centre(r_GN, valid_GN) * (n_G1 / jnp.maximum(n_G1 - 1.0, 1.0))
 
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {
@@ -92,20 +130,25 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {
 }
 
 
-def compute_advantages(name: str, rewards_GN: jax.Array, *, eps: float = 1e-6) -> jax.Array:
-  """Advantages [G, N] float32 from the estimator registered as `name`."""
+def compute_advantages(name: str, rewards_GN: jax.Array, *, eps: float = 1e-6,
+                       valid_GN=None) -> jax.Array:
+  """Advantages [G, N] float32 from the estimator registered as `name` (with
+  `valid_GN`, of groups of unequal size padded to N; 0 on the padding)."""
   if name not in ADVANTAGE_ESTIMATORS:
     raise ValueError(
         f"advantage estimator {name!r}: expected one of {sorted(ADVANTAGE_ESTIMATORS)}")
-  return ADVANTAGE_ESTIMATORS[name](rewards_GN, eps=eps)
+  if valid_GN is None:
+    return ADVANTAGE_ESTIMATORS[name](rewards_GN, eps=eps)
+  return ADVANTAGE_ESTIMATORS[name](rewards_GN, eps=eps, valid_GN=valid_GN)
 
 
-def zero_variance_groups(rewards_GN: jax.Array) -> jax.Array:
-  """[G] bool: True where every reward of the group is equal (no learning signal)."""
+def zero_variance_groups(rewards_GN: jax.Array, valid_GN=None) -> jax.Array:
+  """[G] bool: True where every (real) reward of the group is equal (no learning
+  signal)."""
   rewards_GN = jnp.asarray(rewards_GN)
   if rewards_GN.ndim != 2:
     raise ValueError(f"rewards_GN has shape {rewards_GN.shape}: expected [G, N]")
-  return jnp.all(rewards_GN == rewards_GN[:, :1], axis=1)
+  return _constant_groups(rewards_GN, _valid(valid_GN, rewards_GN))[:, 0]
 
 
 # --------------------------------------------------------------------------------

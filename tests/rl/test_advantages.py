@@ -140,3 +140,56 @@ def test_constant_groups_with_inexact_mean_give_exact_zero(name):
   # by the std division into a spurious advantage.
   r = jnp.full((2, 3), 0.1, jnp.float32)
   np.testing.assert_array_equal(advantages.compute_advantages(name, r), np.zeros((2, 3)))
+
+
+# ==================== Unequal groups: padded to the largest, with a mask ====
+
+def _ragged_reference(name, groups):
+  """Each estimator on a list of groups of their own sizes (NumPy, one group at a time;
+  batch_norm's std over every reward of every group)."""
+  if name == "batch_norm":
+    centred = [np_drgrpo(np.asarray(g)[None])[0] for g in groups]
+    flat = np.concatenate(centred)
+    return [c / (flat.std() + EPS) for c in centred]
+  if name == "rloo":
+    return [np_rloo(np.asarray(g)[None])[0] if len(g) > 1 else np.zeros(1)
+            for g in groups]
+  return [REFERENCES[name](np.asarray(g)[None])[0] for g in groups]
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(1, 6), min_size=1, max_size=6),
+       binary=st.booleans(), seed=st.integers(0, 2 ** 31 - 1),
+       name=st.sampled_from(sorted(REFERENCES)))
+def test_unequal_groups_match_each_groups_own_statistics(sizes, binary, seed, name):
+  """Padding (filled with noise here) changes no real entry and gets advantage 0."""
+  rng = np.random.default_rng(seed)
+  groups = [(rng.integers(0, 2, k) if binary else rng.normal(size=k)).astype(np.float64)
+            for k in sizes]
+  n = max(sizes)
+  valid = np.arange(n)[None] < np.asarray(sizes)[:, None]
+  padded = rng.normal(size=(len(sizes), n)) * 7
+  padded[valid] = np.concatenate(groups)
+  got = np.asarray(advantages.compute_advantages(name, padded.astype(np.float32),
+                                                 valid_GN=valid))
+  np.testing.assert_allclose(got[valid], np.concatenate(_ragged_reference(name, groups)),
+                             rtol=1e-4, atol=1e-4)
+  assert np.all(got[~valid] == 0)
+  zero_var = np.asarray(advantages.zero_variance_groups(padded.astype(np.float32), valid))
+  np.testing.assert_array_equal(zero_var, [len(set(g.tolist())) == 1 for g in groups])
+
+
+def test_unequal_groups_hand_computed():
+  """Groups [1, 0, 0] and [1] padded to 3: GRPO gives (2/3, -1/3, -1/3) / std(0.4714)
+  and 0 to the lone rollout (a constant group) and to the padding."""
+  rewards = np.array([[1, 0, 0], [1, 5, 5]], np.float32)
+  valid = np.array([[True, True, True], [True, False, False]])
+  got = np.asarray(advantages.grpo(rewards, valid_GN=valid))
+  std = np.sqrt(2) / 3
+  np.testing.assert_allclose(got, [[2 / 3 / std, -1 / 3 / std, -1 / 3 / std], [0, 0, 0]],
+                             rtol=1e-5)
+  # RLOO of [1, 0, 0]: 1 - 0 = 1 and 0 - 0.5 = -0.5.
+  np.testing.assert_allclose(np.asarray(advantages.rloo(rewards, valid_GN=valid)),
+                             [[1, -0.5, -0.5], [0, 0, 0]], rtol=1e-5)
+  with pytest.raises(ValueError, match=r"valid_GN has shape \(2, 2\)"):
+    advantages.grpo(rewards, valid_GN=valid[:, :2])
