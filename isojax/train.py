@@ -31,9 +31,10 @@ from isojax import (checkpointing, config_lib, evaluation, host_memory, memory_p
                     metric_writers, metrics, preemption, resume_settings, run_dir,
                     run_inputs, run_settings, run_state, storage, workdir_lock)
 from isojax.models import hf_checkpoint, lora, sharding
-from isojax.rl import guard, optimizer, problem_pool, sources
+from isojax.rl import guard, optimizer, problem_pool, rollout_allocation, sources
 from isojax.rl import critic as critic_lib
 from isojax.rl import settings as rl_settings
+from isojax.tasks import splits
 from isojax.rl import step as rl_step
 
 # On an object store metrics.jsonl is rewritten whole, so at most this often (and at
@@ -93,8 +94,10 @@ def _learner(s: run_settings.RunSettings, inputs: run_inputs.Inputs, opened: run
   arrays = rl_step.policy_arrays(params, tx, mesh, lora=s.model.lora.enabled,
                                  keeps_reference=s.rl.keeps_reference)
   base, opt_state, ref_params = arrays.frozen, arrays.opt_state, arrays.reference
+  # No-Positive-Resampling's pool; per-problem allocation's pass history (threshold 0:
+  # retiring nothing) when that runs without it.
   pool = (problem_pool.ProblemPool(len(inputs.train_problems), threshold=s.rl.retire_pass_rate)
-          if s.rl.retire_pass_rate > 0 else None)
+          if s.rl.retire_pass_rate > 0 or s.rl.per_problem else None)
   counters = run_state.Counters()
   critic = (critic_lib.create(s.critic, s.rl, s.optim, s.model,
                               group_size=s.train_rollouts_per_problem,
@@ -264,6 +267,19 @@ def _step_0(state: run_state.RunState, inputs: run_inputs.Inputs, run_eval: Call
   return last_eval
 
 
+def _allocation_profile(s: run_settings.RunSettings, train_problems
+                        ) -> rollout_allocation.Profile | None:
+  """Per-problem allocation's priors: the split's profiled rates of the training problems
+  (none for problems the task generates)."""
+  if not s.rl.per_problem:
+    return None
+  rates, samples = ({}, 0) if not s.task.split else splits.training_pass_rates(
+      s.task.splits_dir, s.task.split)
+  return rollout_allocation.Profile.of([p.prompt for p in train_problems], rates, samples,
+                                       s.rl.allocation_prior_mean,
+                                       s.rl.allocation_prior_strength)
+
+
 def _state(s: run_settings.RunSettings, inputs: run_inputs.Inputs, opened: run_state.Workdir,
            restored: _Restored, sample_key: jax.Array) -> run_state.RunState:
   """The run's whole state once restored: its metrics writers (the lines after the
@@ -276,7 +292,8 @@ def _state(s: run_settings.RunSettings, inputs: run_inputs.Inputs, opened: run_s
                                   enabled=opened.primary, run_config=s.to_dict())
   problems = sources.Problems(s.seed, s.rollouts_per_problem, s.problems_per_batch, s.rl,
                               s.sampling, restored.learner.graphdef, inputs.tok, inputs.book,
-                              inputs.train_problems, inputs.verifier, restored.pool, sample_key)
+                              inputs.train_problems, inputs.verifier, restored.pool, sample_key,
+                              _allocation_profile(s, inputs.train_problems))
   bar = tqdm.tqdm(total=s.num_steps, initial=restored.counters.step, desc="RL steps",
                   unit="step", dynamic_ncols=True, disable=None if opened.primary else True)
   try:  # last: an in-flight source starts sampling on a thread

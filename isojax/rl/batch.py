@@ -46,8 +46,9 @@ def shape_rewards(mode: str, rewards_B: np.ndarray, lengths_B: np.ndarray,
   return shaped[mode]()
 
 
-def _filter_masks(mode: str, zero_var_G: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
-  """[B] masks of sequences kept in the policy-gradient and the regulariser terms."""
+def _filter_masks(mode: str, zero_var_G: np.ndarray, m) -> tuple[np.ndarray, np.ndarray]:
+  """[B] masks of sequences kept in the policy-gradient and the regulariser terms (m:
+  rollouts a group, or each group's own [G])."""
   keep = np.repeat(~zero_var_G, m)
   everything = np.ones_like(keep)
   if mode == "off":
@@ -62,12 +63,13 @@ def _filter_masks(mode: str, zero_var_G: np.ndarray, m: int) -> tuple[np.ndarray
 
 def training_rewards(rl: rl_settings.RLSettings, scored: rollout.ScoredRollouts, *,
                      max_new_tokens: int) -> np.ndarray:
-  """[G, n] rewards the update optimises: verified rewards under `rl.overlong`."""
+  """[G, n] rewards the update optimises: verified rewards under `rl.overlong` (unequal
+  groups: padded as `scored.rewards_GN` is)."""
   r = scored.rollouts
-  return shape_rewards(
-      rl.overlong, scored.rewards_GN.reshape(-1), np.asarray(r.mask).sum(-1),
+  return scored.as_groups(shape_rewards(
+      rl.overlong, scored.rewards_B, np.asarray(r.mask).sum(-1),
       np.asarray(r.finished), max_new_tokens=max_new_tokens,
-      cache_tokens=rl.overlong_cache_tokens).reshape(scored.rewards_GN.shape)
+      cache_tokens=rl.overlong_cache_tokens))
 
 
 def selected_rows(rl: rl_settings.RLSettings, rewards_GN: np.ndarray, *,
@@ -90,12 +92,13 @@ def selected_rows(rl: rl_settings.RLSettings, rewards_GN: np.ndarray, *,
   return rows, np.asarray(adv_GM), np.asarray(rewards_GM)
 
 
-def _group_advantages(name: str, rewards_GN: jax.Array, *, eps: float) -> jax.Array:
+def _group_advantages(name: str, rewards_GN: jax.Array, *, eps: float, valid_GN=None
+                      ) -> jax.Array:
   """A group estimator's advantages [G, N]; zeros for GAE, whose per-token advantages
   the learner computes from the critic's values (`isojax.rl.critic`)."""
   if name == names.GAE:
     return jnp.zeros(jnp.shape(rewards_GN), jnp.float32)
-  return advantages_lib.compute_advantages(name, rewards_GN, eps=eps)
+  return advantages_lib.compute_advantages(name, rewards_GN, eps=eps, valid_GN=valid_GN)
 
 
 def build_train_batch(rl: rl_settings.RLSettings, scored: rollout.ScoredRollouts, *,
@@ -109,12 +112,23 @@ def build_train_batch(rl: rl_settings.RLSettings, scored: rollout.ScoredRollouts
   n = scored.rewards_GN.shape[1]
   m = rl.train_rollouts(n)
   rewards_GN = training_rewards(rl, scored, max_new_tokens=max_new_tokens)
-  rows, adv_GM, rewards_GM = selected_rows(rl, rewards_GN, select_rng=select_rng)
-  zero_var_G = np.asarray(advantages_lib.zero_variance_groups(jnp.asarray(rewards_GM)))
+  if scored.group_sizes is not None:  # unequal groups: every rollout, no down-sampling
+    valid_GN = scored.valid_GN
+    rows = np.arange(int(valid_GN.sum()))
+    adv_B = np.asarray(_group_advantages(rl.advantage, rewards_GN, eps=rl.advantage_eps,
+                                         valid_GN=valid_GN))[valid_GN]
+    rewards_B = rewards_GN[valid_GN]
+    zero_var_G = np.asarray(advantages_lib.zero_variance_groups(rewards_GN, valid_GN))
+    sizes = scored.group_sizes
+  else:
+    rows, adv_GM, rewards_GM = selected_rows(rl, rewards_GN, select_rng=select_rng)
+    adv_B, rewards_B = adv_GM.reshape(-1), np.asarray(rewards_GM).reshape(-1)
+    zero_var_G = np.asarray(advantages_lib.zero_variance_groups(jnp.asarray(rewards_GM)))
+    sizes = m
   # Under dynamic sampling the only zero-variance groups fill a batch the rounds could not
   # complete: they leave every loss term, so the step trains on what there is.
   keep_pg, keep_reg = _filter_masks(
-      "all" if rl.dynamic_sampling else rl.zero_variance_filter, zero_var_G, m)
+      "all" if rl.dynamic_sampling else rl.zero_variance_filter, zero_var_G, sizes)
   tokens, mask = rollout.sequences(scored, n)
   # The policy's own tokens: forced interruption text is context (in `mask`), not action.
   response_mask = scored.rollouts.actions[rows]
@@ -123,6 +137,6 @@ def build_train_batch(rl: rl_settings.RLSettings, scored: rollout.ScoredRollouts
       sampler_logp=scored.rollouts.logprobs[rows],
       old_logp=np.zeros(response_mask.shape, np.float32),
       ref_logp=np.zeros(response_mask.shape, np.float32),
-      advantages=adv_GM.reshape(-1), keep_pg=keep_pg, keep_reg=keep_reg,
-      shuffle_rng=None, rewards=np.asarray(rewards_GM, np.float32).reshape(-1))
+      advantages=adv_B, keep_pg=keep_pg, keep_reg=keep_reg,
+      shuffle_rng=None, rewards=np.asarray(rewards_B, np.float32))
   return batch, zero_var_G

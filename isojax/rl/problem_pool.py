@@ -12,6 +12,9 @@ accumulate rewards in [0, 1]; with 0/1 rewards this is the fraction correct). Th
 is host-side NumPy state, not part of the jitted step, and round-trips through a dict
 of NumPy arrays for checkpointing (`to_dict` / `from_dict`).
 
+A pool of threshold 0 retires nothing: it is only the per-problem pass history that
+per-problem rollout allocation (`rl.allocation='per_problem'`) estimates pass rates from.
+
 If fewer active problems remain than a batch needs, `sample` warns and fills the batch
 from the whole active pool: every active problem once, the remaining slots drawn with
 replacement, so the batch keeps its static size B_p (no recompilation). An empty
@@ -40,8 +43,9 @@ class ProblemPool:
     if isinstance(num_problems, bool) or not isinstance(num_problems, (int, np.integer)) \
         or num_problems < 1:
       raise ValueError(f"num_problems={num_problems!r}: expected a positive int")
-    if not 0 < threshold <= 1:
-      raise ValueError(f"threshold={threshold!r}: expected a pass rate in (0, 1]")
+    if not 0 <= threshold <= 1:
+      raise ValueError(f"threshold={threshold!r}: expected a pass rate in (0, 1], or 0 (a "
+                       "history that retires nothing)")
     if min_attempts < 1:
       raise ValueError(f"min_attempts={min_attempts!r}: expected >= 1")
     self.threshold = float(threshold)
@@ -74,9 +78,15 @@ class ProblemPool:
       raise ValueError("rewards must lie in [0, 1] (a pass rate is their mean)")
     np.add.at(self.successes_G, ids_B, rewards_B)
     np.add.at(self.attempts_G, ids_B, 1)
-    newly_solved_G = (self.attempts_G >= self.min_attempts) & (
-        self.pass_rates() >= self.threshold)
-    self.retired_G |= newly_solved_G
+    if self.retires:
+      newly_solved_G = (self.attempts_G >= self.min_attempts) & (
+          self.pass_rates() >= self.threshold)
+      self.retired_G |= newly_solved_G
+
+  @property
+  def retires(self) -> bool:
+    """Whether the pool retires problems (No-Positive-Resampling) or only records them."""
+    return self.threshold > 0
 
   def pass_rates(self) -> np.ndarray:
     """Historical pass rate [G] float64; 0 for problems never attempted."""

@@ -32,17 +32,48 @@ class ScoredRollouts:
   prompts_GP: np.ndarray       # [G, P] int32, left-padded
   prompt_mask_GP: np.ndarray   # [G, P] bool
   rollouts: sampler.Rollouts   # [B, T] host NumPy arrays, B = G * n
-  rewards_GN: np.ndarray       # [G, n] float32, verified rewards
+  rewards_GN: np.ndarray       # [G, n] float32, verified rewards (unequal groups: padded
+                               # with 0 to the largest group; `valid_GN` marks the real ones)
   completions: list[str]       # [B] decoded text
   verifier_timeouts: int = 0
   verifier_errors: int = 0
   timings: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds, by phase
   versions_B2: np.ndarray | None = None  # [B, 2] int: oldest, newest policy version of
                                          # each rollout's tokens (in-flight sampling only)
+  group_sizes: np.ndarray | None = None  # [G] int rollouts of each problem (per-problem
+                                         # allocation); None: n each
 
   @property
   def num_tokens(self) -> int:
     return int(self.rollouts.mask.sum())
+
+  @property
+  def valid_GN(self) -> np.ndarray | None:
+    """[G, N] bool, the real entries of `rewards_GN` (None: every entry, equal groups)."""
+    return None if self.group_sizes is None else groups_mask(self.group_sizes,
+                                                             self.rewards_GN.shape[1])
+
+  @property
+  def rewards_B(self) -> np.ndarray:
+    """[B] float32 verified rewards in rollout order."""
+    valid = self.valid_GN
+    return self.rewards_GN.reshape(-1) if valid is None else self.rewards_GN[valid]
+
+  @property
+  def owner_B(self) -> np.ndarray:
+    """[B] int, the problem (index among the G) of each rollout."""
+    g, n = self.rewards_GN.shape
+    sizes = np.full(g, n) if self.group_sizes is None else self.group_sizes
+    return np.repeat(np.arange(g), sizes)
+
+  def as_groups(self, values_B: np.ndarray) -> np.ndarray:
+    """[G, N] from per-rollout [B] values (unequal groups: 0 on the padding)."""
+    values_B = np.asarray(values_B)
+    if self.group_sizes is None:
+      return values_B.reshape(self.rewards_GN.shape)
+    out = np.zeros(self.rewards_GN.shape, values_B.dtype)
+    out[self.valid_GN] = values_B
+    return out
 
   @property
   def prompt_len(self) -> int:
@@ -60,9 +91,10 @@ class Pending:
   prompt_mask_GP: np.ndarray
   rollouts: sampler.Rollouts
   graded: concurrent.futures.Future  # of (completions, Grades, timings)
-  n: int
+  n: int                             # rollouts per problem (unequal groups: the most)
   sample_s: float                    # dispatch until the rollouts were on the host
   versions_B2: np.ndarray | None = None
+  group_sizes: np.ndarray | None = None  # [G] (per-problem allocation); None: n each
 
   @property
   def prompt_len(self) -> int:
@@ -73,10 +105,20 @@ class Pending:
     completions, grades, timings = self.graded.result()
     g = self.prompts_GP.shape[0]
     timings = dict(timings, sample_s=self.sample_s, grade_wait_s=time.perf_counter() - start)
-    return ScoredRollouts(self.prompts_GP, self.prompt_mask_GP, self.rollouts,
-                          np.asarray(grades.rewards, np.float32).reshape(g, self.n),
+    rewards_B = np.asarray(grades.rewards, np.float32)
+    if self.group_sizes is None:
+      rewards_GN = rewards_B.reshape(g, self.n)
+    else:
+      rewards_GN = np.zeros((g, self.n), np.float32)
+      rewards_GN[groups_mask(self.group_sizes, self.n)] = rewards_B
+    return ScoredRollouts(self.prompts_GP, self.prompt_mask_GP, self.rollouts, rewards_GN,
                           completions, grades.timeouts, grades.errors, timings,
-                          self.versions_B2)
+                          self.versions_B2, self.group_sizes)
+
+
+def groups_mask(sizes_G: np.ndarray, n: int) -> np.ndarray:
+  """[G, n] bool: entry j of group g is a real rollout (j < sizes_G[g])."""
+  return np.arange(n)[None, :] < np.asarray(sizes_G)[:, None]
 
 
 # One host thread decodes and grades, in submission order, beside the device work.
@@ -133,7 +175,8 @@ def _decode_in_flight(graphdef, in_flight: InFlight, prompts, mask, rng,
 
 def sample(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Sequence[Problem],
            verifier: Verifier, *, n: int, rng: jax.Array, sampling: sampling_settings.SamplingSettings,
-           temperature: float | None = None, in_flight: InFlight | None = None) -> Pending:
+           temperature: float | None = None, in_flight: InFlight | None = None,
+           group_sizes: np.ndarray | None = None, n_max: int = 0) -> Pending:
   """Samples n rollouts per problem; decoding and grading go on on the host thread.
 
   Runs on the mesh the parameters live on, each device decoding its share of the
@@ -142,6 +185,11 @@ def sample(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Seq
   (lockstep decoding only) the weights come from it, and may change between segments
   of a call: `params` is ignored and `Pending.versions_B2` says which versions wrote
   each rollout.
+
+  With `group_sizes` [G] (per-problem allocation) problem g gets `group_sizes[g]` of
+  at most `n_max` rollouts instead, the G * n in all spread so that each call's and
+  each data-parallel shard's problems hold n a problem on average (`allocation_blocks`
+  gives those blocks); `Pending.result` pads the groups to `n_max`.
   """
   start = time.perf_counter()
   if in_flight is not None:
@@ -151,7 +199,9 @@ def sample(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Seq
   shards = sharding.batch_shards(mesh)
   per_call, num_calls = call_plan(len(problems), n, sampling.max_rollouts_per_call, shards)
   rows = np.resize(np.arange(len(problems)), per_call * num_calls)  # pad by repetition
-  spec = sample_spec(sampling, n=n, rollouts_per_call=per_call * n, shards=shards,
+  call_groups = _call_groups(group_sizes, n, n_max, len(rows), per_call, shards, in_flight)
+  spec = sample_spec(sampling, n=n if group_sizes is None else n_max,
+                     rollouts_per_call=per_call * n, shards=shards,
                      stop_ids=tok.eos_ids, pad_id=tok.pad_id, temperature=temperature,
                      interruption=interruption(sampling, tok))
   parts, versions = [], []
@@ -166,18 +216,53 @@ def sample(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Seq
       # Call 0 uses `rng` itself: a step sampled in one call draws what it always did.
       call_rng = jax.random.fold_in(rng, call) if call else rng
       if in_flight is None:
-        parts.append(sampler.sample(graphdef, params, *batch, call_rng, spec))
+        group_B = call_groups[call] if call_groups else None
+        if group_B is not None and mesh is not None:
+          group_B = jax.device_put(group_B, sharding.batch_sharding(mesh, 1))
+        parts.append(sampler.sample(graphdef, params, *batch, call_rng, spec, group_B))
       else:
         part, versions_B2 = _decode_in_flight(graphdef, in_flight, *batch, call_rng, spec)
         parts.append(part)
         versions.append(versions_B2)
   host = [jax.tree.map(sharding.to_host, part) for part in parts]
+  # The real problems' rollouts come first (the padding repeats problems at the end).
   rollouts = jax.tree.map(lambda *xs: np.concatenate(xs)[:len(problems) * n], *host)
   versions_B2 = np.concatenate(versions)[:len(problems) * n] if versions else None
+  owner_B = np.repeat(np.arange(len(problems)), n if group_sizes is None else group_sizes)
   graded = _HOST_WORK.submit(_decode_and_grade, tok, rollouts.tokens,
-                             [problems[i // n] for i in range(len(rollouts.tokens))], verifier)
-  return Pending(prompts, mask, rollouts, graded, n, sample_s=time.perf_counter() - start,
-                 versions_B2=versions_B2)
+                             [problems[i] for i in owner_B], verifier)
+  return Pending(prompts, mask, rollouts, graded, n if group_sizes is None else n_max,
+                 sample_s=time.perf_counter() - start, versions_B2=versions_B2,
+                 group_sizes=None if group_sizes is None else np.asarray(group_sizes))
+
+
+def _call_groups(group_sizes, n: int, n_max: int, rows: int, per_call: int, shards: int,
+                 in_flight) -> list[np.ndarray] | None:
+  """Each sampler call's `group_B` (None: equal groups): the padding problems of the last
+  call get n each; ValueError where the sizes do not fit the calls and shards."""
+  if group_sizes is None:
+    return None
+  if in_flight is not None:
+    raise ValueError("unequal groups are not sampled in flight (rl.allocation='per_problem' "
+                     "needs rl.max_staleness=0)")
+  sizes = np.asarray(group_sizes, np.int64)
+  if sizes.sum() != sizes.size * n:
+    raise ValueError(f"group sizes sum to {sizes.sum()} rollouts: expected {sizes.size} "
+                     f"problems x {n}")
+  sizes = np.concatenate([sizes, np.full(rows - sizes.size, n)])
+  return [sampler.group_index(sizes[c:c + per_call], n_max, shards)
+          for c in range(0, rows, per_call)]
+
+
+def allocation_blocks(num_problems: int, n: int, max_rollouts_per_call: int, shards: int
+                      ) -> list[np.ndarray]:
+  """The problems (indices) of each sampler call's data-parallel shard, in order: unequal
+  groups spend n a problem on average within each, as `sample` needs."""
+  per_call, num_calls = call_plan(num_problems, n, max_rollouts_per_call, shards)
+  per_shard = per_call // shards
+  blocks = [np.arange(start, min(start + per_shard, num_problems))
+            for start in range(0, per_call * num_calls, per_shard)]
+  return [b for b in blocks if b.size]
 
 
 def params_mesh(params) -> jax.sharding.Mesh | None:
@@ -265,17 +350,20 @@ def sample_spec(sampling: sampling_settings.SamplingSettings, *, n: int, rollout
 
 def generate(graphdef, params, tok: TextTokenizer, book: PromptBook, problems: Sequence[Problem],
              verifier: Verifier, *, n: int, rng: jax.Array, sampling: sampling_settings.SamplingSettings,
-             temperature: float | None = None, in_flight: InFlight | None = None
-             ) -> ScoredRollouts:
+             temperature: float | None = None, in_flight: InFlight | None = None,
+             group_sizes: np.ndarray | None = None, n_max: int = 0) -> ScoredRollouts:
   """`sample` and wait for the grades."""
   return sample(graphdef, params, tok, book, problems, verifier, n=n, rng=rng,
-                sampling=sampling, temperature=temperature, in_flight=in_flight).result()
+                sampling=sampling, temperature=temperature, in_flight=in_flight,
+                group_sizes=group_sizes, n_max=n_max).result()
 
 
 def sequences(scored: ScoredRollouts | Pending, n: int) -> tuple[np.ndarray, np.ndarray]:
-  """Prompt + response tokens [B, P + T] and their real-token mask, for scoring."""
-  prompts = np.repeat(scored.prompts_GP, n, axis=0)
-  prompt_mask = np.repeat(scored.prompt_mask_GP, n, axis=0)
+  """Prompt + response tokens [B, P + T] and their real-token mask, for scoring (each
+  prompt n times, or `group_sizes[g]` times with unequal groups)."""
+  repeats = n if scored.group_sizes is None else scored.group_sizes
+  prompts = np.repeat(scored.prompts_GP, repeats, axis=0)
+  prompt_mask = np.repeat(scored.prompt_mask_GP, repeats, axis=0)
   tokens = np.concatenate([prompts, scored.rollouts.tokens], axis=1)
   mask = np.concatenate([prompt_mask, scored.rollouts.mask], axis=1)
   return tokens, mask

@@ -14,15 +14,19 @@ algorithm for separable concave resource allocation); the tests check it against
 force. A problem at p = 0 or 1 has q = 0 for every n and gets n_min.
 
 The pass rate is estimated by `pass_rate_estimate`: the posterior mean of a Beta prior
-(its mean from the problem's profile, avg@16 where one exists, else a default; its
-strength in pseudo-rollouts) updated with the problem's own rollouts so far.
+(mean `rl.allocation_prior_mean`, strength `rl.allocation_prior_strength` pseudo-
+rollouts) updated with every rollout of the problem seen so far: the base model's
+samples of it in the difficulty profile (c correct of k, where the run's problems come
+from a profiled split; `Profile`), then the run's own rollouts.
 
 Pure NumPy: the sampler and the planner call it with plain arrays.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -85,3 +89,31 @@ def allocate(p_G, budget: int, n_min: int, n_max: int) -> np.ndarray:
     if n_G[i] < n_max:
       heapq.heappush(heap, (-gain(i), i))
   return n_G
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+  """The training problems' priors: the profile's samples of each (c correct of k; 0 of
+  0 where the problem was not profiled) and the Beta prior every estimate starts from."""
+  successes_G: np.ndarray  # [num_train] float, correct samples in the profile
+  trials_G: np.ndarray     # [num_train] float, the profile's samples
+  prior_mean: float
+  prior_strength: float
+
+  @classmethod
+  def of(cls, prompts: Sequence[str], rates: Mapping[str, float], samples: int,
+         prior_mean: float, prior_strength: float) -> "Profile":
+    """From a split's measured rates (prompt -> avg@`samples`) for the run's problems."""
+    trials = np.array([samples if p in rates else 0 for p in prompts], np.float64)
+    successes = np.array([rates.get(p, 0.0) * samples for p in prompts], np.float64)
+    return cls(successes, trials, float(prior_mean), float(prior_strength))
+
+  def estimate(self, ids, successes_G=None, trials_G=None) -> np.ndarray:
+    """[len(ids)] pass-rate estimates of problems `ids`, from the profile and the run's own
+    rollouts of every problem so far (`successes_G`, `trials_G`: [num_train], or None)."""
+    ids = np.asarray(ids)
+    successes, trials = self.successes_G[ids], self.trials_G[ids]
+    if successes_G is not None:
+      successes = successes + np.asarray(successes_G, np.float64)[ids]
+      trials = trials + np.asarray(trials_G, np.float64)[ids]
+    return pass_rate_estimate(successes, trials, self.prior_mean, self.prior_strength)

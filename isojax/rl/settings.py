@@ -23,6 +23,8 @@ GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "batch_norm")
 OVERLONG_MODES = ("reward", "zero", "dapo")
 # How the peak LR follows the trained batch B: (B / B_ref)^{0, 1/2, 1}.
 LR_SCALING_RULES = ("constant", "sqrt", "linear")
+# How a step's B_p * n rollouts are spread over its problems (`isojax.rl.rollout_allocation`).
+ALLOCATIONS = ("uniform", "per_problem")
 # Which policy version samples each step's rollouts when rl.max_staleness > 0
 # (`isojax.rl.off_policy.source_version`).
 OFF_POLICY_MODES = ("pipeline", "ppo_off_policy", "pipeline_in_flight")
@@ -94,6 +96,16 @@ class RLSettings(validation.Section):
       "reward variance "
       "([rl_algorithms.md](rl_algorithms.md#dynamic-sampling-rldynamic_sampling))")
   dynamic_sampling_max_rounds: int = F(8, "the cap of sampling rounds per step, >= 1")
+  allocation: str = F(
+      "uniform", "`uniform`: n rollouts for every problem; `per_problem`: the step's B_p * n "
+      "rollouts split among its problems by their estimated pass rates "
+      "([rl_algorithms.md](rl_algorithms.md#per-problem-allocation-rlallocation))")
+  allocation_n_min: int = F(2, "`per_problem`: the fewest rollouts a problem gets")
+  allocation_n_max: int = F(0, "`per_problem`: the most rollouts a problem gets; 0 = 4 n")
+  allocation_prior_mean: float = F(0.5, "`per_problem`: the pass-rate prior's mean, in "
+                                   "(0, 1), for a problem without a profiled rate")
+  allocation_prior_strength: float = F(2.0, "`per_problem`: the prior's weight, in "
+                                       "pseudo-rollouts (> 0)")
   gamma: float = F(1.0, "GAE's discount (`advantage=gae`)")
   gae_lambda: float = F(1.0, "GAE's λ (`advantage=gae`)")
 
@@ -129,6 +141,15 @@ class RLSettings(validation.Section):
     validation.boolean("rl.log_kl_to_base", self.log_kl_to_base)
     if not 0 <= self.retire_pass_rate <= 1:
       raise ValueError(f"rl.retire_pass_rate={self.retire_pass_rate}: expected in [0, 1]")
+    validation.choice("rl.allocation", self.allocation, ALLOCATIONS)
+    validation.positive_int("rl.allocation_n_min", self.allocation_n_min)
+    validation.non_negative_int("rl.allocation_n_max", self.allocation_n_max, "0: 4 n")
+    if not 0 < self.allocation_prior_mean < 1:
+      raise ValueError(f"rl.allocation_prior_mean={self.allocation_prior_mean}: expected a "
+                       "pass-rate prior in (0, 1)")
+    if not self.allocation_prior_strength > 0:
+      raise ValueError(f"rl.allocation_prior_strength={self.allocation_prior_strength}: "
+                       "expected > 0 pseudo-rollouts")
     if self.entropy_coef and not self.kl_coef:
       raise ValueError("rl.entropy_coef > 0 needs rl.kl_coef > 0: entropy is never used "
                        "without the KL anchor (the IsoCompute easy recipe)")
@@ -167,9 +188,46 @@ class RLSettings(validation.Section):
     """m: rollouts per problem the update trains on (n unless PODS down-samples)."""
     return self.train_rollouts_per_problem or n
 
+  @property
+  def per_problem(self) -> bool:
+    """Each problem's rollouts chosen from its estimated pass rate (unequal groups)."""
+    return self.allocation == "per_problem"
+
+  def group_bounds(self, n: int) -> tuple[int, int]:
+    """(n_min, n_max) of a problem's rollouts under `per_problem` allocation."""
+    return self.allocation_n_min, self.allocation_n_max or 4 * n
+
+  def _check_per_problem(self, n: int) -> None:
+    n_min, n_max = self.group_bounds(n)
+    if n_min > n_max:
+      raise ValueError(f"rl.allocation_n_min={n_min} is above rl.allocation_n_max={n_max}")
+    if not n_min <= n <= n_max:
+      raise ValueError(
+          f"rollouts_per_problem={n} with rl.allocation='per_problem': the step's budget of "
+          f"B_p * n rollouts must give every problem between rl.allocation_n_min={n_min} "
+          f"and rl.allocation_n_max={n_max}")
+    if n_min < 2 and self.advantage in GROUP_ESTIMATORS:
+      raise ValueError(f"rl.allocation_n_min={n_min} with rl.advantage={self.advantage!r}: "
+                       "group-normalised advantages need at least 2 rollouts per problem")
+    unsupported = dict(downsample=self.downsample != "none",
+                       dynamic_sampling=self.dynamic_sampling,
+                       aggregation=self.aggregation == "prompt_mean",
+                       max_staleness=self.max_staleness > 0,
+                       advantage=self.advantage == names.GAE,
+                       num_minibatches=self.num_minibatches > 1)
+    for field, on in unsupported.items():
+      if on:
+        raise ValueError(f"rl.allocation='per_problem' with rl.{field}="
+                         f"{getattr(self, field)!r}: not supported with groups of unequal "
+                         "size (PODS, dynamic sampling, prompt-level aggregation, "
+                         "off-policy sampling, a critic and minibatches of whole groups "
+                         "all assume n rollouts a problem); use rl.allocation='uniform'")
+
   def check_allocation(self, n: int, problems_per_batch: int, max_new_tokens: int) -> None:
     """The rules that tie these fields to n, B_p and the sampler's max_new_tokens."""
     m, b_p = self.train_rollouts(n), problems_per_batch
+    if self.per_problem:
+      self._check_per_problem(n)
     if self.downsample == "none" and m != n:
       raise ValueError(f"rl.train_rollouts_per_problem={m} differs from rollouts_per_problem="
                        f"{n}: set rl.downsample to train on a subset")

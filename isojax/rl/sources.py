@@ -27,7 +27,9 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from isojax.models import sharding
 from isojax.rl import advantages, dynamic_sampling, off_policy, problem_pool, rollout
+from isojax.rl import rollout_allocation
 from isojax.rl import batch as rl_batch
 from isojax.rl import settings as rl_settings
 from isojax.sampling import settings as sampling_settings
@@ -72,22 +74,42 @@ class Problems:
   book: Any
   train_problems: list
   verifier: Any
-  pool: problem_pool.ProblemPool | None
+  pool: problem_pool.ProblemPool | None  # pass history; it retires problems under NPR
   sample_key: jax.Array
+  profile: rollout_allocation.Profile | None = None  # per-problem allocation's priors
+
+  @property
+  def _retiring(self) -> bool:
+    return self.pool is not None and self.pool.retires
 
   def choose(self, step: int) -> np.ndarray:
     """The B_p training-problem ids of update `step`."""
-    if self.pool is None:
+    if not self._retiring:
       return problems_for_step(self.seed, step, len(self.train_problems), self.b_p)
     return self.pool.sample(np.random.default_rng([self.seed, step]), self.b_p)
 
   def active(self) -> int:
-    return len(self.train_problems) if self.pool is None else int(self.pool.active_ids().size)
+    return int(self.pool.active_ids().size) if self._retiring else len(self.train_problems)
 
   def record(self, chosen: np.ndarray, scored: rollout.ScoredRollouts) -> None:
     """The pool learns the rewards of the problems it gave (when there is a pool)."""
     if self.pool is not None:
-      self.pool.update(np.repeat(chosen, self.n), scored.rewards_GN.reshape(-1))
+      self.pool.update(chosen[scored.owner_B], scored.rewards_B)
+
+  def group_sizes(self, chosen: np.ndarray, params) -> np.ndarray | None:
+    """[B_p] rollouts of each chosen problem (None: n each, `rl.allocation='uniform'`):
+    the step's B_p * n split by the problems' estimated pass rates
+    (`rollout_allocation.allocate`), within each sampler call's data-parallel shard."""
+    if not self.rl.per_problem:
+      return None
+    n_min, n_max = self.rl.group_bounds(self.n)
+    p_G = self.profile.estimate(chosen, self.pool.successes_G, self.pool.attempts_G)
+    sizes = np.zeros(len(chosen), np.int64)
+    shards = sharding.batch_shards(rollout.params_mesh(params))
+    for block in rollout.allocation_blocks(len(chosen), self.n,
+                                           self.sampling.max_rollouts_per_call, shards):
+      sizes[block] = rollout_allocation.allocate(p_G[block], self.n * block.size, n_min, n_max)
+    return sizes
 
   def generate(self, chosen: np.ndarray, params, key: jax.Array, **kwargs
                ) -> rollout.ScoredRollouts:
@@ -157,7 +179,9 @@ class Synchronous(RolloutSource):
     pending = rollout.sample(p.graphdef, learner.params, p.tok, p.book,
                              [p.train_problems[i] for i in chosen], p.verifier, n=p.n,
                              rng=jax.random.fold_in(p.sample_key, step),
-                             sampling=p.sampling)
+                             sampling=p.sampling,
+                             group_sizes=p.group_sizes(chosen, learner.params),
+                             n_max=p.rl.group_bounds(p.n)[1])
     prefetched = learner.prefetch(pending)  # devices score while the host decodes and grades
     scored = pending.result()
     p.record(chosen, scored)

@@ -158,9 +158,9 @@ def step_metrics(rl: rl_settings.RLSettings, sampling: sampling_settings.Samplin
                  has_reference: bool) -> dict[str, float]:
   """The `train/...` metrics of one step."""
   scored, stats = result.scored, dict(result.stats)
-  rollouts = scored.rewards_GN.size
+  rollouts = scored.rewards_B.size
   values = {
-      metrics.TRAIN_REWARD: float(scored.rewards_GN.mean()),
+      metrics.TRAIN_REWARD: float(scored.rewards_B.mean()),
       metrics.TRAIN_LOSS: float(stats.pop("loss")),
       metrics.TRAIN_CLIP_FRACTION: float(stats.pop("clip_fraction")),
       metrics.TRAIN_GRAD_NORM: float(stats.pop("grad_norm")),
@@ -172,11 +172,15 @@ def step_metrics(rl: rl_settings.RLSettings, sampling: sampling_settings.Samplin
       metrics.TRAIN_VERIFIER_TIMEOUTS: scored.verifier_timeouts,
       metrics.TRAIN_VERIFIER_ERRORS: scored.verifier_errors,
   }
+  if scored.group_sizes is not None:
+    values[metrics.TRAIN_GROUP_SIZES] = [int(k) for k in scored.group_sizes]
   if sampling.think_budget:
     values[metrics.TRAIN_INTERRUPTED] = float(np.mean(scored.rollouts.interrupted))
   if rl.overlong != "reward":
-    values[metrics.TRAIN_SHAPED_REWARD] = float(rl_batch.training_rewards(
-        rl, scored, max_new_tokens=sampling.max_new_tokens).mean())
+    shaped_GN = rl_batch.training_rewards(rl, scored, max_new_tokens=sampling.max_new_tokens)
+    valid_GN = scored.valid_GN
+    values[metrics.TRAIN_SHAPED_REWARD] = float(
+        shaped_GN.mean() if valid_GN is None else shaped_GN[valid_GN].mean())
   # Entropy and KL are absent when neither a coefficient nor a logged metric needs them.
   if "entropy" in stats:
     values[metrics.TRAIN_ENTROPY] = float(stats.pop("entropy"))

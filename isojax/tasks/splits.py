@@ -66,6 +66,21 @@ def load_split(splits_dir: storage.PathLike, name: str
                      f"expected keys {SPLIT_KEYS} of problem lists") from e
 
 
+def training_pass_rates(splits_dir: storage.PathLike, name: str
+                        ) -> tuple[dict[str, float], int]:
+  """The split's training problems' measured rates (prompt -> rate) and the samples each
+  rate is of (avg@k's k; pass@k's for the extremely hard split)."""
+  payload = read_split(splits_dir, name)
+  meta = payload.get("meta", {})
+  samples = meta.get("hard_samples") or meta.get("num_samples")
+  if not samples:
+    raise ValueError(f"{split_path(splits_dir, name)}: its meta names no num_samples, so its "
+                     "pass rates cannot be read as counts")
+  rates = {r["prompt"]: float(r["pass_rate"]) for r in payload["train"]
+           if r.get("pass_rate") is not None}
+  return rates, int(samples)
+
+
 def read_split_meta(splits_dir: storage.PathLike, name: str) -> dict[str, Any]:
   payload = read_split(splits_dir, name)
   return dict(payload.get("meta", {}), num_train=len(payload["train"]),

@@ -229,3 +229,34 @@ def test_eval_schedule_defaults_resolve():
   c.eval.update(schedule="log", count=4)
   resolved = config_lib.resolve(c)
   assert eval_settings.EvalSettings.from_config(resolved.eval).steps(10) == {0, 1, 2, 5, 10}
+
+
+@pytest.mark.parametrize("fields,message", [
+    (dict(allocation_n_min=9, allocation_n_max=8),
+     r"rl.allocation_n_min=9 is above rl.allocation_n_max=8"),
+    (dict(allocation_n_min=5), r"rollouts_per_problem=4 with rl.allocation='per_problem': the "
+     r"step's budget of B_p \* n rollouts must give every problem between "
+     r"rl.allocation_n_min=5"),
+    (dict(allocation_n_max=3), r"between rl.allocation_n_min=2 and rl.allocation_n_max=3"),
+    (dict(allocation_prior_mean=1.0), r"rl.allocation_prior_mean=1.0: expected a pass-rate "
+     r"prior in \(0, 1\)"),
+    (dict(allocation_prior_mean=0.0), r"rl.allocation_prior_mean=0.0"),
+    (dict(allocation_prior_strength=0.0), r"rl.allocation_prior_strength=0.0"),
+    (dict(allocation_n_min=1), r"rl.allocation_n_min=1 with rl.advantage='grpo'"),
+    (dict(downsample="max_variance", train_rollouts_per_problem=2),
+     r"rl.allocation='per_problem' with rl.downsample='max_variance': not supported"),
+    (dict(dynamic_sampling=True), r"with rl.dynamic_sampling=True: not supported"),
+    (dict(aggregation="prompt_mean"), r"with rl.aggregation='prompt_mean': not supported"),
+])
+def test_bad_per_problem_allocation_names_the_field(fields, message):
+  c = _config(rollouts_per_problem=4)
+  c.rl.update(allocation="per_problem", **fields)
+  with pytest.raises(ValueError, match=message):
+    config_lib.settings(config_lib.resolve(c))
+
+
+def test_per_problem_bounds_default_to_two_and_four_n():
+  c = _config(rollouts_per_problem=4)
+  c.rl.allocation = "per_problem"
+  rl = config_lib.settings(config_lib.resolve(c)).rl
+  assert rl.per_problem and rl.group_bounds(4) == (2, 16)

@@ -65,3 +65,26 @@ def test_the_estimate_is_the_beta_posterior_mean_and_converges():
 def test_bad_input_names_what_is_wrong(call, message):
   with pytest.raises(ValueError, match=message):
     call()
+
+
+def test_the_profile_counts_as_earlier_rollouts_of_the_problem():
+  """A problem profiled at avg@16 = 0.25 (4 of 16) and then 3 of 8 in the run, prior 0.5
+  of strength 2: (1 + 4 + 3) / (2 + 16 + 8). An unprofiled one starts at the prior."""
+  profile = ra.Profile.of(["a", "b"], {"a": 0.25}, 16, prior_mean=0.5, prior_strength=2.0)
+  np.testing.assert_allclose(profile.estimate([0, 1]), [(1 + 4) / 18, 0.5])
+  got = profile.estimate([0, 1, 0], successes_G=[3, 1], trials_G=[8, 4])
+  np.testing.assert_allclose(got, [(1 + 4 + 3) / 26, (1 + 1) / 6, (1 + 4 + 3) / 26])
+
+
+def test_a_step_spends_n_a_problem_within_each_call_and_shard():
+  """allocation_blocks: 10 problems in calls of 4 (max 4 * 3 rollouts) on 2 shards:
+  blocks of 2, the last call's padding left out; each block spends 3 a problem."""
+  from isojax.rl import rollout  # pylint: disable=g-import-not-at-top
+  blocks = rollout.allocation_blocks(10, 3, 12, 2)
+  assert [b.tolist() for b in blocks] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+  p = np.array([0.0, 0.5, 0.9, 0.1, 0.5, 0.5, 1.0, 0.3, 0.05, 0.6])
+  for block in blocks:
+    sizes = ra.allocate(p[block], 3 * block.size, 2, 8)
+    assert sizes.sum() == 3 * block.size
+  # Two problems, one at p = 0 and one at 0.5: the one that can vary takes the rest.
+  np.testing.assert_array_equal(ra.allocate([0.0, 0.5], 6, 2, 8), [2, 4])

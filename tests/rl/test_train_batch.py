@@ -177,3 +177,43 @@ def test_forced_interruption_tokens_are_context_not_actions():
   np.testing.assert_array_equal(np.asarray(batch.response_mask), ~forced[rows])
   np.testing.assert_array_equal(np.asarray(batch.mask)[:, 2:], True)
   assert forced[rows].any()  # a kept row carries forced tokens
+
+
+def test_unequal_groups_batch_against_each_groups_own_reference():
+  """Per-problem allocation: groups of 4, 2, 4 and 2 rollouts; each row's advantage from
+  its own group's rewards, its own prompt before its tokens, the zero-variance flags per
+  group, and the `zero` overlong rule applied to the right rows."""
+  sizes = np.array([4, 2, 4, 2])  # B = 12 = 4 problems x n 3 on average
+  rewards_B = np.array([1, 0, 0, 1, 1, 1, 0, 1, 0, 0, 1, 1], np.float32)
+  finished_B = np.ones(12, bool)
+  finished_B[3] = False  # the last rollout of problem 0 is truncated: it earns 0
+  n_max, t, p = 6, 3, 2
+  valid = np.arange(n_max)[None] < sizes[:, None]
+  rewards_GN = np.zeros((4, n_max), np.float32)
+  rewards_GN[valid] = rewards_B
+  tokens = np.arange(12 * t).reshape(12, t) + 3
+  prompts = np.arange(4 * p).reshape(4, p).astype(np.int32) + 100  # one prompt per problem
+  scored = rollout.ScoredRollouts(
+      prompts_GP=prompts, prompt_mask_GP=np.ones((4, p), bool),
+      rollouts=sampler.Rollouts(tokens=jnp.asarray(tokens),
+                                logprobs=-jnp.arange(12 * t, dtype=jnp.float32).reshape(12, t),
+                                mask=jnp.ones((12, t), bool), finished=jnp.asarray(finished_B),
+                                forced=jnp.zeros((12, t), bool)),
+      rewards_GN=rewards_GN, completions=[""] * 12, group_sizes=sizes)
+  c = config_lib.base_config()
+  c.rollouts_per_problem, c.problems_per_batch, c.num_steps = 3, 4, 1
+  c.rl.update(allocation="per_problem", allocation_n_max=6, advantage="drgrpo",
+              overlong="zero")
+  rl = config_lib.settings(config_lib.resolve(c)).rl
+  batch, zero_var = _build(rl, scored, select_rng=jax.random.key(0))
+  shaped_B = np.where(finished_B, rewards_B, 0.0)
+  owner = np.repeat(np.arange(4), sizes)
+  expected_adv = np.concatenate([
+      shaped_B[owner == g] - shaped_B[owner == g].mean() for g in range(4)])
+  np.testing.assert_allclose(np.asarray(batch.advantages), expected_adv, atol=1e-6)
+  np.testing.assert_array_equal(batch.rewards, shaped_B)
+  # Problem 0 [1, 0, 0, 0] and 2 [0, 1, 0, 0] vary; 1 [1, 1] and 3 [1, 1] do not.
+  np.testing.assert_array_equal(zero_var, [False, True, False, True])
+  np.testing.assert_array_equal(np.asarray(batch.tokens)[:, :p], prompts[owner])
+  np.testing.assert_array_equal(np.asarray(batch.tokens)[:, p:], tokens)
+  assert batch.keep_pg.all()  # rl.zero_variance_filter = off

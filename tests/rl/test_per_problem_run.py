@@ -1,0 +1,60 @@
+"""A run with per-problem allocation: each step's split recomputed independently from the
+pass history the checkpoint holds, and the budget kept."""
+
+import importlib
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from isojax import run_dir, train
+from isojax.rl import sources
+
+
+def _pass_history(workdir, step):
+  """(successes, attempts) of every training problem in checkpoint `step`."""
+  ckpt = ocp.CheckpointManager(workdir / "checkpoints")
+  tree = ckpt.restore(step, args=ocp.args.Composite(counters=ocp.args.JsonRestore())).counters
+  ckpt.close()
+  return np.asarray(tree["pool"]["successes"]), np.asarray(tree["pool"]["attempts"])
+
+
+def _objective(p, n):
+  return sum(1 - pi ** ni - (1 - pi) ** ni for pi, ni in zip(p, n))
+
+
+def _best_splits(p, budget, n_min, n_max):
+  """Every split of `budget` among the problems within the bounds that maximises the
+  expected number of mixed groups (brute force)."""
+  splits = [np.array(n) for n in np.ndindex(*(n_max + 1,) * len(p))
+            if sum(n) == budget and min(n) >= n_min]
+  values = [_objective(p, n) for n in splits]
+  return [s for s, v in zip(splits, values) if v >= max(values) - 1e-12]
+
+
+@pytest.mark.slow("a 3-step run of the micro config")
+def test_each_steps_split_is_the_optimum_for_the_history_before_it(tmp_path):
+  config = importlib.import_module("isojax.configs.per_problem").get_config("micro")
+  config.num_steps, config.checkpoint_every, config.checkpoint_keep = 3, 1, 3
+  config.rl.allocation_n_max = 8  # 4 problems x 4 rollouts: splits of 16 in [2, 8]
+  config.task.num_train = 4  # every step the same 4 problems: their history decides
+  workdir = tmp_path / "run"
+  train.run(config, str(workdir))
+  logged = [r for r in run_dir.read_metrics(str(workdir)) if r["step"] > 0]
+  assert [r["rollouts"] for r in logged] == [16, 32, 48]
+  n, b_p, prior, uneven = 4, 4, 0.5, False
+  for step, record in enumerate(logged):
+    sizes = np.asarray(record["train/group_sizes"])
+    chosen = sources.problems_for_step(config.seed, step, config.task.num_train, b_p)
+    if step == 0:  # nothing seen yet: every estimate is the prior, an even split
+      p = np.full(b_p, prior)
+    else:  # the Beta posterior mean of the history after the steps before
+      successes, attempts = _pass_history(workdir, step)
+      p = (prior * 2.0 + successes[chosen]) / (2.0 + attempts[chosen])
+    assert sizes.sum() == b_p * n and sizes.min() >= 2 and sizes.max() <= 8
+    assert any(np.array_equal(sizes, best) for best in _best_splits(p, b_p * n, 2, 8)), (
+        step, sizes, p)
+    uneven = uneven or len(set(sizes.tolist())) > 1
+  assert uneven  # the history moved rollouts between problems
+  # The history holds every rollout of the run: 48 attempts in all.
+  assert _pass_history(workdir, 3)[1].sum() == 48
