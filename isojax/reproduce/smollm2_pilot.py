@@ -1,0 +1,87 @@
+"""The smollm2_pilot section: which candidate recipe of configs/pilot_smollm2.py stays stable
+on SmolLM2-135M-Instruct, so that the seeded study runs with it.
+
+The criterion, fixed before the runs: a candidate passes when on both of its seeds
+  1. it learns: the final `val/avg@4` exceeds the step-0 one by at least 2 standard
+     errors of the gain (paired over the validation problems, `runs.paired_gain`);
+  2. no evaluation has more than 10% of its responses cut at the token cap;
+  3. its length stays bounded: the mean training response length over the last 8
+     steps is at most 1.5 times that of the first step.
+The recipe is the largest learning rate that passes; none passing is reported as such.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from isojax import metrics, run_dir
+from isojax.reproduce import runs as runs_lib
+from isojax.reproduce import tables
+
+CONFIG = "configs/pilot_smollm2.py"
+SEEDS = ("0", "1")
+MIN_GAIN_SE = 2.0       # 1: the gain in paired standard errors
+MAX_CUT = 0.10          # 2: responses cut at the cap, at any evaluation
+MAX_LENGTH_GROWTH = 1.5  # 3: late training responses over the first step's
+LATE_STEPS = 8
+
+
+def criteria(summary: dict[str, Any], lines: list[dict]) -> dict[str, Any]:
+  """One run's three measures and whether each passes."""
+  cut = max(r[metrics.VAL_TRUNCATED] for r in lines if metrics.VAL_TRUNCATED in r)
+  lengths = [r[metrics.TRAIN_RESPONSE_LENGTH] for r in lines
+             if metrics.TRAIN_RESPONSE_LENGTH in r]
+  growth = float(np.mean(lengths[-LATE_STEPS:]) / lengths[0])
+  gain_se = summary["gain"] / summary["gain_se"] if summary["gain_se"] else 0.0
+  return dict(gain_se=gain_se, cut=cut, growth=growth,
+              passes=gain_se >= MIN_GAIN_SE and cut <= MAX_CUT and growth <= MAX_LENGTH_GROWTH)
+
+
+def chosen(results: dict[str, list[dict[str, Any]]], rates: dict[str, float]) -> str | None:
+  """The largest learning rate whose runs all pass (None: none does)."""
+  passing = [name for name, runs in results.items() if all(r["passes"] for r in runs)]
+  return max(passing, key=rates.__getitem__) if passing else None
+
+
+def run(inv: tables.Invocation, preset: str = "") -> str:
+  """smollm2_pilot.md; returns its path."""
+  from isojax.configs import pilot_smollm2  # pylint: disable=g-import-not-at-top
+  wall_s, results, rows = 0.0, {}, []
+  for name in pilot_smollm2.LEARNING_RATES:
+    results[name] = []
+    for seed in SEEDS:
+      workdir = os.path.join(inv.out, "smollm2_pilot", f"{name}_s{seed}")
+      config = f"{CONFIG}:{preset + ',' if preset else ''}{name}"
+      wall_s += runs_lib.run_main(inv, config, workdir, seed)
+      summary = runs_lib.summarize_run(workdir)
+      measured = criteria(summary, run_dir.read_metrics(workdir))
+      results[name].append(measured)
+      rows.append(_row(name, seed, summary, measured))
+  pick = chosen(results, pilot_smollm2.LEARNING_RATES)
+  verdict = (f"**{pick}** (optim.learning_rate = {pilot_smollm2.LEARNING_RATES[pick]:g}) "
+             "passes on both seeds and is the study's recipe." if pick else
+             "**No candidate passes on both seeds**: the next candidates add a KL term to "
+             "the base (`rl.kl_coef`).")
+  body = "\n".join([
+      f"`{CONFIG}`: SmolLM2-135M-Instruct on chain_sum, truncation scored 0, a warm-up of "
+      f"640 rollouts, responses up to {pilot_smollm2.MAX_NEW_TOKENS} tokens, B_p = 8 x "
+      "n = 8 for the config's steps, one learning rate per candidate, seeds "
+      f"{', '.join(SEEDS)}. A candidate passes when on both seeds the gain is at least "
+      f"{MIN_GAIN_SE:g} paired standard errors, no evaluation cuts more than "
+      f"{MAX_CUT:.0%} of its responses, and the last {LATE_STEPS} steps' mean response "
+      f"length is at most {MAX_LENGTH_GROWTH:g}x the first step's (fixed before the runs).",
+      "", "| candidate | seed | step-0 `val/avg@4` | final | gain / SE | most cut at an "
+      "evaluation | length growth | passes |", "|---|---|---|---|---|---|---|---|",
+      *rows, "", verdict, ""])
+  return tables.write(inv, "smollm2_pilot.md", "The SmolLM2 recipe pilot", wall_s, body)
+
+
+def _row(name: str, seed: str, summary: dict[str, Any], m: dict[str, Any]) -> str:
+  avg = metrics.val_avg(4)
+  return (f"| {name} | {seed} | {summary['initial'][avg]:.3f} | {summary['final'][avg]:.3f} | "
+          f"{m['gain_se']:.1f} | {m['cut']:.2f} | {m['growth']:.2f} | "
+          f"{'yes' if m['passes'] else 'no'} |")
+
