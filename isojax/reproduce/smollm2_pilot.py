@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from isojax import metrics, run_dir
+from isojax.configs import pilot_smollm2
 from isojax.reproduce import runs as runs_lib
 from isojax.reproduce import tables
 
@@ -48,7 +49,6 @@ def chosen(results: dict[str, list[dict[str, Any]]], rates: dict[str, float]) ->
 
 def run(inv: tables.Invocation, preset: str = "") -> str:
   """smollm2_pilot.md; returns its path."""
-  from isojax.configs import pilot_smollm2  # pylint: disable=g-import-not-at-top
   wall_s, results, rows = 0.0, {}, []
   for name in pilot_smollm2.LEARNING_RATES:
     results[name] = []
