@@ -30,10 +30,9 @@ def get_config(arg=None):
   config.rollouts_per_problem = 8
   config.problems_per_batch = 16
   config.num_steps = 100
-  config.rl.update(allocation="per_problem", allocation_n_min=2, allocation_n_max=32)
+  # allocation_n_max 0: 4 n (32 here), so a plan at another n keeps the same bounds.
+  config.rl.update(allocation="per_problem", allocation_n_min=2, allocation_n_max=0)
   config = config_lib.apply_preset(config, preset or None)
-  if preset == "micro":
-    config.rl.allocation_n_max = 4 * config.rollouts_per_problem
   if variant == "uniform":
     config.rl.allocation = "uniform"
   elif variant:

@@ -12,7 +12,7 @@ rollouts (the demo's 10 steps of 64, the same compute at every allocation of a s
 the base model's finished answers whole: the difficulty profile's 99th percentile of
 its lengths at a 256-token cap, rounded up to a multiple of 32), and a peak LR at
 B_ref = 128 (square-root rule) below the demo's 6e-5, one candidate each (the preset's
-variant, after the size preset: `:micro,lr1e-5`):
+variant, after the size preset: `:micro,lr1e-5`; none given: the first):
 
   lr1e-5   optim.learning_rate = 1e-5
   lr2e-5   optim.learning_rate = 2e-5
@@ -33,6 +33,7 @@ def get_config(arg=None):
   preset, _, variant = (arg or "").partition(",")
   if preset in LEARNING_RATES:
     preset, variant = variant, preset
+  variant = variant or next(iter(LEARNING_RATES))  # no variant: the first candidate
   if variant not in LEARNING_RATES:
     raise ValueError(f"configs/pilot_smollm2.py: variant {variant!r}; expected one of "
                      f"{', '.join(LEARNING_RATES)} (e.g. :lr2e-5 or :micro,lr2e-5)")
