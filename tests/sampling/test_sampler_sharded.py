@@ -127,6 +127,44 @@ def test_calls_of_max_rollouts_cover_every_problem_in_order(decode_slots, decode
   assert got.rewards_GN.shape == (5, 2)
 
 
+def test_unequal_groups_in_calls_of_max_rollouts_keep_each_problems_rollouts():
+  """5 problems with 3, 1, 2, 2 and 2 rollouts (n = 2 on average) in calls of at most 4
+  rollouts: calls of problems (0, 1), (2, 3) and (4, 4 padded with n = 2), each call's
+  group_B from its sizes; the padding's rollouts are dropped and the rewards padded to
+  n_max = 3 with 0."""
+  graphdef, params = _model()
+  problems = [tasks.Problem(prompt=f"q{i}", answer="0") for i in range(5)]
+  rng = np.random.default_rng(4)
+  book = prompts.PromptBook({p: tuple(rng.integers(3, 24, size=2 + i % 3)) for i, p in
+                             enumerate(problems)}, pad_id=0, max_len=16)
+  sampling = config_lib.base_config().sampling
+  sampling.update(max_new_tokens=6, temperature=1.0, max_rollouts_per_call=4)
+  sizes = np.array([3, 1, 2, 2, 2])
+  key = jax.random.key(9)
+  got = rollout.sample(graphdef, params, _Tokenizer(), book, problems,
+                       tasks.PerItemVerifier(lambda text, p: float(len(text) % 2)), n=2,
+                       rng=key, sampling=sampling, group_sizes=sizes, n_max=3).result()
+  tokens_GP, mask_GP = book.batch(problems)
+  expected = []
+  for call, (rows, call_sizes) in enumerate((([0, 1], (3, 1)), ([2, 3], (2, 2)),
+                                             ([4, 4], (2, 2)))):
+    out = sampler.sample(graphdef, params, tokens_GP[rows], mask_GP[rows],
+                         jax.random.fold_in(key, call) if call else key,
+                         sampler.SampleSpec(n=3, **SETTINGS),
+                         sampler.group_index(call_sizes, 3))
+    expected.append(np.asarray(out.tokens))
+  np.testing.assert_array_equal(got.rollouts.tokens, np.concatenate(expected)[:10])
+  np.testing.assert_array_equal(got.owner_B, [0, 0, 0, 1, 2, 2, 3, 3, 4, 4])
+  graded = [float(len(_Tokenizer().decode(row)) % 2) for row in got.rollouts.tokens]
+  np.testing.assert_array_equal(got.rewards_B, graded)
+  assert got.rewards_GN.shape == (5, 3) and got.rewards_GN[1, 1:].sum() == 0
+  with pytest.raises(ValueError, match="group sizes sum to 11 rollouts: expected 5 "
+                                       "problems x 2"):
+    rollout.sample(graphdef, params, _Tokenizer(), book, problems,
+                   tasks.PerItemVerifier(lambda text, p: 0.0), n=2, rng=key,
+                   sampling=sampling, group_sizes=np.array([3, 2, 2, 2, 2]), n_max=3)
+
+
 def test_bfloat16_sampling_weights_round_the_weights():
   """weights_dtype=bfloat16 samples greedily exactly what float32 does with weights
   rounded to bfloat16 beforehand."""
