@@ -297,3 +297,35 @@ def test_no_module_of_the_package_is_longer_than_a_reader_takes_in():
         long.append(f"{path}: {lines} lines")
   assert not long, (f"modules over {MAX_MODULE_LINES} lines (split them by job):\n"
                     + "\n".join(long))
+
+
+def _room_levels() -> dict[str, int]:
+  """Each room of isojax (subpackage or top-level module) and its layer: 0 for a room
+  that imports no other, else one above the highest room it imports."""
+  edges: dict[str, set[str]] = {}
+  for source, targets in _edges(import_graph()).items():
+    for target in targets:
+      if _package(source) != _package(target):
+        edges.setdefault(_package(source), set()).add(_package(target))
+  rooms = {_package(m) for m in _module_files() if m.startswith("isojax.")}
+  level: dict[str, int] = {}
+
+  def visit(room: str) -> int:
+    if room not in level:
+      level[room] = 1 + max((visit(t) for t in edges.get(room, ()) if t != "isojax"),
+                            default=-1)
+    return level[room]
+  return {room: visit(room) for room in sorted(rooms)}
+
+
+def test_the_architecture_page_lists_every_room_at_its_level():
+  """docs/architecture.md's table of rooms by layer is the import graph's."""
+  levels = _room_levels()
+  rows = [f"| {n} | " + ", ".join(f"`{r}`" for r in levels if levels[r] == n) + " |"
+          for n in sorted(set(levels.values()))]
+  expected = "\n".join(["| level | rooms |", "|---|---|", *rows])
+  with open(os.path.join(ROOT, "docs", "architecture.md")) as f:
+    page = f.read()
+  got = page.split("<!-- rooms:begin -->\n")[1].split("\n<!-- rooms:end -->")[0]
+  assert got == expected, "docs/architecture.md's rooms table is stale; it should read:\n" + (
+      expected)
