@@ -75,10 +75,15 @@ def test_the_per_problem_verdict_row_and_signal_shares():
   # Rollouts ratios 0.5, 0.6, 0.55: every seed cheaper, the interval below 1.
   rows = [dict(_row(s, (1000, 1.0), (r, 1.0)), signal=dict(baseline=0.4, candidate=0.7))
           for s, r in enumerate((500, 600, 550))]
-  text = per_problem.verdict_table(rows)
+  text = per_problem.verdict_row("arithmetic", rows, 0.95)
   value = np.exp(np.mean(np.log([0.5, 0.6, 0.55])))
-  assert f"{value:.2f}x" in text and "**yes**" in text
+  assert text.startswith("| arithmetic |") and f"{value:.2f}x" in text and "**yes**" in text
   assert "| 0.40, 0.40, 0.40 | 0.70, 0.70, 0.70 |" in text
+  # A wider interval at the Bonferroni level than at 90%.
+  wide = time_to_target.ratio_effect(rows, "rollouts", level=0.95)
+  narrow = time_to_target.ratio_effect(rows, "rollouts")
+  assert wide["lo"] <= narrow["lo"] and wide["hi"] >= narrow["hi"]
+  assert f"[{wide['lo']:.2f}, {wide['hi']:.2f}]" in text
 
 
 def test_the_smollm2_pilot_criterion_and_choice():

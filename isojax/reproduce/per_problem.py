@@ -1,19 +1,21 @@
-"""The per_problem section: per-problem rollout allocation (configs/per_problem.py)
-against the uniform allocation at the same budget (configs/per_problem.py:uniform).
+"""The per_problem section: per-problem rollout allocation against the uniform allocation
+at the same budget, on each testbed of `TESTBEDS`.
 
-Fixed before the runs: for each seed both arms run the config's steps (B_p = 16, 128
-rollouts a step); the target is each seed's uniform peak `val/avg@4`, and the statistic
-the rollouts the per-problem arm needs to first reach it over the uniform arm's, as a
-geometric mean over seeds with a 90% interval from a bootstrap over seeds
-(`isojax.tools.time_to_target.ratio_effect`); the verdict on "per-problem allocation
-reaches it with less compute" is yes when the interval lies below 1, no when wholly
-above, inconclusive otherwise. Beside it, each arm's share of groups with a learning
-signal (1 - `train/zero_variance_fraction`, averaged over steps), per seed. The uniform
-arm is n = 8 only, not the best uniform n of a sweep.
+Fixed before the runs: for each testbed and seed both arms run the testbed config's
+steps; the target is each seed's uniform peak `val/avg@4`, and the statistic the
+rollouts the per-problem arm needs to first reach it over the uniform arm's, as a
+geometric mean over seeds with an interval from a bootstrap over seeds
+(`isojax.tools.time_to_target.ratio_effect`) at the level 1 - 0.10 / (testbeds)
+(Bonferroni over the testbeds: one claim per testbed). The verdict on "per-problem
+allocation reaches it with less compute" is yes when the interval lies below 1, no when
+wholly above, inconclusive otherwise. Beside it, each arm's share of groups with a
+learning signal (1 - `train/zero_variance_fraction`, averaged over steps), per seed.
+The uniform arm is the testbed config's n only, not the best uniform n of a sweep.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Sequence
 
@@ -24,7 +26,27 @@ from isojax.reproduce import runs as runs_lib
 from isojax.reproduce import tables
 from isojax.tools import time_to_target
 
-CONFIG = "configs/per_problem.py"
+FAMILY_ALPHA = 0.10
+
+
+@dataclasses.dataclass(frozen=True)
+class Testbed:
+  name: str
+  description: str
+  baseline: str                        # the uniform arm's config
+  candidate: str                       # the per-problem arm's config
+  candidate_flags: tuple[str, ...] = ()
+
+
+TESTBEDS = (
+    Testbed("arithmetic", "2- and 3-digit additions (`configs/per_problem.py`): 16 problems "
+            "x 8 rollouts a step, 2 to 32 for one problem under per-problem allocation, 100 "
+            "steps", "configs/per_problem.py:uniform", "configs/per_problem.py"),
+    Testbed("recall", "the recall task (`configs/recall.py`): 512 keys whose base pass rates "
+            "are 2^-level, levels 1 to 8; 16 problems x 16 rollouts a step, 2 to 64 for "
+            "one key, 200 steps", "configs/recall.py", "configs/recall.py",
+            ("--config.rl.allocation=per_problem",)),
+)
 
 
 def signal_share(lines: list[dict]) -> float:
@@ -33,43 +55,60 @@ def signal_share(lines: list[dict]) -> float:
   return float(1.0 - np.mean(values))
 
 
-def run(inv: tables.Invocation, seeds: Sequence[str]) -> str:
-  """per_problem.md; returns its path."""
+def _rows(inv: tables.Invocation, bed: Testbed, seeds: Sequence[str]
+          ) -> tuple[list[dict], float]:
   wall_s, rows = 0.0, []
   for seed in seeds:
     runs = {}
-    for arm, config in (("baseline", f"{CONFIG}:uniform"), ("candidate", CONFIG)):
-      workdir = os.path.join(inv.out, "per_problem", f"{arm}_s{seed}")
-      wall_s += runs_lib.run_main(inv, config, workdir, seed)
+    for arm, config, flags in (("baseline", bed.baseline, ()),
+                               ("candidate", bed.candidate, bed.candidate_flags)):
+      workdir = os.path.join(inv.out, "per_problem", bed.name, f"{arm}_s{seed}")
+      wall_s += runs_lib.run_main(inv, config, workdir, seed, flags)
       runs[arm] = run_dir.read_metrics(workdir)
     rows.append(dict(seed=seed, signal={arm: signal_share(lines) for arm, lines in runs.items()},
                      **time_to_target.compare(runs["baseline"], runs["candidate"],
                                               metrics.val_avg(4))))
+  return rows, wall_s
+
+
+def run(inv: tables.Invocation, seeds: Sequence[str]) -> str:
+  """per_problem.md; returns its path."""
+  wall_s, parts, verdicts = 0.0, [], []
+  level = 1.0 - FAMILY_ALPHA / len(TESTBEDS)
+  for bed in TESTBEDS:
+    rows, seconds = _rows(inv, bed, seeds)
+    wall_s += seconds
+    parts += [f"**{bed.name}**: {bed.description}.", "",
+              time_to_target.markdown_table(rows, metrics.val_avg(4)), ""]
+    verdicts.append(verdict_row(bed.name, rows, level))
   body = "\n".join([
-      "Per-problem allocation (`configs/per_problem.py`: each step's 16 x 8 = 128 rollouts "
-      "split among its 16 problems by their estimated pass rates, 2 to 32 each) against "
-      "the uniform allocation at the same budget (`configs/per_problem.py:uniform`: 8 "
-      "each), on 2- and 3-digit additions, the config's 100 steps, one run per seed and "
-      "arm. The target is each seed's uniform peak `val/avg@4`; the cells give where each "
-      "run first reached it. The uniform arm is n = 8 only, not the best uniform n of a "
-      "sweep.", "",
-      time_to_target.markdown_table(rows, metrics.val_avg(4)), "", verdict_table(rows), ""])
+      "Per-problem allocation (`rl.allocation=per_problem`: each step's B_p x n rollouts "
+      "split among its problems by their estimated pass rates) against the uniform "
+      "allocation at the same budget (n for every problem), one run per seed and arm. "
+      "The target is each seed's uniform peak `val/avg@4`; the cells give where each run "
+      "first reached it. The uniform arm is the testbed's n only, not the best uniform n "
+      "of a sweep.", "", *parts,
+      f"One claim per testbed; the intervals are at {level:.0%} (Bonferroni over the "
+      f"{len(TESTBEDS)} testbeds at {FAMILY_ALPHA:.2f}).", "",
+      VERDICT_HEADER, *verdicts, ""])
   return tables.write(inv, "per_problem.md", "Per-problem allocation against uniform",
                       wall_s, body)
 
 
-def verdict_table(rows) -> str:
+VERDICT_HEADER = (
+    "| testbed | claim | per-problem / uniform rollouts to the uniform peak, geometric mean "
+    "over seeds [interval] | verdict | groups with a signal, per seed: uniform | "
+    "per-problem |\n|---|---|---|---|---|---|")
+
+
+def verdict_row(name: str, rows, level: float) -> str:
   """The claim on the seeds' rollouts ratio, and each arm's share of groups with a signal."""
-  effect = time_to_target.ratio_effect(rows, run_dir.ROLLOUTS)
+  effect = time_to_target.ratio_effect(rows, run_dir.ROLLOUTS, level=level)
   censored = (f"; seed(s) {', '.join(map(str, effect['censored']))}: per-problem never "
               "reached the target, counted at the run's end (a lower bound)"
               if effect["censored"] else "")
   share = lambda arm: ", ".join(f"{r['signal'][arm]:.2f}" for r in rows)
-  return "\n".join([
-      "| claim | per-problem / uniform rollouts to the uniform peak, geometric mean over "
-      "seeds [90% CI] | verdict | groups with a signal, per seed: uniform | per-problem |",
-      "|---|---|---|---|---|",
-      f"| per-problem allocation reaches the uniform peak with less compute | "
-      f"{effect['value']:.2f}x [{effect['lo']:.2f}, {effect['hi']:.2f}]{censored} | "
-      f"**{time_to_target.speedup_verdict(effect, 1.0)}** | {share('baseline')} | "
-      f"{share('candidate')} |"])
+  return (f"| {name} | per-problem allocation reaches the uniform peak with less compute | "
+          f"{effect['value']:.2f}x [{effect['lo']:.2f}, {effect['hi']:.2f}]{censored} | "
+          f"**{time_to_target.speedup_verdict(effect, 1.0)}** | {share('baseline')} | "
+          f"{share('candidate')} |")

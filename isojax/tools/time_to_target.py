@@ -53,11 +53,11 @@ def _phase_seconds(baseline: list[dict], candidate: list[dict]) -> dict[str, flo
 
 
 def ratio_effect(rows: Sequence[dict], key: str, *, resamples: int = 2000,
-                 seed: int = 0) -> dict[str, Any]:
+                 seed: int = 0, level: float = bootstrap.DEFAULT_LEVEL) -> dict[str, Any]:
   """The candidate's `key` (rollouts or wall_s) to reach the target over the baseline's,
-  across seeds: the geometric mean of the per-seed ratios and its 90% interval from a
-  bootstrap over seeds (log ratios drawn with replacement and moved from their mean by
-  `bootstrap.seed_scale(k)`, as the study's bootstrap does). A seed whose candidate never
+  across seeds: the geometric mean of the per-seed ratios and its `level` (90%) interval
+  from a bootstrap over seeds (log ratios drawn with replacement and moved from their
+  mean by `bootstrap.seed_scale(k)`, as the study's bootstrap does). A seed whose candidate never
   reached the target counts with its run's end (a lower bound on its ratio) and is
   listed in `censored`."""
   log_r, censored = [], []
@@ -76,7 +76,7 @@ def ratio_effect(rows: Sequence[dict], key: str, *, resamples: int = 2000,
   mean = log_r.mean()
   picks = rng.integers(0, k, (resamples, k))
   means = mean + bootstrap.seed_scale(k) * (log_r[picks].mean(axis=1) - mean)
-  tail = 50.0 * (1.0 - bootstrap.DEFAULT_LEVEL)
+  tail = 50.0 * (1.0 - level)
   lo, hi = np.exp(np.percentile(means, [tail, 100.0 - tail]))
   return dict(value=value, lo=float(lo), hi=float(hi), seeds=k, censored=censored)
 
