@@ -18,6 +18,8 @@ seeds where an allocation has several), and returns them as effects
   decoupled_baseline  plain n_train, plain n_estimate, and the decoupled baseline
                       (estimate from n_estimate rollouts, train on n_train)
   algorithms          the iso-compute statistics per variant (CISPO, PODS, ...)
+  per_problem         the compute per-problem allocation needs to reach the uniform
+                      frontier's best value, over the uniform's (`time_to_value`)
 
 "Final" values average the last `TAIL` evaluations of a run (one evaluation is as
 noisy as the validation set is small).
@@ -39,9 +41,10 @@ from isojax.planner import findings
 from isojax.planner import n_star
 from isojax.planner import records
 from isojax.planner import sigmoid_fit
+from isojax.planner import time_to_value
 
 KINDS = ("iso_compute", "fixed_batch", "problems_per_batch", "problem_set_size",
-         "decoupled_baseline", "algorithms")
+         "decoupled_baseline", "algorithms", "per_problem")
 DECOUPLED_VARIANTS = ("plain_train", "plain_estimate", "decoupled")
 EXPERIMENT_FILE = findings.EXPERIMENT_FILE
 TAIL = 2
@@ -311,6 +314,9 @@ def analyze_experiment(runs_dir: str, kind: str, variants: Sequence[str] = (), *
   """The kind's effects (with bootstrap intervals) of the runs under `runs_dir`."""
   if kind not in KINDS:
     raise analysis.AnalysisError(f"kind={kind!r}: expected one of {', '.join(KINDS)}")
+  if kind == "per_problem" and set(variants) != set(time_to_value.VARIANTS):
+    raise analysis.AnalysisError(f"kind=per_problem needs the variants "
+                                 f"{', '.join(time_to_value.VARIANTS)}; got {list(variants)}")
   if kind == "decoupled_baseline" and set(variants) != set(DECOUPLED_VARIANTS):
     raise analysis.AnalysisError(f"kind=decoupled_baseline needs the variants "
                                  f"{', '.join(DECOUPLED_VARIANTS)}; got {list(variants)}")
@@ -335,6 +341,10 @@ def analyze_experiment(runs_dir: str, kind: str, variants: Sequence[str] = (), *
   elif kind == "decoupled_baseline":
     def statistic(g):
       return decoupled_stats(g, metric=metric)
+  elif kind == "per_problem":
+    def statistic(g):
+      return time_to_value.per_problem_stats(g[_key("uniform", metric)],
+                                             g[_key("per_problem", metric)], tail=TAIL)
   else:
     def statistic(g):
       return algorithms_stats(g, metric=metric, variants=list(variants))

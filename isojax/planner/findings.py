@@ -196,6 +196,17 @@ def raw_table(experiments: Mapping[str, Mapping[str, Any]], *,
         for row in _rows_iso(name, exp, prefix=f"_{variant}", finding="8"):
           rows.append(dataclasses.replace(row, sweep=f"{name}/{variant}"))
   rows += _rows_extrapolation(experiments, num_resamples=num_resamples, seed=seed)
+  for name, exp in experiments.items():
+    if exp["kind"] == "per_problem":
+      v = exp["effects"]
+      rows.append(sign_row("10", name, "log2 of the rollouts per-problem allocation needs to "
+                            "reach the uniform frontier's best final value, over the "
+                            "uniform allocations'", v["log2_compute_ratio"], expected=-1,
+                            seeds=_seeds(exp), note=(
+                                f"target {_number(v['uniform_best']['value'])}; per-problem "
+                                f"best {_number(v['per_problem_best']['value'])}" + (
+                                    "" if v["reached"]["value"] else
+                                    "; never reached: its largest compute stands in"))))
   order = list(CLAIMS)
   return sorted(rows, key=lambda r: order.index(r.finding))
 

@@ -10,7 +10,7 @@ import ml_collections
 from ml_collections.config_flags import config_flags
 
 from isojax import config_lib, configs, eval_settings, storage
-from isojax.planner import experiments
+from isojax.planner import experiments, time_to_value
 from isojax.sweeps.layout import CACHE_DIR
 
 _REQUIRED = ("name", "base_config", "overrides", "budget_rollouts", "problems_range",
@@ -94,6 +94,10 @@ def check_sweep_config(sweep: ml_collections.ConfigDict) -> None:
       experiments.DECOUPLED_VARIANTS):
     raise SweepError(f"kind=decoupled_baseline: expected the variants "
                      f"{', '.join(experiments.DECOUPLED_VARIANTS)}, got "
+                     f"{', '.join(sweep.variants) or 'none'}")
+  if sweep.kind == "per_problem" and set(sweep.variants) != set(time_to_value.VARIANTS):
+    raise SweepError(f"kind=per_problem: expected the variants "
+                     f"{', '.join(time_to_value.VARIANTS)}, got "
                      f"{', '.join(sweep.variants) or 'none'}")
   if sweep.kind in ("problem_set_size", "algorithms") and len(sweep.variants) < 2:
     raise SweepError(f"kind={sweep.kind}: expected at least two variants")
