@@ -105,3 +105,11 @@ def test_the_smollm2_pilot_criterion_and_choice():
   assert smollm2_pilot.chosen({"lr1e-5": [ok, ok], "lr2e-5": [ok, ok]}, rates) == "lr2e-5"
   assert smollm2_pilot.chosen({"lr1e-5": [ok, ok], "lr2e-5": [ok, bad]}, rates) == "lr1e-5"
   assert smollm2_pilot.chosen({"lr1e-5": [bad, ok], "lr2e-5": [ok, bad]}, rates) is None
+
+
+def test_the_pilots_token_cap_rule():
+  """The 99th percentile of the base's lengths, rounded up to a multiple of 32."""
+  from isojax.reproduce import smollm2_pilot
+  assert smollm2_pilot.cap_rule(np.arange(1, 101)) == 128  # p99 = 99.01
+  assert smollm2_pilot.cap_rule(np.full(50, 12)) == 32
+  assert smollm2_pilot.cap_rule(np.full(50, 64)) == 64

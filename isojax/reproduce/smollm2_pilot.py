@@ -8,19 +8,29 @@ The criterion, fixed before the runs: a candidate passes when on both of its see
   3. its length stays bounded: the mean training response length over the last 8
      steps is at most 1.5 times that of the first step.
 The recipe is the largest learning rate that passes; none passing is reported as such.
+
+Before the runs, the token cap's rule: `launch.profile` samples the base model at a
+256-token cap (`LENGTH_PROFILE`), and the cap is the 99th percentile of every sample's
+length, rounded up to a multiple of 32; the section stops, naming both, when
+configs/pilot_smollm2.py's `MAX_NEW_TOKENS` is not that.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import subprocess
+import sys
+import time
 from typing import Any
 
 import numpy as np
 
-from isojax import metrics, run_dir
+from isojax import metrics, run_dir, storage
 from isojax.configs import pilot_smollm2
 from isojax.reproduce import runs as runs_lib
 from isojax.reproduce import tables
+from isojax.tasks import splits
 
 CONFIG = "configs/pilot_smollm2.py"
 SEEDS = ("0", "1")
@@ -28,6 +38,32 @@ MIN_GAIN_SE = 2.0       # 1: the gain in paired standard errors
 MAX_CUT = 0.10          # 2: responses cut at the cap, at any evaluation
 MAX_LENGTH_GROWTH = 1.5  # 3: late training responses over the first step's
 LATE_STEPS = 8
+# The base model's lengths at a generous cap (continuous batching: the long tail of a
+# few rambling samples does not hold up the rest).
+LENGTH_PROFILE = ("--config=configs/smollm2.py", "--config.sampling.max_new_tokens=256",
+                  "--config.sampling.decode_slots=64", "--pool_size=64",
+                  "--val_pool_size=32", "--num_samples=16", "--num_train=8", "--num_val=4",
+                  "--splits=easy,hard")
+CAP_PERCENTILE, CAP_MULTIPLE = 99.0, 32
+
+
+def cap_rule(lengths) -> int:
+  """The cap that leaves the base's answers whole: the 99th percentile of its lengths,
+  rounded up to a multiple of 32."""
+  return CAP_MULTIPLE * math.ceil(float(np.percentile(lengths, CAP_PERCENTILE))
+                                  / CAP_MULTIPLE)
+
+
+def length_profile(inv: tables.Invocation) -> tuple[str, int, float]:
+  """`launch.profile` at the 256-token cap (reused when done): its pool table, the
+  cap the rule gives, and the seconds it took."""
+  out = os.path.join(inv.out, "smollm2_pilot", "length_profile")
+  start = time.time()
+  subprocess.run([sys.executable, "-m", "launch.profile", f"--out={out}", *LENGTH_PROFILE],
+                 cwd=inv.repo, check=True, stdout=subprocess.DEVNULL)
+  rows = storage.read_json(os.path.join(out, splits.PROFILE_FILE))
+  lengths = np.concatenate([r["lengths"] for r in rows["train"] + rows["val"]])
+  return splits.pool_table(out), cap_rule(lengths), time.time() - start
 
 
 def criteria(summary: dict[str, Any], lines: list[dict]) -> dict[str, Any]:
@@ -49,7 +85,12 @@ def chosen(results: dict[str, list[dict[str, Any]]], rates: dict[str, float]) ->
 
 def run(inv: tables.Invocation, preset: str = "") -> str:
   """smollm2_pilot.md; returns its path."""
-  wall_s, results, rows = 0.0, {}, []
+  table, cap, wall_s = length_profile(inv)
+  if cap != pilot_smollm2.MAX_NEW_TOKENS:
+    raise ValueError(f"the length profile's rule gives a {cap}-token cap; "
+                     f"configs/pilot_smollm2.py has MAX_NEW_TOKENS="
+                     f"{pilot_smollm2.MAX_NEW_TOKENS}: set it to {cap}")
+  results, rows = {}, []
   for name in pilot_smollm2.LEARNING_RATES:
     results[name] = []
     for seed in SEEDS:
@@ -66,6 +107,11 @@ def run(inv: tables.Invocation, preset: str = "") -> str:
              "**No candidate passes on both seeds**: the next candidates add a KL term to "
              "the base (`rl.kl_coef`).")
   body = "\n".join([
+      "The base model's lengths (`launch.profile` at a 256-token cap, "
+      f"{' '.join(LENGTH_PROFILE)}): per difficulty, tokens at the median, 90th "
+      "percentile and longest, and the fraction cut at 256. The cap is the 99th "
+      f"percentile of every sample's length rounded up to a multiple of 32: {cap}.", "",
+      "```", table, "```", "",
       f"`{CONFIG}`: SmolLM2-135M-Instruct on chain_sum, truncation scored 0, a warm-up of "
       f"640 rollouts, responses up to {pilot_smollm2.MAX_NEW_TOKENS} tokens, B_p = 8 x "
       "n = 8 for the config's steps, one learning rate per candidate, seeds "
