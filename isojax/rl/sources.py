@@ -103,7 +103,11 @@ class Problems:
     if not self.rl.per_problem:
       return None
     n_min, n_max = self.rl.group_bounds(self.n)
-    p_G = self.profile.estimate(chosen, self.pool.successes_G, self.pool.attempts_G)
+    profile = self.profile or rollout_allocation.Profile.of(
+        [p.prompt for p in self.train_problems], {}, 0, self.rl.allocation_prior_mean,
+        self.rl.allocation_prior_strength)  # nothing profiled: the prior alone
+    history = self.pool or problem_pool.ProblemPool(len(self.train_problems), threshold=0.0)
+    p_G = profile.estimate(chosen, history.successes_G, history.attempts_G)
     sizes = np.zeros(len(chosen), np.int64)
     shards = sharding.batch_shards(rollout.params_mesh(params))
     for block in rollout.allocation_blocks(len(chosen), self.n,

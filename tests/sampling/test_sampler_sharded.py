@@ -94,6 +94,15 @@ class _Tokenizer:
     return " ".join(map(str, ids))
 
 
+def _five_problems():
+  """Five problems and their prompts of 2 to 4 random tokens."""
+  problems = [tasks.Problem(prompt=f"q{i}", answer="0") for i in range(5)]
+  rng = np.random.default_rng(4)
+  book = prompts.PromptBook({p: tuple(rng.integers(3, 24, size=2 + i % 3)) for i, p in
+                             enumerate(problems)}, pad_id=0, max_len=16)
+  return problems, book
+
+
 @pytest.mark.parametrize("decode_slots, decode_slots_min", [(0, 0)] + [
     pytest.param(*slots, marks=pytest.mark.slow("one compiled sampler per slot setting"))
     for slots in ((3, 0), (4, 2))])
@@ -104,10 +113,7 @@ def test_calls_of_max_rollouts_cover_every_problem_in_order(decode_slots, decode
   sampling.decode_slots, each call decodes in that many continuous-batching slots (halved
   down to sampling.decode_slots_min)."""
   graphdef, params = _model()
-  problems = [tasks.Problem(prompt=f"q{i}", answer="0") for i in range(5)]
-  rng = np.random.default_rng(4)
-  book = prompts.PromptBook({p: tuple(rng.integers(3, 24, size=2 + i % 3)) for i, p in
-                             enumerate(problems)}, pad_id=0, max_len=16)
+  problems, book = _five_problems()
   sampling = config_lib.base_config().sampling
   sampling.update(max_new_tokens=6, temperature=1.0, max_rollouts_per_call=4,
                   decode_slots=decode_slots, decode_slots_min=decode_slots_min)
@@ -133,10 +139,7 @@ def test_unequal_groups_in_calls_of_max_rollouts_keep_each_problems_rollouts():
   group_B from its sizes; the padding's rollouts are dropped and the rewards padded to
   n_max = 3 with 0."""
   graphdef, params = _model()
-  problems = [tasks.Problem(prompt=f"q{i}", answer="0") for i in range(5)]
-  rng = np.random.default_rng(4)
-  book = prompts.PromptBook({p: tuple(rng.integers(3, 24, size=2 + i % 3)) for i, p in
-                             enumerate(problems)}, pad_id=0, max_len=16)
+  problems, book = _five_problems()
   sampling = config_lib.base_config().sampling
   sampling.update(max_new_tokens=6, temperature=1.0, max_rollouts_per_call=4)
   sizes = np.array([3, 1, 2, 2, 2])
