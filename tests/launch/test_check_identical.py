@@ -23,7 +23,8 @@ def test_every_shipped_config_is_run_at_micro_or_skipped_with_a_reason():
   assert sorted(micro + [s.name for s in skipped]) == files
   assert all(s.reason for s in skipped)
   assert {"hard.py", "ppo.py", "lora.py", "scalerl.py"} <= set(micro)
-  assert {s.name for s in skipped} >= {"smollm2.py", "from_json.py", "sweep_hard.py"}
+  assert {s.name for s in skipped} >= {"smollm2.py", "pilot_smollm2.py", "from_json.py",
+                                       "sweep_hard.py"}
   (default,) = [r for r in runs if not r.config.endswith(":micro")]
   assert (default.config, default.flags) == ("configs/hard.py", ("--config.num_steps=20",))
   assert default.argv("/w")[1:] == ["-m", "isojax.main", "--config=configs/hard.py",
