@@ -33,9 +33,10 @@ HISTOGRAMS = (TRAIN_PASS1_HISTOGRAM,)
 # histograms, and too long for a log line.
 VAL_CORRECT_COUNTS = "val/correct_counts"          # one per validation problem
 TRAIN_PASS1_COUNTS = "train/pass@1_counts"         # behind TRAIN_PASS1_HISTOGRAM
-TRAIN_GROUP_SIZES = "train/group_sizes"           # rollouts of each of the step's problems
-                                                   # (rl.allocation='per_problem')
-PER_PROBLEM_COUNTS = (VAL_CORRECT_COUNTS, TRAIN_PASS1_COUNTS, TRAIN_GROUP_SIZES)
+PER_PROBLEM_COUNTS = (VAL_CORRECT_COUNTS, TRAIN_PASS1_COUNTS)
+# Rollouts of each of the step's problems (rl.allocation='per_problem'): a list, kept in
+# metrics.jsonl only.
+TRAIN_GROUP_SIZES = "train/group_sizes"
 TRAIN_ACTIVE_PROBLEMS = "train/active_problems"    # after No-Positive-Resampling
 TRAIN_TRUNCATED = "train/truncated_fraction"       # rollouts that hit max_new_tokens
 TRAIN_INTERRUPTED = "train/interrupted_fraction"   # rollouts given the interruption text

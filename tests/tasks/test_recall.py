@@ -125,7 +125,7 @@ def test_isojax_sampler_draws_the_constructed_pass_rates():
   problems = recall.all_problems(s.task)
   options = profiling.Options(out_dir="", num_samples=64, chunk_rollouts=8192)
   sampler = profiling._Sampler(s, problems, options)  # pylint: disable=protected-access
-  correct = sampler.correct(problems, 64, 8192, jax.random.key(0))
+  correct = sampler.sample(problems, 64, 8192, jax.random.key(0)).correct_G
   levels = np.array([p.difficulty for p in problems])
   for level in range(1, 9):
     draws = 64 * int((levels == level).sum())
