@@ -68,12 +68,7 @@ class ScoredRollouts:
 
   def as_groups(self, values_B: np.ndarray) -> np.ndarray:
     """[G, N] from per-rollout [B] values (unequal groups: 0 on the padding)."""
-    values_B = np.asarray(values_B)
-    if self.group_sizes is None:
-      return values_B.reshape(self.rewards_GN.shape)
-    out = np.zeros(self.rewards_GN.shape, values_B.dtype)
-    out[self.valid_GN] = values_B
-    return out
+    return as_groups(values_B, *self.rewards_GN.shape, self.group_sizes)
 
   @property
   def prompt_len(self) -> int:
@@ -105,12 +100,8 @@ class Pending:
     completions, grades, timings = self.graded.result()
     g = self.prompts_GP.shape[0]
     timings = dict(timings, sample_s=self.sample_s, grade_wait_s=time.perf_counter() - start)
-    rewards_B = np.asarray(grades.rewards, np.float32)
-    if self.group_sizes is None:
-      rewards_GN = rewards_B.reshape(g, self.n)
-    else:
-      rewards_GN = np.zeros((g, self.n), np.float32)
-      rewards_GN[groups_mask(self.group_sizes, self.n)] = rewards_B
+    rewards_GN = as_groups(np.asarray(grades.rewards, np.float32), g, self.n,
+                           self.group_sizes)
     return ScoredRollouts(self.prompts_GP, self.prompt_mask_GP, self.rollouts, rewards_GN,
                           completions, grades.timeouts, grades.errors, timings,
                           self.versions_B2, self.group_sizes)
@@ -119,6 +110,18 @@ class Pending:
 def groups_mask(sizes_G: np.ndarray, n: int) -> np.ndarray:
   """[G, n] bool: entry j of group g is a real rollout (j < sizes_G[g])."""
   return np.arange(n)[None, :] < np.asarray(sizes_G)[:, None]
+
+
+def as_groups(values_B: np.ndarray, g: int, n: int, sizes_G: np.ndarray | None
+              ) -> np.ndarray:
+  """[G, n] from per-rollout [B] values in rollout order: n each (sizes None), or
+  `sizes_G[g]` each, padded with 0."""
+  values_B = np.asarray(values_B)
+  if sizes_G is None:
+    return values_B.reshape(g, n)
+  out = np.zeros((g, n), values_B.dtype)
+  out[groups_mask(sizes_G, n)] = values_B
+  return out
 
 
 # One host thread decodes and grades, in submission order, beside the device work.
