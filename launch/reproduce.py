@@ -21,9 +21,10 @@ Sections (runs go under --out and are reused: rerunning the command resumes it):
          (`rl.max_staleness`, PipelineRL-k and PPO-off-policy-k) for each seed: final
          `val/avg@4`, gain, staleness, what the update waited for its rollouts, wall
          time -> off_policy.md and img/off_policy.png.
-  algorithms  configs/ppo.py and configs/dapo.py for each of --seeds (as the demos),
-         and the RQ4 sweep (configs/sweep_algorithms.py: CISPO, PODS, PPO) through
-         `launch.study` at --study_budget rollouts -> algorithms.md.
+  algorithms  configs/ppo.py, configs/dapo.py and configs/lora.py for each of --seeds
+         (as the demos), and the RQ4 sweep (configs/sweep_algorithms.py: CISPO, PODS,
+         PPO), one of the study's sweeps, through `launch.study` in the study section's
+         directory at --study_budget rollouts (run once for both) -> algorithms.md.
   study  `launch.study` (profile, every sweep of the paper, analyses, findings) at
          --study_budget rollouts per sweep, the easy and hard sweeps (the primary claims)
          with every allocation once per --seeds -> study.md (the findings table) and the

@@ -11,6 +11,7 @@ over problems of each problem's own change, divided by sqrt(problems).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -138,14 +139,58 @@ def launch_study(inv: tables.Invocation, study_dir: str, budget: int,
     return f.read(), wall_s
 
 
-def study_images(study_dir: str, results: str, prefix: str) -> list[str]:
-  """Each sweep's metric-vs-compute plot copied into results/img; their Markdown links."""
+def study_dir(inv: tables.Invocation, budget: int) -> str:
+  """Where the study section runs `launch.study` at `budget`; the algorithms section
+  reads its RQ4 sweep from there rather than running the same sweep again."""
+  return os.path.join(inv.out, f"study_C{budget}")
+
+
+def findings_of(findings: str, sweep: str) -> str:
+  """`findings` (launch.study's findings.md) with only the table rows of `sweep` (its
+  own rows and those of its variants, `sweep/...`); a later section left without rows
+  is dropped, heading and prose with it."""
+  def keep(cells: list[str], column: int) -> bool:
+    name = cells[column].strip()
+    return column < 0 or name == sweep or name.startswith(sweep + "/")
+
+  kept = []
+  for i, section in enumerate(re.split(r"\n(?=## )", findings.strip())):
+    lines, column, rows, has_table = [], None, 0, False
+    for line in section.splitlines():
+      if not line.startswith("|"):
+        column = None if not line.strip() else column
+        lines.append(line)
+        continue
+      cells = line.split("|")[1:-1]
+      if column is None:                         # a table's header row
+        names = [c.strip() for c in cells]
+        column, has_table = (names.index("sweep") if "sweep" in names else -1), True
+        lines.append(line)
+      elif set(line) <= set("|-: "):             # its separator row
+        lines.append(line)
+      elif keep(cells, column):
+        lines.append(line)
+        rows += 1
+    if i == 0 or rows or not has_table:
+      kept.append("\n".join(lines))
+  return "\n\n".join(kept) + "\n"
+
+
+def study_images(study_dir: str, results: str, prefix: str, only: str = "") -> list[str]:
+  """Each sweep's metric-vs-compute plot (a sweep with variants has one per variant)
+  copied into results/img, or only those of sweep `only`; their Markdown links."""
   images = []
   for name in sorted(os.listdir(study_dir)):
-    png = os.path.join(study_dir, name, "metric_vs_compute.png")
-    if os.path.isfile(png):
-      target = os.path.join(results, "img", f"{prefix}_{name}_metric_vs_compute.png")
-      os.makedirs(os.path.dirname(target), exist_ok=True)
-      shutil.copyfile(png, target)
-      images.append(f"![{name}](img/{os.path.basename(target)})")
+    if only and name != only:
+      continue
+    sweep = os.path.join(study_dir, name)
+    variants = sorted(os.listdir(sweep)) if os.path.isdir(sweep) else []
+    for part in ["", *variants]:
+      png = os.path.join(sweep, part, "metric_vs_compute.png")
+      if os.path.isfile(png):
+        label = f"{name}_{part}" if part else name
+        target = os.path.join(results, "img", f"{prefix}_{label}_metric_vs_compute.png")
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(png, target)
+        images.append(f"![{label}](img/{os.path.basename(target)})")
   return images

@@ -7,7 +7,6 @@ indicative (docs/study.md, "How a claim is decided")."""
 
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
 from isojax.reproduce import runs as runs_lib
@@ -24,7 +23,7 @@ def run(inv: tables.Invocation, budget: int, seeds: Sequence[str]) -> str:
   """study.md and the study's plots in img/ (`seeds`: the primary sweeps' replicate
   seeds); returns the table's path. The table is written once the primary sweeps are
   done (their verdicts do not wait for the rest) and again with every sweep."""
-  study_dir = os.path.join(inv.out, f"study_C{budget}")
+  study_dir = runs_lib.study_dir(inv, budget)
   findings, wall_s = runs_lib.launch_study(inv, study_dir, budget, PRIMARY,
                                            [f"--seeds={','.join(seeds)}"])
   _write(inv, study_dir, budget, seeds, findings, wall_s, done=False)

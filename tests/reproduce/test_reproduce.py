@@ -278,3 +278,74 @@ def test_a_study_that_exits_0_without_a_new_summary_was_stopped(tmp_path, monkey
     return subprocess.CompletedProcess(a, 0)
   monkeypatch.setattr(runs_lib.subprocess, "run", finished)
   assert runs_lib.launch_study(inv, str(study_dir), 64)[0] == "stale\n"
+
+
+FINDINGS = """# Findings of study_C64
+
+Legend.
+
+| # | the paper's claim | sweep | measured | verdict |
+|---|---|---|---|---|
+| 1 | n*(C) grows | easy | doublings | **no** |
+| 8 | other algorithms | algorithms/cispo | doublings | **indicative** |
+| 8 | other algorithms | algorithms_extra | doublings | **indicative** |
+| 9 | predicted | all | median | **inconclusive** |
+
+## What the verdicts rest on
+
+Prose.
+
+| # | what is tested | sweep | verdict |
+|---|---|---|---|
+| K | one ceiling | hard | **no** |
+
+## Seed spread
+
+| sweep | B_p | n |
+|---|---|---|
+| algorithms/ppo | 16 | 2 |
+| easy | 8 | 2 |
+"""
+
+
+def test_the_algorithms_section_reads_its_rows_from_the_study(tmp_path, monkeypatch):
+  """The RQ4 sweep runs once, in the study's directory; the algorithms table keeps the
+  rows of that sweep's variants only (not a sweep whose name merely starts alike) and
+  drops a section left without rows."""
+  text = runs_lib.findings_of(FINDINGS, "algorithms")
+  rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line
+          and not line.startswith(("| # ", "| sweep "))]
+  assert rows == ["| 8 | other algorithms | algorithms/cispo | doublings | **indicative** |",
+                  "| algorithms/ppo | 16 | 2 |"]
+  assert "Legend." in text and "What the verdicts rest on" not in text and "Prose." not in text
+  assert "## Seed spread" in text
+
+  from isojax.reproduce import algorithms
+  calls = []
+
+  def fake_launch(inv, study_dir, budget, sweeps, flags=()):
+    calls.append((study_dir, tuple(sweeps)))
+    for part in ("cispo", "ppo"):
+      os.makedirs(os.path.join(study_dir, "algorithms", part))
+      with open(os.path.join(study_dir, "algorithms", part, "metric_vs_compute.png"), "w") as f:
+        f.write(part)
+    os.makedirs(os.path.join(study_dir, "easy"))
+    open(os.path.join(study_dir, "easy", "metric_vs_compute.png"), "w").close()
+    return FINDINGS, 5.0
+
+  monkeypatch.setattr(runs_lib, "launch_study", fake_launch)
+  monkeypatch.setattr(runs_lib, "run_presets", lambda *a: (1.0, {}))
+  monkeypatch.setattr(demos, "table", lambda runs: "presets")
+  monkeypatch.setattr(tables, "environment", lambda repo: dict(
+      commit="abc", dirty=False, cpu="c", cpus=2, host_isa="x", isa="x", accelerator="none",
+      jax="0", python="3", date="d"))
+  inv = tables.Invocation(out=str(tmp_path / "runs"), results=str(tmp_path), repo=ROOT,
+                          command="python -m launch.reproduce")
+  algorithms.run(inv, ["0"], 64)
+  assert calls == [(str(tmp_path / "runs" / "study_C64"), ("configs/sweep_algorithms.py",))]
+  table = open(tmp_path / "algorithms.md").read()
+  assert "algorithms/cispo" in table and "| 1 | n*(C) grows | easy" not in table
+  assert sorted(os.listdir(tmp_path / "img")) == [
+      "algorithms_algorithms_cispo_metric_vs_compute.png",
+      "algorithms_algorithms_ppo_metric_vs_compute.png"]
+  assert open(tmp_path / "img" / "algorithms_algorithms_ppo_metric_vs_compute.png").read() == "ppo"
