@@ -8,6 +8,7 @@ directory (resumed there, so it runs once for both sections) and shows its rows.
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 from isojax.reproduce import demos
@@ -24,7 +25,8 @@ def run(inv: tables.Invocation, seeds: Sequence[str], budget: int) -> str:
   """algorithms.md and the sweep's plots in img/; returns the table's path."""
   wall_s, runs = runs_lib.run_presets(inv, "algorithms", ALGORITHMS, seeds)
   study_dir = runs_lib.study_dir(inv, budget)
-  findings, sweep_s = runs_lib.launch_study(inv, study_dir, budget, [SWEEP_CONFIG])
+  findings, _ = runs_lib.launch_study(inv, study_dir, budget, [SWEEP_CONFIG])
+  sweep_s = runs_lib.sweep_seconds(os.path.join(study_dir, SWEEP))  # not the study's
   findings = runs_lib.findings_of(findings, SWEEP)
   images = runs_lib.study_images(study_dir, inv.results, "algorithms", only=SWEEP)
   body = "\n".join([

@@ -145,6 +145,13 @@ def study_dir(inv: tables.Invocation, budget: int) -> str:
   return os.path.join(inv.out, f"study_C{budget}")
 
 
+def sweep_seconds(root: str) -> float:
+  """Seconds the runs under `root` spent in steps and evaluations (each run's last
+  `wall_s`): one sweep's machine time inside a study that ran others too."""
+  return sum((run_dir.last_metrics(w) or {}).get(run_dir.WALL_S, 0.0)
+             for w in run_dir.find_runs(root))
+
+
 def findings_of(findings: str, sweep: str) -> str:
   """`findings` (launch.study's findings.md) with only the table rows of `sweep` (its
   own rows and those of its variants, `sweep/...`); a later section left without rows

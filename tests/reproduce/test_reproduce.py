@@ -331,10 +331,15 @@ def test_the_algorithms_section_reads_its_rows_from_the_study(tmp_path, monkeypa
         f.write(part)
     os.makedirs(os.path.join(study_dir, "easy"))
     open(os.path.join(study_dir, "easy", "metric_vs_compute.png"), "w").close()
-    return FINDINGS, 5.0
+    # One run of the sweep (wall_s 100 at its end) and one of another sweep (not counted).
+    _write_run(os.path.join(study_dir, "algorithms", "runs", "cispo_bp16_n2"), seed=0,
+               counts=[[1, 2], [3, 4]], wall_s=100.0)
+    _write_run(os.path.join(study_dir, "easy", "runs", "bp8_n2"), seed=0,
+               counts=[[1, 2], [3, 4]], wall_s=7000.0)
+    return FINDINGS, 9000.0   # the whole study's wall time: not the sweep's
 
   monkeypatch.setattr(runs_lib, "launch_study", fake_launch)
-  monkeypatch.setattr(runs_lib, "run_presets", lambda *a: (1.0, {}))
+  monkeypatch.setattr(runs_lib, "run_presets", lambda *a: (20.0, {}))
   monkeypatch.setattr(demos, "table", lambda runs: "presets")
   monkeypatch.setattr(tables, "environment", lambda repo: dict(
       commit="abc", dirty=False, cpu="c", cpus=2, host_isa="x", isa="x", accelerator="none",
@@ -344,6 +349,7 @@ def test_the_algorithms_section_reads_its_rows_from_the_study(tmp_path, monkeypa
   algorithms.run(inv, ["0"], 64)
   assert calls == [(str(tmp_path / "runs" / "study_C64"), ("configs/sweep_algorithms.py",))]
   table = open(tmp_path / "algorithms.md").read()
+  assert f"| {tables.format_seconds(120.0)} |" in table    # presets 20 s + the sweep's 100 s
   assert "algorithms/cispo" in table and "| 1 | n*(C) grows | easy" not in table
   assert sorted(os.listdir(tmp_path / "img")) == [
       "algorithms_algorithms_cispo_metric_vs_compute.png",
