@@ -17,7 +17,9 @@ evaluation noise of one problem in one run. The truth is the population slope.
 
 Claim 1's statistic (n*'s rise over the compute frontier) is a whole analysis (a
 sigmoid fit per allocation, n* among near-ties), not a slope, so it gets its own model
-with a known n*(C): `FrontierModel`.
+with a known n*(C): `FrontierModel`. Claim 10's (the compute per-problem allocation needs
+to reach the uniform frontier's best value) uses the same curves, the per-problem arm's
+reached a known factor sooner: `TimeToValueModel`.
 
 `tests/planner/test_calibration.py` asserts the rates; `launch.reproduce --sections=
 calibration` writes them as a table (docs/results/calibration.md, quoted in
@@ -37,6 +39,7 @@ from isojax.planner import bootstrap
 from isojax.planner import experiments
 from isojax.planner import n_star
 from isojax.planner import sigmoid_fit
+from isojax.planner import time_to_value
 from isojax.planner import verdicts
 
 NUM_EVALS = 3   # a run's last evaluations; its final value averages the last two
@@ -223,16 +226,20 @@ def true_rise(model: FrontierModel) -> float:
   return end - start
 
 
-def sample_frontier_runs(model: FrontierModel,
-                         rng: np.random.Generator) -> list[bootstrap.ProblemCurve]:
-  """One synthetic sweep: a run per allocation and seed, [evaluations + 1, problems]."""
+def sample_frontier_runs(model: FrontierModel, rng: np.random.Generator, *,
+                         u_G: np.ndarray | None = None, speedup: float = 1.0
+                         ) -> list[bootstrap.ProblemCurve]:
+  """One synthetic sweep: a run per allocation and seed, [evaluations + 1, problems].
+  `u_G`: the problems' difficulties (drawn when None); `speedup`: every mean curve
+  reached that many times sooner, R_n(speedup * C)."""
   c_E = model.compute_E
   trained_E = (c_E > 0).astype(np.float64)
-  u_G = rng.normal(0.0, model.problem_sd, model.problems)
+  if u_G is None:
+    u_G = rng.normal(0.0, model.problem_sd, model.problems)
   runs = []
   for b_p in model.problems_per_batch:
     for n in model.rollouts_per_problem:
-      mean_E = model.mean_curve(n).predict(c_E)
+      mean_E = model.mean_curve(n).predict(speedup * c_E)
       for seed in range(model.seeds):
         level_E = mean_E + trained_E * rng.normal(0.0, model.seed_sd)
         values_EG = level_E[:, None] + u_G[None, :] + rng.normal(
@@ -281,3 +288,72 @@ def frontier_rates(model: FrontierModel, *, studies: int, resamples: int,
   return FrontierRates(truth=truth, mean_estimate=float(np.mean(estimates)) if estimates
                        else math.nan, coverage=covered / studies,
                        decided=decided / studies, undefined=undefined / studies)
+
+
+# --- Claim 10: a per-problem arm with a known saving ------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TimeToValueModel:
+  """A synthetic `per_problem` sweep (configs/sweep_per_problem.py's design: B_p 16,
+  n from 4 to 64, both arms at every allocation): the uniform arm is `frontier`'s sweep
+  and the per-problem arm the same curves reached `speedup` times sooner, R_n(speedup *
+  C), evaluated on the same validation problems (one u_g for both arms). speedup 1 is the
+  null: both arms on one curve, truth 0."""
+  speedup: float = 2.0
+  frontier: FrontierModel = FrontierModel(problems_per_batch=(16,),
+                                          rollouts_per_problem=(4, 8, 16, 32, 64))
+
+
+def sample_time_to_value_runs(model: TimeToValueModel, rng: np.random.Generator
+                              ) -> dict[str, list[bootstrap.ProblemCurve]]:
+  """One synthetic per_problem sweep: {variant: its runs}."""
+  u_G = rng.normal(0.0, model.frontier.problem_sd, model.frontier.problems)
+  return {"uniform": sample_frontier_runs(model.frontier, rng, u_G=u_G),
+          "per_problem": sample_frontier_runs(model.frontier, rng, u_G=u_G,
+                                              speedup=model.speedup)}
+
+
+def _log2_ratio(groups) -> dict[str, float]:
+  stats = time_to_value.per_problem_stats(groups["uniform"], groups["per_problem"],
+                                          tail=experiments.TAIL)
+  return {"ratio": stats["log2_compute_ratio"], "reached": stats["reached"]}
+
+
+def true_log2_ratio(model: TimeToValueModel) -> float:
+  """Claim 10's estimand: the statistic on the true curves (one noiseless run per
+  allocation), at this design's evaluations."""
+  f = model.frontier
+  c_E = f.compute_E
+
+  def arm(speedup: float) -> list:
+    return [bootstrap.ProblemCurve(
+        path=f"n{n}", problems_per_batch=b_p, rollouts_per_problem=n, seed=0,
+        rollouts_E=c_E, values_EG=f.mean_curve(n).predict(speedup * c_E)[:, None]).curve()
+            for b_p in f.problems_per_batch for n in f.rollouts_per_problem]
+  return _log2_ratio({"uniform": arm(1.0), "per_problem": arm(model.speedup)})["ratio"]
+
+
+def time_to_value_rates(model: TimeToValueModel, *, studies: int, resamples: int,
+                        seed: int = 0) -> FrontierRates:
+  """Claim 10 through the study's own code (`time_to_value.per_problem_stats` in
+  `bootstrap.bootstrap`, decided as the findings row is: `bootstrap.sign_verdict`, a
+  saving expected) on `studies` synthetic sweeps. `decided` is the rate of yes for a
+  planted saving and of any yes or no for the null; `undefined` is the rate at which
+  the per-problem arm never reached the target (its largest compute stands in)."""
+  truth = true_log2_ratio(model)
+  rng = np.random.default_rng(seed)
+  estimates, covered, decided, unreached = [], 0, 0, 0
+  for _ in range(studies):
+    groups = sample_time_to_value_runs(model, rng)
+    point, out = bootstrap.bootstrap(groups, _log2_ratio, num_resamples=resamples,
+                                     seed=int(rng.integers(2**31)))
+    e = bootstrap.effect(point["ratio"], out["ratio"])
+    unreached += not point["reached"]
+    estimates.append(e["value"])
+    covered += e["lo"] <= truth <= e["hi"]
+    verdict = bootstrap.sign_verdict(e, expected=-1)
+    decided += (verdict == bootstrap.YES) if truth < 0 else (verdict != bootstrap.INCONCLUSIVE)
+  return FrontierRates(truth=truth, mean_estimate=float(np.mean(estimates)),
+                       coverage=covered / studies, decided=decided / studies,
+                       undefined=unreached / studies)

@@ -187,3 +187,39 @@ def test_the_power_calculation_agrees_with_the_simulated_power():
   # More seeds, more power; a null has power at most alpha.
   assert calibration.slope_power(0.008, run_sd, m.rollouts_per_problem, seeds=6) > predicted
   assert calibration.slope_power(0.0, run_sd, m.rollouts_per_problem) <= 0.1 / 3 + 1e-12
+
+
+def _sigmoid(m, n, c):
+  a = m.asymptote + m.gain_per_doubling * min(math.log2(n), m.gain_stops_at)
+  return m.r0 + (a - m.r0) / (1 + (m.c_mid * n ** m.delay_exponent / c) ** m.b)
+
+
+def test_the_time_to_value_model_has_the_saving_it_claims():
+  """`true_log2_ratio` against the rule computed directly on the model's sigmoids: the
+  target is the best uniform allocation's mean of its last two evaluations; each arm
+  reaches it at its first evaluation (after the base) at or above it."""
+  for speedup in (2.0, 1.5, 1.0):
+    model = calibration.TimeToValueModel(speedup=speedup)
+    m, c_E = model.frontier, model.frontier.compute_E[1:]
+    ns = m.rollouts_per_problem
+    target = max(np.mean([_sigmoid(m, n, c) for c in c_E[-2:]]) for n in ns)
+
+    def first(s):
+      return min(c for n in ns for c in c_E if _sigmoid(m, n, s * c) >= target)
+    want = math.log2(first(speedup) / first(1.0))
+    assert calibration.true_log2_ratio(model) == pytest.approx(want)
+  assert calibration.true_log2_ratio(calibration.TimeToValueModel(speedup=2.0)) == -1.0
+  assert calibration.true_log2_ratio(calibration.TimeToValueModel(speedup=1.0)) == 0.0
+
+
+def test_claim_10_interval_covers_a_planted_saving_and_a_null_rarely_decides():
+  """Claim 10 through the study's code on per_problem sweeps with a known saving: the
+  90% interval holds the truth at about its nominal rate, and a null (both arms on one
+  curve) gives a yes or a no in at most about 10% of studies."""
+  bound = 2.2 * math.sqrt(0.09 / 40)
+  planted = calibration.time_to_value_rates(calibration.TimeToValueModel(speedup=2.0),
+                                            studies=40, resamples=60)
+  assert planted.truth == -1.0 and planted.coverage >= NOMINAL - bound, planted
+  null = calibration.time_to_value_rates(calibration.TimeToValueModel(speedup=1.0),
+                                         studies=40, resamples=60, seed=1)
+  assert null.truth == 0.0 and null.decided <= 1 - NOMINAL + bound, null
