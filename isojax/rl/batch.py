@@ -92,6 +92,55 @@ def selected_rows(rl: rl_settings.RLSettings, rewards_GN: np.ndarray, *,
   return rows, np.asarray(adv_GM), np.asarray(rewards_GM)
 
 
+def unequal_rows(rl: rl_settings.RLSettings, rewards_GN: np.ndarray, sizes_G: np.ndarray,
+                 *, select_rng: jax.Array):
+  """Unequal groups (per-problem allocation; group g has sizes_G[g] rollouts, `rewards_GN`
+  padded past them): (rows into the B = sum(sizes_G) rollouts, advantages [K], rewards
+  [K], zero-variance flags [G] of the trained rollouts, kept per group [G]).
+
+  Without down-sampling every rollout trains. PODS keeps min(sizes_G[g], m) of group g
+  (m = `rl.train_rollouts(n)`, n the step's mean group size): the down-sampler picks m
+  among a group's own rollouts, and a group with at most m trains on all of them, so the
+  update never holds more than B_p * m rollouts. Advantages are each group's over its
+  trained rollouts, or over all it generated (`rl.advantages_on="generated"`).
+  """
+  sizes_G = np.asarray(sizes_G)
+  valid_GN = rollout.groups_mask(sizes_G, rewards_GN.shape[1])
+  advantages = functools.partial(_group_advantages, rl.advantage, eps=rl.advantage_eps)
+  adv_GN = np.asarray(advantages(jnp.asarray(rewards_GN), valid_GN=valid_GN))
+  if rl.downsample == "none":
+    zero_var_G = np.asarray(advantages_lib.zero_variance_groups(rewards_GN, valid_GN))
+    return (np.arange(int(sizes_G.sum())), adv_GN[valid_GN], rewards_GN[valid_GN],
+            zero_var_G, sizes_G)
+  m = rl.train_rollouts(int(sizes_G.sum()) // sizes_G.size)
+  kept_G = np.minimum(sizes_G, m)
+  idx_GM = np.zeros((sizes_G.size, m), np.int64)   # padded past kept_G[g]
+  for g, (size, kept) in enumerate(zip(sizes_G, kept_G)):
+    idx_GM[g, :kept] = np.arange(size) if size <= m else np.asarray(
+        downsampling.select_rollouts(rl.downsample, rewards_GN[g:g + 1, :size], m,
+                                     rng=jax.random.fold_in(select_rng, g)))[0]
+  kept_GM = rollout.groups_mask(kept_G, m)
+  rewards_GM = np.where(kept_GM, np.take_along_axis(rewards_GN, idx_GM, axis=1), 0.0)
+  if rl.advantages_on == "generated":  # decoupled baseline: statistics from all n_g
+    adv_GM = np.take_along_axis(adv_GN, idx_GM, axis=1)
+  else:
+    adv_GM = np.asarray(advantages(jnp.asarray(rewards_GM), valid_GN=kept_GM))
+  offsets_G = np.cumsum(sizes_G) - sizes_G
+  rows = (offsets_G[:, None] + idx_GM)[kept_GM]
+  zero_var_G = np.asarray(advantages_lib.zero_variance_groups(rewards_GM, kept_GM))
+  return rows, adv_GM[kept_GM], rewards_GM[kept_GM].astype(np.float32), zero_var_G, kept_G
+
+
+def _padding_rows(rl: rl_settings.RLSettings, scored: rollout.ScoredRollouts,
+                  rows: np.ndarray) -> int:
+  """Rows that fill a per-problem PODS batch up to B_p * m (its kept rollouts vary from
+  step to step; a fixed shape keeps the update compiled once)."""
+  if scored.group_sizes is None or rl.downsample == "none":
+    return 0
+  g = scored.group_sizes.size
+  return g * rl.train_rollouts(int(scored.group_sizes.sum()) // g) - rows.size
+
+
 def _group_advantages(name: str, rewards_GN: jax.Array, *, eps: float, valid_GN=None
                       ) -> jax.Array:
   """A group estimator's advantages [G, N]; zeros for GAE, whose per-token advantages
@@ -110,21 +159,15 @@ def build_train_batch(rl: rl_settings.RLSettings, scored: rollout.ScoredRollouts
   fills after sharding it, and the [G] zero-variance flags of the trained groups.
   """
   n = scored.rewards_GN.shape[1]
-  m = rl.train_rollouts(n)
   rewards_GN = training_rewards(rl, scored, max_new_tokens=max_new_tokens)
-  if scored.group_sizes is not None:  # unequal groups: every rollout, no down-sampling
-    valid_GN = scored.valid_GN
-    rows = np.arange(int(valid_GN.sum()))
-    adv_B = np.asarray(_group_advantages(rl.advantage, rewards_GN, eps=rl.advantage_eps,
-                                         valid_GN=valid_GN))[valid_GN]
-    rewards_B = rewards_GN[valid_GN]
-    zero_var_G = np.asarray(advantages_lib.zero_variance_groups(rewards_GN, valid_GN))
-    sizes = scored.group_sizes
+  if scored.group_sizes is not None:  # unequal groups (per-problem allocation)
+    rows, adv_B, rewards_B, zero_var_G, sizes = unequal_rows(
+        rl, rewards_GN, scored.group_sizes, select_rng=select_rng)
   else:
     rows, adv_GM, rewards_GM = selected_rows(rl, rewards_GN, select_rng=select_rng)
     adv_B, rewards_B = adv_GM.reshape(-1), np.asarray(rewards_GM).reshape(-1)
     zero_var_G = np.asarray(advantages_lib.zero_variance_groups(jnp.asarray(rewards_GM)))
-    sizes = m
+    sizes = rl.train_rollouts(n)
   # Under dynamic sampling the only zero-variance groups fill a batch the rounds could not
   # complete: they leave every loss term, so the step trains on what there is.
   keep_pg, keep_reg = _filter_masks(
@@ -132,6 +175,14 @@ def build_train_batch(rl: rl_settings.RLSettings, scored: rollout.ScoredRollouts
   tokens, mask = rollout.sequences(scored, n)
   # The policy's own tokens: forced interruption text is context (in `mask`), not action.
   response_mask = scored.rollouts.actions[rows]
+  pad = _padding_rows(rl, scored, rows)
+  if pad:  # a fixed batch shape: copies of row 0 that no loss term or statistic sees
+    rows = np.concatenate([rows, np.zeros(pad, rows.dtype)])
+    response_mask = np.concatenate([response_mask, np.zeros((pad,) + response_mask.shape[1:],
+                                                            response_mask.dtype)])
+    adv_B, rewards_B = (np.concatenate([x, np.zeros(pad, np.float32)])
+                        for x in (adv_B, np.asarray(rewards_B, np.float32)))
+    keep_pg, keep_reg = (np.concatenate([k, np.zeros(pad, bool)]) for k in (keep_pg, keep_reg))
   batch = update.TrainBatch(
       tokens=tokens[rows], mask=mask[rows], response_mask=response_mask,
       sampler_logp=scored.rollouts.logprobs[rows],

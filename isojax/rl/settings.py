@@ -209,8 +209,7 @@ class RLSettings(validation.Section):
     if n_min < 2 and self.advantage in GROUP_ESTIMATORS:
       raise ValueError(f"rl.allocation_n_min={n_min} with rl.advantage={self.advantage!r}: "
                        "group-normalised advantages need at least 2 rollouts per problem")
-    unsupported = dict(downsample=self.downsample != "none",
-                       dynamic_sampling=self.dynamic_sampling,
+    unsupported = dict(dynamic_sampling=self.dynamic_sampling,
                        aggregation=self.aggregation == "prompt_mean",
                        max_staleness=self.max_staleness > 0,
                        advantage=self.advantage == names.GAE,
@@ -219,7 +218,7 @@ class RLSettings(validation.Section):
       if on:
         raise ValueError(f"rl.allocation='per_problem' with rl.{field}="
                          f"{getattr(self, field)!r}: not supported with groups of unequal "
-                         "size (PODS, dynamic sampling, prompt-level aggregation, "
+                         "size (dynamic sampling, prompt-level aggregation, "
                          "off-policy sampling, a critic and minibatches of whole groups "
                          "all assume n rollouts a problem); use rl.allocation='uniform'")
 

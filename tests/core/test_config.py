@@ -243,8 +243,6 @@ def test_eval_schedule_defaults_resolve():
     (dict(allocation_prior_mean=0.0), r"rl.allocation_prior_mean=0.0"),
     (dict(allocation_prior_strength=0.0), r"rl.allocation_prior_strength=0.0"),
     (dict(allocation_n_min=1), r"rl.allocation_n_min=1 with rl.advantage='grpo'"),
-    (dict(downsample="max_variance", train_rollouts_per_problem=2),
-     r"rl.allocation='per_problem' with rl.downsample='max_variance': not supported"),
     (dict(dynamic_sampling=True), r"with rl.dynamic_sampling=True: not supported"),
     (dict(aggregation="prompt_mean"), r"with rl.aggregation='prompt_mean': not supported"),
 ])

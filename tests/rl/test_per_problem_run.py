@@ -33,8 +33,14 @@ def _best_splits(p, budget, n_min, n_max):
 
 
 @pytest.mark.slow("a 3-step run of the micro config")
-def test_each_steps_split_is_the_optimum_for_the_history_before_it(tmp_path):
+@pytest.mark.parametrize("pods", [False, True])
+def test_each_steps_split_is_the_optimum_for_the_history_before_it(tmp_path, pods):
+  """With PODS (m = n = 4) too: a group above 4 is down-sampled to 4 and one below trains
+  on all it has, so an uneven split pads the update's batch; the split still counts
+  every generated rollout in the history."""
   config = importlib.import_module("isojax.configs.per_problem").get_config("micro")
+  if pods:
+    config.rl.update(downsample="max_variance", train_rollouts_per_problem=4)
   config.num_steps, config.checkpoint_every, config.checkpoint_keep = 3, 1, 3
   config.rl.allocation_n_max = 8  # 4 problems x 4 rollouts: splits of 16 in [2, 8]
   config.task.num_train = 4  # every step the same 4 problems: their history decides
@@ -42,7 +48,7 @@ def test_each_steps_split_is_the_optimum_for_the_history_before_it(tmp_path):
   train.run(config, str(workdir))
   logged = [r for r in run_dir.read_metrics(str(workdir)) if r["step"] > 0]
   assert [r["rollouts"] for r in logged] == [16, 32, 48]
-  n, b_p, prior, uneven = 4, 4, 0.5, False
+  n, b_p, prior, uneven, padded = 4, 4, 0.5, False, False
   for step, record in enumerate(logged):
     sizes = np.asarray(record["train/group_sizes"])
     chosen = sources.problems_for_step(config.seed, step, config.task.num_train, b_p)
@@ -55,6 +61,8 @@ def test_each_steps_split_is_the_optimum_for_the_history_before_it(tmp_path):
     assert any(np.array_equal(sizes, best) for best in _best_splits(p, b_p * n, 2, 8)), (
         step, sizes, p)
     uneven = uneven or len(set(sizes.tolist())) > 1
+    padded = padded or sizes.min() < 4
   assert uneven  # the history moved rollouts between problems
+  assert padded or not pods  # a group below m: PODS's batch was padded
   # The history holds every rollout of the run: 48 attempts in all.
   assert _pass_history(workdir, 3)[1].sum() == 48

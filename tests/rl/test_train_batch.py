@@ -217,3 +217,61 @@ def test_unequal_groups_batch_against_each_groups_own_reference():
   np.testing.assert_array_equal(np.asarray(batch.tokens)[:, :p], prompts[owner])
   np.testing.assert_array_equal(np.asarray(batch.tokens)[:, p:], tokens)
   assert batch.keep_pg.all()  # rl.zero_variance_filter = off
+
+
+@pytest.mark.parametrize("advantages_on", ["selected", "generated"])
+def test_unequal_groups_pods_against_a_brute_force_reference(advantages_on):
+  """PODS under per-problem allocation: group g keeps min(n_g, m) of its own rollouts,
+  the maximum-variance subset by brute force over every m-subset; advantages from the
+  kept (or all generated) rewards of its own group; the batch padded to B_p * m with
+  rows that no loss term sees, so every step has one shape."""
+  import itertools
+  from isojax.rl import losses
+  sizes = np.array([6, 2, 5, 3])           # B = 16 = 4 problems x n 4; m = 3
+  m, n_max, t, p = 3, 8, 3, 2
+  rng = np.random.default_rng(0)
+  rewards_B = rng.permutation(16).astype(np.float32) / 16   # distinct: one best subset
+  valid = np.arange(n_max)[None] < sizes[:, None]
+  rewards_GN = np.zeros((4, n_max), np.float32)
+  rewards_GN[valid] = rewards_B
+  tokens = np.arange(16 * t).reshape(16, t) + 3
+  scored = rollout.ScoredRollouts(
+      prompts_GP=np.arange(4 * p).reshape(4, p).astype(np.int32) + 100,
+      prompt_mask_GP=np.ones((4, p), bool),
+      rollouts=sampler.Rollouts(tokens=jnp.asarray(tokens),
+                                logprobs=-jnp.arange(16 * t, dtype=jnp.float32).reshape(16, t),
+                                mask=jnp.ones((16, t), bool), finished=jnp.ones(16, bool),
+                                forced=jnp.zeros((16, t), bool)),
+      rewards_GN=rewards_GN, completions=[""] * 16, group_sizes=sizes)
+  c = config_lib.base_config()
+  c.rollouts_per_problem, c.problems_per_batch, c.num_steps = 4, 4, 1
+  c.rl.update(allocation="per_problem", allocation_n_max=n_max, downsample="max_variance",
+              train_rollouts_per_problem=m, advantages_on=advantages_on)
+  rl = config_lib.settings(config_lib.resolve(c)).rl
+  batch, zero_var = _build(rl, scored, select_rng=jax.random.key(0))
+
+  offsets = np.cumsum(sizes) - sizes
+  want_rows, want_adv = [], []
+  for g, size in enumerate(sizes):
+    r = rewards_B[offsets[g]:offsets[g] + size]
+    keep = (tuple(range(size)) if size <= m else
+            max(itertools.combinations(range(size), m), key=lambda s: np.var(r[list(s)])))
+    base = r if advantages_on == "generated" else r[list(keep)]
+    adv = (r[list(keep)] - base.mean()) / (base.std() + 1e-6)
+    want_rows += [offsets[g] + j for j in keep]
+    want_adv += list(adv)
+  kept = len(want_rows)                    # 3 + 2 + 3 + 3 = 11 of B_p * m = 12
+  assert batch.tokens.shape[0] == 4 * m and kept == 11
+  np.testing.assert_array_equal(np.asarray(batch.tokens)[:kept, p:], tokens[want_rows])
+  np.testing.assert_allclose(np.asarray(batch.advantages)[:kept], want_adv, rtol=1e-5,
+                             atol=1e-6)
+  np.testing.assert_array_equal(zero_var, [False] * 4)
+  # The padding row: no action tokens, no loss term, no advantage.
+  assert not np.asarray(batch.response_mask)[kept:].any()
+  assert not np.asarray(batch.keep_pg)[kept:].any() and not np.asarray(batch.keep_reg)[kept:].any()
+  assert (np.asarray(batch.advantages)[kept:] == 0).all()
+  x = jnp.asarray(rng.normal(size=batch.response_mask.shape), jnp.float32)
+  mask = jnp.asarray(batch.response_mask)
+  for name in ("token_mean", "sequence_mean"):
+    assert float(losses.aggregate(name, x, mask, group_size=1)) == pytest.approx(
+        float(losses.aggregate(name, x[:kept], mask[:kept], group_size=1)), rel=1e-6)
