@@ -81,6 +81,11 @@ class RLSettings(validation.Section):
                             "([Memory](#memory-the-passes-of-a-step))")
   logprob_chunk_size: int = F(0, "response positions per LM-head chunk of the log-prob and "
                               "entropy passes; 0 = derived")
+  length_buckets: int = F(
+      0, "k > 0: the update's rows sorted by response length and each micro-batch cut to "
+      "the shortest of T, T/2, ..., T/2^k response slots that holds it (the same loss to "
+      "float rounding, less compute when most responses are short); 0 = every micro-batch "
+      "at T ([performance.md](performance.md#the-update-cut-to-its-responses-rllength_buckets))")
   max_staleness: int = F(
       0, "k: rollouts may come from a policy up to k updates old, sampled ahead of the "
       "update; 0 = synchronous "
@@ -138,6 +143,7 @@ class RLSettings(validation.Section):
                                 self.train_rollouts_per_problem, "0: m = n")
     for field in ("micro_batch_size", "logprob_chunk_size"):
       validation.non_negative_int(f"rl.{field}", getattr(self, field), "0 = off")
+    validation.non_negative_int("rl.length_buckets", self.length_buckets, "0 = off")
     validation.boolean("rl.log_kl_to_base", self.log_kl_to_base)
     if not 0 <= self.retire_pass_rate <= 1:
       raise ValueError(f"rl.retire_pass_rate={self.retire_pass_rate}: expected in [0, 1]")

@@ -80,6 +80,7 @@ class UpdateSettings:
   num_epochs: int
   micro_batch_size: int = 0     # rollouts per gradient-accumulation pass; 0: the minibatch
   logprob_chunk_size: int = 0   # response positions per LM-head chunk; 0: unchunked
+  length_buckets: int = 0       # k > 0: micro-batches cut to T / 2^j (`response_buckets`)
   log_entropy: bool = True      # compute train/entropy even when entropy_coef == 0
   log_kl: bool = True           # compute train/kl even when kl_coef == 0 (ref_logp given)
   is_level: str = "token"       # the importance correction (losses.importance_weights)
@@ -111,7 +112,7 @@ class UpdateSettings:
                kl_coef=rl.kl_coef, kl_form=rl.kl_form, entropy_coef=rl.entropy_coef,
                tis_threshold=rl.tis_threshold, num_minibatches=rl.num_minibatches,
                num_epochs=rl.num_epochs, micro_batch_size=rl.micro_batch_size,
-               logprob_chunk_size=rl.logprob_chunk_size,
+               logprob_chunk_size=rl.logprob_chunk_size, length_buckets=rl.length_buckets,
                log_entropy=True, log_kl=bool(rl.log_kl_to_base), is_level=rl.is_level,
                is_mode=rl.is_mode, is_sequence_ratio=rl.is_sequence_ratio,
                old_logp_in_pass=rl.old_logp_known)
@@ -258,6 +259,51 @@ def _stats(mb: TrainBatch, logp_BT, entropy_BT, loss, s: UpdateSettings) -> dict
   return stats
 
 
+def response_buckets(t: int, halvings: int) -> tuple[int, ...]:
+  """The response lengths a micro-batch may be cut to, ascending: ceil(t / 2^j) for j in
+  0..halvings (distinct)."""
+  return tuple(sorted({-(-t // 2 ** j) for j in range(halvings + 1)}))
+
+
+def length_order(mb: TrainBatch, k: int, prompt_len: int) -> jax.Array:
+  """A row order [B] that, split by `split_micro` into k micro-batches, gives micro-batch
+  j the j-th block of B / k rows by ascending response length (real tokens after the
+  prompt; a response is a prefix of its slots)."""
+  lengths_B = mb.mask[:, prompt_len:].sum(axis=1)
+  by_length = jnp.argsort(lengths_B, stable=True)
+  return by_length.reshape(k, -1).T.reshape(-1)
+
+
+def _cut(micro, length: int, prompt_len: int):
+  """A micro-batch (TrainBatch, w_pg [b, T], w_reg [b, T]) with `length` response slots."""
+  mb, w_pg_BT, w_reg_BT = micro
+  seq = prompt_len + length
+  cut_BT = lambda x: None if x is None else x[:, :length]
+  mb = mb.replace(tokens=mb.tokens[:, :seq], mask=mb.mask[:, :seq],
+                  response_mask=cut_BT(mb.response_mask), sampler_logp=cut_BT(mb.sampler_logp),
+                  old_logp=cut_BT(mb.old_logp), ref_logp=cut_BT(mb.ref_logp))
+  return mb, cut_BT(w_pg_BT), cut_BT(w_reg_BT)
+
+
+def _bucketed(grad_fn, params, graphdef, micro, s: UpdateSettings):
+  """`grad_fn` on `micro` cut to the shortest bucket that holds its longest response
+  (`lax.switch`: one branch runs; each is compiled once). Its (log-probs, entropy) come
+  back padded with 0 to T slots."""
+  t = micro[0].response_mask.shape[1]
+  buckets = response_buckets(t, s.length_buckets)
+  longest = micro[0].mask[:, s.prompt_len:].sum(axis=1).max()
+  index = jnp.searchsorted(jnp.asarray(buckets), longest)
+
+  def branch(length):
+    def run(micro):
+      out, grads = grad_fn(params, graphdef, *_cut(micro, length, s.prompt_len), s)
+      loss, aux = out
+      pad = lambda x: None if x is None else jnp.pad(x, ((0, 0), (0, t - length)))
+      return (loss, jax.tree.map(pad, aux)), grads
+    return run
+  return jax.lax.switch(index, [branch(length) for length in buckets], micro)
+
+
 def loss_fn(params, graphdef, mb: TrainBatch, s: UpdateSettings, frozen=None):
   """(loss, stats) of one minibatch in a single pass (no micro-batches)."""
   w_pg_BT, w_reg_BT = _weights(mb, s)
@@ -276,7 +322,7 @@ def minibatch_grads(params, graphdef, mb: TrainBatch, s: UpdateSettings, frozen=
   rows = mb.advantages.shape[0]
   k = num_micro_batches(rows, s.micro_batch_size, "the minibatch",
                          f" (the rollout batch over rl.num_minibatches={s.num_minibatches})")
-  if k == 1:
+  if k == 1 and not s.length_buckets:
     (_, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, graphdef, mb, s,
                                                                     frozen)
     return grads, stats
@@ -284,13 +330,23 @@ def minibatch_grads(params, graphdef, mb: TrainBatch, s: UpdateSettings, frozen=
 
   def accumulate(carry, micro):
     grads, loss = carry
-    (micro_loss, aux), micro_grads = grad_fn(params, graphdef, *micro, s)
+    if s.length_buckets:
+      (micro_loss, aux), micro_grads = _bucketed(grad_fn, params, graphdef, micro, s)
+    else:
+      (micro_loss, aux), micro_grads = grad_fn(params, graphdef, *micro, s)
     return (jax.tree.map(jnp.add, grads, micro_grads), loss + micro_loss), aux
 
   carry = (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32))
   # Rows only: the weights already hold the minibatch's normalisers, and no term
-  # needs a micro-batch to hold whole groups.
-  micro = split_micro((mb.replace(shuffle_rng=None), *_weights(mb, s)), k)
+  # needs a micro-batch to hold whole groups. Sorted by length (`length_buckets`), each
+  # micro-batch holds responses of similar length, so most are cut short; the loss and
+  # the statistics are sums over rows, the same in any order.
+  weighted = (mb.replace(shuffle_rng=None), *_weights(mb, s))
+  if s.length_buckets:
+    order = length_order(mb, k, s.prompt_len)
+    weighted = jax.tree.map(lambda x: _rows_on_batch(x[order], axis=0), weighted)
+    mb = weighted[0]
+  micro = split_micro(weighted, k)
   (grads, loss), aux = jax.lax.scan(accumulate, carry, micro)
   logp_BT, entropy_BT = merge_micro(aux)
   return grads, _stats(mb, logp_BT, entropy_BT, loss, s)

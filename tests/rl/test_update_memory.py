@@ -144,9 +144,12 @@ def test_micro_batched_train_step_equals_one_pass(aggregation, policy_loss):
   batch = _batch(graphdef, params)
   tx = optax.sgd(0.5)  # not Adam: its normalisation would hide a wrong gradient scale
   results = []
-  for micro_batch_size, chunk_size in [(0, 0), (2, 3)]:  # 4 micro-batches per minibatch
+  # One pass; 4 micro-batches per minibatch; the same cut to their responses
+  # (rl.length_buckets: slots 2, 4 or 7), and one micro-batch cut to its longest.
+  for micro_batch_size, chunk_size, buckets in [(0, 0, 0), (2, 3, 0), (2, 3, 2), (0, 0, 3)]:
     settings = _settings(aggregation=aggregation, policy_loss=policy_loss,
-                         micro_batch_size=micro_batch_size, logprob_chunk_size=chunk_size)
+                         micro_batch_size=micro_batch_size, logprob_chunk_size=chunk_size,
+                         length_buckets=buckets)
     own = jax.tree.map(jnp.copy, params)  # train_step donates its parameters
     results.append(update.train_step(graphdef, own, tx.init(own), batch, tx=tx,
                                      settings=settings))
@@ -155,10 +158,27 @@ def test_micro_batched_train_step_equals_one_pass(aggregation, policy_loss):
   moved = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(
       jax.tree.leaves(want_params), jax.tree.leaves(params)))
   assert moved > 1e-3
-  got_params, _, got_stats = results[1]
-  assert set(got_stats) == set(want_stats)
-  _close(got_stats, want_stats, rtol=1e-5, atol=1e-6)
-  _close(got_params, want_params, rtol=1e-5, atol=1e-6)
+  for got_params, _, got_stats in results[1:]:
+    assert set(got_stats) == set(want_stats)
+    _close(got_stats, want_stats, rtol=1e-5, atol=1e-6)
+    _close(got_params, want_params, rtol=1e-5, atol=1e-6)
+
+
+def test_length_order_gives_each_micro_batch_a_block_of_similar_lengths():
+  """Split by `split_micro`, the order gives micro-batch j the j-th block of rows by
+  response length; with this batch most blocks fit a shorter bucket than T."""
+  graphdef, params = nnx.split(_model())
+  batch = _batch(graphdef, params)
+  lengths_B = np.asarray(batch.mask)[:, P:].sum(1)
+  k = 8
+  order = np.asarray(update.length_order(batch, k, P))
+  assert sorted(order.tolist()) == list(range(B))
+  micro_lengths = np.asarray(update.split_micro(jnp.asarray(lengths_B[order]), k))
+  np.testing.assert_array_equal(micro_lengths.reshape(-1), np.sort(lengths_B))
+  assert update.response_buckets(T, 2) == (2, 4, 7)
+  assert update.response_buckets(128, 3) == (16, 32, 64, 128)
+  buckets = np.searchsorted(update.response_buckets(T, 2), micro_lengths.max(1))
+  assert (buckets < 2).sum() >= k // 2   # the cut path is what the step test compares
 
 
 def test_skipped_entropy_and_kl_are_absent_and_do_not_change_the_update():
