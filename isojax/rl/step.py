@@ -98,7 +98,8 @@ class Learner:
     s = self.settings
     score = functools.partial(update.score, prompt_len=prompt_len, temperature=s.temperature,
                               micro_batch_size=s.micro_batch_size,
-                              chunk_size=s.logprob_chunk_size)
+                              chunk_size=s.logprob_chunk_size,
+                              length_buckets=s.length_buckets)
     with jax.set_mesh(self.mesh):
       old_logp = (sampler_logp_BT if self.rl.ratio_to_sampler
                   else None if s.old_logp_in_pass

@@ -162,25 +162,41 @@ def merge_micro(tree):
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "prompt_len", "temperature",
-                                             "micro_batch_size", "chunk_size"))
+                                             "micro_batch_size", "chunk_size",
+                                             "length_buckets"))
 def score(graphdef, state, tokens_BS, mask_BS, *, prompt_len: int, temperature: float,
-          micro_batch_size: int = 0, chunk_size: int = 0):
+          micro_batch_size: int = 0, chunk_size: int = 0, length_buckets: int = 0):
   """Log-probs [B, T] of the response tokens under the model (no gradient).
 
   One forward over `micro_batch_size` rollouts at a time (0: all B), the LM head in
-  chunks of `chunk_size` response positions (0: unchunked); the values do not depend
-  on either.
+  chunks of `chunk_size` response positions (0: unchunked); with `length_buckets` k,
+  each micro-batch of rows sorted by length is cut as the update's are
+  (`response_buckets`). The values do not depend on any of them (to float rounding).
   """
   model = nnx.merge(graphdef, state)
+  t = tokens_BS.shape[1] - prompt_len
 
-  def logp(xs):
-    return logprobs.response_logp(model, *xs, prompt_len=prompt_len, temperature=temperature,
-                                  chunk_size=chunk_size)[0]
+  def logp(xs, length=t):
+    tokens, mask = xs[0][:, :prompt_len + length], xs[1][:, :prompt_len + length]
+    out = logprobs.response_logp(model, tokens, mask, prompt_len=prompt_len,
+                                 temperature=temperature, chunk_size=chunk_size)[0]
+    return jnp.pad(out, ((0, 0), (0, t - length)))
+
+  def cut(xs):
+    buckets = response_buckets(t, length_buckets)
+    longest = xs[1][:, prompt_len:].sum(axis=1).max()
+    return jax.lax.switch(jnp.searchsorted(jnp.asarray(buckets), longest),
+                          [functools.partial(logp, length=n) for n in buckets], xs)
 
   k = num_micro_batches(tokens_BS.shape[0], micro_batch_size, "the rollout batch")
+  run = cut if length_buckets else logp
   if k == 1:
-    return logp((tokens_BS, mask_BS))
-  return merge_micro(jax.lax.map(logp, split_micro((tokens_BS, mask_BS), k)))
+    return run((tokens_BS, mask_BS))
+  if not length_buckets:
+    return merge_micro(jax.lax.map(run, split_micro((tokens_BS, mask_BS), k)))
+  order = _length_order(mask_BS, k, prompt_len)
+  sorted_BT = merge_micro(jax.lax.map(run, split_micro((tokens_BS[order], mask_BS[order]), k)))
+  return jnp.zeros_like(sorted_BT).at[order].set(sorted_BT)   # back to the rows' order
 
 
 def _weights(mb: TrainBatch, s: UpdateSettings):
@@ -269,8 +285,11 @@ def length_order(mb: TrainBatch, k: int, prompt_len: int) -> jax.Array:
   """A row order [B] that, split by `split_micro` into k micro-batches, gives micro-batch
   j the j-th block of B / k rows by ascending response length (real tokens after the
   prompt; a response is a prefix of its slots)."""
-  lengths_B = mb.mask[:, prompt_len:].sum(axis=1)
-  by_length = jnp.argsort(lengths_B, stable=True)
+  return _length_order(mb.mask, k, prompt_len)
+
+
+def _length_order(mask_BS: jax.Array, k: int, prompt_len: int) -> jax.Array:
+  by_length = jnp.argsort(mask_BS[:, prompt_len:].sum(axis=1), stable=True)
   return by_length.reshape(k, -1).T.reshape(-1)
 
 
