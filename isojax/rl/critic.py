@@ -36,7 +36,7 @@ from isojax.models import settings as model_settings
 from isojax.models.transformer import Transformer
 from isojax.rl import advantages as advantages_lib
 from isojax.rl import settings as rl_settings
-from isojax.rl import optimizer, update
+from isojax.rl import micro_batches, optimizer, update
 
 
 class ValueModel(nnx.Module):
@@ -215,10 +215,11 @@ def values(graphdef, state, tokens_BS, mask_BS, *, prompt_len: int, micro_batch_
   `frozen`: the policy's trunk when the head sits on it (`policy_trunk`)."""
   model = lora.as_model(graphdef, state, frozen)
   fn = lambda xs: model.values(*xs, prompt_len=prompt_len)
-  k = update.num_micro_batches(tokens_BS.shape[0], micro_batch_size, "the rollout batch")
+  k = micro_batches.num_micro_batches(tokens_BS.shape[0], micro_batch_size, "the rollout batch")
   if k == 1:
     return fn((tokens_BS, mask_BS))
-  return update.merge_micro(jax.lax.map(fn, update.split_micro((tokens_BS, mask_BS), k)))
+  return micro_batches.merge_micro(
+      jax.lax.map(fn, micro_batches.split_micro((tokens_BS, mask_BS), k)))
 
 
 @functools.partial(jax.jit, static_argnames=("gamma", "lam"))
@@ -246,7 +247,7 @@ def _minibatch_grads(params, graphdef, mb: ValueBatch, s: ValueUpdateSettings, f
   weights_BT = mb.response_mask / jnp.maximum(mb.response_mask.sum(), 1)
   grad_fn = jax.value_and_grad(functools.partial(_minibatch_loss, frozen=frozen),
                                has_aux=True)
-  k = update.num_micro_batches(mb.tokens.shape[0], s.micro_batch_size, "the minibatch")
+  k = micro_batches.num_micro_batches(mb.tokens.shape[0], s.micro_batch_size, "the minibatch")
   if k == 1:
     (loss, (values_BT, clipped_BT)), grads = grad_fn(params, graphdef, mb, weights_BT, s)
   else:
@@ -256,9 +257,9 @@ def _minibatch_grads(params, graphdef, mb: ValueBatch, s: ValueUpdateSettings, f
       return (jax.tree.map(jnp.add, grads, micro_grads), loss + micro_loss), aux
 
     carry = (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32))
-    micro = update.split_micro((mb.replace(shuffle_rng=None), weights_BT), k)
+    micro = micro_batches.split_micro((mb.replace(shuffle_rng=None), weights_BT), k)
     (grads, loss), aux = jax.lax.scan(accumulate, carry, micro)
-    values_BT, clipped_BT = update.merge_micro(aux)
+    values_BT, clipped_BT = micro_batches.merge_micro(aux)
   valid_BT = mb.response_mask
   count = jnp.maximum(valid_BT.sum(), 1)
   mean = lambda x_BT: jnp.where(valid_BT, x_BT, 0.0).sum() / count

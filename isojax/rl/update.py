@@ -35,7 +35,7 @@ import optax
 from flax import nnx
 
 from isojax.models import lora, sharding
-from isojax.rl import logprobs, losses, names
+from isojax.rl import logprobs, losses, micro_batches, names
 from isojax.rl import settings as rl_settings
 from isojax.sampling import settings as sampling_settings
 
@@ -118,49 +118,6 @@ class UpdateSettings:
                old_logp_in_pass=rl.old_logp_known)
 
 
-def num_micro_batches(rows: int, micro_batch_size: int, what: str, why: str = "") -> int:
-  """How many micro-batches of `micro_batch_size` rollouts cover `rows` rollouts.
-
-  0, or a size of at least `rows`, means one pass over all of them: the setting caps
-  the rollouts per pass, so a cap above the minibatch is no error.
-  """
-  if micro_batch_size < 0:
-    raise ValueError(f"rl.micro_batch_size={micro_batch_size}: expected >= 0 "
-                     "(0 = the whole minibatch)")
-  if not micro_batch_size or micro_batch_size >= rows:
-    return 1
-  if rows % micro_batch_size:
-    raise ValueError(f"rl.micro_batch_size={micro_batch_size} must divide {what} of "
-                     f"{rows} rollouts{why}")
-  return rows // micro_batch_size
-
-
-def split_micro(tree, k: int):
-  """[B, ...] -> [k, B / k, ...]; micro-batch j holds rows j, j + k, j + 2k, ...
-
-  Strided rather than contiguous: the reshape keeps the data-parallel sharding of the
-  batch axis on every micro-batch, where a contiguous block would sit on few devices.
-  """
-  return jax.tree.map(lambda x: _rows_on_batch(
-      x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1), axis=1), tree)
-
-
-def _rows_on_batch(x: jax.Array, axis: int) -> jax.Array:
-  """`x` with dimension `axis` (rollouts) split over the data-parallel mesh axes.
-
-  Gathers and reshapes of the batch axis (minibatch shuffles, micro-batches) lose its
-  sharding; without this, every device would compute every row of a micro-batch.
-  """
-  names = [None] * x.ndim
-  names[axis] = "batch"
-  return sharding.constrain(x, tuple(names))
-
-
-def merge_micro(tree):
-  """Inverse of `split_micro`: [k, B / k, ...] -> [B, ...] in the original row order."""
-  return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(-1, *x.shape[2:]), tree)
-
-
 @functools.partial(jax.jit, static_argnames=("graphdef", "prompt_len", "temperature",
                                              "micro_batch_size", "chunk_size",
                                              "length_buckets"))
@@ -183,20 +140,26 @@ def score(graphdef, state, tokens_BS, mask_BS, *, prompt_len: int, temperature: 
     return jnp.pad(out, ((0, 0), (0, t - length)))
 
   def cut(xs):
-    buckets = response_buckets(t, length_buckets)
+    buckets = micro_batches.response_buckets(t, length_buckets)
     longest = xs[1][:, prompt_len:].sum(axis=1).max()
     return jax.lax.switch(jnp.searchsorted(jnp.asarray(buckets), longest),
                           [functools.partial(logp, length=n) for n in buckets], xs)
 
-  k = num_micro_batches(tokens_BS.shape[0], micro_batch_size, "the rollout batch")
+  k = micro_batches.num_micro_batches(tokens_BS.shape[0], micro_batch_size,
+                                      "the rollout batch")
   run = cut if length_buckets else logp
   if k == 1:
     return run((tokens_BS, mask_BS))
   if not length_buckets:
-    return merge_micro(jax.lax.map(run, split_micro((tokens_BS, mask_BS), k)))
-  order = _length_order(mask_BS, k, prompt_len)
-  sorted_BT = merge_micro(jax.lax.map(run, split_micro((tokens_BS[order], mask_BS[order]), k)))
+    return _each_micro(run, (tokens_BS, mask_BS), k)
+  order = micro_batches.length_order(mask_BS, k, prompt_len)
+  sorted_BT = _each_micro(run, (tokens_BS[order], mask_BS[order]), k)
   return jnp.zeros_like(sorted_BT).at[order].set(sorted_BT)   # back to the rows' order
+
+
+def _each_micro(fn, tree, k: int):
+  """`fn` over k micro-batches of `tree`'s rows, one at a time; its [B, ...] results."""
+  return micro_batches.merge_micro(jax.lax.map(fn, micro_batches.split_micro(tree, k)))
 
 
 def _weights(mb: TrainBatch, s: UpdateSettings):
@@ -275,24 +238,6 @@ def _stats(mb: TrainBatch, logp_BT, entropy_BT, loss, s: UpdateSettings) -> dict
   return stats
 
 
-def response_buckets(t: int, halvings: int) -> tuple[int, ...]:
-  """The response lengths a micro-batch may be cut to, ascending: ceil(t / 2^j) for j in
-  0..halvings (distinct)."""
-  return tuple(sorted({-(-t // 2 ** j) for j in range(halvings + 1)}))
-
-
-def length_order(mb: TrainBatch, k: int, prompt_len: int) -> jax.Array:
-  """A row order [B] that, split by `split_micro` into k micro-batches, gives micro-batch
-  j the j-th block of B / k rows by ascending response length (real tokens after the
-  prompt; a response is a prefix of its slots)."""
-  return _length_order(mb.mask, k, prompt_len)
-
-
-def _length_order(mask_BS: jax.Array, k: int, prompt_len: int) -> jax.Array:
-  by_length = jnp.argsort(mask_BS[:, prompt_len:].sum(axis=1), stable=True)
-  return by_length.reshape(k, -1).T.reshape(-1)
-
-
 def _cut(micro, length: int, prompt_len: int):
   """A micro-batch (TrainBatch, w_pg [b, T], w_reg [b, T]) with `length` response slots."""
   mb, w_pg_BT, w_reg_BT = micro
@@ -309,7 +254,7 @@ def _bucketed(grad_fn, params, graphdef, micro, s: UpdateSettings):
   (`lax.switch`: one branch runs; each is compiled once). Its (log-probs, entropy) come
   back padded with 0 to T slots."""
   t = micro[0].response_mask.shape[1]
-  buckets = response_buckets(t, s.length_buckets)
+  buckets = micro_batches.response_buckets(t, s.length_buckets)
   longest = micro[0].mask[:, s.prompt_len:].sum(axis=1).max()
   index = jnp.searchsorted(jnp.asarray(buckets), longest)
 
@@ -339,7 +284,7 @@ def minibatch_grads(params, graphdef, mb: TrainBatch, s: UpdateSettings, frozen=
   each micro-batch hands back its log-probs and entropy [b, T] for the diagnostics.
   """
   rows = mb.advantages.shape[0]
-  k = num_micro_batches(rows, s.micro_batch_size, "the minibatch",
+  k = micro_batches.num_micro_batches(rows, s.micro_batch_size, "the minibatch",
                          f" (the rollout batch over rl.num_minibatches={s.num_minibatches})")
   if k == 1 and not s.length_buckets:
     (_, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, graphdef, mb, s,
@@ -362,12 +307,12 @@ def minibatch_grads(params, graphdef, mb: TrainBatch, s: UpdateSettings, frozen=
   # the statistics are sums over rows, the same in any order.
   weighted = (mb.replace(shuffle_rng=None), *_weights(mb, s))
   if s.length_buckets:
-    order = length_order(mb, k, s.prompt_len)
-    weighted = jax.tree.map(lambda x: _rows_on_batch(x[order], axis=0), weighted)
+    order = micro_batches.length_order(mb.mask, k, s.prompt_len)
+    weighted = jax.tree.map(lambda x: micro_batches.rows_on_batch(x[order], axis=0), weighted)
     mb = weighted[0]
-  micro = split_micro(weighted, k)
+  micro = micro_batches.split_micro(weighted, k)
   (grads, loss), aux = jax.lax.scan(accumulate, carry, micro)
-  logp_BT, entropy_BT = merge_micro(aux)
+  logp_BT, entropy_BT = micro_batches.merge_micro(aux)
   return grads, _stats(mb, logp_BT, entropy_BT, loss, s)
 
 
@@ -383,7 +328,8 @@ def split_minibatches(batch, num: int, group_size: int, rng):
   groups = b // group_size
   order = jax.random.permutation(rng, groups) if num > 1 else jnp.arange(groups)
   rows = (order[:, None] * group_size + jnp.arange(group_size)).reshape(-1)
-  split = {k: _rows_on_batch(v[rows].reshape(num, b // num, *v.shape[1:]), axis=1)
+  split = {k: micro_batches.rows_on_batch(v[rows].reshape(num, b // num, *v.shape[1:]),
+                                          axis=1)
            for k, v in per_sequence.items()}
   return batch.replace(**split, shuffle_rng=jnp.broadcast_to(rng, (num,) + rng.shape))
 

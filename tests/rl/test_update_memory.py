@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 from isojax.models.transformer import ModelConfig, Transformer
-from isojax.rl import logprobs, losses, update
+from isojax.rl import logprobs, losses, micro_batches, update
 
 G, N, P, T = 4, 4, 3, 7      # groups, rollouts per group, prompt and response slots
 B = G * N
@@ -180,13 +180,13 @@ def test_length_order_gives_each_micro_batch_a_block_of_similar_lengths():
   batch = _batch(graphdef, params)
   lengths_B = np.asarray(batch.mask)[:, P:].sum(1)
   k = 8
-  order = np.asarray(update.length_order(batch, k, P))
+  order = np.asarray(micro_batches.length_order(batch.mask, k, P))
   assert sorted(order.tolist()) == list(range(B))
-  micro_lengths = np.asarray(update.split_micro(jnp.asarray(lengths_B[order]), k))
+  micro_lengths = np.asarray(micro_batches.split_micro(jnp.asarray(lengths_B[order]), k))
   np.testing.assert_array_equal(micro_lengths.reshape(-1), np.sort(lengths_B))
-  assert update.response_buckets(T, 2) == (2, 4, 7)
-  assert update.response_buckets(128, 3) == (16, 32, 64, 128)
-  buckets = np.searchsorted(update.response_buckets(T, 2), micro_lengths.max(1))
+  assert micro_batches.response_buckets(T, 2) == (2, 4, 7)
+  assert micro_batches.response_buckets(128, 3) == (16, 32, 64, 128)
+  buckets = np.searchsorted(micro_batches.response_buckets(T, 2), micro_lengths.max(1))
   assert (buckets < 2).sum() >= k // 2   # the cut path is what the step test compares
 
 
