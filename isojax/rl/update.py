@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from isojax.models import lora, sharding
+from isojax.models import lora
 from isojax.rl import logprobs, losses, micro_batches, names
 from isojax.rl import settings as rl_settings
 from isojax.sampling import settings as sampling_settings
