@@ -156,9 +156,11 @@ def findings_of(findings: str, sweep: str) -> str:
   """`findings` (launch.study's findings.md) with only the table rows of `sweep` (its
   own rows and those of its variants, `sweep/...`); a later section left without rows
   is dropped, heading and prose with it."""
-  def keep(cells: list[str], column: int) -> bool:
+  def keep(cells: list[str], column: int) -> bool:   # column -1: a table without sweeps
+    if column < 0:
+      return True
     name = cells[column].strip()
-    return column < 0 or name == sweep or name.startswith(sweep + "/")
+    return name == sweep or name.startswith(sweep + "/")
 
   kept = []
   for i, section in enumerate(re.split(r"\n(?=## )", findings.strip())):
@@ -179,7 +181,7 @@ def findings_of(findings: str, sweep: str) -> str:
         lines.append(line)
         rows += 1
     if i == 0 or rows or not has_table:
-      kept.append("\n".join(lines))
+      kept.append("\n".join(lines).strip())
   return "\n\n".join(kept) + "\n"
 
 
