@@ -16,6 +16,11 @@ GSM8K, by contrast, it hardly ever solves at this size. The hard recipe (no KL, 
 entropy bonus), 8 problems x 8 rollouts of up to 64 new tokens per step.
 The passes of the update and the sampler calls are sized from the model and the
 machine's memory (`isojax.memory_plan`), and logged.
+
+Presets: default, micro (`config_lib.apply_preset`), profile (the seeded study's
+difficulty profile: the task's first 2,048 validation problems as the candidate pool,
+sampled with continuous batching in 64 decode rows, so a few long replies do not hold
+up the rest).
 """
 
 from isojax import config_lib
@@ -47,4 +52,8 @@ def get_config(arg=None):
   # Evaluation: 64 held-out problems, 4 samples each, at steps 0, 10 and 20.
   config.eval.update(every=10, k=4, num_samples=4, chunk_problems=64, train_problems=32)
   config.checkpoint_every = 5
+  if arg == "profile":
+    config.task.num_val = 2048
+    config.sampling.decode_slots = 64
+    return config
   return config_lib.apply_preset(config, arg)

@@ -48,10 +48,13 @@ Sections (runs go under --out and are reused: rerunning the command resumes it):
   smollm2_pilot  configs/pilot_smollm2.py's candidate recipes (truncation scored 0, a
          warm-up in rollouts, a token cap, two learning rates) on seeds 0 and 1 against
          the criterion fixed in isojax.reproduce.smollm2_pilot -> smollm2_pilot.md.
-  smollm2_sweep  SmolLM2-135M-Instruct's difficulty profile on 192 of the demo's
-         problems and the iso-compute sweep configs/sweep_smollm2.py (n in {2, 4, 8, 16}
-         at C = 1,024 rollouts) through `launch.study`: each allocation's fit, the
-         frontier, n* with intervals, the findings -> smollm2_sweep.md and its plot.
+  smollm2_study  SmolLM2-135M-Instruct's seeded iso-compute study (docs/study.md, "The
+         seeded study"): `launch.study` profiles chain_sum into easy and hard splits and
+         runs configs/sweep_smollm2_hard.py and configs/sweep_smollm2_easy.py (n in
+         {2, 4, 8, 16, 32} at C = 2,048 rollouts, three seeds each): per-seed finals and
+         curves, the frontier, n* and the findings; then the allocation `launch.plan`
+         prescribes from the hard sweep's fit at twice C against the grid's farthest n,
+         three seeds each (`isojax.reproduce.prescription`) -> smollm2_study.md and plots.
   trl    `launch.bench --sections=trl`: isojax's RL step against TRL's GRPOTrainer on
          configs/smollm2.py, --trl_rounds alternations of --trl_steps steps per side,
          and against Tunix's GRPOLearner when --tunix_python names an interpreter that
@@ -87,7 +90,7 @@ from absl import app, flags, logging
 from isojax.reproduce import (ACCELERATOR_SECTIONS, REAL_MODEL_SECTIONS, SECTIONS, algorithms,
                               calibration, demos, gpu, isa, off_policy, per_problem, pods,
                               recall, runs, saturation, smollm2, smollm2_pilot,
-                              smollm2_sweep, study, tables, trl)
+                              smollm2_study, study, tables, trl)
 
 # The checkout this binary belongs to: the runs start there, the tables go to its docs/.
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -173,10 +176,10 @@ def main(argv):
       calibration.run(inv)
     if "smollm2" in sections:
       smollm2.run(inv, seeds)
-    if "smollm2_sweep" in sections:
-      smollm2_sweep.run(inv)
     if "smollm2_pilot" in sections:
       smollm2_pilot.run(inv)
+    if "smollm2_study" in sections:
+      smollm2_study.run(inv)
     if "trl" in sections:
       trl.run(inv, _TRL_STEPS.value, _TRL_ROUNDS.value, _TUNIX_PYTHON.value)
     if "gpu" in sections:

