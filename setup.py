@@ -9,7 +9,7 @@ setup(
     # isojax.configs is the top-level configs/ through the isojax/configs link (see
     # configs/__init__.py): find_packages follows it and the wheel holds the files.
     packages=find_packages(include=["isojax", "isojax.*", "launch"]),
-    # The shipped demo base models (isojax.tasks.demo_bases): weights, tokenizer,
+    # The shipped demo base models (isojax.base_models.demo_bases): weights, tokenizer,
     # manifest.
     package_data={"isojax": ["assets/base_models/*/*"]},
     python_requires=">=3.10",

@@ -9,7 +9,7 @@ sampled rollout counts in `rollouts`). No KL or entropy terms, as in DAPO. 3-dig
 additions, n = 16, B_p = 16, M = 200. Presets as in hard.py.
 """
 
-from isojax import config_lib
+from isojax.config import config_lib
 
 
 def get_config(arg=None):

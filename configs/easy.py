@@ -9,7 +9,7 @@ Presets: `default` (tiny model on a laptop CPU: 2-digit additions, whose base pa
 rates spread over [0, 1]), `micro` (a smoke test), `paper` (the 7B settings).
 """
 
-from isojax import config_lib
+from isojax.config import config_lib
 from isojax.configs import hard
 
 

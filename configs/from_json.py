@@ -6,7 +6,7 @@ Fields absent from the file keep their `base_config()` defaults; unknown fields 
 rejected by `config_lib.resolve` before anything runs.
 """
 
-from isojax import config_lib
+from isojax.config import config_lib
 
 
 def get_config(path=None):

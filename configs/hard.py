@@ -10,7 +10,7 @@ rates are mostly below 0.2), `micro` (a quick smoke test), `paper` (the 7B setti
 the IsoCompute paper).
 """
 
-from isojax import config_lib
+from isojax.config import config_lib
 
 
 def get_config(arg=None):

@@ -9,7 +9,7 @@ checkpoints hold the adapters. LoRA wants a larger learning rate than full train
 1e-3 at B_ref = 128 rollouts here (the hard recipe trains every weight at 1e-4).
 """
 
-from isojax import config_lib
+from isojax.config import config_lib
 from isojax.configs import hard
 
 

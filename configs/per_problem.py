@@ -18,7 +18,7 @@ Presets: default, micro (a smoke test), and `uniform` after either (`micro,unifo
 the same run with n = 8 for every problem.
 """
 
-from isojax import config_lib
+from isojax.config import config_lib
 
 
 def get_config(arg=None):

@@ -9,7 +9,7 @@ needed, so the 256 rollouts of a step cover 64 problems, 4 rollouts each. 3-digi
 additions, M = 200. Presets as in hard.py.
 """
 
-from isojax import config_lib
+from isojax.config import config_lib
 
 
 def get_config(arg=None):

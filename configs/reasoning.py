@@ -16,7 +16,7 @@ other reasoning-gym dataset works with a real checkpoint.
 
 import ml_collections
 
-from isojax import config_lib
+from isojax.config import config_lib
 from isojax.tasks import reasoning_gym_task
 
 

@@ -13,7 +13,7 @@ key's logits move only when that key is trained. Evaluation is on the training p
 themselves: nothing transfers to held-out keys.
 """
 
-from isojax import config_lib
+from isojax.config import config_lib
 
 
 def get_config(arg=None):

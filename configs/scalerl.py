@@ -17,7 +17,7 @@ writes no thinking, and its 8 new tokens could not hold the interruption text. S
 them for a thinking model (docs/sampling.md).
 """
 
-from isojax import config_lib
+from isojax.config import config_lib
 
 
 def get_config(arg=None):

@@ -15,7 +15,7 @@ The model solves some of them and not others, so groups of 8 rollouts carry a si
 GSM8K, by contrast, it hardly ever solves at this size. The hard recipe (no KL, no
 entropy bonus), 8 problems x 8 rollouts of up to 64 new tokens per step.
 The passes of the update and the sampler calls are sized from the model and the
-machine's memory (`isojax.memory_plan`), and logged.
+machine's memory (`isojax.run.memory_plan`), and logged.
 
 Presets: default, micro (`config_lib.apply_preset`), profile (the seeded study's
 difficulty profile: the task's first 2,048 validation problems as the candidate pool,
@@ -23,7 +23,7 @@ sampled with continuous batching in 64 decode rows, so a few long replies do not
 up the rest).
 """
 
-from isojax import config_lib
+from isojax.config import config_lib
 from isojax.configs import reasoning
 
 

@@ -2,7 +2,7 @@
 
 Compiles ahead of time, for the chips of --topology (v5p-64, v5p-128, v5e-256, v5e-8,
 v6e-8, with `2x` in front for two slices; or cpu:N fake CPU devices), the programs of one
-step as `isojax.train` calls them: the sampler (`sampling.sampler.sample`, one call of
+step as `isojax.run.train` calls them: the sampler (`sampling.sampler.sample`, one call of
 at most `sampling.max_rollouts_per_call` rollouts), the old / reference log-prob pass
 (`rl.update.score`, one program run once or twice) and the update
 (`rl.update.train_step`); with `rl.advantage=gae` also PPO's critic, its value pass
@@ -39,16 +39,17 @@ import jax.numpy as jnp
 from absl import logging
 from flax import nnx
 
-from isojax import run_settings, topology
+from isojax import topology
+from isojax.base_models import demo_bases
+from isojax.config import run_settings
 from isojax.models import hf_checkpoint, sharding, transformer
-from isojax.rl import critic as critic_lib
 from isojax.models import settings as model_settings
+from isojax.rl import critic as critic_lib
 from isojax.rl import optimizer, rollout, update
-from isojax.rl import step as rl_step
 from isojax.rl import settings as rl_settings
+from isojax.rl import step as rl_step
 from isojax.sampling import sampler
 from isojax.sampling import settings as sampling_settings
-from isojax.tasks import demo_bases
 
 GIB = topology.GIB
 _QWEN2 = dict(model_type="qwen2", rope_theta=1e6, rms_norm_eps=1e-6, hidden_act="silu")

@@ -14,7 +14,8 @@ import sys
 
 from absl import app
 
-from isojax import config_lib, configs
+from isojax import configs
+from isojax.config import config_lib
 
 
 def parse_flags(argv: list[str]) -> list[str]:

@@ -14,9 +14,11 @@ import ml_collections
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from isojax import config_lib, resume_settings, run_dir
+from isojax import run_dir
+from isojax.base_models import demo_bases
+from isojax.config import config_lib
 from isojax.models import hf_checkpoint, lora
-from isojax.tasks import demo_bases
+from isojax.run import resume_check
 
 # What a checkpoint directory holds besides its weights (copied from the base).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -36,7 +38,7 @@ def restored_policy(workdir: str, step: int | None = None):
   step = max(steps) if step is None else step
   # The settings of that step: config.json with the changes a resume was allowed.
   s = config_lib.settings(config_lib.resolve(ml_collections.ConfigDict(
-      resume_settings.config_at(workdir, step))))
+      resume_check.config_at(workdir, step))))
   path = demo_bases.policy_path(s.base_model.path, s.task)
   model = hf_checkpoint.load_model(path, **s.model.as_kwargs())
   graphdef, params = nnx.split(model)

@@ -27,10 +27,11 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from isojax import (checkpointing, command_line, config_lib, distributed, preemption,
-                    resume_settings, run_dir, storage, train, workdir_lock)
+from isojax import command_line, distributed, run_dir, storage
+from isojax.config import config_lib
 from isojax.models import checkpoint_files
 from isojax.rl import guard
+from isojax.run import checkpointing, preemption, resume_check, train, workdir_lock
 from isojax.tasks import data_files
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -69,7 +70,7 @@ def main(argv):
   except preemption.Preempted as e:
     logging.warning("%s", e)  # exit status 0: a scheduler requeues, a rerun resumes
     return
-  except (workdir_lock.WorkdirLocked, resume_settings.SettingsChanged, storage.NoSpace) as e:
+  except (workdir_lock.WorkdirLocked, resume_check.SettingsChanged, storage.NoSpace) as e:
     raise SystemExit(f"isojax.main: error: {e}") from None
   except (data_files.DataFileError, run_dir.RunFormatError,
           checkpointing.NoRestorableCheckpoint, checkpoint_files.CheckpointFileError) as e:

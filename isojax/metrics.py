@@ -150,7 +150,7 @@ TIME_ROLLOUT_WAIT = "time/rollout_wait_s"
 TIMED_PHASES = ("sample_s", "decode_s", "grade_s", "grade_wait_s")
 
 
-# Memory: the plan's estimated peak per device (`isojax.memory_plan`, on the step-0 line)
+# Memory: the plan's estimated peak per device (`isojax.run.memory_plan`, on the step-0 line)
 # and, on an accelerator, the device's measured peak so far (every step line), in GiB.
 # Facts of the machine, like the timings: equal runs on other machines differ in them.
 MEMORY_PREFIX = "memory/"

@@ -14,8 +14,9 @@ from __future__ import annotations
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from isojax import command_line, config_lib, topology
+from isojax import command_line, topology
 from isojax.aot import HF_CONFIGS, check, format_table, model_config, overflows
+from isojax.config import config_lib
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/hard.py", "Run config (file.py[:preset]).", lock_config=True)

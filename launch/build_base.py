@@ -17,7 +17,7 @@ same command on another CPU or jax version builds another model: that is why the
 demos load the shipped files instead of building. The task fields come from --config
 (its task.name picks the demo: arithmetic or reasoning_gym); the build settings from
 the flags below, whose defaults are those of the shipped model of that task.
-The recall task's base is constructed, not trained (`isojax.tasks.recall_base`): the
+The recall task's base is constructed, not trained (`isojax.base_models.recall_base`): the
 build flags do not apply to it, and it is the same on every machine.
 """
 
@@ -36,9 +36,9 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from isojax import command_line
-from isojax.tasks import demo_bases
-from isojax.tasks import recall_base
-from isojax.tasks import tiny_base_model
+from isojax.base_models import demo_bases
+from isojax.base_models import recall_base
+from isojax.base_models import tiny_base_model
 from isojax.tasks.settings import TaskSettings
 
 _CONFIG = config_flags.DEFINE_config_file(

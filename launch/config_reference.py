@@ -3,7 +3,7 @@ r"""Rewrites docs/configs.md's field reference from the typed settings.
     python -m launch.config_reference
 
 Every field's default and meaning live beside the field (`isojax.validation.field`);
-this regenerates the tables between the doc's markers (`isojax.config_reference`).
+this regenerates the tables between the doc's markers (`isojax.config.config_reference`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 
 from absl import app
 
-from isojax import config_reference
+from isojax.config import config_reference
 
 DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
                    "configs.md")

@@ -35,8 +35,8 @@ from absl import logging
 from ml_collections import config_flags
 
 from isojax import command_line
-from isojax import config_lib
 from isojax import storage
+from isojax.config import config_lib
 from isojax.planner import grids
 from isojax.planner import prescribe
 

@@ -14,8 +14,10 @@ import sys
 
 import pytest
 
-from isojax import config_lib, run_dir, train, workdir_lock
-from isojax.tasks import demo_bases
+from isojax import run_dir
+from isojax.base_models import demo_bases
+from isojax.config import config_lib
+from isojax.run import train, workdir_lock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROWS = "".join(json.dumps(dict(question=f"What is {i} plus 1?", answer=f"#### {i + 1}")) + "\n"

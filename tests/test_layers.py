@@ -29,13 +29,14 @@ _CANDIDATES = ("the reproduce command's own process loads JAX and the RL stack o
                "child process")
 FUNCTION_LEVEL_IMPORTS: dict[tuple[str, str], str] = {
     **{("isojax.bench.trl_step", target): _TRL_SIDES for target in (
-        "isojax.bench.train_step", "isojax.config_lib", "isojax.configs", "isojax.memory_plan",
+        "isojax.bench.train_step", "isojax.config.config_lib", "isojax.configs",
         "isojax.metrics", "isojax.models.gguf_checkpoint", "isojax.models.hf_checkpoint",
-        "isojax.models.tokenizer", "isojax.rl.sources", "isojax.run_dir", "isojax.run_inputs",
-        "isojax.tasks", "isojax.tasks.prompts", "isojax.train")},
+        "isojax.models.tokenizer", "isojax.rl.sources", "isojax.run_dir",
+        "isojax.run.memory_plan", "isojax.run.run_inputs", "isojax.run.train",
+        "isojax.tasks", "isojax.tasks.prompts")},
     **{("isojax.reproduce.smollm2", target): _CANDIDATES for target in (
-        "isojax.config_lib", "isojax.configs.smollm2", "isojax.evaluation",
-        "isojax.models.hf_checkpoint", "isojax.models.tokenizer", "isojax.run_inputs",
+        "isojax.config.config_lib", "isojax.configs.smollm2", "isojax.run.evaluation",
+        "isojax.models.hf_checkpoint", "isojax.models.tokenizer", "isojax.run.run_inputs",
         "isojax.tasks", "isojax.tasks.prompts")},
     **{("isojax.reproduce.gpu", target): (
         "the reproduce command's own process builds the gpu section's random policy (on "
@@ -52,11 +53,14 @@ FUNCTION_LEVEL_IMPORTS: dict[tuple[str, str], str] = {
 
 # What the planner may not import: it is pure functions of numbers (no device, no
 # config layer, no tokenizer).
-PLANNER_FORBIDDEN = ("ml_collections", "isojax.config_lib", "jax", "flax")
+PLANNER_FORBIDDEN = ("ml_collections", "isojax.config.config_lib", "jax", "flax")
 # The layers below the command line read typed settings, never the config layer.
 SETTINGS_READERS = ("isojax.rl", "isojax.sampling", "isojax.models", "isojax.planner",
-                    "isojax.evaluation", "isojax.tasks")
-CONFIG_LAYER = ("ml_collections", "isojax.config_lib")
+                    "isojax.tasks", "isojax.base_models", "isojax.run.evaluation",
+                    "isojax.run.run_inputs", "isojax.run.run_state", "isojax.run.memory_plan",
+                    "isojax.run.checkpointing", "isojax.run.workdir_lock",
+                    "isojax.run.preemption")
+CONFIG_LAYER = ("ml_collections", "isojax.config.config_lib")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,7 +192,7 @@ def _where(imp: Import) -> str:
 
 def test_the_graph_sees_imports_at_every_level():
   graph = import_graph()
-  assert any(i.source == "isojax.train" and i.target == "isojax.rl.optimizer" for i in graph)
+  assert any(i.source == "isojax.run.train" and i.target == "isojax.rl.optimizer" for i in graph)
   assert any(i.in_function for i in graph)  # e.g. matplotlib, loaded when plotting
   assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
   assert find_cycle({"a": {"b"}, "b": {"c"}}) is None
@@ -201,7 +205,7 @@ def test_no_import_cycle_among_modules():
 
 
 def _package(module: str) -> str:
-  """isojax.rl.update -> isojax.rl; isojax.config_lib -> itself; launch.x -> itself."""
+  """isojax.rl.update -> isojax.rl; isojax.config.config_lib -> itself; launch.x -> itself."""
   return ".".join(module.split(".")[:2])
 
 
@@ -299,23 +303,35 @@ def test_no_module_of_the_package_is_longer_than_a_reader_takes_in():
                     + "\n".join(long))
 
 
-def _room_levels() -> dict[str, int]:
-  """Each room of isojax (subpackage or top-level module) and its layer: 0 for a room
-  that imports no other, else one above the highest room it imports."""
+def _room_edges() -> dict[str, set[str]]:
+  """Each room of isojax (subpackage or top-level module) -> the rooms it imports."""
   edges: dict[str, set[str]] = {}
   for source, targets in _edges(import_graph()).items():
     for target in targets:
-      if _package(source) != _package(target):
+      if (source.startswith("isojax.") and _package(source) != _package(target)
+          and _package(target) != "isojax"):
         edges.setdefault(_package(source), set()).add(_package(target))
+  return edges
+
+
+def _room_levels() -> dict[str, int]:
+  """Each room and its layer: 0 for a room that imports no other, else one above the
+  highest room it imports."""
+  edges = _room_edges()
   rooms = {_package(m) for m in _module_files() if m.startswith("isojax.")}
   level: dict[str, int] = {}
 
   def visit(room: str) -> int:
     if room not in level:
-      level[room] = 1 + max((visit(t) for t in edges.get(room, ()) if t != "isojax"),
-                            default=-1)
+      level[room] = 1 + max((visit(t) for t in edges.get(room, ())), default=-1)
     return level[room]
   return {room: visit(room) for room in sorted(rooms)}
+
+
+def _page_block(name: str) -> str:
+  with open(os.path.join(ROOT, "docs", "architecture.md")) as f:
+    page = f.read()
+  return page.split(f"<!-- {name}:begin -->\n")[1].split(f"\n<!-- {name}:end -->")[0]
 
 
 def test_the_architecture_page_lists_every_room_at_its_level():
@@ -324,8 +340,17 @@ def test_the_architecture_page_lists_every_room_at_its_level():
   rows = [f"| {n} | " + ", ".join(f"`{r}`" for r in levels if levels[r] == n) + " |"
           for n in sorted(set(levels.values()))]
   expected = "\n".join(["| level | rooms |", "|---|---|", *rows])
-  with open(os.path.join(ROOT, "docs", "architecture.md")) as f:
-    page = f.read()
-  got = page.split("<!-- rooms:begin -->\n")[1].split("\n<!-- rooms:end -->")[0]
-  assert got == expected, "docs/architecture.md's rooms table is stale; it should read:\n" + (
-      expected)
+  assert _page_block("rooms") == expected, (
+      "docs/architecture.md's rooms table is stale; it should read:\n" + expected)
+
+
+def test_the_architecture_page_draws_every_arrow_between_rooms():
+  """docs/architecture.md's arrows: each room of a subpackage and the rooms it imports."""
+  edges, levels = _room_edges(), _room_levels()
+  short = lambda room: room.removeprefix("isojax.")
+  rows = [f"{short(room):<14} -> " + ", ".join(sorted(map(short, edges[room]),
+                                                      key=lambda r: (-levels["isojax." + r], r)))
+          for room in sorted(edges, key=lambda r: (-levels[r], r))]
+  expected = "\n".join(["```", *rows, "```"])
+  assert _page_block("arrows") == expected, (
+      "docs/architecture.md's arrows are stale; they should read:\n" + expected)

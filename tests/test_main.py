@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from isojax import metrics, resume_settings, run_dir, train
+from isojax import metrics, run_dir
+from isojax.run import resume_check, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -94,7 +95,7 @@ def test_an_extension_trains_on_to_what_the_longer_run_computes(tmp_path):
   train.run(short, str(extended))
   long = _micro(None, num_steps=4, budget_rollouts=None)
   long.eval.update(every)
-  with pytest.raises(resume_settings.SettingsChanged, match="num_steps=2.*new --workdir"):
+  with pytest.raises(resume_check.SettingsChanged, match="num_steps=2.*new --workdir"):
     train.run(long, str(extended))
   train.run(long, str(extended), allow_changed=["num_steps"])
   fresh = tmp_path / "fresh"
@@ -105,7 +106,7 @@ def test_an_extension_trains_on_to_what_the_longer_run_computes(tmp_path):
   assert history[-1]["step"] == 2 and history[-1]["changed"]["num_steps"] == {"old": 2,
                                                                               "new": 4}
   # Shorter is no extension.
-  with pytest.raises(resume_settings.SettingsChanged, match="an extension raises num_steps"):
+  with pytest.raises(resume_check.SettingsChanged, match="an extension raises num_steps"):
     train.run(short, str(extended), allow_changed=["num_steps"])
 
 
@@ -155,12 +156,12 @@ def test_resume_with_changed_settings_is_refused_unless_allowed_and_recorded(tmp
     return config
 
   faster = changed(optim=dict(learning_rate=old * 10))
-  with pytest.raises(resume_settings.SettingsChanged) as refused:
+  with pytest.raises(resume_check.SettingsChanged) as refused:
     train.run(changed(optim=dict(learning_rate=old * 10), sampling=dict(temperature=1.0)),
               str(workdir))
   assert f"{lr} {old} -> {old * 10}" in str(refused.value)
   assert "sampling.temperature 0.6 -> 1.0" in str(refused.value)
-  with pytest.raises(resume_settings.SettingsChanged, match="model.lora.rank 0 -> 2"):
+  with pytest.raises(resume_check.SettingsChanged, match="model.lora.rank 0 -> 2"):
     train.run(changed(model=dict(lora=dict(rank=2))), str(workdir))
   # Refused before anything was written or moved.
   assert _files(workdir) == before
@@ -176,7 +177,7 @@ def test_resume_with_changed_settings_is_refused_unless_allowed_and_recorded(tmp
   assert event["changed"] == {lr: {"old": old, "new": old * 10}}
   # The allowed value is the run's from then on; the first one is now the change.
   train.run(faster, str(workdir))
-  with pytest.raises(resume_settings.SettingsChanged, match=f"{lr} {old * 10} -> {old}"):
+  with pytest.raises(resume_check.SettingsChanged, match=f"{lr} {old * 10} -> {old}"):
     train.run(changed(), str(workdir))
   assert len(run_dir.read_config_history(str(workdir))) == 1
 

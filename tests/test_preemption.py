@@ -16,8 +16,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from isojax import evaluation, metrics, preemption, run_dir, train, workdir_lock
+from isojax import metrics, run_dir
 from isojax.rl import batch as rl_batch
+from isojax.run import evaluation, preemption, train, workdir_lock
 from isojax.sweeps import layout as sweep_layout
 from isojax.sweeps import runner
 from isojax.tasks import prompts
@@ -198,7 +199,7 @@ def test_the_sweep_runner_keeps_a_preempted_run_pending(tmp_path):
 
 _HOLDER = """
 import sys, time
-from isojax import workdir_lock
+from isojax.run import workdir_lock
 with workdir_lock.hold(sys.argv[1]):
   print("held", flush=True)
   time.sleep(600)

@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from isojax import config_lib
+from isojax.config import config_lib
 from test_docs import _tracked  # the repository's files, as git lists them
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -17,10 +17,12 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from isojax import config_lib, run_dir, tasks, train  # pylint: disable=g-import-not-at-top
+from isojax import run_dir, tasks  # pylint: disable=g-import-not-at-top
+from isojax.config import config_lib
 from isojax.models import chat_template, hf_checkpoint  # pylint: disable=g-import-not-at-top
 from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
 from isojax.rl import rollout  # pylint: disable=g-import-not-at-top
+from isojax.run import train
 from isojax.tasks import math_data, math_verifier, prompts  # pylint: disable=g-import-not-at-top
 from flax import nnx  # pylint: disable=g-import-not-at-top
 

@@ -22,10 +22,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from isojax import (checkpointing, config_lib, resume_settings, run_dir, run_state, storage,
-                    train)
+from isojax import run_dir, storage
+from isojax.config import config_lib
 from isojax.rl import batch as rl_batch
 from isojax.rl import guard, problem_pool
+from isojax.run import checkpointing, resume_check, run_state, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -264,7 +265,7 @@ def test_the_libraries_echoes_of_a_full_disk_are_not_logged():
   assert not keep.filter(record(orbax_path, logging.INFO, "saved step 4"))
   assert keep.filter(record(orbax_path, logging.ERROR, "another error"))
   assert keep.filter(record(asyncio_path, logging.INFO, "anything"))
-  assert keep.filter(record("/work/isojax/train.py", logging.WARNING, full))
+  assert keep.filter(record("/work/isojax/run/train.py", logging.WARNING, full))
 
 
 def _line(step, **kw):
@@ -440,7 +441,7 @@ def test_a_fallback_to_an_older_checkpoint_checks_the_settings_of_that_step(full
   config_json = (workdir / "config.json").read_bytes()
   faster = copy.deepcopy(config)
   faster.optim.learning_rate = old * 10
-  with pytest.raises(resume_settings.SettingsChanged, match=re.escape(
+  with pytest.raises(resume_check.SettingsChanged, match=re.escape(
       f"resuming at step 2 with changed settings: optim.learning_rate {old} -> {old * 10}")):
     train.run(faster, str(workdir))
   assert (workdir / "config.json").read_bytes() == config_json

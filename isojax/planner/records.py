@@ -22,7 +22,7 @@ import numpy as np
 
 from isojax import run_dir
 
-# Allocation fields of a run's config.json (the names of `isojax.run_settings.RunSettings`).
+# Allocation fields of a run's config.json (the names of `isojax.config.run_settings.RunSettings`).
 N_FIELD = "rollouts_per_problem"
 B_P_FIELD = "problems_per_batch"
 DEFAULT_BIN_WIDTH = 0.01  # in metric units: 1 point of accuracy

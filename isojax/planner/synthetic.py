@@ -97,7 +97,7 @@ def write_sweep(root: str, curves: Sequence[TrueCurve], *, budget_rollouts: int 
 
   With num_problems > 0 each evaluation instead draws, for each of that many
   validation problems, Binomial(num_samples, true curve) correct samples, logs them
-  as `val/correct_counts` and the metrics they give (as isojax.evaluation does):
+  as `val/correct_counts` and the metrics they give (as isojax.run.evaluation does):
   the noise is then the sampling noise of a finite problem set, and avg@k's
   expectation is exactly the true curve. Returns the run paths.
   """

@@ -22,10 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from isojax import memory_plan, metrics, run_dir, storage
+from isojax import metrics, run_dir, storage
 from isojax.bench import datasheets
 from isojax.reproduce import runs as runs_lib
 from isojax.reproduce import tables
+from isojax.run import memory_plan
 
 # Qwen2.5-1.5B's shape (Hugging Face config.json: hidden 1536, 28 layers, 12 heads, 2 KV
 # heads, MLP 8960, vocabulary 151,936, tied embeddings, rope theta 1e6).
@@ -45,7 +46,7 @@ def write_policy(path: str, shape: dict[str, Any], seed: int = 0) -> None:
   # pylint: disable=g-import-not-at-top
   from flax import nnx
   from isojax.models import hf_checkpoint
-  from isojax.models.transformer import ModelConfig, Transformer
+  from isojax.models.transformer import ModelConfig, Transformer  # pylint: disable=g-import-not-at-top
   # pylint: enable=g-import-not-at-top
   source = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", "base_models",
                         "arithmetic")
@@ -197,7 +198,7 @@ def run(inv: tables.Invocation, shape: dict[str, Any] | None = None, *,
       f"work) on the arithmetic task: configs/hard.py, {problems} problems x {rollouts} "
       f"rollouts of {new_tokens} new tokens per step, bfloat16 activations, float32 weights "
       f"and AdamW. Each figure is the mean of steps 2-{steps} (step 1 compiles). The planned "
-      "peak is `isojax.memory_plan`'s estimate for the run (what it sizes the passes "
+      "peak is `isojax.run.memory_plan`'s estimate for the run (what it sizes the passes "
       "from); the measured one is the device allocator's peak over the run "
       "(`memory/device_peak_gib`), its step-0 evaluation included.")
   results, wall_s, path = {}, 0.0, ""

@@ -40,10 +40,12 @@ def base_candidates(out: str) -> tuple[list[dict[str, Any]], float]:
   # every other run of every section is a child process.
   import jax  # pylint: disable=g-import-not-at-top
   from flax import nnx  # pylint: disable=g-import-not-at-top
-  from isojax import config_lib, evaluation, run_inputs, tasks  # pylint: disable=g-import-not-at-top
+  from isojax import tasks  # pylint: disable=g-import-not-at-top
+  from isojax.config import config_lib  # pylint: disable=g-import-not-at-top
   from isojax.configs import smollm2 as smollm2_config  # pylint: disable=g-import-not-at-top
   from isojax.models import hf_checkpoint  # pylint: disable=g-import-not-at-top
   from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from isojax.run import evaluation, run_inputs  # pylint: disable=g-import-not-at-top
   from isojax.tasks import prompts  # pylint: disable=g-import-not-at-top
   start, rows, model = time.time(), [], None
   for name, fields in SMOLLM2_CANDIDATES:

@@ -2,7 +2,7 @@
 run's plan.json and the manifest, with each run's state read from its files.
 
 A sweep rerun at a larger budget with `extend` trains its runs on past their old end
-(`resume_settings`: the same run trained longer) instead of refusing the changed plans:
+(`resume_check`: the same run trained longer) instead of refusing the changed plans:
 each plan.json is rewritten with the new length (and what follows from it: the budget,
 the evaluation and checkpoint cadence, and a splits directory that moved with a copied
 sweep when its split file is the same), and its manifest entry records the allowance
@@ -20,7 +20,8 @@ from typing import Any
 import ml_collections
 from absl import logging
 
-from isojax import config_lib, run_dir, storage
+from isojax import run_dir, storage
+from isojax.config import config_lib
 from isojax.sweeps.layout import (DONE, FAILED, MANIFEST_FILE, PENDING, PLAN_FILE, RUNS_DIR,
                                   plan_path, run_dir_of)
 from isojax.sweeps.plan import plan_runs

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import ml_collections
 
-from isojax import config_lib
+from isojax.config import config_lib
 from isojax.planner import grids, prescribe
 from isojax.sweeps.sweep_config import (SweepError, base_run_config, check_sweep_config,
                                         variant_sweeps)

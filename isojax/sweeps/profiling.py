@@ -28,10 +28,11 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from isojax import (config_lib, evaluation, memory_plan, run_inputs, run_settings, storage,
-                    tasks)
+from isojax import storage, tasks
+from isojax.config import config_lib, run_settings
 from isojax.models import hf_checkpoint, sharding
 from isojax.models import tokenizer as tokenizer_lib
+from isojax.run import evaluation, memory_plan, run_inputs
 from isojax.tasks import arithmetic, prompts, splits
 from isojax.tasks.difficulty import BANDS, EXTREMELY_HARD, SPLITS, ProblemRates, SplitPlan
 from isojax.tasks.difficulty import plan_splits

@@ -9,7 +9,8 @@ from typing import Any, Sequence
 import ml_collections
 from ml_collections.config_flags import config_flags
 
-from isojax import config_lib, configs, eval_settings, storage
+from isojax import configs, eval_settings, storage
+from isojax.config import config_lib
 from isojax.planner import experiments, time_to_value
 from isojax.sweeps.layout import CACHE_DIR
 

@@ -33,7 +33,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from isojax import checkpointing, run_dir, storage
+from isojax import run_dir, storage
+from isojax.run import checkpointing
 
 # TensorBoard names its event file by the time and the host that wrote it.
 EVENT_FILE_PATTERN = "events.out.tfevents.*"
@@ -184,7 +185,7 @@ def read_checkpoint(workdir: str, step: int) -> dict[str, Any]:
   """Every item saved at `step`: {"params": tree of arrays, "counters": dict, ...}.
 
   Restored without targets, each item by the handler orbax recorded beside it, so
-  whatever `isojax.checkpointing.save` writes (params, opt_state, counters, queue,
+  whatever `isojax.run.checkpointing.save` writes (params, opt_state, counters, queue,
   critic) is read without this module knowing the list.
   """
   with _quiet_orbax():

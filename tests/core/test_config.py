@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from isojax import config_lib, eval_settings
+from isojax import eval_settings
+from isojax.config import config_lib
 
 
 def _config(**top):

@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from isojax import config_lib, config_reference, run_settings
 from isojax import configs
+from isojax.config import config_lib, config_reference, run_settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOC = os.path.join(ROOT, "docs", "configs.md")

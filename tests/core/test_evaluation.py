@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 from absl import logging as absl_logging
 
-from isojax import config_lib, eval_settings, evaluation, metrics, run_dir, train
+from isojax import eval_settings, metrics, run_dir
+from isojax.config import config_lib
 from isojax.planner import records
+from isojax.run import evaluation, train
 from isojax.sampling import settings as sampling_settings
 from isojax.tasks.problem import Problem
 

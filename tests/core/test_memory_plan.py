@@ -9,10 +9,11 @@ import optax
 import pytest
 from flax import nnx
 
-from isojax import config_lib, memory_plan, run_inputs, train
+from isojax.config import config_lib
 from isojax.configs import hard
 from isojax.models.transformer import ModelConfig, Transformer
 from isojax.rl import update
+from isojax.run import memory_plan, run_inputs, train
 
 GIB = 1024 ** 3
 

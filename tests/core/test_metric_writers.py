@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
-from isojax import config_lib, metric_writers, metrics, run_dir, train
+from isojax import metric_writers, metrics, run_dir
+from isojax.config import config_lib
+from isojax.run import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HIST = metrics.TRAIN_PASS1_HISTOGRAM

@@ -6,10 +6,11 @@ import os
 import numpy as np
 import pytest
 
-from isojax import checkpointing, metrics, run_dir
-from isojax.tools import run_compare
+from isojax import metrics, run_dir
 from isojax.rl import off_policy, rollout
+from isojax.run import checkpointing
 from isojax.sampling import sampler
+from isojax.tools import run_compare
 
 STEPS = 4
 
@@ -35,7 +36,7 @@ def _trees(scale: float = 1.0) -> dict:
 
 
 def _write_run(path, lines=None, config=None, trees=None, wall_s=13.5, event_file="a"):
-  """A finished run directory as `isojax.train` leaves it: config, metrics, an event
+  """A finished run directory as `isojax.run.train` leaves it: config, metrics, an event
   file, and checkpoints of steps 2 and STEPS."""
   os.makedirs(path)
   run_dir.write_config(path, config or {"seed": 0, "rl": {"kl_coef": 0.0}})

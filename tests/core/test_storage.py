@@ -9,11 +9,12 @@ import os
 import numpy as np
 import pytest
 
-from isojax import config_lib, run_dir, storage
+from isojax import run_dir, storage
+from isojax.config import config_lib
 from isojax.planner import analysis, plots, synthetic
+from isojax.sweeps import manifest as sweep_manifest
 from isojax.tasks import splits
 from isojax.tasks.problem import Problem
-from isojax.sweeps import manifest as sweep_manifest
 
 
 @pytest.fixture(params=["local", "gs"])

@@ -13,8 +13,9 @@ import textwrap
 import jax
 import pytest
 
+from isojax import aot, topology
+from isojax.config import config_lib
 from isojax.configs import hard
-from isojax import aot, config_lib, topology
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # A Qwen2-shaped model (qkv bias, untied head) small enough to count by hand.
@@ -60,8 +61,9 @@ def _child_json(code: str):
 def test_cpu8_compiles_every_program_with_hand_counted_arguments(model_dir):
   code = f"""
     import dataclasses, json
+    from isojax import aot, topology
+    from isojax.config import config_lib
     from isojax.configs import hard
-    from isojax import aot, config_lib, topology
     topology.prepare_backend("cpu:8")
     config = hard.get_config("micro")
     config.base_model.path = {model_dir!r}
@@ -94,8 +96,9 @@ def test_sampler_is_compiled_with_the_configured_slots_and_dtype(model_dir):
   sampling.dtype=bfloat16 (a float32 model) it holds them in bfloat16."""
   code = f"""
     import dataclasses, json
+    from isojax import aot, topology
+    from isojax.config import config_lib
     from isojax.configs import hard
-    from isojax import aot, config_lib, topology
     topology.prepare_backend("cpu:8")
     out = []
     for slots, fewest, weights, dtype in ((0, 0, "", ""), (8, 0, "", ""), (8, 1, "", ""),
@@ -190,8 +193,9 @@ def test_cpu8_split_compiles_the_sampler_and_the_learner_on_their_own_chips(mode
   weights and nothing else; score and train_step on 4 fsdp chips hold quarters."""
   code = f"""
     import dataclasses, json
+    from isojax import aot, topology
+    from isojax.config import config_lib
     from isojax.configs import hard
-    from isojax import aot, config_lib, topology
     topology.prepare_backend("cpu:8")
     config = hard.get_config("micro")
     config.base_model.path = {model_dir!r}
@@ -225,8 +229,9 @@ def test_cpu8_ppo_compiles_the_critic_with_hand_counted_bytes_and_flops(model_di
   With critic.train_trunk=False Adam holds the head's moments only, replicated."""
   code = f"""
     import dataclasses, json
+    from isojax import aot, topology
+    from isojax.config import config_lib
     from isojax.configs import hard
-    from isojax import aot, config_lib, topology
     topology.prepare_backend("cpu:8")
     out = []
     for train_trunk, trunk in ((True, "own"), (False, "own"), (False, "policy")):
@@ -290,8 +295,9 @@ def test_cpu8_lora_trains_and_holds_only_the_adapters(model_dir):
   base weights as an argument without differentiating them (4 FLOPs per weight)."""
   code = f"""
     import dataclasses, json
+    from isojax import aot, topology
+    from isojax.config import config_lib
     from isojax.configs import hard
-    from isojax import aot, config_lib, topology
     topology.prepare_backend("cpu:8")
     config = hard.get_config("micro")
     config.base_model.path = {model_dir!r}

@@ -8,8 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from isojax.tasks import arithmetic, demo_bases, difficulty, splits
+from isojax.base_models import demo_bases
 from isojax.sweeps import profiling
+from isojax.tasks import arithmetic, difficulty, splits
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 K = 8  # avg@8 in the end-to-end test, to keep it fast
@@ -151,8 +152,9 @@ def test_profile_sampler_calls_fit_the_memory(tmp_path, monkeypatch, available_m
   """With the memory there is, every --chunk_rollouts chunk is one sampler call; with
   little, each call holds the most rollouts that fit beside the weights (brute force
   over call sizes here), and the model is profiled with those calls."""
-  from isojax import config_lib, evaluation, memory_plan, run_inputs  # pylint: disable=g-import-not-at-top
+  from isojax.config import config_lib  # pylint: disable=g-import-not-at-top
   from isojax.configs import hard  # pylint: disable=g-import-not-at-top
+  from isojax.run import evaluation, memory_plan, run_inputs  # pylint: disable=g-import-not-at-top
   seen = []
 
   def correct_counts(graphdef, params, tok, book, problems, verifier, *, num_samples,

@@ -4,11 +4,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-from isojax import run_settings as settings_lib
 from isojax import tasks
-from isojax.tasks import Problem
-from isojax.sweeps import sweep_config
+from isojax.config import run_settings as settings_lib
 from isojax.sweeps import plan as sweep_plan
+from isojax.sweeps import sweep_config
+from isojax.tasks import Problem
 
 
 def _plan(spec):

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from isojax import config_lib, run_inputs
+from isojax.config import config_lib
 from isojax.configs import hard
 from isojax.models import hf_checkpoint, lora, transformer
 from isojax.models.settings import LORA_TARGETS, LoraSettings
+from isojax.run import run_inputs
 
 RANK, ALPHA = 4, 8.0
 
@@ -154,7 +155,8 @@ def test_a_rank_above_a_layers_width_and_lora_with_a_critic_are_refused():
 
 @pytest.mark.slow("three LoRA runs, one resumed")
 def test_checkpoints_hold_the_adapters_and_resume_exactly(tmp_path):
-  from isojax import run_dir, train  # pylint: disable=g-import-not-at-top
+  from isojax import run_dir  # pylint: disable=g-import-not-at-top
+  from isojax.run import train  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   config = hard.get_config("micro")
   config.model.lora.rank = RANK

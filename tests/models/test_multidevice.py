@@ -59,8 +59,9 @@ def test_sharded_model_and_update_match_single_device(on_8_devices):
 def test_main_runs_on_a_three_axis_mesh(tmp_path, on_8_devices):
   out = on_8_devices(f"""
     import json
-    from isojax import train, run_dir
+    from isojax import run_dir
     from isojax.configs import hard
+    from isojax.run import train
     config = hard.get_config("micro")
     config.mesh.update(data=-1, fsdp=2, tensor=2)
     config.num_steps = 2
@@ -75,7 +76,7 @@ def test_checkpoint_fingerprint_does_not_depend_on_sharding(on_8_devices):
   out = on_8_devices("""
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
-    from isojax import checkpointing
+    from isojax.run import checkpointing
     mesh = jax.make_mesh((4, 2), ("a", "b"))
     tree = {"w": jnp.asarray(np.random.default_rng(0).normal(size=(16, 8)), jnp.float32),
             "v": jnp.arange(8, dtype=jnp.bfloat16)}

@@ -6,9 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from isojax import config_lib
 from isojax import metrics
 from isojax import run_dir
+from isojax.config import config_lib
 from isojax.planner import analysis
 from isojax.planner import bootstrap
 from isojax.planner import experiments

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from isojax import config_lib
+from isojax.config import config_lib
 from isojax.planner import synthetic
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -160,7 +160,7 @@ def test_every_shipped_run_config_is_planned_with_the_runs_own_figures():
   against what the run derives: the peak of the LR schedule the training loop logs as
   train/learning_rate (`optimizer.make_optimizer`, evaluated at every step of the run) and
   the step count of the written config, resolved as isojax.main resolves it."""
-  from isojax import run_settings
+  from isojax.config import run_settings
   from isojax.planner import prescribe
   from isojax.rl import optimizer
   from isojax.sweeps import sweep_config

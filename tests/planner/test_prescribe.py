@@ -8,7 +8,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 import pytest
 
-from isojax import config_lib
+from isojax.config import config_lib
 from isojax.configs import from_json
 from isojax.planner import frontier
 from isojax.planner import grids

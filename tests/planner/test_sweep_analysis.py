@@ -9,8 +9,8 @@ from matplotlib import image
 import numpy as np
 import pytest
 
-from isojax import config_lib
 from isojax import run_dir
+from isojax.config import config_lib
 from isojax.configs import from_json
 from isojax.planner import analysis
 from isojax.planner import plots

@@ -6,9 +6,10 @@ import os
 import numpy as np
 import pytest
 
-from isojax import memory_plan, metrics, run_dir
+from isojax import metrics, run_dir
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.reproduce import gpu, saturation, tables
+from isojax.run import memory_plan
 
 TINY = dict(gpu.QWEN25_1P5B, num_layers=1, embed_dim=32, num_heads=2, num_kv_heads=1,
             head_dim=16, mlp_dim=64, vocab_size=300)

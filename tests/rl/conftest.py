@@ -5,12 +5,14 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from isojax import config_lib, run_inputs, tasks
-from isojax.tasks import prompts
+from isojax import tasks
+from isojax.config import config_lib
 from isojax.models import hf_checkpoint, lora, sharding
 from isojax.models import tokenizer as tokenizer_lib
-from isojax.rl import step as rl_step
 from isojax.rl import optimizer
+from isojax.rl import step as rl_step
+from isojax.run import run_inputs
+from isojax.tasks import prompts
 
 
 def _run_parts(config):

@@ -12,10 +12,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from isojax import config_lib, run_dir, run_inputs, train
+from isojax import run_dir
+from isojax.config import config_lib
 from isojax.models import hf_checkpoint, sharding
 from isojax.models.transformer import ModelConfig, Transformer
 from isojax.rl import advantages, critic, update
+from isojax.run import run_inputs, train
 
 
 def np_gae(rewards, values, mask, gamma, lam):

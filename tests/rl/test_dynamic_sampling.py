@@ -7,8 +7,10 @@ import jax
 import numpy as np
 import pytest
 
-from isojax import config_lib, run_dir, train
+from isojax import run_dir
+from isojax.config import config_lib
 from isojax.rl import dynamic_sampling, rollout, sources
+from isojax.run import train
 from isojax.sampling import sampler
 
 N = 3

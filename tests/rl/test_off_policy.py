@@ -11,9 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from isojax import config_lib, run_dir, train
+from isojax import run_dir
+from isojax.config import config_lib
 from isojax.models import sharding
 from isojax.rl import off_policy, rollout, sources, update
+from isojax.run import train
 
 
 
@@ -170,10 +172,11 @@ def test_sampling_on_devices_of_its_own(on_8_devices):
   out = on_8_devices("""
     import json, threading
     import jax
-    from isojax import run_dir, train
+    from isojax import run_dir
     from isojax.configs import scalerl
     from isojax.models import sharding
     from isojax.rl import rollout
+    from isojax.run import train
 
     learner, generator = sharding.make_meshes(dict(data=-1, fsdp=1, tensor=1,
                                                    rollout_fraction=0.5))
@@ -269,8 +272,9 @@ def test_in_flight_pipeline_on_devices_of_its_own(on_8_devices):
   rollout counted in `rollouts`; a resumed run counts nothing twice."""
   out = on_8_devices("""
     import json, shutil
-    from isojax import run_dir, train
+    from isojax import run_dir
     from isojax.configs import scalerl
+    from isojax.run import train
     config = scalerl.get_config("micro")
     config.update(num_steps=8, checkpoint_every=4)
     config.rl.update(max_staleness=2, off_policy="pipeline_in_flight", in_flight_tokens=1)

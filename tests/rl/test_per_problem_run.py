@@ -7,8 +7,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from isojax import run_dir, train
+from isojax import run_dir
 from isojax.rl import sources
+from isojax.run import train
 
 
 def _pass_history(workdir, step):

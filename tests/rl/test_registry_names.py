@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from isojax import config_lib
+from isojax.config import config_lib
 from isojax.rl import advantages, downsampling, losses, names, update
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -60,7 +60,7 @@ def test_config_layer_and_planner_import_no_jax():
   code = """
 import importlib, sys
 import isojax.planner
-from isojax import config_lib
+from isojax.config import config_lib
 from isojax.planner import prescribe
 for name in ("hard", "easy", "reasoning", "pods", "scalerl", "ppo", "dapo"):
   config = config_lib.resolve(importlib.import_module(f"isojax.configs.{name}").get_config())

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from isojax import config_lib
+from isojax.config import config_lib
 from isojax.configs import dapo, hard, scalerl
 from isojax.rl import sources
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from isojax import config_lib
+from isojax.config import config_lib
 from isojax.models.transformer import ModelConfig, Transformer
 from isojax.sampling import sampler, settings
 

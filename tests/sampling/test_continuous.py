@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 from scipy import stats
 
-from isojax import config_lib
+from isojax.config import config_lib
 from isojax.models.transformer import ModelConfig, Transformer
 from isojax.sampling import continuous, sampler
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from isojax import config_lib
+from isojax.config import config_lib
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.models.transformer import ModelConfig, Transformer
 from isojax.rl import rollout

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from isojax import config_lib, tasks
+from isojax import tasks
+from isojax.config import config_lib
 from isojax.models.transformer import ModelConfig, Transformer
 from isojax.rl import rollout
 from isojax.sampling import sampler

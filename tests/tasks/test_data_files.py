@@ -17,9 +17,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from isojax import config_lib, tasks
+from isojax import tasks
+from isojax.base_models import demo_bases
+from isojax.config import config_lib
 from isojax.models import tokenizer as tokenizer_lib
-from isojax.tasks import data_files, demo_bases, math_data, prompts
+from isojax.tasks import data_files, math_data, prompts
 
 ROWS = [dict(question=f"What is {i} plus 1?", answer=f"#### {i + 1}") for i in range(6)]
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4

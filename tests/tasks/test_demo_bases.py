@@ -11,11 +11,12 @@ import sys
 import numpy as np
 import pytest
 
-from isojax import config_lib, tasks
+from isojax import tasks
+from isojax.base_models import demo_bases
+from isojax.base_models import tiny_base_model
+from isojax.config import config_lib
 from isojax.models import hf_checkpoint
 from isojax.models import tokenizer as tokenizer_lib
-from isojax.tasks import demo_bases
-from isojax.tasks import tiny_base_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHIPPED = sorted(demo_bases.SHIPPED.items())

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from isojax import config_lib
+from isojax.config import config_lib
 from isojax.tasks import math_data
 
 DAPO_PREFIX = ("Solve the following math problem step by step. The last line of your "

@@ -478,8 +478,9 @@ def test_a_run_whose_gold_answers_all_time_out_finishes_with_them_counted(tmp_pa
   timeout. The run finishes its steps and metrics.jsonl counts the timeouts."""
   import importlib  # pylint: disable=g-import-not-at-top
   import json  # pylint: disable=g-import-not-at-top
-  from isojax import run_dir, train  # pylint: disable=g-import-not-at-top
-  from isojax.tasks import demo_bases  # pylint: disable=g-import-not-at-top
+  from isojax import run_dir  # pylint: disable=g-import-not-at-top
+  from isojax.base_models import demo_bases  # pylint: disable=g-import-not-at-top
+  from isojax.run import train  # pylint: disable=g-import-not-at-top
   data = tmp_path / "tower.jsonl"
   data.write_text("".join(json.dumps({"q": f"{a}+{b}=", "a": "9^{9^{9^{9}}}"}) + "\n"
                           for a in range(10, 20) for b in (21, 43)))

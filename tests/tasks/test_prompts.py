@@ -5,7 +5,8 @@ import inspect
 import numpy as np
 import pytest
 
-from isojax import config_lib, tasks
+from isojax import tasks
+from isojax.config import config_lib
 from isojax.models import chat_template
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.tasks import prompts

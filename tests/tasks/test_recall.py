@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from isojax import config_lib, tasks
+from isojax import tasks
+from isojax.base_models import demo_bases, recall_base
+from isojax.config import config_lib
 from isojax.models import hf_checkpoint
-from isojax.tasks import demo_bases, recall, recall_base
+from isojax.tasks import recall
 from isojax.tasks.settings import TaskSettings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -36,9 +36,10 @@ import jax
 import numpy as np
 from flax import nnx
 
+from isojax.base_models import tiny_base_model
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.models.transformer import ModelConfig, Transformer
-from isojax.tasks import recall, tiny_base_model
+from isojax.tasks import recall
 from isojax.tasks.settings import TaskSettings
 
 LOGIT_FLOOR = -30.0  # tokens the model never emits: e^-30 of the mass, next to nothing

@@ -27,15 +27,16 @@ import tqdm
 from absl import logging
 from flax import nnx
 
-from isojax import (checkpointing, config_lib, evaluation, host_memory, memory_plan,
-                    metric_writers, metrics, preemption, resume_settings, run_dir,
-                    run_inputs, run_settings, run_state, storage, workdir_lock)
+from isojax import host_memory, metric_writers, metrics, run_dir, storage
+from isojax.config import config_lib, run_settings
 from isojax.models import hf_checkpoint, lora, sharding
-from isojax.rl import guard, optimizer, problem_pool, rollout_allocation, sources
 from isojax.rl import critic as critic_lib
+from isojax.rl import guard, optimizer, problem_pool, rollout_allocation, sources
 from isojax.rl import settings as rl_settings
-from isojax.tasks import splits
 from isojax.rl import step as rl_step
+from isojax.run import (checkpointing, evaluation, memory_plan, preemption, resume_check,
+                        run_inputs, run_state, workdir_lock)
+from isojax.tasks import splits
 
 # On an object store metrics.jsonl is rewritten whole, so at most this often (and at
 # each checkpoint and the end) rather than at every step.
@@ -53,7 +54,7 @@ def run(config: ml_collections.ConfigDict | run_settings.RunSettings, workdir: s
   step boundary with that step saved and raises `preemption.Preempted`; rerunning
   resumes it exactly. A rerun resumes from the newest checkpoint, or from `resume_step`
   (the newer ones are moved aside), with the run's settings: the fields that
-  `allow_changed` names may differ, and are recorded (`resume_settings`).
+  `allow_changed` names may differ, and are recorded (`resume_check`).
   """
   s = config_lib.as_settings(config)
   with contextlib.ExitStack() as stack:
@@ -133,11 +134,11 @@ def _settings_event(workdir: str, inputs: run_inputs.Inputs, restored, *, start:
   if restored is None:
     return None
   if restored.step != start:
-    changed = resume_settings.check(workdir, inputs.requested, step=restored.step,
+    changed = resume_check.check(workdir, inputs.requested, step=restored.step,
                                     allow=allow_changed)
-  if primary and resume_settings.needs_record(workdir, restored.step, changed,
+  if primary and resume_check.needs_record(workdir, restored.step, changed,
                                               restored.superseded):
-    return resume_settings.record(workdir, restored.step, changed, restored.superseded)
+    return resume_check.record(workdir, restored.step, changed, restored.superseded)
   return None
 
 
@@ -241,7 +242,7 @@ def _open_workdir(opened: run_state.Workdir, inputs: run_inputs.Inputs, *,
   # Nothing is written before the settings check: a workdir with a checkpoint holds a run.
   checkpointing.check_step(opened.ckpt, from_step)
   start = opened.ckpt.latest_step() if from_step is None else from_step
-  changed = ({} if start is None else resume_settings.check(
+  changed = ({} if start is None else resume_check.check(
       workdir, inputs.requested, step=start, allow=allow_changed))
   if start is not None and opened.primary and run_dir.metrics_path(workdir).exists():
     # Every metrics line read before a checkpoint is moved aside or history appended:
@@ -314,7 +315,7 @@ def _run(requested: run_settings.RunSettings, workdir: str, notice: preemption.N
          hold_workdir: Callable[[], None], on_exit: Callable[[Callable], None], *,
          allow_changed: tuple[str, ...], from_step: int | None) -> dict[str, float]:
   storage.QuietLibraries.install()
-  resume_settings.check_allowance(allow_changed)  # a mistyped field fails before any work
+  resume_check.check_allowance(allow_changed)  # a mistyped field fails before any work
   inputs = run_inputs.check_inputs(requested)  # fail fast, before any write
   s = inputs.settings  # as planned: the passes left at 0 are filled in
   num_steps = s.num_steps

@@ -15,12 +15,15 @@ from typing import Any
 
 from absl import logging
 
-from isojax import memory_plan, resume_settings, run_settings, tasks
+from isojax import tasks
+from isojax.base_models import demo_bases
+from isojax.config import run_settings
 from isojax.models import checkpoint_files, hf_checkpoint, sharding
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.rl import critic as critic_lib
 from isojax.rl import rollout
-from isojax.tasks import demo_bases, prompts
+from isojax.run import memory_plan, resume_check
+from isojax.tasks import prompts
 
 
 def policy_path(s: run_settings.RunSettings) -> str:
@@ -88,7 +91,7 @@ def check_inputs(s: run_settings.RunSettings) -> Inputs:
   rollout.interruption(s.sampling, tok)  # its text must fit the tokenizer
   critic_lib.check_vocabulary(s.critic, s.model, path)  # a loaded critic reads the policy's tokens
   task = prompts.load_task(s.task, tok, problems_per_batch=s.problems_per_batch)
-  requested = resume_settings.dotted_fields(s.to_dict())  # as set: before the plan's passes
+  requested = resume_check.dotted_fields(s.to_dict())  # as set: before the plan's passes
   planned, plan = plan_passes(s, path, task.book.max_len)  # the context and memory
   return Inputs(planned, mesh, rollout_mesh, path, tok, task.train, task.val, task.book,
                  task.skipped, task.skipped_rows, requested, tasks.make_verifier(s.task), plan)

@@ -25,7 +25,7 @@ import dataclasses
 import os
 from typing import Any
 
-from isojax import run_settings
+from isojax.config import run_settings
 
 GIB = 1024 ** 3
 # The LM head's share of a pass: logits (and their softmax and gradient) of one

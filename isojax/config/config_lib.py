@@ -2,7 +2,7 @@
 the presets.
 
 The fields, their defaults and meanings and their checks are the typed settings'
-(`isojax.run_settings.RunSettings` and the sections it holds); this module only maps
+(`isojax.config.run_settings.RunSettings` and the sections it holds); this module only maps
 them to a ConfigDict and back. Config files under `configs/` start from
 `base_config()`, apply a row of `RECIPES` and a preset, and return a ConfigDict.
 `isojax.main` calls `resolve(config)` before any compilation: it rejects unknown fields
@@ -20,7 +20,8 @@ from typing import Any
 import ml_collections
 from ml_collections import config_dict
 
-from isojax import run_settings, storage
+from isojax import storage
+from isojax.config import run_settings
 
 # The IsoCompute paper's regularisation table: the easy recipe adds a KL anchor and an
 # entropy bonus, the hard recipe neither. Entropy is never used without the KL anchor.

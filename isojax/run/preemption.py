@@ -13,7 +13,7 @@ a decision every process takes at the same step boundary:
                    CheckpointManager uses too). No Python handler is installed: it would
                    take the signal from the service.
 
-`isojax.train` asks before and after the step-0 evaluation and at the top of every step;
+`isojax.run.train` asks before and after the step-0 evaluation and at the top of every step;
 on True it saves that step (unless the step is saved already, or is step 0 of a fresh
 run: then nothing is saved), flushes its writers and raises `Preempted`, which
 `isojax.main` turns into exit status 0 and a line saying where the run resumes.

@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from isojax import checkpointing, metrics, preemption, run_dir
+from isojax import metrics, run_dir
 from isojax.models import lora
 from isojax.rl import guard, problem_pool
 from isojax.rl import sources as sources_lib
+from isojax.run import checkpointing, preemption
 
 
 @dataclasses.dataclass

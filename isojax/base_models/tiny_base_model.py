@@ -38,11 +38,12 @@ from absl import logging
 from flax import nnx
 
 from isojax import cpu_isa, tasks
+from isojax.base_models import demo_bases
 from isojax.models import chat_template as chat_template_lib
 from isojax.models import hf_checkpoint
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.models.transformer import ModelConfig, Transformer
-from isojax.tasks import arithmetic, demo_bases, prompts, reasoning_gym_task
+from isojax.tasks import arithmetic, prompts, reasoning_gym_task
 from isojax.tasks.settings import TaskSettings
 
 # The demo BPE: Qwen's special tokens; <|im_end|> ends a turn, <|endoftext|> pads.

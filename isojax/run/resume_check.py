@@ -32,7 +32,8 @@ from typing import Any, Iterable
 
 import ml_collections
 
-from isojax import config_lib, metrics, run_dir, storage
+from isojax import metrics, run_dir, storage
+from isojax.config import config_lib
 
 # The allocation: the run's point in a sweep. A change needs a new --workdir.
 FIXED = ("rollouts_per_problem", "problems_per_batch", "num_steps", "budget_rollouts", "seed")

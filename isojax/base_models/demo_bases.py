@@ -72,7 +72,7 @@ def read_manifest(directory: str) -> dict[str, Any]:
   file = os.path.join(directory, MANIFEST_FILE)
   if not os.path.isfile(file):
     raise FileNotFoundError(f"{file}: missing; a demo base model directory carries its "
-                            "manifest (isojax.tasks.demo_bases)")
+                            "manifest (isojax.base_models.demo_bases)")
   try:
     with open(file) as f:
       manifest = json.load(f)
