@@ -160,9 +160,11 @@ def build_train_batch(rl: rl_settings.RLSettings, scored: rollout.ScoredRollouts
   """
   n = scored.rewards_GN.shape[1]
   rewards_GN = training_rewards(rl, scored, max_new_tokens=max_new_tokens)
+  group_ids_B = None
   if scored.group_sizes is not None:  # unequal groups (per-problem allocation)
     rows, adv_B, rewards_B, zero_var_G, sizes = unequal_rows(
         rl, rewards_GN, scored.group_sizes, select_rng=select_rng)
+    group_ids_B = np.repeat(np.arange(sizes.size, dtype=np.int32), sizes)
   else:
     rows, adv_GM, rewards_GM = selected_rows(rl, rewards_GN, select_rng=select_rng)
     adv_B, rewards_B = adv_GM.reshape(-1), np.asarray(rewards_GM).reshape(-1)
@@ -183,11 +185,12 @@ def build_train_batch(rl: rl_settings.RLSettings, scored: rollout.ScoredRollouts
     adv_B, rewards_B = (np.concatenate([x, np.zeros(pad, np.float32)])
                         for x in (adv_B, np.asarray(rewards_B, np.float32)))
     keep_pg, keep_reg = (np.concatenate([k, np.zeros(pad, bool)]) for k in (keep_pg, keep_reg))
+    group_ids_B = np.concatenate([group_ids_B, np.zeros(pad, np.int32)])  # no tokens there
   batch = update.TrainBatch(
       tokens=tokens[rows], mask=mask[rows], response_mask=response_mask,
       sampler_logp=scored.rollouts.logprobs[rows],
       old_logp=np.zeros(response_mask.shape, np.float32),
       ref_logp=np.zeros(response_mask.shape, np.float32),
       advantages=adv_B, keep_pg=keep_pg, keep_reg=keep_reg,
-      shuffle_rng=None, rewards=np.asarray(rewards_B, np.float32))
+      shuffle_rng=None, rewards=np.asarray(rewards_B, np.float32), group_ids=group_ids_B)
   return batch, zero_var_G

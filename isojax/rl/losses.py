@@ -174,28 +174,28 @@ def policy_loss(name: str, *, logp_BT: jax.Array, old_logp_BT: jax.Array,
 # --------------------------------------------------------------------------------
 
 
-def token_mean(loss_BT, mask_f, *, group_size, constant_normalizer):
+def token_mean(loss_BT, mask_f, *, group_size, constant_normalizer, group_ids_B=None):
   """DAPO / GRPO-as-implemented: every valid token of the batch weighs the same."""
-  del group_size, constant_normalizer
+  del group_size, constant_normalizer, group_ids_B
   return jnp.sum(loss_BT * mask_f) / jnp.maximum(jnp.sum(mask_f), 1)
 
 
-def sequence_mean(loss_BT, mask_f, *, group_size, constant_normalizer):
+def sequence_mean(loss_BT, mask_f, *, group_size, constant_normalizer, group_ids_B=None):
   """Original GRPO: the mean over sequences of each sequence's token mean.
 
   Sequences with no valid token (for example filtered out through the mask) are left
   out of the mean instead of diluting it.
   """
-  del group_size, constant_normalizer
+  del group_size, constant_normalizer, group_ids_B
   len_B = jnp.sum(mask_f, axis=1)
   seq_B = jnp.sum(loss_BT * mask_f, axis=1) / jnp.maximum(len_B, 1)
   return jnp.sum(seq_B) / jnp.maximum(jnp.sum(len_B > 0), 1)
 
 
-def constant(loss_BT, mask_f, *, group_size, constant_normalizer):
+def constant(loss_BT, mask_f, *, group_size, constant_normalizer, group_ids_B=None):
   """Dr.GRPO: token sum over B * constant_normalizer (e.g. the max response length),
   so the weight of a token does not depend on the lengths in its batch."""
-  del group_size
+  del group_size, group_ids_B
   if constant_normalizer is None or not constant_normalizer > 0:
     raise ValueError(
         f"aggregation 'constant' needs constant_normalizer > 0 (for example the "
@@ -203,12 +203,22 @@ def constant(loss_BT, mask_f, *, group_size, constant_normalizer):
   return jnp.sum(loss_BT * mask_f) / (loss_BT.shape[0] * constant_normalizer)
 
 
-def prompt_mean(loss_BT, mask_f, *, group_size, constant_normalizer):
-  """ScaleRL prompt level: each group of `group_size` consecutive sequences sums its
-  token losses over its own token count, then groups are averaged, so every prompt
-  weighs the same. Groups with no valid token are left out of the mean."""
+def prompt_mean(loss_BT, mask_f, *, group_size, constant_normalizer, group_ids_B=None):
+  """ScaleRL prompt level: each group sums its token losses over its own token count,
+  then groups are averaged, so every prompt weighs the same. Groups with no valid token
+  are left out of the mean.
+
+  A group is `group_size` consecutive sequences, or, with `group_ids_B` [B] (groups of
+  unequal size: per-problem allocation), the rows that share an id in [0, B).
+  """
   del constant_normalizer
   b, t = loss_BT.shape
+  if group_ids_B is not None:
+    sum_G = jax.ops.segment_sum(jnp.sum(loss_BT * mask_f, axis=1), group_ids_B,
+                                num_segments=b)
+    count_G = jax.ops.segment_sum(jnp.sum(mask_f, axis=1), group_ids_B, num_segments=b)
+    group_G = sum_G / jnp.maximum(count_G, 1)
+    return jnp.sum(group_G) / jnp.maximum(jnp.sum(count_G > 0), 1)
   if b % group_size:
     raise ValueError(f"aggregation 'prompt_mean': B={b} sequences is not a multiple of "
                      f"group_size={group_size}")
@@ -228,8 +238,11 @@ AGGREGATIONS: dict[str, Callable[..., jax.Array]] = {
 
 
 def aggregate(name: str, loss_BT: jax.Array, mask_BT: jax.Array, *, group_size: int,
-              constant_normalizer: float | None = None) -> jax.Array:
-  """The scalar loss from per-token losses [B, T]; only tokens with mask 1 count."""
+              constant_normalizer: float | None = None,
+              group_ids_B: jax.Array | None = None) -> jax.Array:
+  """The scalar loss from per-token losses [B, T]; only tokens with mask 1 count.
+  `group_ids_B`: each row's group when groups differ in size (else consecutive groups
+  of `group_size`)."""
   if name not in AGGREGATIONS:
     raise ValueError(f"aggregation {name!r}: expected one of {sorted(AGGREGATIONS)}")
   if loss_BT.shape != mask_BT.shape or loss_BT.ndim != 2:
@@ -242,11 +255,12 @@ def aggregate(name: str, loss_BT: jax.Array, mask_BT: jax.Array, *, group_size: 
   mask_f = mask_BT.astype(loss_BT.dtype)
   loss_BT = jnp.where(mask_BT.astype(bool), loss_BT, 0.0)
   return AGGREGATIONS[name](loss_BT, mask_f, group_size=group_size,
-                            constant_normalizer=constant_normalizer)
+                            constant_normalizer=constant_normalizer, group_ids_B=group_ids_B)
 
 
 def aggregation_weights(name: str, mask_BT: jax.Array, *, group_size: int,
-                        constant_normalizer: float | None = None) -> jax.Array:
+                        constant_normalizer: float | None = None,
+                        group_ids_B: jax.Array | None = None) -> jax.Array:
   """Per-token weights w [B, T] with aggregate(name, x, mask) == sum(w * x) for every x.
 
   Every aggregation is linear in the token losses, with coefficients that depend on
@@ -257,8 +271,8 @@ def aggregation_weights(name: str, mask_BT: jax.Array, *, group_size: int,
   """
   zeros_BT = jnp.zeros(mask_BT.shape, jnp.float32)
   return sg(jax.grad(lambda x_BT: aggregate(
-      name, x_BT, mask_BT, group_size=group_size,
-      constant_normalizer=constant_normalizer))(zeros_BT))
+      name, x_BT, mask_BT, group_size=group_size, constant_normalizer=constant_normalizer,
+      group_ids_B=group_ids_B))(zeros_BT))
 
 
 # --------------------------------------------------------------------------------

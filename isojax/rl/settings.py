@@ -216,7 +216,6 @@ class RLSettings(validation.Section):
       raise ValueError(f"rl.allocation_n_min={n_min} with rl.advantage={self.advantage!r}: "
                        "group-normalised advantages need at least 2 rollouts per problem")
     unsupported = dict(dynamic_sampling=self.dynamic_sampling,
-                       aggregation=self.aggregation == "prompt_mean",
                        max_staleness=self.max_staleness > 0,
                        advantage=self.advantage == names.GAE,
                        num_minibatches=self.num_minibatches > 1)
@@ -224,9 +223,9 @@ class RLSettings(validation.Section):
       if on:
         raise ValueError(f"rl.allocation='per_problem' with rl.{field}="
                          f"{getattr(self, field)!r}: not supported with groups of unequal "
-                         "size (dynamic sampling, prompt-level aggregation, "
-                         "off-policy sampling, a critic and minibatches of whole groups "
-                         "all assume n rollouts a problem); use rl.allocation='uniform'")
+                         "size (dynamic sampling, off-policy sampling, a critic and "
+                         "minibatches of whole groups all assume n rollouts a problem); "
+                         "use rl.allocation='uniform'")
 
   def check_allocation(self, n: int, problems_per_batch: int, max_new_tokens: int) -> None:
     """The rules that tie these fields to n, B_p and the sampler's max_new_tokens."""

@@ -57,6 +57,9 @@ class TrainBatch:
   keep_reg: jax.Array       # [B] bool: KL / entropy terms apply
   shuffle_rng: jax.Array    # [] key: minibatch order per epoch
   rewards: jax.Array | None = None  # [B] float32 training rewards (GAE's outcome reward)
+  group_ids: jax.Array | None = None  # [B] int32: each row's problem when groups differ in
+                                      # size (per-problem allocation); None: consecutive
+                                      # groups of `group_size`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +168,8 @@ def _each_micro(fn, tree, k: int):
 def _weights(mb: TrainBatch, s: UpdateSettings):
   """Aggregation weights [B, T] of the policy-gradient and the regulariser terms."""
   agg = functools.partial(losses.aggregation_weights, s.aggregation, group_size=s.group_size,
-                          constant_normalizer=s.constant_normalizer)
+                          constant_normalizer=s.constant_normalizer,
+                          group_ids_B=mb.group_ids)
   return (agg(mb.response_mask & mb.keep_pg[:, None]),
           agg(mb.response_mask & mb.keep_reg[:, None]))
 

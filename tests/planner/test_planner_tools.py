@@ -85,7 +85,7 @@ def test_plan_from_analysis(analysed, tmp_path):
 def test_plan_default_law_with_config_file_and_grid(tmp_path):
   config_file = tmp_path / "easy_cfg.py"
   config_file.write_text(
-      "from isojax import config_lib\n"
+      "from isojax.config import config_lib\n"
       "def get_config(arg=None):\n"
       "  return config_lib.apply_recipe(config_lib.base_config(), 'easy')\n")
   single = _run("plan", "--budget_rollouts=65536", f"--config={config_file}",

@@ -326,6 +326,35 @@ def test_aggregate_matches_numpy(seed, groups, group_size, name):
   np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
 
 
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), sizes=st.lists(st.integers(1, 4), min_size=1, max_size=4),
+       pad=st.integers(0, 2))
+def test_prompt_mean_over_unequal_groups_matches_numpy(seed, sizes, pad):
+  """Per-problem allocation: group g holds sizes[g] rows (its id), then `pad` padding rows
+  without tokens (id 0); each group's token mean, averaged over groups with a token."""
+  rng = np.random.default_rng(seed)
+  ids = np.concatenate([np.repeat(np.arange(len(sizes)), sizes), np.zeros(pad, int)])
+  b, t = ids.size, 5
+  loss = rng.normal(size=(b, t))
+  mask = (rng.random((b, t)) < 0.6).astype(np.float64)
+  mask[b - pad:] = 0
+  real = ids[:b - pad]
+  per_group = [(loss[:b - pad][real == g] * mask[:b - pad][real == g]).sum()
+               / mask[:b - pad][real == g].sum()
+               for g in range(len(sizes)) if mask[:b - pad][real == g].sum()]
+  expected = np.mean(per_group) if per_group else 0.0
+  args = (jnp.asarray(loss, jnp.float32), jnp.asarray(mask, jnp.float32))
+  out = losses.aggregate("prompt_mean", *args, group_size=1,
+                         group_ids_B=jnp.asarray(ids, jnp.int32))
+  np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+  w = losses.aggregation_weights("prompt_mean", args[1], group_size=1,
+                                 group_ids_B=jnp.asarray(ids, jnp.int32))
+  np.testing.assert_allclose(np.sum(np.asarray(w) * loss), expected, rtol=1e-5, atol=1e-6)
+  if len(set(sizes)) == 1 and not pad:  # equal groups: the consecutive-group form
+    np.testing.assert_allclose(out, losses.aggregate("prompt_mean", *args,
+                                                     group_size=sizes[0]), rtol=1e-6)
+
+
 @pytest.mark.parametrize("name", ["token_mean", "sequence_mean", "constant", "prompt_mean"])
 def test_aggregate_ignores_garbage_under_mask_and_empty_mask(name):
   loss = jnp.array([[1.0, jnp.nan], [jnp.inf, 2.0]])

@@ -34,12 +34,16 @@ def _best_splits(p, budget, n_min, n_max):
 
 
 @pytest.mark.slow("a 3-step run of the micro config")
-@pytest.mark.parametrize("pods", [False, True])
-def test_each_steps_split_is_the_optimum_for_the_history_before_it(tmp_path, pods):
+@pytest.mark.parametrize("pods,aggregation", [(False, "token_mean"), (True, "token_mean"),
+                                              (False, "prompt_mean")])
+def test_each_steps_split_is_the_optimum_for_the_history_before_it(tmp_path, pods,
+                                                                   aggregation):
   """With PODS (m = n = 4) too: a group above 4 is down-sampled to 4 and one below trains
   on all it has, so an uneven split pads the update's batch; the split still counts
-  every generated rollout in the history."""
+  every generated rollout in the history. With prompt-level aggregation each problem's
+  rows weigh as one prompt, whatever its group's size."""
   config = importlib.import_module("isojax.configs.per_problem").get_config("micro")
+  config.rl.aggregation = aggregation
   if pods:
     config.rl.update(downsample="max_variance", train_rollouts_per_problem=4)
   config.num_steps, config.checkpoint_every, config.checkpoint_keep = 3, 1, 3

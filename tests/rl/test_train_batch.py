@@ -217,6 +217,7 @@ def test_unequal_groups_batch_against_each_groups_own_reference():
   np.testing.assert_array_equal(np.asarray(batch.tokens)[:, :p], prompts[owner])
   np.testing.assert_array_equal(np.asarray(batch.tokens)[:, p:], tokens)
   assert batch.keep_pg.all()  # rl.zero_variance_filter = off
+  np.testing.assert_array_equal(batch.group_ids, owner)  # prompt_mean's groups
 
 
 @pytest.mark.parametrize("advantages_on", ["selected", "generated"])
@@ -275,3 +276,13 @@ def test_unequal_groups_pods_against_a_brute_force_reference(advantages_on):
   for name in ("token_mean", "sequence_mean"):
     assert float(losses.aggregate(name, x, mask, group_size=1)) == pytest.approx(
         float(losses.aggregate(name, x[:kept], mask[:kept], group_size=1)), rel=1e-6)
+  # prompt_mean's groups: each problem's kept rows (3, 2, 3, 3), the padding row in
+  # group 0 without a token; every problem weighs the same, whatever it kept.
+  np.testing.assert_array_equal(batch.group_ids, [0] * 3 + [1] * 2 + [2] * 3 + [3] * 3 + [0])
+  x_np, mask_np = np.asarray(x), np.asarray(mask, np.float64)
+  owner = np.asarray(batch.group_ids)[:kept]
+  want = np.mean([(x_np[:kept][owner == g] * mask_np[:kept][owner == g]).sum()
+                  / mask_np[:kept][owner == g].sum() for g in range(4)])
+  assert float(losses.aggregate("prompt_mean", x, mask, group_size=1,
+                                group_ids_B=jnp.asarray(batch.group_ids))) == pytest.approx(
+                                    want, rel=1e-5)
