@@ -138,6 +138,11 @@ class RunSettings(validation.Section):
     return self.problems_per_batch * self.rollouts_per_problem
 
   @property
+  def trained_batch_rollouts(self) -> int:
+    """B_p * m: the rollouts an update trains on (the batch the LR rule scales with)."""
+    return self.problems_per_batch * self.train_rollouts_per_problem
+
+  @property
   def warmup_steps(self) -> int:
     """The LR warm-up in RL steps (`optim.warmup_steps`, or `optim.warmup_rollouts` over
     the rollouts a step samples, rounded up)."""
@@ -146,8 +151,7 @@ class RunSettings(validation.Section):
   @property
   def learning_rate(self) -> float:
     """The peak LR: `optim.learning_rate` scaled with the trained batch B_p * m."""
-    return self.optim.peak_learning_rate(
-        self.train_rollouts_per_problem * self.problems_per_batch)
+    return self.optim.peak_learning_rate(self.trained_batch_rollouts)
 
 
 def _as_section(cls, value):

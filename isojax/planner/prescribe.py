@@ -221,4 +221,4 @@ def run_figures(allocation: grids.Allocation, base: RunConfig) -> RunFigures:
   return RunFigures(effective_learning_rate=s.learning_rate, num_steps=s.num_steps,
                     rollouts_per_step=s.rollouts_per_step,
                     train_rollouts_per_problem=s.train_rollouts_per_problem,
-                    trained_batch_rollouts=s.problems_per_batch * s.train_rollouts_per_problem)
+                    trained_batch_rollouts=s.trained_batch_rollouts)

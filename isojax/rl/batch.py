@@ -131,16 +131,6 @@ def unequal_rows(rl: rl_settings.RLSettings, rewards_GN: np.ndarray, sizes_G: np
   return rows, adv_GM[kept_GM], rewards_GM[kept_GM].astype(np.float32), zero_var_G, kept_G
 
 
-def _padding_rows(rl: rl_settings.RLSettings, scored: rollout.ScoredRollouts,
-                  rows: np.ndarray) -> int:
-  """Rows that fill a per-problem PODS batch up to B_p * m (its kept rollouts vary from
-  step to step; a fixed shape keeps the update compiled once)."""
-  if scored.group_sizes is None or rl.downsample == "none":
-    return 0
-  g = scored.group_sizes.size
-  return g * rl.train_rollouts(int(scored.group_sizes.sum()) // g) - rows.size
-
-
 def _group_advantages(name: str, rewards_GN: jax.Array, *, eps: float, valid_GN=None
                       ) -> jax.Array:
   """A group estimator's advantages [G, N]; zeros for GAE, whose per-token advantages
@@ -151,12 +141,15 @@ def _group_advantages(name: str, rewards_GN: jax.Array, *, eps: float, valid_GN=
 
 
 def build_train_batch(rl: rl_settings.RLSettings, scored: rollout.ScoredRollouts, *,
-                      max_new_tokens: int, select_rng: jax.Array
+                      max_new_tokens: int, select_rng: jax.Array, trained_rows: int = 0
                       ) -> tuple[update.TrainBatch, np.ndarray]:
   """Shaped rewards, advantages, PODS down-sampling and zero-variance masks.
 
   Returns a host (NumPy) batch whose old/ref log-probs and shuffle key the caller
   fills after sharding it, and the [G] zero-variance flags of the trained groups.
+  Unequal groups (per-problem allocation) train on a number of rollouts that varies
+  from step to step; `trained_rows` > 0 (B_p * m) pads their batch to that many rows,
+  copies of row 0 that no loss term or statistic sees, so the update compiles once.
   """
   n = scored.rewards_GN.shape[1]
   rewards_GN = training_rewards(rl, scored, max_new_tokens=max_new_tokens)
@@ -177,8 +170,11 @@ def build_train_batch(rl: rl_settings.RLSettings, scored: rollout.ScoredRollouts
   tokens, mask = rollout.sequences(scored, n)
   # The policy's own tokens: forced interruption text is context (in `mask`), not action.
   response_mask = scored.rollouts.actions[rows]
-  pad = _padding_rows(rl, scored, rows)
-  if pad:  # a fixed batch shape: copies of row 0 that no loss term or statistic sees
+  pad = trained_rows - rows.size if scored.group_sizes is not None and trained_rows else 0
+  if pad < 0:
+    raise ValueError(f"{rows.size} rollouts to train on, more than the batch's "
+                     f"trained_rows={trained_rows}")
+  if pad:
     rows = np.concatenate([rows, np.zeros(pad, rows.dtype)])
     response_mask = np.concatenate([response_mask, np.zeros((pad,) + response_mask.shape[1:],
                                                             response_mask.dtype)])

@@ -215,17 +215,16 @@ class RLSettings(validation.Section):
     if n_min < 2 and self.advantage in GROUP_ESTIMATORS:
       raise ValueError(f"rl.allocation_n_min={n_min} with rl.advantage={self.advantage!r}: "
                        "group-normalised advantages need at least 2 rollouts per problem")
-    unsupported = dict(dynamic_sampling=self.dynamic_sampling,
-                       max_staleness=self.max_staleness > 0,
+    unsupported = dict(max_staleness=self.max_staleness > 0,
                        advantage=self.advantage == names.GAE,
                        num_minibatches=self.num_minibatches > 1)
     for field, on in unsupported.items():
       if on:
         raise ValueError(f"rl.allocation='per_problem' with rl.{field}="
                          f"{getattr(self, field)!r}: not supported with groups of unequal "
-                         "size (dynamic sampling, off-policy sampling, a critic and "
-                         "minibatches of whole groups all assume n rollouts a problem); "
-                         "use rl.allocation='uniform'")
+                         "size (off-policy sampling, a critic and minibatches of whole "
+                         "groups all assume n rollouts a problem); use "
+                         "rl.allocation='uniform'")
 
   def check_allocation(self, n: int, problems_per_batch: int, max_new_tokens: int) -> None:
     """The rules that tie these fields to n, B_p and the sampler's max_new_tokens."""

@@ -134,7 +134,9 @@ class Problems:
                 if self.pool is None else
                 self.pool.sample(np.random.default_rng([self.seed, step, round_index]),
                                  self.b_p))
-    scored = self.generate(chosen, params, key)
+    sizes = self.group_sizes(chosen, params)
+    scored = self.generate(chosen, params, key, **(
+        {} if sizes is None else dict(group_sizes=sizes, n_max=self.rl.group_bounds(self.n)[1])))
     self.record(chosen, scored)
     return chosen, scored
 
@@ -142,13 +144,15 @@ class Problems:
     """The groups `step` trains on: one round, or rounds until B_p carry a signal."""
     if not self.rl.dynamic_sampling:
       chosen, scored = self.draw(step, params, 0)
-      return dynamic_sampling.Collected(chosen, scored, scored.rewards_GN.size, rounds=1)
+      return dynamic_sampling.Collected(chosen, scored, scored.rewards_B.size, rounds=1)
     return dynamic_sampling.collect(
         functools.partial(self.draw, step, params), problems_per_batch=self.b_p,
         max_rounds=self.rl.dynamic_sampling_max_rounds,
         informative=lambda scored: ~advantages.zero_variance_groups(
             rl_batch.training_rewards(self.rl, scored,
-                                      max_new_tokens=self.sampling.max_new_tokens)))
+                                      max_new_tokens=self.sampling.max_new_tokens),
+            scored.valid_GN),
+        max_rows=self.b_p * self.n if self.rl.per_problem else 0)
 
 
 class RolloutSource(abc.ABC):

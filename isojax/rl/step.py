@@ -79,6 +79,7 @@ class Learner:
   ref_params: Any       # None when neither rl.kl_coef nor rl.log_kl_to_base needs it
   tx: optax.GradientTransformation
   critic: critic_lib.Critic | None = None  # PPO's value model (rl.advantage == "gae")
+  trained_rows: int = 0  # B_p * m: the update's rows (unequal groups are padded to it)
 
   @functools.cached_property
   def settings(self) -> update.UpdateSettings:
@@ -126,7 +127,8 @@ class Learner:
     leaves the policy and its optimizer as they are.
     """
     batch, zero_var_G = rl_batch.build_train_batch(
-        self.rl, scored, max_new_tokens=self.sampling.max_new_tokens, select_rng=select_rng)
+        self.rl, scored, max_new_tokens=self.sampling.max_new_tokens, select_rng=select_rng,
+        trained_rows=self.trained_rows)
     batch = sharding.shard_batch(batch, self.mesh)
     old_logp, ref_logp = prefetched or self.log_probs(batch.tokens, batch.mask,
                                                       scored.prompt_len, batch.sampler_logp)

@@ -123,7 +123,7 @@ def _learner(s: run_settings.RunSettings, inputs: run_inputs.Inputs, opened: run
   learner = rl_step.Learner(
       s.rl, s.sampling, s.rollouts_per_problem, lora=s.model.lora.enabled, mesh=mesh,
       graphdef=graphdef, params=params, opt_state=opt_state, ref_params=ref_params, tx=tx,
-      critic=critic)
+      critic=critic, trained_rows=s.trained_batch_rollouts)
   return _Restored(learner, counters, pool, restored, schedule)
 
 

@@ -88,6 +88,64 @@ def test_collect_fills_b_p_informative_groups_or_stops_at_the_cap(max_rounds):
   assert informative == min(4, sum(len(set(x)) > 1 for rnd in ROUNDS[:rounds] for x in rnd))
 
 
+def _unequal_part(sizes, rewards_B, tag, n_max=6):
+  """A graded round of unequal groups (per-problem allocation), rewards padded to n_max."""
+  b, t = int(sum(sizes)), 2
+  rewards_GN = np.zeros((len(sizes), n_max), np.float32)
+  rewards_GN[np.arange(n_max)[None] < np.asarray(sizes)[:, None]] = rewards_B
+  tokens = (tag * 100 + np.arange(b)[:, None] + np.zeros((1, t), int)).astype(np.int32)
+  rollouts = sampler.Rollouts(tokens=tokens, logprobs=np.zeros((b, t), np.float32),
+                              mask=np.ones((b, t), bool), finished=np.ones(b, bool),
+                              forced=np.zeros((b, t), bool))
+  return rollout.ScoredRollouts(np.full((len(sizes), 2), tag, np.int32),
+                                np.ones((len(sizes), 2), bool), rollouts, rewards_GN,
+                                [f"{tag}/{i}" for i in range(b)],
+                                group_sizes=np.asarray(sizes))
+
+
+# Rounds of B_p = 3 problems, 12 rollouts each (n = 4), split unequally.
+UNEQUAL = [([6, 4, 2], [0] * 6 + [1, 0, 1, 1] + [1, 1]),        # informative: group 1
+           ([2, 5, 5], [0, 0] + [0, 1, 0, 0, 0] + [1, 1, 0, 0, 0]),  # groups 1 and 2
+           ([4, 4, 4], [1, 0, 0, 0] + [1] * 4 + [0, 0, 1, 0])]  # groups 0 and 2
+
+
+@pytest.mark.parametrize("max_rounds", [3, 2, 1])
+def test_collect_keeps_unequal_groups_within_the_steps_rollouts(max_rounds):
+  """Per-problem allocation: informative groups first, then the rest, each taken in
+  round order only while its rollouts fit B_p * n = 12; every group keeps its own
+  rollouts, and every sampled rollout counts."""
+  def draw(r):
+    return np.arange(3) + 10 * r, _unequal_part(*UNEQUAL[r], tag=r)
+  informative = lambda s: np.asarray(
+      [np.ptp(s.rewards_GN[g, :size]) > 0 for g, size in enumerate(s.group_sizes)])
+  got = dynamic_sampling.collect(draw, problems_per_batch=3, max_rounds=max_rounds,
+                                 informative=informative, max_rows=12)
+  # Brute force: rounds until 3 informative groups (or the cap), then the greedy fit.
+  good, rest, rounds = [], [], 0
+  while len(good) < 3 and rounds < max_rounds:
+    sizes, rewards = UNEQUAL[rounds]
+    starts = np.cumsum(sizes) - sizes
+    for g, size in enumerate(sizes):
+      mixed = len(set(rewards[starts[g]:starts[g] + size])) > 1
+      (good if mixed else rest).append((rounds, g, size, starts[g]))
+    rounds += 1
+  picks, used = [], 0
+  for r, g, size, start in good + rest:
+    if len(picks) < 3 and used + size <= 12:
+      picks.append((r, g, size, start))
+      used += size
+  assert got.rounds == rounds and got.generated_rollouts == 12 * rounds
+  assert got.chosen.tolist() == [10 * r + g for r, g, _, _ in picks]
+  np.testing.assert_array_equal(got.scored.group_sizes, [size for _, _, size, _ in picks])
+  np.testing.assert_array_equal(got.scored.rollouts.tokens[:, 0], [
+      r * 100 + start + i for r, _, size, start in picks for i in range(size)])
+  np.testing.assert_array_equal(got.scored.rewards_B, [
+      UNEQUAL[r][1][start + i] for r, _, size, start in picks for i in range(size)])
+  assert got.scored.rewards_B.size <= 12
+  if max_rounds > 1:  # the cap binds: round 1's second group (5) does not fit after 4 + 5
+    assert [(r, g) for r, g, _, _ in picks] == [(0, 1), (1, 1), (0, 2)]
+
+
 def test_extra_rounds_draw_distinct_problems_as_a_function_of_the_step():
   a = dynamic_sampling.extra_problems(0, 5, 1, 100, 16)
   assert len(set(a.tolist())) == 16

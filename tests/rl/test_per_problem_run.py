@@ -71,3 +71,27 @@ def test_each_steps_split_is_the_optimum_for_the_history_before_it(tmp_path, pod
   assert padded or not pods  # a group below m: PODS's batch was padded
   # The history holds every rollout of the run: 48 attempts in all.
   assert _pass_history(workdir, 3)[1].sum() == 48
+
+
+@pytest.mark.slow("a 3-step run of the micro config")
+def test_dynamic_sampling_with_unequal_groups_keeps_the_budget(tmp_path):
+  """Per-problem allocation with dynamic sampling: every round samples B_p * n = 16
+  rollouts split among its problems; the step trains on the groups that fit those 16
+  (informative ones first), and the compute counted is every round's."""
+  config = importlib.import_module("isojax.configs.per_problem").get_config("micro")
+  config.num_steps = 3
+  config.rl.update(dynamic_sampling=True, dynamic_sampling_max_rounds=3, allocation_n_max=8)
+  workdir = tmp_path / "run"
+  train.run(config, str(workdir))
+  logged = [r for r in run_dir.read_metrics(str(workdir)) if r["step"] > 0]
+  total, rounds_seen = 0, []
+  for record in logged:
+    rounds = record["train/sampling_rounds"]
+    rounds_seen.append(rounds)
+    total += rounds * 16
+    assert record["train/generated_rollouts"] == rounds * 16 and record["rollouts"] == total
+    sizes = np.asarray(record["train/group_sizes"])
+    assert sizes.sum() <= 16 and len(sizes) <= 4
+    assert sizes.min() >= 2 and sizes.max() <= 8
+    assert np.isfinite(record["train/loss"])
+  assert max(rounds_seen) > 1  # the run drew further rounds

@@ -35,8 +35,9 @@ def _config(**rl):
   return config_lib.settings(config_lib.resolve(c)).rl
 
 
-def _build(rl, scored, select_rng):
-  return rl_batch.build_train_batch(rl, scored, max_new_tokens=8, select_rng=select_rng)
+def _build(rl, scored, select_rng, trained_rows=0):
+  return rl_batch.build_train_batch(rl, scored, max_new_tokens=8, select_rng=select_rng,
+                                    trained_rows=trained_rows)
 
 
 def test_plain_grpo_batch():
@@ -249,7 +250,10 @@ def test_unequal_groups_pods_against_a_brute_force_reference(advantages_on):
   c.rl.update(allocation="per_problem", allocation_n_max=n_max, downsample="max_variance",
               train_rollouts_per_problem=m, advantages_on=advantages_on)
   rl = config_lib.settings(config_lib.resolve(c)).rl
-  batch, zero_var = _build(rl, scored, select_rng=jax.random.key(0))
+  batch, zero_var = _build(rl, scored, select_rng=jax.random.key(0), trained_rows=4 * m)
+  with pytest.raises(ValueError, match="11 rollouts to train on, more than the batch's "
+                     "trained_rows=10"):
+    _build(rl, scored, select_rng=jax.random.key(0), trained_rows=10)
 
   offsets = np.cumsum(sizes) - sizes
   want_rows, want_adv = [], []
