@@ -45,11 +45,18 @@ class Design:
   seeds: tuple[str, ...]          # each arm runs once per seed
 
 
+class NoPrescription(RuntimeError):
+  """`launch.plan` could not prescribe from the fit (its one-line error)."""
+
+
 def _plan(inv: tables.Invocation, design: Design, out_dir: str, *extra: str) -> dict:
   cmd = [sys.executable, "-m", "launch.plan", f"--budget_rollouts={design.budget}",
          f"--config={design.base_config}", *design.plan_flags, f"--out={out_dir}", *extra]
-  return json.loads(subprocess.run(cmd, cwd=inv.repo, capture_output=True, text=True,
-                                   check=True).stdout)
+  proc = subprocess.run(cmd, cwd=inv.repo, capture_output=True, text=True)
+  if proc.returncode:
+    lines = [l for l in proc.stderr.splitlines() if "error" in l.lower()] or ["(no message)"]
+    raise NoPrescription(lines[-1].strip())
+  return json.loads(proc.stdout)
 
 
 def comparison(prescribed: dict[str, Any], allocations: Sequence[dict[str, Any]]
@@ -95,7 +102,11 @@ def decide(workdirs: dict[str, Sequence[str]], *, num_resamples: int = 1000, see
 def run(inv: tables.Invocation, design: Design, out_dir: str) -> tuple[str, float]:
   """Plans and runs both arms under `out_dir` (resumed when rerun); (a markdown
   section with the allocations, each run's final and the verdict, the wall seconds)."""
-  arms = plans(inv, design, out_dir)
+  try:
+    arms = plans(inv, design, out_dir)
+  except NoPrescription as e:  # e.g. the fit's frontier had too few points for a law
+    return (f"Not run: `launch.plan --analysis={design.analysis}` prescribed nothing "
+            f"({e}).", 0.0)
   wall_s, workdirs, rows = 0.0, {}, []
   for arm, a in arms.items():
     workdirs[arm] = []

@@ -63,7 +63,8 @@ class RLSettings(validation.Section):
   zero_variance_filter: str = F(
       "off", "groups whose rewards are all equal: `off`, `all` (left out of every loss "
       "term), `regularizers` (left out of the KL and entropy terms only)")
-  num_minibatches: int = F(1, "optimizer updates per epoch; must divide B_p (whole groups)")
+  num_minibatches: int = F(1, "optimizer updates per epoch; must divide B_p (whole groups; "
+                                "rollouts under `per_problem` allocation)")
   num_epochs: int = F(1, "passes over each rollout batch")
   downsample: str = F("none", "PODS: `none`, `max_variance`, `max_reward`, `random`")
   train_rollouts_per_problem: int = F(0, "m; 0 = n")
@@ -216,15 +217,13 @@ class RLSettings(validation.Section):
       raise ValueError(f"rl.allocation_n_min={n_min} with rl.advantage={self.advantage!r}: "
                        "group-normalised advantages need at least 2 rollouts per problem")
     unsupported = dict(max_staleness=self.max_staleness > 0,
-                       advantage=self.advantage == names.GAE,
-                       num_minibatches=self.num_minibatches > 1)
+                       advantage=self.advantage == names.GAE)
     for field, on in unsupported.items():
       if on:
         raise ValueError(f"rl.allocation='per_problem' with rl.{field}="
                          f"{getattr(self, field)!r}: not supported with groups of unequal "
-                         "size (off-policy sampling, a critic and minibatches of whole "
-                         "groups all assume n rollouts a problem); use "
-                         "rl.allocation='uniform'")
+                         "size (off-policy sampling and a critic assume n rollouts a "
+                         "problem); use rl.allocation='uniform'")
 
   def check_allocation(self, n: int, problems_per_batch: int, max_new_tokens: int) -> None:
     """The rules that tie these fields to n, B_p and the sampler's max_new_tokens."""

@@ -355,8 +355,12 @@ def train_step(graphdef, params, opt_state, batch: TrainBatch, *,
     updates, opt_state = tx.update(grads, opt_state, params)
     return (optax.apply_updates(params, updates), opt_state), stats
 
+  # Unequal groups (per-problem allocation): minibatches of rollouts, not whole groups
+  # (each group's advantages were taken before the split).
+  group_size = settings.group_size if batch.group_ids is None else 1
+
   def one_epoch(carry, rng):
-    mbs = split_minibatches(batch, settings.num_minibatches, settings.group_size, rng)
+    mbs = split_minibatches(batch, settings.num_minibatches, group_size, rng)
     return jax.lax.scan(one_update, carry, mbs)
 
   rngs = jax.random.split(batch.shuffle_rng, settings.num_epochs)

@@ -245,7 +245,7 @@ def test_eval_schedule_defaults_resolve():
     (dict(allocation_prior_strength=0.0), r"rl.allocation_prior_strength=0.0"),
     (dict(allocation_n_min=1), r"rl.allocation_n_min=1 with rl.advantage='grpo'"),
     (dict(max_staleness=1), r"with rl.max_staleness=1: not supported"),
-    (dict(num_minibatches=2), r"with rl.num_minibatches=2: not supported"),
+    (dict(advantage="gae"), r"with rl.advantage='gae': not supported"),
 ])
 def test_bad_per_problem_allocation_names_the_field(fields, message):
   c = _config(rollouts_per_problem=4)

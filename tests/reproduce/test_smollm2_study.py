@@ -195,3 +195,16 @@ def test_the_section_writes_its_table_after_the_study_and_after_the_check(tmp_pa
   text = open(tmp_path / "smollm2_study.md").read()
   assert "primary rows" in text and "CHECK TABLE" in text and "POOLS" in text
   assert "Not run yet" not in text and "### The hard split" in text
+
+
+def test_a_fit_without_a_law_is_reported_not_run(tmp_path):
+  """launch.plan refuses an analysis without `n_star_fit`: the check says so, with the
+  planner's own line, and runs nothing."""
+  study_dir = tmp_path / "study"
+  os.makedirs(study_dir / "smollm2_hard")
+  (study_dir / "smollm2_hard" / "analysis.json").write_text(json.dumps(dict(fits=[])))
+  inv = tables.Invocation(out=str(tmp_path), results=str(tmp_path), repo=ROOT, command="x")
+  body, wall_s = prescription.run(inv, smollm2_study.check_design(str(study_dir)),
+                                  str(tmp_path / "check"))
+  assert body.startswith("Not run: `launch.plan --analysis=") and "no `n_star_fit`" in body
+  assert wall_s == 0.0 and not (tmp_path / "check" / "prescribed_s0").exists()

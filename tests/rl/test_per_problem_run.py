@@ -77,10 +77,12 @@ def test_each_steps_split_is_the_optimum_for_the_history_before_it(tmp_path, pod
 def test_dynamic_sampling_with_unequal_groups_keeps_the_budget(tmp_path):
   """Per-problem allocation with dynamic sampling: every round samples B_p * n = 16
   rollouts split among its problems; the step trains on the groups that fit those 16
-  (informative ones first), and the compute counted is every round's."""
+  (informative ones first), in two minibatches of rollouts, and the compute counted is
+  every round's."""
   config = importlib.import_module("isojax.configs.per_problem").get_config("micro")
   config.num_steps = 3
-  config.rl.update(dynamic_sampling=True, dynamic_sampling_max_rounds=3, allocation_n_max=8)
+  config.rl.update(dynamic_sampling=True, dynamic_sampling_max_rounds=3, allocation_n_max=8,
+                   num_minibatches=2)  # minibatches of rollouts: unequal groups split
   workdir = tmp_path / "run"
   train.run(config, str(workdir))
   logged = [r for r in run_dir.read_metrics(str(workdir)) if r["step"] > 0]
