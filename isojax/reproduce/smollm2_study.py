@@ -85,7 +85,7 @@ def _write(inv: tables.Invocation, study_dir: str, findings: str, wall_s: float,
       f"{', '.join(map(str, sweep_smollm2_hard.SEEDS))}, on the profiled easy and hard "
       "splits. The profile (the base's avg@16 per problem on 2,048 + 2,048 problems) and "
       "the splits:", "", "```", splits.pool_table(os.path.join(study_dir, "splits")), "```",
-      "", *sections, "## Findings", "", findings.strip(), "",
+      "", *sections, findings.strip(), "",
       "## The prescription at twice the budget", "",
       check or "Not run yet (it follows the study; rerun the section).", "",
       *runs_lib.study_images(study_dir, inv.results, SECTION), ""])
