@@ -12,7 +12,8 @@ The rule, fixed before its runs:
      `experiments.final_value`), with the study's hierarchical bootstrap (seeds drawn
      within each arm, one draw of validation problems shared by both);
   4. the prescription wins (yes) when the 90% interval lies above 0, loses (no) when it
-     lies below, and the check is inconclusive otherwise.
+     lies below, and the check is inconclusive otherwise (indicative with one seed an
+     arm: its interval then omits run-to-run variance).
 """
 
 from __future__ import annotations
@@ -96,7 +97,10 @@ def decide(workdirs: dict[str, Sequence[str]], *, num_resamples: int = 1000, see
   point, samples = bootstrap.bootstrap(groups, difference, num_resamples=num_resamples,
                                        seed=seed)
   e = bootstrap.effect(point["difference"], samples["difference"])
-  return dict(e, verdict=bootstrap.sign_verdict(e))
+  # One seed an arm: the interval resamples problems only, not runs (as the findings'
+  # one-seed rows, indicative).
+  one_seed = min(len(dirs) for dirs in workdirs.values()) < 2
+  return dict(e, verdict="indicative" if one_seed else bootstrap.sign_verdict(e))
 
 
 def run(inv: tables.Invocation, design: Design, out_dir: str) -> tuple[str, float]:

@@ -140,6 +140,9 @@ def test_the_check_decides_on_the_seeds_final_values(tmp_path):
   same = prescription.decide(dict(prescribed=dirs["comparison"],
                                   comparison=dirs["comparison"]), num_resamples=200)
   assert same["verdict"] == "inconclusive"
+  one = prescription.decide(dict(prescribed=dirs["prescribed"][:1],
+                                 comparison=dirs["comparison"][:1]), num_resamples=200)
+  assert one["verdict"] == "indicative" and one["lo"] > 0  # problems alone would say yes
 
 
 def test_the_check_plans_the_prescription_and_its_comparison(tmp_path):
