@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 from isojax import metrics, run_dir, storage
-from isojax.configs import sweep_smollm2_hard
+from isojax.configs import pilot_smollm2, smollm2, sweep_smollm2_hard
 from isojax.planner import experiments
 from isojax.reproduce import prescription
 from isojax.reproduce import runs as runs_lib
@@ -36,8 +36,30 @@ CHECK_SWEEP = "smollm2_hard"
 SPREAD_METRICS = (metrics.val_avg(4), "val/best@4", "val/worst@4")
 
 
+def recipe_mismatches(config) -> list[str]:
+  """The fields where a config (configs/smollm2.py's) differs from the recipe its pilot
+  tests (configs/pilot_smollm2.py): truncation scored 0, the warm-up in rollouts, the
+  token cap, and one of the candidate learning rates."""
+  want = pilot_smollm2.get_config()
+  out = [f"{section}.{field}={getattr(config[section], field)!r} (the pilot's: "
+         f"{getattr(want[section], field)!r})"
+         for section, field in (("rl", "overlong"), ("optim", "warmup_rollouts"),
+                                ("optim", "warmup_steps"), ("sampling", "max_new_tokens"))
+         if getattr(config[section], field) != getattr(want[section], field)]
+  if config.optim.learning_rate not in pilot_smollm2.LEARNING_RATES.values():
+    out.append(f"optim.learning_rate={config.optim.learning_rate!r} (the pilot's "
+               f"candidates: {sorted(pilot_smollm2.LEARNING_RATES.values())})")
+  return out
+
+
 def run(inv: tables.Invocation) -> str:
-  """smollm2_study.md and its plots in img/; returns the table's path."""
+  """smollm2_study.md and its plots in img/; returns the table's path. Refuses to start
+  while configs/smollm2.py is not a recipe its pilot tested."""
+  mismatches = recipe_mismatches(smollm2.get_config())
+  if mismatches:
+    raise ValueError("configs/smollm2.py is not the recipe its pilot chose: "
+                     + "; ".join(mismatches) + ". Run --sections=smollm2_pilot and set "
+                     "configs/smollm2.py to the candidate smollm2_pilot.md names")
   study_dir = os.path.join(inv.out, SECTION)
   findings, wall_s = runs_lib.launch_study(inv, study_dir, BUDGET, SWEEPS, PROFILE_FLAGS)
   _write(inv, study_dir, findings, wall_s, check="")

