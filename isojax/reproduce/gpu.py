@@ -46,7 +46,7 @@ def write_policy(path: str, shape: dict[str, Any], seed: int = 0) -> None:
   # pylint: disable=g-import-not-at-top
   from flax import nnx
   from isojax.models import hf_checkpoint
-  from isojax.models.transformer import ModelConfig, Transformer  # pylint: disable=g-import-not-at-top
+  from isojax.models.transformer import ModelConfig, Transformer
   # pylint: enable=g-import-not-at-top
   source = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", "base_models",
                         "arithmetic")

@@ -113,7 +113,8 @@ def test_the_history_applies_from_its_step_and_a_later_line_ends_a_discarded_bra
 def test_an_extension_raises_num_steps_and_nothing_else_of_the_allocation(tmp_path):
   workdir = _workdir(tmp_path)  # num_steps=4
   longer = resume_check.dotted_fields(_config(num_steps=8))
-  with pytest.raises(resume_check.SettingsChanged, match="different budget_rollouts=512, num_steps=4 .*--allow_changed=num_steps"):
+  with pytest.raises(resume_check.SettingsChanged,
+                     match="different budget_rollouts=512, num_steps=4 .*--allow_changed=num_steps"):
     resume_check.check(workdir, longer, step=4)
   assert resume_check.check(workdir, longer, step=4, allow=["num_steps"]) == {
       "num_steps": {"old": 4, "new": 8},

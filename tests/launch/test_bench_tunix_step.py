@@ -176,7 +176,7 @@ def test_tunix_llama_with_the_rope_patch_computes_isojax_s_logits(tmp_path, monk
   from tunix.models.llama3 import model as llama  # pylint: disable=g-import-not-at-top
   from isojax.models import hf_checkpoint  # pylint: disable=g-import-not-at-top
   # pylint: disable-next=g-import-not-at-top
-  from isojax.models.transformer import ModelConfig, Transformer  # pylint: disable=g-import-not-at-top
+  from isojax.models.transformer import ModelConfig, Transformer
   monkeypatch.setattr(llama, "apply_rope", llama.apply_rope)   # restored afterwards
   cfg = ModelConfig(vocab_size=64, num_layers=2, embed_dim=32, num_heads=4, num_kv_heads=2,
                     head_dim=8, mlp_dim=64, rope_theta=100.0, tie_embeddings=True)
