@@ -64,6 +64,9 @@ Sections (runs go under --out and are reused: rerunning the command resumes it):
          Qwen2.5-1.5B's shape, random weights, synchronous and pipelined (PipelineRL-1):
          each phase's time, the memory plan's estimated peak against the device's
          measured one -> gpu.md.
+  gpu_update  (an accelerator's; asked for by name only) the update of the gpu section's
+         step under each rematerialisation and LM-head setting, with the micro-batch the
+         memory plan derives for it, and a profile of the last -> gpu_update.md.
 
 Each file is replaced whole and starts with the command, the commit, the machine (CPU
 model, XLA:CPU instruction set), the jax version, the date and the wall time (the sum
@@ -88,8 +91,8 @@ import sys
 from absl import app, flags, logging
 
 from isojax.reproduce import (ACCELERATOR_SECTIONS, REAL_MODEL_SECTIONS, SECTIONS, algorithms,
-                              calibration, demos, gpu, isa, off_policy, per_problem, pods,
-                              recall, runs, saturation, smollm2, smollm2_pilot,
+                              calibration, demos, gpu, gpu_update, isa, off_policy,
+                              per_problem, pods, recall, runs, saturation, smollm2, smollm2_pilot,
                               smollm2_study, study, tables, trl)
 
 # The checkout this binary belongs to: the runs start there, the tables go to its docs/.
@@ -184,6 +187,8 @@ def main(argv):
       trl.run(inv, _TRL_STEPS.value, _TRL_ROUNDS.value, _TUNIX_PYTHON.value)
     if "gpu" in sections:
       gpu.run(inv)
+    if "gpu_update" in sections:
+      gpu_update.run(inv)
   except runs.StudyFailed as e:
     raise SystemExit(f"launch.reproduce: {e}") from None
 

@@ -43,8 +43,8 @@ _BASE = nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))
 
 
 def model_config_from_hf(hf: dict[str, Any], *, dtype: str = "float32",
-                         fp32_lm_head: bool = True, remat: str = "none",
-                         attention_chunk: int = 0, lora: Any = None,
+                         fp32_lm_head: bool = True, lm_head_precision: str = "auto",
+                         remat: str = "none", attention_chunk: int = 0, lora: Any = None,
                          source: str = "config.json") -> ModelConfig:
   """The architecture of a config.json plus the compute options of `config.model`."""
   model_type = hf.get("model_type")
@@ -73,6 +73,7 @@ def model_config_from_hf(hf: dict[str, Any], *, dtype: str = "float32",
       tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
       dtype=dtype,
       fp32_lm_head=fp32_lm_head,
+      lm_head_precision=lm_head_precision,
       remat=remat,
       attention_chunk=attention_chunk,
       lora=LoraSettings() if lora is None else LoraSettings.from_config(lora),
@@ -166,7 +167,8 @@ def open_tensors(path: str):
 
 
 def load_model(path: str, mesh=None, *, dtype: str = "float32", fp32_lm_head: bool = True,
-               remat: str = "none", attention_chunk: int = 0, lora: Any = None) -> Transformer:
+               lm_head_precision: str = "auto", remat: str = "none", attention_chunk: int = 0,
+               lora: Any = None) -> Transformer:
   """Builds the model described by `path/config.json` (or a GGUF file) on `mesh`.
 
   Every device reads only its own block of each tensor straight from safetensors
@@ -175,7 +177,8 @@ def load_model(path: str, mesh=None, *, dtype: str = "float32", fp32_lm_head: bo
   adapters start fresh (B = 0: the loaded model's outputs, unchanged).
   """
   cfg = model_config_from_hf(read_hf_config(path), dtype=dtype, fp32_lm_head=fp32_lm_head,
-                             remat=remat, attention_chunk=attention_chunk, lora=lora,
+                             lm_head_precision=lm_head_precision, remat=remat,
+                             attention_chunk=attention_chunk, lora=lora,
                              source=config_source(path))
   mesh = mesh or sharding_lib.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
   graphdef, abstract_state = _abstract_base(cfg)
@@ -196,7 +199,8 @@ def load_model(path: str, mesh=None, *, dtype: str = "float32", fp32_lm_head: bo
 
 
 def check_files(path: str, *, dtype: str = "float32", fp32_lm_head: bool = True,
-                remat: str = "none", attention_chunk: int = 0, lora: Any = None) -> None:
+                lm_head_precision: str = "auto", remat: str = "none",
+                attention_chunk: int = 0, lora: Any = None) -> None:
   """Checks checkpoint `path` as `load_model` would load it, reading no weights.
 
   config.json parses and describes a supported model; every safetensors file's header
@@ -205,7 +209,8 @@ def check_files(path: str, *, dtype: str = "float32", fp32_lm_head: bool = True,
   naming the file and tensor. A run calls it before it locks or writes its workdir.
   """
   cfg = model_config_from_hf(read_hf_config(path), dtype=dtype, fp32_lm_head=fp32_lm_head,
-                             remat=remat, attention_chunk=attention_chunk, lora=lora,
+                             lm_head_precision=lm_head_precision, remat=remat,
+                             attention_chunk=attention_chunk, lora=lora,
                              source=config_source(path))
   _check_tensors(path, open_tensors(path), dict(nnx.to_flat_state(_abstract_base(cfg)[1])),
                  cfg)

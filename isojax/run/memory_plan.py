@@ -26,6 +26,7 @@ import os
 from typing import Any
 
 from isojax.config import run_settings
+from isojax.sampling import settings as sampling_settings
 
 GIB = 1024 ** 3
 # The LM head's share of a pass: logits (and their softmax and gradient) of one
@@ -169,6 +170,9 @@ class Step:
   # its own) samples the next batches beside the update and the evaluation, from copies
   # of the weights: this many of them live at once (0: generation is not overlapped).
   generator_copies: int = 0
+  # A sampler call's cast of the weights (`sampling.cast_weights_dtype`: bfloat16 under
+  # a bfloat16 model), held beside its caches: 2 bytes a parameter, or none.
+  sample_weight_bytes: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,6 +219,7 @@ def plan(shape: Shape, step: Step, requested: Passes, available: int,
                score_bytes(shape, score_rows(rows), seq, response, chunk))
 
   per_rollout = max(sample_bytes(shape, 1, step.prompt_len, step.max_new_tokens), 1)
+  cast = step.sample_weight_bytes
   micro, chunk = requested.micro_batch_size, requested.logprob_chunk_size
   if not micro:
     # Divides both the minibatch (the update) and the step's rollouts (scoring).
@@ -238,19 +243,20 @@ def plan(shape: Shape, step: Step, requested: Passes, available: int,
   calls = requested.max_rollouts_per_call
   if not calls:
     if step.generator_copies:
-      fits = _overlapped_calls(budget - weights, update_cost(rows, chunk), per_rollout,
-                               step.rollouts)
+      fits = _overlapped_calls(budget - weights - cast, update_cost(rows, chunk),
+                               per_rollout, step.rollouts)
     else:
-      fits = max(budget, 0) // per_rollout
+      fits = max(budget - cast, 0) // per_rollout
     calls = 0 if fits >= step.sample_rollouts else max(step.group, fits)
   sample_rows = min(calls or step.sample_rollouts, step.sample_rollouts)
-  generator = (weights + sample_bytes(shape, min(calls or step.rollouts, step.rollouts),
-                                      step.prompt_len, step.max_new_tokens)
+  generator = (weights + cast + sample_bytes(shape, min(calls or step.rollouts, step.rollouts),
+                                             step.prompt_len, step.max_new_tokens)
                if step.generator_copies else 0)
   return Plan(passes=Passes(micro, chunk, calls), resident=resident,
               update=update_bytes(shape, rows, seq, response, chunk),
               score=score_bytes(shape, score_rows(rows), seq, response, chunk),
-              sample=sample_bytes(shape, sample_rows, step.prompt_len, step.max_new_tokens),
+              sample=cast + sample_bytes(shape, sample_rows, step.prompt_len,
+                                         step.max_new_tokens),
               budget=budget, available=available, generator=generator)
 
 
@@ -326,7 +332,8 @@ def for_settings(config: run_settings.RunSettings, model_cfg: Any, *, prompt_len
               sample_rollouts=max(b_p * n, eval_call), prompt_len=prompt_len,
               max_new_tokens=config.sampling.max_new_tokens, trained_params=trained,
               reference=config.rl.keeps_reference and not lora,  # LoRA's is the base
-              generator_copies=generator_copies(config))
+              generator_copies=generator_copies(config),
+              sample_weight_bytes=sample_weight_bytes(config, shape))
   requested = Passes(config.rl.micro_batch_size, config.rl.logprob_chunk_size,
                      config.sampling.max_rollouts_per_call)
   result = plan(shape, step, requested, available, USABLE_FRACTION[kind])
@@ -359,6 +366,13 @@ def generator_copies(config: run_settings.RunSettings) -> int:
   if not k or config.mesh.rollout_fraction:
     return 0
   return 2 if config.rl.off_policy == "pipeline_in_flight" else k + 1
+
+
+def sample_weight_bytes(config: run_settings.RunSettings, shape: Shape) -> int:
+  """Bytes of a sampler call's bfloat16 cast of the weights (0: it reads them as stored)."""
+  cast = sampling_settings.cast_weights_dtype(config.sampling.weights_dtype,
+                                              config.sampling.dtype or config.model.dtype)
+  return 2 * shape.params if cast == "bfloat16" else 0
 
 
 def lora_params(model_cfg: Any) -> int:

@@ -35,6 +35,7 @@ from flax import nnx
 
 from isojax.models import lora
 from isojax.sampling import continuous, lockstep
+from isojax.sampling import settings as sampling_settings
 from isojax.sampling.interruption import Interruption
 from isojax.sampling.lockstep import Decoding
 from isojax.sampling.spec import Rollouts, SampleSpec, group_index
@@ -59,7 +60,9 @@ def _call_model(graphdef, state, spec: SampleSpec):
     model = nnx.merge(graphdef, state)
     if model.cfg.lora.enabled:
       graphdef, state = nnx.split(lora.merged_model(model))
-  model = nnx.merge(graphdef, _cast_floats(state, spec.weights_dtype))
+  activations = spec.dtype or nnx.merge(graphdef, state).cfg.dtype
+  weights = sampling_settings.cast_weights_dtype(spec.weights_dtype, activations)
+  model = nnx.merge(graphdef, _cast_floats(state, weights))
   return model.with_dtype(spec.dtype) if spec.dtype else model
 
 
@@ -73,7 +76,8 @@ def sample(graphdef, state, prompts_GP, prompt_mask_GP, rng, spec: SampleSpec,
   a prompt reads that prompt's one cache either way.
 
   Any id of `stop_ids` ends a rollout (it is kept as the rollout's last token).
-  `weights_dtype` ("bfloat16") casts the weights once for the whole call; `dtype`
+  `weights_dtype` ("bfloat16"; None: bfloat16 when the activations are,
+  `settings.cast_weights_dtype`) casts the weights once for the whole call; `dtype`
   ("bfloat16") runs the call's activations, hence its prompt and decode caches, in that
   dtype (`Transformer.with_dtype`; None: the model's `cfg.dtype`). Logits and the
   sampler's log-probs are float32 either way.

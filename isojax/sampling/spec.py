@@ -34,7 +34,8 @@ class SampleSpec:
   pad_id: int
   top_k: int = 0
   top_p: float = 1.0
-  weights_dtype: str | None = None       # "bfloat16": weights cast once per call
+  weights_dtype: str | None = None       # "bfloat16": weights cast once per call (None:
+                                         # bfloat16 under bfloat16 activations)
   dtype: str | None = None               # "bfloat16": activations and caches
   num_slots: int = 0                     # > 0: continuous batching in this many rows
   min_slots: int = 0                     # > 0: halve the slots down to this many

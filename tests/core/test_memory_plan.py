@@ -286,3 +286,29 @@ def test_a_pipelined_run_takes_a_smaller_micro_batch_to_sample_whole_batches(ava
   if beside:  # a whole training batch in one call
     calls = result.passes.max_rollouts_per_call
     assert calls == 0 or calls >= step.rollouts
+
+
+def test_a_bfloat16_model_plans_its_sampler_cast_of_the_weights():
+  """Under bfloat16 activations a sampler call holds a bfloat16 copy of every weight
+  (2 bytes a parameter) beside its caches; float32 activations, or weights sampled as
+  stored (`sampling.weights_dtype=float32`), hold none; bfloat16 weights asked for under
+  float32 activations are a cast too."""
+  cfg = _smollm2_model_config()
+  params = memory_plan.Shape.of(cfg).params
+  cast = lambda **f: memory_plan.sample_weight_bytes(_smollm2_config(**f),
+                                                     memory_plan.Shape.of(cfg))
+  assert cast() == 0
+  assert cast(**{"model.dtype": "bfloat16"}) == 2 * params
+  assert cast(**{"model.dtype": "bfloat16", "sampling.weights_dtype": "float32"}) == 0
+  assert cast(**{"sampling.weights_dtype": "bfloat16"}) == 2 * params
+  plan = lambda **f: memory_plan.for_settings(_smollm2_config(**f), cfg, prompt_len=120,
+                                              available=24 * GIB)
+  calls = {"model.dtype": "bfloat16", "sampling.max_rollouts_per_call": 64}
+  bf16, stored = plan(**calls), plan(**calls, **{"sampling.weights_dtype": "float32"})
+  assert bf16.passes == stored.passes
+  assert bf16.sample - stored.sample == 2 * params
+  # Derived calls leave room for the copy: fewer rollouts fit beside it.
+  derived = plan(**{"model.dtype": "bfloat16"})
+  as_stored = plan(**{"model.dtype": "bfloat16", "sampling.weights_dtype": "float32"})
+  assert 0 < derived.passes.max_rollouts_per_call < as_stored.passes.max_rollouts_per_call
+  assert derived.peak <= 24 * GIB * memory_plan.USABLE_FRACTION["cpu"]

@@ -166,6 +166,55 @@ def test_float32_lm_head_on_bfloat16_weights_accumulates_exact_products(tied):
   np.testing.assert_allclose(np.asarray(logits, np.float64), rows @ w.T, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_bf16x2_head_gives_float32_products_to_the_split_bound(tied):
+  """bfloat16 activations on float32 weights (a bfloat16 model's training forward):
+  the weights as bfloat16 hi + lo, two products accumulated in float32, equal the
+  float64 product of the same activations and weights to 2^-16 of the terms' magnitudes;
+  "highest" matches it to float32 summation error. The weight gradient is the float64
+  one to bfloat16 rounding, as every bfloat16 layer's is."""
+  rng = np.random.default_rng(4)
+  h = jnp.asarray(rng.normal(size=(2, 3, CFG["embed_dim"])), jnp.bfloat16)
+  logits, grads = {}, {}
+  for precision in ("highest", "bf16x2"):
+    cfg = ModelConfig(num_layers=1, dtype="bfloat16", tie_embeddings=tied,
+                      lm_head_precision=precision, **CFG)
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    logits[precision] = np.asarray(model.logits(h), np.float64)
+    head = lambda m: m.embed.embedding if tied else m.lm_head.kernel
+    loss = lambda m: jnp.sum(m.logits(h) ** 2 / 2)
+    grads[precision] = np.asarray(head(nnx.grad(loss)(model))[...], np.float64)
+  rows = np.asarray(model.final_norm(h), np.float64)
+  w = np.asarray(model.embed.embedding[...] if tied else model.lm_head.kernel[...].T,
+                 np.float64)
+  exact = rows @ w.T
+  scale = np.abs(rows) @ np.abs(w).T
+  assert np.all(np.abs(logits["bf16x2"] - exact) <= 2.0 ** -16 * scale + 1e-7)
+  assert np.all(np.abs(logits["highest"] - exact) <= 1e-6 * scale + 1e-7)
+  assert not np.array_equal(logits["bf16x2"], np.asarray(
+      rows.astype(np.float32) @ w.T.astype(jnp.bfloat16).astype(np.float32), np.float64))
+  grad_exact = (exact.reshape(-1, exact.shape[-1]).T @ rows.reshape(-1, rows.shape[-1]))
+  grad_exact = grad_exact if tied else grad_exact.T
+  np.testing.assert_allclose(grads["highest"], grad_exact, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(grads["bf16x2"], grad_exact, rtol=2 ** -7, atol=1e-3)
+
+
+def test_auto_head_precision_is_bf16x2_on_gpus_only(monkeypatch):
+  """"auto" is traced as "bf16x2" where the default backend is a GPU, "highest" on CPU
+  and TPU; a setting named by hand is kept."""
+  from isojax.models import transformer  # pylint: disable=g-import-not-at-top
+  for backend, want in (("gpu", "bf16x2"), ("cpu", "highest"), ("tpu", "highest")):
+    monkeypatch.setattr(jax, "default_backend", lambda b=backend: b)
+    assert transformer.head_precision("auto") == want
+    assert transformer.head_precision("highest") == "highest"
+    assert transformer.head_precision("bf16x2") == "bf16x2"
+
+
+def test_an_unknown_head_precision_is_rejected_naming_the_field():
+  with pytest.raises(ValueError, match=r"model\.lm_head_precision"):
+    ModelConfig(num_layers=1, lm_head_precision="tf32", **CFG)
+
+
 def test_rope_tables_are_cos_and_sin_of_position_times_frequency():
   """Rows gathered from the per-position table: NumPy's cos and sin of the same float32
   angles (position * inverse frequency), at positions up to the table's last."""

@@ -15,6 +15,7 @@ from isojax.config import config_lib
 from isojax.models.transformer import ModelConfig, Transformer
 from isojax.rl import rollout
 from isojax.sampling import sampler
+from isojax.sampling import settings as sampling_settings
 from isojax.tasks import prompts
 
 SETTINGS = dict(max_new_tokens=6, temperature=1.0, stop_ids=(2,), pad_id=0)
@@ -182,6 +183,33 @@ def test_bfloat16_sampling_weights_round_the_weights():
   b = sampler.sample(graphdef, rounded, prompts, mask, jax.random.key(0),
                      sampler.SampleSpec(n=1, **greedy))
   np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+
+
+def test_a_bfloat16_model_samples_from_bfloat16_weights_unless_told_otherwise():
+  """Under bfloat16 activations the default (`weights_dtype` None) samples greedily
+  exactly what an explicit bfloat16 cast does, and weights_dtype=float32 keeps them as
+  stored; under float32 activations the default is as stored. The cast is
+  `settings.cast_weights_dtype`'s rule."""
+  graphdef, params = _model()
+  bf16_graphdef = nnx.graphdef(nnx.merge(graphdef, params).with_dtype("bfloat16"))
+  prompts = np.random.default_rng(5).integers(3, 24, size=(4, 4)).astype(np.int32)
+  mask = np.ones_like(prompts, bool)
+  greedy = dict(SETTINGS, temperature=0.0)
+  run = lambda g, p, **kw: np.asarray(sampler.sample(
+      g, p, prompts, mask, jax.random.key(0), sampler.SampleSpec(n=1, **greedy, **kw)).logprobs)
+  rounded = jax.tree.map(lambda x: x.astype("bfloat16").astype("float32"), params)
+  np.testing.assert_array_equal(run(bf16_graphdef, params),
+                                run(bf16_graphdef, params, weights_dtype="bfloat16"))
+  # The same products (each exact in float32), summed in another order.
+  np.testing.assert_allclose(run(bf16_graphdef, params),
+                             run(bf16_graphdef, rounded, weights_dtype="float32"), rtol=1e-6)
+  assert not np.array_equal(run(bf16_graphdef, params),
+                            run(bf16_graphdef, params, weights_dtype="float32"))
+  np.testing.assert_array_equal(run(graphdef, params),
+                                run(graphdef, params, weights_dtype="float32"))
+  assert sampling_settings.cast_weights_dtype("", "bfloat16") == "bfloat16"
+  assert sampling_settings.cast_weights_dtype("", "float32") is None
+  assert sampling_settings.cast_weights_dtype("float32", "bfloat16") == "float32"
 
 
 @pytest.mark.parametrize("problems,n,limit,shards", [

@@ -1,0 +1,258 @@
+"""The gpu_update section, for a machine with an accelerator: the update of the gpu
+section's step (`update.train_step`, a policy of Qwen2.5-1.5B's shape, B_p x n rollouts
+of `gpu.NEW_TOKENS` tokens, bfloat16 activations, float32 weights and AdamW, the
+hard recipe's loss) under each setting that decides its speed, and a profile of the
+last one.
+
+Each variant is the model's `remat` and `lm_head_precision`, with the micro-batch and
+the LM-head chunk that `memory_plan` derives for it on this device (as a run would);
+the reference model's forward (`update.score`, the KL log's pass) is timed beside it.
+The measurements run in a child process (`python -m isojax.reproduce.gpu_update`), so
+the parent holds no accelerator memory; each variant is compiled ahead of time and
+timed on its second call; variants left when `--budget_s` runs out are reported as not
+run. Model FLOPs are 6 x parameters x response tokens, as `gpu.limits` counts them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from isojax import storage
+from isojax.reproduce import gpu, tables
+
+# (name, model.remat, model.lm_head_precision); the last is what the gpu section runs.
+VARIANTS = (("no remat, float32 head products", "none", "highest"),
+            ("no remat, bf16x2 head", "none", "bf16x2"),
+            ("full remat, float32 head products", "full", "highest"),
+            ("full remat, bf16x2 head", "full", "bf16x2"))
+PROMPT_LEN = 32   # about the arithmetic prompts' padded length in the gpu section
+BUDGET_S = 240.0  # the child's time for its variants and the profile
+TOP_OPS = 12
+
+
+def _hard_settings():
+  """configs/hard.py at the gpu section's allocation, with bfloat16 activations."""
+  # pylint: disable=g-import-not-at-top
+  from isojax.config import run_settings
+  from isojax.configs import hard
+  # pylint: enable=g-import-not-at-top
+  config = hard.get_config()
+  config.model.dtype = "bfloat16"
+  config.problems_per_batch, config.rollouts_per_problem = gpu.PROBLEMS, gpu.ROLLOUTS
+  config.sampling.max_new_tokens = gpu.NEW_TOKENS
+  return run_settings.RunSettings.from_config(config)
+
+
+def measure(policy: str, budget_s: float = BUDGET_S, profile_dir: str = "") -> dict[str, Any]:
+  """Every variant's update and reference-pass seconds on this process's first device,
+  and (with `profile_dir`) the last variant's device time by op."""
+  # pylint: disable=g-import-not-at-top
+  import jax
+  from flax import nnx
+  from isojax.bench import datasheets
+  from isojax.models import hf_checkpoint
+  from isojax.models.transformer import abstract_model
+  from isojax.rl import optimizer, update
+  from isojax.run import memory_plan
+  # pylint: enable=g-import-not-at-top
+  deadline = time.time() + budget_s
+  s = _hard_settings()
+  model = hf_checkpoint.load_model(policy, dtype="bfloat16")
+  graphdef, params = nnx.split(model)
+  cfg = model.cfg
+  mesh = jax.tree.leaves(params)[0].sharding.mesh
+  device = jax.devices()[0]
+  available = int((device.memory_stats() or {}).get("bytes_limit", 0)) or 64 * 2**30
+  tx, _ = optimizer.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
+                                   warmup_steps=0, updates_per_step=1)
+  opt_state = jax.jit(tx.init, out_shardings=optimizer.opt_state_shardings(tx, params, mesh))(
+      params)
+  rows, new = s.rollouts_per_step, s.sampling.max_new_tokens
+  batch = _batch(s, cfg.vocab_size, rows, PROMPT_LEN, new, mesh)
+  base = update.UpdateSettings.derive(s.rl, s.sampling, group_size=s.rollouts_per_problem,
+                                      prompt_len=PROMPT_LEN)
+  shape = memory_plan.Shape.of(cfg)
+  flops = 6 * shape.params * rows * new
+  out = dict(device=device.device_kind, available_gib=available / 2**30,
+             params=shape.params, rows=rows, prompt_len=PROMPT_LEN, new_tokens=new,
+             peak_flops=datasheets.nominal_flops(device.device_kind), variants=[])
+  carry = [params, opt_state]
+  compiled = None
+  for name, remat, head in VARIANTS:
+    if time.time() > deadline:
+      out["variants"].append(dict(name=name, remat=remat, head=head, skipped=True))
+      continue
+    vcfg = dataclasses.replace(cfg, remat=remat, lm_head_precision=head)
+    vshape = memory_plan.Shape.of(vcfg)
+    step = memory_plan.Step(rollouts=rows, minibatch=rows, group=s.rollouts_per_problem,
+                            sample_rollouts=rows, prompt_len=PROMPT_LEN, max_new_tokens=new,
+                            trained_params=vshape.params, reference=s.rl.keeps_reference)
+    passes = memory_plan.plan(vshape, step, memory_plan.Passes(0, 0, 0), available,
+                              memory_plan.USABLE_FRACTION["accelerator"]).passes
+    settings = dataclasses.replace(base, micro_batch_size=passes.micro_batch_size,
+                                   logprob_chunk_size=passes.logprob_chunk_size)
+    vgraph = nnx.graphdef(abstract_model(vcfg))
+    with jax.set_mesh(mesh):
+      compiled = update.train_step.lower(vgraph, carry[0], carry[1], batch, tx=tx,
+                                         settings=settings).compile()
+      seconds = []
+      for _ in range(2):
+        start = time.time()
+        carry[0], carry[1], stats = compiled(carry[0], carry[1], batch)
+        jax.block_until_ready(stats)
+        seconds.append(time.time() - start)
+      score = update.score.lower(vgraph, carry[0], batch.tokens, batch.mask,
+                                 prompt_len=PROMPT_LEN, temperature=settings.temperature,
+                                 micro_batch_size=settings.micro_batch_size,
+                                 chunk_size=settings.logprob_chunk_size).compile()
+      score_s = []
+      for _ in range(2):
+        start = time.time()
+        jax.block_until_ready(score(carry[0], batch.tokens, batch.mask))
+        score_s.append(time.time() - start)
+    memory = compiled.memory_analysis()
+    out["variants"].append(dict(
+        name=name, remat=remat, head=head, micro_batch=settings.micro_batch_size or rows,
+        chunk=settings.logprob_chunk_size or new, update_s=seconds[-1], score_s=score_s[-1],
+        temp_gib=None if memory is None else memory.temp_size_in_bytes / 2**30,
+        model_tflops=flops / seconds[-1] / 1e12, loss=float(stats["loss"])))
+  if profile_dir and compiled is not None:
+    out["profile"] = _profile(lambda: compiled(carry[0], carry[1], batch), profile_dir)
+  return out
+
+
+def _batch(s, vocab: int, rows: int, prompt: int, new: int, mesh):
+  """A rollout batch of random tokens, every response at the length cap."""
+  # pylint: disable=g-import-not-at-top
+  import jax
+  from isojax.models import sharding
+  from isojax.rl import update
+  # pylint: enable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  put = lambda x: jax.device_put(x, sharding.batch_sharding(mesh, x.ndim))
+  full = lambda shape, value, dtype: put(np.full(shape, value, dtype))
+  in_pass = s.rl.old_logp_known
+  return update.TrainBatch(
+      tokens=put(rng.integers(3, vocab, (rows, prompt + new)).astype(np.int32)),
+      mask=full((rows, prompt + new), True, bool), response_mask=full((rows, new), True, bool),
+      sampler_logp=full((rows, new), -2.0, np.float32),
+      old_logp=None if in_pass else full((rows, new), -2.0, np.float32),
+      ref_logp=full((rows, new), -2.0, np.float32) if s.rl.keeps_reference else None,
+      advantages=put(rng.normal(size=rows).astype(np.float32)),
+      keep_pg=full((rows,), True, bool), keep_reg=full((rows,), True, bool),
+      shuffle_rng=jax.random.key(1))
+
+
+def _profile(call, logdir: str) -> dict[str, Any]:
+  """One call under `jax.profiler.trace`: device milliseconds by op name, busiest first."""
+  import jax  # pylint: disable=g-import-not-at-top
+  with jax.profiler.trace(logdir):
+    jax.block_until_ready(call())
+  files = sorted(glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True))
+  if not files:
+    return dict(error=f"no trace under {logdir}")
+  return op_times(jax.profiler.ProfileData.from_file(files[-1]))
+
+
+def op_times(data) -> dict[str, Any]:
+  """{total_ms, ops: [(name, ms, calls)]} of the events on the first device plane's
+  busiest line (a GPU's compute stream), summed by event name."""
+  best: dict[str, list] = {}
+  for plane in data.planes:
+    if not plane.name.startswith("/device:"):
+      continue
+    for line in plane.lines:
+      totals: dict[str, list] = {}
+      for event in line.events:
+        entry = totals.setdefault(event.name, [0.0, 0])
+        entry[0] += event.duration_ns / 1e6
+        entry[1] += 1
+      if sum(v[0] for v in totals.values()) > sum(v[0] for v in best.values()):
+        best = totals
+  ranked = sorted(best.items(), key=lambda kv: -kv[1][0])
+  return dict(total_ms=sum(v[0] for v in best.values()),
+              ops=[(name, ms, calls) for name, (ms, calls) in ranked])
+
+
+def table(result: dict[str, Any]) -> list[str]:
+  peak = result.get("peak_flops")
+  rows = ["| variant | micro-batch (rollouts) | LM-head chunk (positions) | compiled temporaries "
+          "(GiB) | update (s) | model TFLOP/s | MFU | reference pass (s) |",
+          "|---|---|---|---|---|---|---|---|"]
+  for v in result["variants"]:
+    if v.get("skipped"):
+      rows.append(f"| {v['name']} | not run: the section's time ran out | | | | | | |")
+      continue
+    mfu = "n/a" if not peak else f"{v['model_tflops'] * 1e12 / peak:.1%}"
+    temp = "n/a" if v["temp_gib"] is None else f"{v['temp_gib']:.1f}"
+    rows.append(f"| {v['name']} | {v['micro_batch']} | {v['chunk']} | {temp} | "
+                f"{v['update_s']:.2f} | {v['model_tflops']:.0f} | {mfu} | {v['score_s']:.2f} |")
+  return rows
+
+
+def profile_table(profile: dict[str, Any] | None, top: int = TOP_OPS) -> list[str]:
+  if not profile or "error" in profile:
+    return [f"No profile: {profile.get('error') if profile else 'the variants ran out of time'}."]
+  total = profile["total_ms"]
+  rows = [f"Device time of one update of the last variant, by op ({total / 1e3:.2f} s on the "
+          f"busiest stream; the {top} largest):", "",
+          "| op (XLA's kernel name) | ms | calls | share |", "|---|---|---|---|"]
+  for name, ms, calls in profile["ops"][:top]:
+    rows.append(f"| `{name[:70]}` | {ms:.0f} | {calls} | {ms / total:.1%} |")
+  return rows
+
+
+def run(inv: tables.Invocation) -> str:
+  """gpu_update.md; returns its path. Refuses a machine without an accelerator."""
+  child_env = dict(os.environ)
+  os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+  import jax  # pylint: disable=g-import-not-at-top
+  if all(d.platform == "cpu" for d in jax.devices()):
+    raise RuntimeError("the gpu_update section measures an accelerator; this machine has none")
+  section = os.path.join(inv.out, "gpu")
+  policy = os.path.join(section, "policy")
+  if not os.path.isdir(policy):
+    with jax.default_device(jax.devices("cpu")[0]):
+      gpu.write_policy(policy, gpu.QWEN25_1P5B)
+  out = os.path.join(section, "update.json")
+  start = time.time()
+  subprocess.run([sys.executable, "-m", "isojax.reproduce.gpu_update", f"--policy={policy}",
+                  f"--out={out}", f"--profile_dir={os.path.join(section, 'trace')}"],
+                 check=True, cwd=inv.repo, env=child_env)
+  result = storage.read_json(out)
+  intro = (
+      f"The update of the gpu section's step ([gpu.md](gpu.md)): `update.train_step` on "
+      f"{result['rows']} rollouts of {result['prompt_len']} prompt and "
+      f"{result['new_tokens']} response tokens (random ids), a policy of Qwen2.5-1.5B's "
+      f"shape ({result['params'] / 1e9:.2f}B parameters), configs/hard.py's loss, bfloat16 "
+      "activations, float32 weights and AdamW. Each variant sets `model.remat` and "
+      "`model.lm_head_precision`; its micro-batch and LM-head chunk are what "
+      "`isojax.run.memory_plan` derives for it on this device "
+      f"({result['available_gib']:.1f} GiB). Seconds are the second call of the compiled "
+      "program; MFU is 6 x parameters x response tokens per second over the datasheet "
+      "bfloat16 peak; the reference pass is the frozen base model's forward "
+      "(`rl.log_kl_to_base`), outside the update.")
+  body = [intro, "", *table(result), "", *profile_table(result.get("profile")), ""]
+  return tables.write(inv, "gpu_update.md", "The update at 1.5B on an accelerator: what "
+                      "each setting buys", time.time() - start, "\n".join(body))
+
+
+def main(argv: list[str]) -> None:
+  args = dict(a[2:].split("=", 1) for a in argv[1:])
+  result = measure(args["policy"], float(args.get("budget_s", BUDGET_S)),
+                   args.get("profile_dir", ""))
+  storage.write_json(args["out"], result)
+  print(json.dumps({k: v for k, v in result.items() if k != "profile"}, indent=1))
+
+
+if __name__ == "__main__":
+  main(sys.argv)

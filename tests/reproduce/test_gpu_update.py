@@ -1,0 +1,48 @@
+"""The gpu_update section's parts that need no accelerator: the profile's op totals,
+the tables, and its refusal of a machine without one."""
+
+import types
+
+import pytest
+
+from isojax.reproduce import gpu_update, tables
+
+
+def _event(name, ns):
+  return types.SimpleNamespace(name=name, duration_ns=ns)
+
+
+def test_op_times_sums_the_busiest_device_line_by_name():
+  """Host planes are ignored; of the device lines, the one with the most time is
+  summed by event name and ranked by milliseconds."""
+  data = types.SimpleNamespace(planes=[
+      types.SimpleNamespace(name="/host:CPU", lines=[types.SimpleNamespace(
+          name="python", events=[_event("host", 10**12)])]),
+      types.SimpleNamespace(name="/device:GPU:0", lines=[
+          types.SimpleNamespace(name="XLA Modules", events=[_event("jit_train_step", 9e6)]),
+          types.SimpleNamespace(name="Stream #14", events=[
+              _event("gemm", 4e6), _event("add", 1e6), _event("gemm", 3e6),
+              _event("copy", 2.5e6)])])])
+  got = gpu_update.op_times(data)
+  assert got["total_ms"] == pytest.approx(10.5)
+  assert got["ops"] == [("gemm", 7.0, 2), ("copy", 2.5, 1), ("add", 1.0, 1)]
+
+
+def test_tables_give_each_variants_mfu_and_the_profiles_shares():
+  result = dict(peak_flops=1e15, variants=[
+      dict(name="a", micro_batch=4, chunk=32, temp_gib=25.64, update_s=6.0, score_s=1.33,
+           model_tflops=100.0),
+      dict(name="b", skipped=True)])
+  rows = gpu_update.table(result)
+  assert rows[2] == "| a | 4 | 32 | 25.6 | 6.00 | 100 | 10.0% | 1.33 |"
+  assert "not run" in rows[3]
+  profile = dict(total_ms=200.0, ops=[("gemm", 150.0, 3), ("add", 50.0, 7)])
+  lines = gpu_update.profile_table(profile, top=1)
+  assert lines[-1] == "| `gemm` | 150 | 3 | 75.0% |"
+  assert gpu_update.profile_table(None)[0].startswith("No profile")
+
+
+def test_the_section_refuses_a_machine_without_an_accelerator(tmp_path):
+  inv = tables.Invocation(out=str(tmp_path), results=str(tmp_path), repo=".", command="")
+  with pytest.raises(RuntimeError, match="gpu_update section measures an accelerator"):
+    gpu_update.run(inv)
