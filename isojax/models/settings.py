@@ -21,7 +21,7 @@ REMAT_POLICIES = ("everything_saveable", "nothing_saveable", "dots_saveable",
 REMAT_CHOICES = ("none", "full") + REMAT_POLICIES
 DTYPES = ("float32", "bfloat16")
 # How the float32 LM head multiplies bfloat16 activations by float32 weights
-# (`transformer.head_matmul`).
+# (`lm_head.head_matmul`).
 HEAD_PRECISIONS = ("auto", "highest", "bf16x2")
 # The projections `model.lora.targets` may name (Hugging Face's module names).
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -39,7 +39,7 @@ QWEN25_1P5B = dict(vocab_size=151936, num_layers=28, embed_dim=1536, num_heads=1
 PROBLEMS, ROLLOUTS, NEW_TOKENS, STEPS = 8, 16, 512, 4
 RECIPES = (("synchronous", ()), ("pipelined (PipelineRL-1)", ("--config.rl.max_staleness=1",)))
 _ARITHMETIC_TOKENIZER = ("tokenizer.json", "tokenizer_config.json")
-# The sampler's weights under bfloat16 activations (`sampling.cast_weights_dtype`).
+# The sampler's weights under bfloat16 activations (`cast_weights_dtype`).
 _SAMPLER_WEIGHT_BYTES = 2 if cast_weights_dtype("", "bfloat16") == "bfloat16" else 4
 _SHAPE_FIELDS = ("vocab_size", "num_layers", "embed_dim", "num_heads", "num_kv_heads",
                  "head_dim", "mlp_dim", "tie_embeddings")
@@ -203,8 +203,8 @@ def run(inv: tables.Invocation, shape: dict[str, Any] | None = None, *,
       "random weights; `isojax/reproduce/gpu.py` says why random weights measure the same "
       f"work) on the arithmetic task: configs/hard.py, {problems} problems x {rollouts} "
       f"rollouts of {new_tokens} new tokens per step, bfloat16 activations, float32 weights "
-      "and AdamW, layers rematerialised (`model.remat=full`: [gpu_update.md](gpu_update.md) "
-      f"measures why), bfloat16 sampling weights. Each figure is the mean of steps 2-{steps} (step 1 compiles). The planned "
+      "and AdamW, layers rematerialised (`model.remat=full`; the gpu_update section measures "
+      f"it against none), bfloat16 sampling weights. Each figure is the mean of steps 2-{steps} (step 1 compiles). The planned "
       "peak is `isojax.run.memory_plan`'s estimate for the run (what it sizes the passes "
       "from); the measured one is the device allocator's peak over the run "
       "(`memory/device_peak_gib`), its step-0 evaluation included.")

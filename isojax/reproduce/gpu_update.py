@@ -24,10 +24,19 @@ import sys
 import time
 from typing import Any
 
+import jax
 import numpy as np
+from flax import nnx
 
 from isojax import storage
+from isojax.bench import datasheets
+from isojax.config import run_settings
+from isojax.configs import hard
+from isojax.models import hf_checkpoint, sharding
+from isojax.models.transformer import abstract_model
 from isojax.reproduce import gpu, tables
+from isojax.rl import optimizer, update
+from isojax.run import memory_plan
 
 # (name, model.remat, model.lm_head_precision); the last is what the gpu section runs.
 VARIANTS = (("no remat, float32 head products", "none", "highest"),
@@ -41,10 +50,6 @@ TOP_OPS = 12
 
 def _hard_settings():
   """configs/hard.py at the gpu section's allocation, with bfloat16 activations."""
-  # pylint: disable=g-import-not-at-top
-  from isojax.config import run_settings
-  from isojax.configs import hard
-  # pylint: enable=g-import-not-at-top
   config = hard.get_config()
   config.model.dtype = "bfloat16"
   config.problems_per_batch, config.rollouts_per_problem = gpu.PROBLEMS, gpu.ROLLOUTS
@@ -55,15 +60,6 @@ def _hard_settings():
 def measure(policy: str, budget_s: float = BUDGET_S, profile_dir: str = "") -> dict[str, Any]:
   """Every variant's update and reference-pass seconds on this process's first device,
   and (with `profile_dir`) the last variant's device time by op."""
-  # pylint: disable=g-import-not-at-top
-  import jax
-  from flax import nnx
-  from isojax.bench import datasheets
-  from isojax.models import hf_checkpoint
-  from isojax.models.transformer import abstract_model
-  from isojax.rl import optimizer, update
-  from isojax.run import memory_plan
-  # pylint: enable=g-import-not-at-top
   deadline = time.time() + budget_s
   s = _hard_settings()
   model = hf_checkpoint.load_model(policy, dtype="bfloat16")
@@ -132,11 +128,6 @@ def measure(policy: str, budget_s: float = BUDGET_S, profile_dir: str = "") -> d
 
 def _batch(s, vocab: int, rows: int, prompt: int, new: int, mesh):
   """A rollout batch of random tokens, every response at the length cap."""
-  # pylint: disable=g-import-not-at-top
-  import jax
-  from isojax.models import sharding
-  from isojax.rl import update
-  # pylint: enable=g-import-not-at-top
   rng = np.random.default_rng(0)
   put = lambda x: jax.device_put(x, sharding.batch_sharding(mesh, x.ndim))
   full = lambda shape, value, dtype: put(np.full(shape, value, dtype))
@@ -154,7 +145,6 @@ def _batch(s, vocab: int, rows: int, prompt: int, new: int, mesh):
 
 def _profile(call, logdir: str) -> dict[str, Any]:
   """One call under `jax.profiler.trace`: device milliseconds by op name, busiest first."""
-  import jax  # pylint: disable=g-import-not-at-top
   with jax.profiler.trace(logdir):
     jax.block_until_ready(call())
   files = sorted(glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True))
@@ -213,9 +203,10 @@ def profile_table(profile: dict[str, Any] | None, top: int = TOP_OPS) -> list[st
 
 def run(inv: tables.Invocation) -> str:
   """gpu_update.md; returns its path. Refuses a machine without an accelerator."""
+  # The child allocates as runs do; this process only checks the device and writes the
+  # policy on the host (the backend starts at the first device query, after this).
   child_env = dict(os.environ)
   os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-  import jax  # pylint: disable=g-import-not-at-top
   if all(d.platform == "cpu" for d in jax.devices()):
     raise RuntimeError("the gpu_update section measures an accelerator; this machine has none")
   section = os.path.join(inv.out, "gpu")

@@ -170,8 +170,8 @@ class Step:
   # its own) samples the next batches beside the update and the evaluation, from copies
   # of the weights: this many of them live at once (0: generation is not overlapped).
   generator_copies: int = 0
-  # A sampler call's cast of the weights (`sampling.cast_weights_dtype`: bfloat16 under
-  # a bfloat16 model), held beside its caches: 2 bytes a parameter, or none.
+  # A sampler call's cast of the weights (`sampling_settings.cast_weights_dtype`:
+  # bfloat16 under a bfloat16 model), held beside its caches: 2 bytes a parameter, or 0.
   sample_weight_bytes: int = 0
 
 

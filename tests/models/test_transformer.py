@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from isojax.models import lm_head
 from isojax.models import rope as rope_lib
 from isojax.models.settings import REMAT_POLICIES
 from isojax.models.transformer import ModelConfig, Transformer
@@ -202,12 +203,11 @@ def test_bf16x2_head_gives_float32_products_to_the_split_bound(tied):
 def test_auto_head_precision_is_bf16x2_on_gpus_only(monkeypatch):
   """"auto" is traced as "bf16x2" where the default backend is a GPU, "highest" on CPU
   and TPU; a setting named by hand is kept."""
-  from isojax.models import transformer  # pylint: disable=g-import-not-at-top
   for backend, want in (("gpu", "bf16x2"), ("cpu", "highest"), ("tpu", "highest")):
     monkeypatch.setattr(jax, "default_backend", lambda b=backend: b)
-    assert transformer.head_precision("auto") == want
-    assert transformer.head_precision("highest") == "highest"
-    assert transformer.head_precision("bf16x2") == "bf16x2"
+    assert lm_head.head_precision("auto") == want
+    assert lm_head.head_precision("highest") == "highest"
+    assert lm_head.head_precision("bf16x2") == "bf16x2"
 
 
 def test_an_unknown_head_precision_is_rejected_naming_the_field():
