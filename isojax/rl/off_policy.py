@@ -273,6 +273,19 @@ class InFlightGenerator:
       self._thread.join()
 
 
+def weight_snapshot(cast: str | None = None, place: Callable[[Any], Any] | None = None
+                    ) -> Callable[[Any], Any]:
+  """How a generator copies the learner's weights at each version (the update donates
+  them): cast to the sampler's dtype once (`cast`, "bfloat16": half the bytes, and no
+  sampler call casts them again), else copied as they are; then `place`d (e.g.
+  `sharding.on_mesh` onto the generator's own devices)."""
+  if cast in (None, "float32"):
+    copy = lambda params: jax.tree.map(jnp.copy, params)
+  else:
+    copy = lambda params: sampler.cast_floats(params, cast)
+  return copy if place is None else lambda params: place(copy(params))
+
+
 def queue_tree(batches: list[Generated]) -> dict[str, Any]:
   """The checkpoint item of the queued batches (`restore_queue` reads it back)."""
   return {f"step_{g.step}": g.to_tree() for g in batches}

@@ -13,6 +13,8 @@ a run whose estimate exceeds the memory there is refused before anything is
 written, with the values that would fit. Off-policy generation on the learner's
 devices (`rl.max_staleness` > 0) samples the next batches from copies of the weights
 while the update or an evaluation runs: its copies and its call count beside them.
+A sampler that casts the weights to bfloat16 (a bfloat16 model's default) holds that
+copy beside its caches; the generator's copies are kept in that dtype already.
 
 The estimate is an upper bound on XLA's own accounting of the same programs
 (`tests/core/test_memory_plan.py` compiles them and compares), not a measurement.
@@ -173,6 +175,9 @@ class Step:
   # A sampler call's cast of the weights (`sampling_settings.cast_weights_dtype`:
   # bfloat16 under a bfloat16 model), held beside its caches: 2 bytes a parameter, or 0.
   sample_weight_bytes: int = 0
+  # Bytes a parameter of each generator copy: 4 (float32, cast by each of its sampler
+  # calls when `sample_weight_bytes`), or 2 (cast once per version: its calls cast none).
+  generator_param_bytes: int = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,7 +213,7 @@ def plan(shape: Shape, step: Step, requested: Passes, available: int,
   `fraction` of the `available` bytes."""
   resident = resident_bytes(shape, trained_params=step.trained_params, reference=step.reference)
   budget = int(available * fraction) - resident
-  weights = 4 * shape.params * step.generator_copies  # the generator's copies
+  weights = step.generator_param_bytes * shape.params * step.generator_copies
   seq, response = step.prompt_len + step.max_new_tokens, step.max_new_tokens
 
   def score_rows(rows):  # micro-batches of the update's size, or every rollout at once
@@ -220,6 +225,9 @@ def plan(shape: Shape, step: Step, requested: Passes, available: int,
 
   per_rollout = max(sample_bytes(shape, 1, step.prompt_len, step.max_new_tokens), 1)
   cast = step.sample_weight_bytes
+  # The generator's own calls cast float32 copies; copies kept in the sampler's dtype need
+  # no cast.
+  generator_cast = cast if step.generator_copies and step.generator_param_bytes == 4 else 0
   micro, chunk = requested.micro_batch_size, requested.logprob_chunk_size
   if not micro:
     # Divides both the minibatch (the update) and the step's rollouts (scoring).
@@ -233,9 +241,9 @@ def plan(shape: Shape, step: Step, requested: Passes, available: int,
     if step.generator_copies and not requested.max_rollouts_per_call:
       # Overlapped: a smaller micro-batch that leaves room for a whole training batch's
       # sampler call beside it, rather than the generator sampling in small calls.
-      rows = largest_fitting(budget - weights - step.rollouts * per_rollout)
+      rows = largest_fitting(budget - weights - generator_cast - step.rollouts * per_rollout)
     if rows is None:
-      rows = largest_fitting(budget - weights) or candidates[-1]
+      rows = largest_fitting(budget - weights - generator_cast) or candidates[-1]
     micro = 0 if rows >= step.minibatch else rows
   rows = micro or step.minibatch
   if not chunk:
@@ -243,14 +251,15 @@ def plan(shape: Shape, step: Step, requested: Passes, available: int,
   calls = requested.max_rollouts_per_call
   if not calls:
     if step.generator_copies:
-      fits = _overlapped_calls(budget - weights - cast, update_cost(rows, chunk),
-                               per_rollout, step.rollouts)
+      fits = _overlapped_calls(budget - weights - cast - generator_cast,
+                               update_cost(rows, chunk), per_rollout, step.rollouts)
     else:
       fits = max(budget - cast, 0) // per_rollout
     calls = 0 if fits >= step.sample_rollouts else max(step.group, fits)
   sample_rows = min(calls or step.sample_rollouts, step.sample_rollouts)
-  generator = (weights + cast + sample_bytes(shape, min(calls or step.rollouts, step.rollouts),
-                                             step.prompt_len, step.max_new_tokens)
+  generator = (weights + generator_cast
+               + sample_bytes(shape, min(calls or step.rollouts, step.rollouts),
+                              step.prompt_len, step.max_new_tokens)
                if step.generator_copies else 0)
   return Plan(passes=Passes(micro, chunk, calls), resident=resident,
               update=update_bytes(shape, rows, seq, response, chunk),
@@ -333,7 +342,8 @@ def for_settings(config: run_settings.RunSettings, model_cfg: Any, *, prompt_len
               max_new_tokens=config.sampling.max_new_tokens, trained_params=trained,
               reference=config.rl.keeps_reference and not lora,  # LoRA's is the base
               generator_copies=generator_copies(config),
-              sample_weight_bytes=sample_weight_bytes(config, shape))
+              sample_weight_bytes=sample_weight_bytes(config, shape),
+              generator_param_bytes=2 if generator_weights_dtype(config) else 4)
   requested = Passes(config.rl.micro_batch_size, config.rl.logprob_chunk_size,
                      config.sampling.max_rollouts_per_call)
   result = plan(shape, step, requested, available, USABLE_FRACTION[kind])
@@ -370,9 +380,21 @@ def generator_copies(config: run_settings.RunSettings) -> int:
 
 def sample_weight_bytes(config: run_settings.RunSettings, shape: Shape) -> int:
   """Bytes of a sampler call's bfloat16 cast of the weights (0: it reads them as stored)."""
-  cast = sampling_settings.cast_weights_dtype(config.sampling.weights_dtype,
+  return 2 * shape.params if _sampler_weights(config) == "bfloat16" else 0
+
+
+def generator_weights_dtype(config: run_settings.RunSettings) -> str | None:
+  """The dtype off-policy generation keeps each version's copy of the weights in: the
+  sampler's (`off_policy.weight_snapshot` casts once per version, so its calls cast
+  nothing), or None for a float32 copy. LoRA keeps float32: the sampler merges the
+  adapters into the weights before it casts."""
+  cast = _sampler_weights(config)
+  return None if config.model.lora.enabled or cast in (None, "float32") else cast
+
+
+def _sampler_weights(config: run_settings.RunSettings) -> str | None:
+  return sampling_settings.cast_weights_dtype(config.sampling.weights_dtype,
                                               config.sampling.dtype or config.model.dtype)
-  return 2 * shape.params if cast == "bfloat16" else 0
 
 
 def lora_params(model_cfg: Any) -> int:

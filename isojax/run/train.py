@@ -31,7 +31,7 @@ from isojax import host_memory, metric_writers, metrics, run_dir, storage
 from isojax.config import config_lib, run_settings
 from isojax.models import hf_checkpoint, lora, sharding
 from isojax.rl import critic as critic_lib
-from isojax.rl import guard, optimizer, problem_pool, rollout_allocation, sources
+from isojax.rl import guard, off_policy, optimizer, problem_pool, rollout_allocation, sources
 from isojax.rl import settings as rl_settings
 from isojax.rl import step as rl_step
 from isojax.run import (checkpointing, evaluation, memory_plan, preemption, resume_check,
@@ -301,8 +301,10 @@ def _state(s: run_settings.RunSettings, inputs: run_inputs.Inputs, opened: run_s
     source = sources.make(
         problems, num_steps=s.num_steps, batches=restored.counters.batches,
         queue=restored.result and restored.result.queue,
-        snapshot=(None if inputs.rollout_mesh is None
-                  else functools.partial(sharding.on_mesh, mesh=inputs.rollout_mesh)))
+        snapshot=off_policy.weight_snapshot(
+            memory_plan.generator_weights_dtype(s),
+            None if inputs.rollout_mesh is None
+            else functools.partial(sharding.on_mesh, mesh=inputs.rollout_mesh)))
   except BaseException:
     bar.close()
     viewers.close()

@@ -41,11 +41,12 @@ from isojax.sampling.lockstep import Decoding
 from isojax.sampling.spec import Rollouts, SampleSpec, group_index
 
 # What callers use, all importable from here (the parts define them).
-__all__ = ["Decoding", "Interruption", "Rollouts", "SampleSpec", "advance", "finish",
-           "group_index", "sample", "start"]
+__all__ = ["Decoding", "Interruption", "Rollouts", "SampleSpec", "advance", "cast_floats",
+           "finish", "group_index", "sample", "start"]
 
 
-def _cast_floats(state, dtype: str | None):
+def cast_floats(state, dtype: str | None):
+  """`state` with its float arrays in `dtype` (None: as they are)."""
   if dtype is None:
     return state
   return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating)
@@ -62,7 +63,7 @@ def _call_model(graphdef, state, spec: SampleSpec):
       graphdef, state = nnx.split(lora.merged_model(model))
   activations = spec.dtype or nnx.merge(graphdef, state).cfg.dtype
   weights = sampling_settings.cast_weights_dtype(spec.weights_dtype, activations)
-  model = nnx.merge(graphdef, _cast_floats(state, weights))
+  model = nnx.merge(graphdef, cast_floats(state, weights))
   return model.with_dtype(spec.dtype) if spec.dtype else model
 
 

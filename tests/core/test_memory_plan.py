@@ -312,3 +312,25 @@ def test_a_bfloat16_model_plans_its_sampler_cast_of_the_weights():
   as_stored = plan(**{"model.dtype": "bfloat16", "sampling.weights_dtype": "float32"})
   assert 0 < derived.passes.max_rollouts_per_call < as_stored.passes.max_rollouts_per_call
   assert derived.peak <= 24 * GIB * memory_plan.USABLE_FRACTION["cpu"]
+
+
+def test_off_policy_generation_keeps_its_copies_in_the_samplers_dtype():
+  """Under bfloat16 activations the generator's copies are bfloat16 (2 bytes a parameter,
+  cast once per version: its calls cast none); LoRA runs and float32 activations keep
+  float32 copies. The plan's generator is the copies plus one training batch's call."""
+  cfg = _smollm2_model_config()
+  params = memory_plan.Shape.of(cfg).params
+  settings = lambda **f: _smollm2_config(**{"rl.max_staleness": 1, **f})
+  assert memory_plan.generator_weights_dtype(settings(**{"model.dtype": "bfloat16"})) == (
+      "bfloat16")
+  assert memory_plan.generator_weights_dtype(settings()) is None
+  assert memory_plan.generator_weights_dtype(settings(**{
+      "model.dtype": "bfloat16", "sampling.weights_dtype": "float32"})) is None
+  assert memory_plan.generator_weights_dtype(settings(**{
+      "model.dtype": "bfloat16", "model.lora.rank": 4})) is None
+  fixed = {"model.dtype": "bfloat16", "sampling.max_rollouts_per_call": 64,
+           "rl.micro_batch_size": 16}
+  plan = memory_plan.for_settings(settings(**fixed), cfg, prompt_len=120, available=24 * GIB)
+  copies = memory_plan.generator_copies(settings(**fixed))
+  calls = memory_plan.sample_bytes(memory_plan.Shape.of(cfg), 64, 120, 256)
+  assert copies == 2 and plan.generator == 2 * params * copies + calls

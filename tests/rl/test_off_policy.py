@@ -19,6 +19,21 @@ from isojax.run import train
 
 
 
+def test_a_snapshot_is_a_copy_cast_once_and_placed():
+  """`weight_snapshot`: a float32 copy (new buffers, the same values) without a cast,
+  every float array in bfloat16 with one (integers kept), then `place` applied."""
+  params = {"w": jnp.arange(6, dtype=jnp.float32) / 7, "i": jnp.arange(3)}
+  copy = off_policy.weight_snapshot()(params)
+  assert copy["w"] is not params["w"] and copy["w"].dtype == jnp.float32
+  np.testing.assert_array_equal(copy["w"], params["w"])
+  cast = off_policy.weight_snapshot("bfloat16")(params)
+  assert cast["w"].dtype == jnp.bfloat16 and cast["i"].dtype == params["i"].dtype
+  np.testing.assert_array_equal(np.asarray(cast["w"], np.float32),
+                                np.asarray(params["w"].astype(jnp.bfloat16), np.float32))
+  placed = off_policy.weight_snapshot("float32", place=lambda p: {"placed": p})(params)
+  assert placed["placed"]["w"].dtype == jnp.float32
+
+
 @pytest.mark.parametrize("k,mode,expected", [
     (0, "pipeline", [0, 1, 2, 3, 4, 5, 6]),
     (2, "pipeline", [0, 0, 0, 1, 2, 3, 4]),
@@ -100,12 +115,19 @@ def _micro(**overrides):
   return config
 
 
-@pytest.mark.parametrize("k,mode", [(2, "pipeline"), (2, "ppo_off_policy")])
-def test_off_policy_run_equals_a_loop_that_keeps_old_versions(tmp_path, k, mode, run_parts):
+@pytest.mark.parametrize("k,mode,dtype", [(2, "pipeline", "float32"),
+                                          (2, "ppo_off_policy", "float32"),
+                                          (2, "pipeline", "bfloat16")])
+def test_off_policy_run_equals_a_loop_that_keeps_old_versions(tmp_path, k, mode, dtype,
+                                                              run_parts):
   """train.run with rl.max_staleness = k against a plain loop that keeps every
-  parameter version and samples step s with version source_version(s)."""
+  parameter version and samples step s with version source_version(s). Under bfloat16
+  activations the run's generator keeps each version cast to bfloat16 once
+  (`off_policy.weight_snapshot`) where the loop keeps float32 copies that each sampler
+  call casts: the same samples."""
   config = _micro(num_steps=5)
   config.rl.update(max_staleness=k, off_policy=mode)
+  config.model.dtype = dtype
   train.run(config, str(tmp_path / "run"))
   logged = [r for r in run_dir.read_metrics(str(tmp_path / "run")) if r["step"] > 0]
 
