@@ -70,18 +70,21 @@ class Generated:
   rounds: int = 1           # dynamic sampling's rounds
 
   def __post_init__(self):
-    self.generated = self.generated or int(self.scored.rewards_GN.size)
+    self.generated = self.generated or int(self.scored.rewards_B.size)
 
   def oldest_B(self) -> np.ndarray:
     """[B] the version that began each rollout."""
     versions = self.scored.versions_B2
-    return (np.full(self.scored.rewards_GN.size, self.version) if versions is None
+    return (np.full(self.scored.rewards_B.size, self.version) if versions is None
             else versions[:, 0])
 
   def to_tree(self) -> dict[str, Any]:
-    """NumPy arrays and scalars for the checkpoint (the completions' text is not kept)."""
+    """NumPy arrays and scalars for the checkpoint (the completions' text is not kept);
+    `group_sizes` only with unequal groups, so equal ones keep their checkpoint's layout."""
     s = self.scored
-    return dict(step=np.int32(self.step), version=np.int32(self.version),
+    sizes = {} if s.group_sizes is None else dict(group_sizes=np.asarray(s.group_sizes,
+                                                                         np.int32))
+    return dict(**sizes, step=np.int32(self.step), version=np.int32(self.version),
                 chosen=np.asarray(self.chosen, np.int32),
                 active_problems=np.int32(self.active_problems),
                 prompts=s.prompts_GP, prompt_mask=s.prompt_mask_GP, tokens=s.rollouts.tokens,
@@ -101,7 +104,8 @@ class Generated:
                                     completions=[], verifier_timeouts=int(a["verifier"][0]),
                                     verifier_errors=int(a["verifier"][1]),
                                     timings=dict(zip(metrics.TIMED_PHASES,
-                                                     a["timings"].tolist())))
+                                                     a["timings"].tolist())),
+                                    group_sizes=a.get("group_sizes"))
     return cls(step=int(a["step"]), version=int(a["version"]), chosen=a["chosen"],
                scored=scored, active_problems=int(a["active_problems"]),
                generated=int(a["sampling"][0]), rounds=int(a["sampling"][1]))

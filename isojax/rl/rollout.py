@@ -247,7 +247,7 @@ def _call_groups(group_sizes, n: int, n_max: int, rows: int, per_call: int, shar
     return None
   if in_flight is not None:
     raise ValueError("unequal groups are not sampled in flight (rl.allocation='per_problem' "
-                     "needs rl.max_staleness=0)")
+                     "needs rl.off_policy other than 'pipeline_in_flight')")
   sizes = np.asarray(group_sizes, np.int64)
   if sizes.sum() != sizes.size * n:
     raise ValueError(f"group sizes sum to {sizes.sum()} rollouts: expected {sizes.size} "

@@ -216,14 +216,16 @@ class RLSettings(validation.Section):
     if n_min < 2 and self.advantage in GROUP_ESTIMATORS:
       raise ValueError(f"rl.allocation_n_min={n_min} with rl.advantage={self.advantage!r}: "
                        "group-normalised advantages need at least 2 rollouts per problem")
-    unsupported = dict(max_staleness=self.max_staleness > 0,
+    unsupported = dict(off_policy=bool(self.max_staleness)
+                       and self.off_policy == "pipeline_in_flight",
                        advantage=self.advantage == names.GAE)
     for field, on in unsupported.items():
       if on:
         raise ValueError(f"rl.allocation='per_problem' with rl.{field}="
                          f"{getattr(self, field)!r}: not supported with groups of unequal "
-                         "size (off-policy sampling and a critic assume n rollouts a "
-                         "problem); use rl.allocation='uniform'")
+                         "size (in-flight sampling refills rows one rollout at a time, and "
+                         "the critic assumes n rollouts a problem); use "
+                         "rl.allocation='uniform' or rl.off_policy='pipeline'")
 
   def check_allocation(self, n: int, problems_per_batch: int, max_new_tokens: int) -> None:
     """The rules that tie these fields to n, B_p and the sampler's max_new_tokens."""

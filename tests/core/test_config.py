@@ -244,7 +244,8 @@ def test_eval_schedule_defaults_resolve():
     (dict(allocation_prior_mean=0.0), r"rl.allocation_prior_mean=0.0"),
     (dict(allocation_prior_strength=0.0), r"rl.allocation_prior_strength=0.0"),
     (dict(allocation_n_min=1), r"rl.allocation_n_min=1 with rl.advantage='grpo'"),
-    (dict(max_staleness=1), r"with rl.max_staleness=1: not supported"),
+    (dict(max_staleness=1, off_policy="pipeline_in_flight"),
+     r"with rl.off_policy='pipeline_in_flight': not supported"),
     (dict(advantage="gae"), r"with rl.advantage='gae': not supported"),
 ])
 def test_bad_per_problem_allocation_names_the_field(fields, message):

@@ -15,6 +15,7 @@ from isojax import run_dir
 from isojax.config import config_lib
 from isojax.models import sharding
 from isojax.rl import off_policy, rollout, sources, update
+from isojax.sampling import sampler
 from isojax.run import train
 
 
@@ -32,6 +33,32 @@ def test_a_snapshot_is_a_copy_cast_once_and_placed():
                                 np.asarray(params["w"].astype(jnp.bfloat16), np.float32))
   placed = off_policy.weight_snapshot("float32", place=lambda p: {"placed": p})(params)
   assert placed["placed"]["w"].dtype == jnp.float32
+
+
+def test_a_queued_batch_of_unequal_groups_round_trips_through_its_checkpoint_tree():
+  """`Generated.to_tree`/`from_tree` keep the group sizes of unequal groups, and count
+  the real rollouts (not the padded [G, n_max]); equal groups add no key."""
+  rng = np.random.default_rng(0)
+  sizes = np.array([2, 5, 3])
+  rollouts = sampler.Rollouts(tokens=rng.integers(0, 9, (10, 4)).astype(np.int32),
+                              logprobs=rng.normal(size=(10, 4)).astype(np.float32),
+                              mask=np.ones((10, 4), bool), finished=np.ones(10, bool),
+                              forced=np.zeros((10, 4), bool))
+  rewards = np.zeros((3, 5), np.float32)
+  rewards[1, :5] = 1.0
+  scored = rollout.ScoredRollouts(np.ones((3, 2), np.int32), np.ones((3, 2), bool), rollouts,
+                                  rewards, completions=[], group_sizes=sizes)
+  generated = off_policy.Generated(4, 2, np.array([7, 1, 3]), scored, active_problems=9)
+  assert generated.generated == 10 and generated.oldest_B().tolist() == [2] * 10
+  back = off_policy.Generated.from_tree(generated.to_tree())
+  np.testing.assert_array_equal(back.scored.group_sizes, sizes)
+  np.testing.assert_array_equal(back.scored.rewards_B, scored.rewards_B)
+  assert back.generated == 10 and back.step == 4 and back.version == 2
+  equal = rollout.ScoredRollouts(np.ones((2, 2), np.int32), np.ones((2, 2), bool), rollouts,
+                                 np.zeros((2, 5), np.float32), completions=[])
+  tree = off_policy.Generated(0, 0, np.array([0, 1]), equal, active_problems=2).to_tree()
+  assert "group_sizes" not in tree
+  assert off_policy.Generated.from_tree(tree).scored.group_sizes is None
 
 
 @pytest.mark.parametrize("k,mode,expected", [

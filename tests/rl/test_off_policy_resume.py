@@ -107,6 +107,26 @@ def test_killed_and_preempted_runs_equal_an_uninterrupted_one(tmp_path):
   assert max(line.get("train/sampling_rounds", 1) for line in want) > 1
 
 
+@pytest.mark.slow("four runs of isojax.main, two of them killed")
+def test_pipelined_per_problem_allocation_resumes_its_unequal_groups(tmp_path):
+  """PipelineRL-2 with per-problem allocation: the batches sampled ahead hold groups of
+  unequal size, and the checkpoint keeps each batch's sizes, so the interrupted run
+  equals an uninterrupted one line for line."""
+  # Every step the same 4 problems, so their history moves rollouts between them.
+  flags = ["--config=configs/per_problem.py:micro", "--config.rl.max_staleness=2",
+           "--config.rl.off_policy=pipeline", "--config.task.num_train=4",
+           "--config.rl.allocation_n_max=8"]
+  _finish(_start(tmp_path / "full", flags), "the uninterrupted run")
+  what, _ = _interrupted_run(tmp_path / "killed", flags, random.Random())
+  want, got = _without_timings(tmp_path / "full"), _without_timings(tmp_path / "killed")
+  assert [line[run_dir.STEP] for line in got] == list(range(NUM_STEPS + 1)), what
+  assert got == want, what
+  sizes = [line["train/group_sizes"] for line in want if "train/group_sizes" in line]
+  assert len(sizes) == NUM_STEPS and any(len(set(s)) > 1 for s in sizes)
+  assert all(sum(s) == sum(sizes[0]) for s in sizes)
+  assert max(line["train/staleness_max"] for line in want if line[run_dir.STEP]) == 2
+
+
 @pytest.mark.slow("three runs of isojax.main in flight, two of them killed")
 def test_in_flight_resume_counts_every_rollout_once_and_records_what_it_lost(tmp_path):
   flags = ["--config=configs/scalerl.py:micro", "--config.rl.off_policy=pipeline_in_flight",
