@@ -216,16 +216,11 @@ class RLSettings(validation.Section):
     if n_min < 2 and self.advantage in GROUP_ESTIMATORS:
       raise ValueError(f"rl.allocation_n_min={n_min} with rl.advantage={self.advantage!r}: "
                        "group-normalised advantages need at least 2 rollouts per problem")
-    unsupported = dict(off_policy=bool(self.max_staleness)
-                       and self.off_policy == "pipeline_in_flight",
-                       advantage=self.advantage == names.GAE)
-    for field, on in unsupported.items():
-      if on:
-        raise ValueError(f"rl.allocation='per_problem' with rl.{field}="
-                         f"{getattr(self, field)!r}: not supported with groups of unequal "
-                         "size (in-flight sampling refills rows one rollout at a time, and "
-                         "the critic assumes n rollouts a problem); use "
-                         "rl.allocation='uniform' or rl.off_policy='pipeline'")
+    if self.max_staleness and self.off_policy == "pipeline_in_flight":
+      raise ValueError("rl.allocation='per_problem' with rl.off_policy='pipeline_in_flight': "
+                       "not supported with groups of unequal size (in-flight sampling "
+                       "refills its rows a rollout at a time); use rl.off_policy='pipeline' "
+                       "or rl.allocation='uniform'")
 
   def check_allocation(self, n: int, problems_per_batch: int, max_new_tokens: int) -> None:
     """The rules that tie these fields to n, B_p and the sampler's max_new_tokens."""

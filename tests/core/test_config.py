@@ -246,7 +246,6 @@ def test_eval_schedule_defaults_resolve():
     (dict(allocation_n_min=1), r"rl.allocation_n_min=1 with rl.advantage='grpo'"),
     (dict(max_staleness=1, off_policy="pipeline_in_flight"),
      r"with rl.off_policy='pipeline_in_flight': not supported"),
-    (dict(advantage="gae"), r"with rl.advantage='gae': not supported"),
 ])
 def test_bad_per_problem_allocation_names_the_field(fields, message):
   c = _config(rollouts_per_problem=4)

@@ -302,3 +302,58 @@ def test_a_critic_loaded_from_a_checkpoint_starts_from_its_weights(tmp_path):
   got = c.params["trunk"]["embed"]["embedding"][...]
   np.testing.assert_allclose(got, 0.5 * np.asarray(params["embed"]["embedding"][...]))
   assert got.shape[0] == vocab
+
+
+def test_padding_rows_leave_the_critics_targets_and_update_unchanged():
+  """Unequal groups (per-problem allocation) pad the batch to B_p * m rows with copies
+  of row 0 that hold no response token and no reward: GAE, its whitening and the value
+  regression see only the real rows, so the advantages, returns, loss and updated
+  weights equal those of the real rows alone."""
+  config = config_lib.base_config()
+  config.num_steps, config.rollouts_per_problem = 1, 4
+  config.optim.warmup_steps = 0
+  mesh = sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
+  graphdef, params = _tiny()
+  params = jax.device_put(params, sharding.state_shardings(params, mesh))
+  s, c = _create(config, mesh, graphdef, params)
+  rng = np.random.default_rng(7)
+  tokens = rng.integers(0, 11, (6, 6)).astype(np.int32)
+  response = np.arange(4)[None, :] < rng.integers(1, 5, (6, 1))  # uneven lengths
+  rewards = rng.integers(0, 2, 6).astype(np.float32)
+  pad = lambda x, fill: np.concatenate([x, np.repeat(fill, 2, axis=0)])
+  rows = dict(real=(tokens, response, rewards),
+              padded=(pad(tokens, tokens[:1]), pad(response, np.zeros((1, 4), bool)),
+                      pad(rewards, np.zeros(1, np.float32))))
+  settings = critic.ValueUpdateSettings.derive(s.critic, s.rl, group_size=2, prompt_len=2)
+  out = {}
+  for name, (tok, resp, rew) in rows.items():
+    mask = np.ones(tok.shape, bool)
+    old = critic.values(c.graphdef, c.params, tok, mask, prompt_len=2)
+    adv, ret = critic.advantages(jnp.asarray(rew), old, jnp.asarray(resp), gamma=1.0, lam=0.95)
+    new_params, _, stats = critic.critic_step(
+        c.graphdef, jax.tree.map(jnp.copy, c.params), jax.tree.map(jnp.copy, c.opt_state),
+        critic.ValueBatch(tok, mask, resp, old, ret, jax.random.key(0)), tx=c.tx,
+        settings=settings)
+    out[name] = (np.asarray(adv)[:6], np.asarray(ret)[:6], float(stats["value_loss"]),
+                 jax.tree.leaves(new_params))
+  real, padded = out["real"], out["padded"]
+  np.testing.assert_allclose(padded[0], real[0], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(padded[1], real[1], rtol=1e-6, atol=1e-7)
+  assert padded[2] == pytest.approx(real[2], rel=1e-5)
+  for a, b in zip(padded[3], real[3]):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+  assert np.abs(real[0]).sum() > 0  # the advantages are not trivially zero
+
+
+@pytest.mark.slow("a 3-step PPO run with per-problem allocation")
+def test_ppo_with_per_problem_allocation_trains_its_critic_on_unequal_groups(tmp_path):
+  config = _micro(allocation="per_problem", allocation_n_max=8)
+  config.num_steps, config.task.num_train = 3, 4  # the same 4 problems: history decides
+  train.run(config, str(tmp_path / "run"))
+  logged = [r for r in run_dir.read_metrics(str(tmp_path / "run")) if r["step"] > 0]
+  sizes = [r["train/group_sizes"] for r in logged]
+  n, b_p = config.rollouts_per_problem, config.problems_per_batch
+  assert all(sum(s) == n * b_p and min(s) >= 2 and max(s) <= 8 for s in sizes)
+  assert any(len(set(s)) > 1 for s in sizes)
+  assert all(np.isfinite(r["train/value_loss"]) and np.isfinite(r["train/loss"])
+             for r in logged)
