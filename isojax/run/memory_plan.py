@@ -282,13 +282,15 @@ def _overlapped_calls(budget: int, update: int, per_rollout: int, rollouts: int)
 
 def sampler_calls(shape: Shape, *, rollouts: int, group: int, prompt_len: int,
                   max_new_tokens: int, available: int | None = None,
-                  kind: str = "cpu") -> int:
+                  kind: str = "cpu", cast_bytes: int = 0) -> int:
   """`sampling.max_rollouts_per_call` for a job that only samples (`launch.profile`):
-  0 (one call) when `rollouts` fit beside the weights, else the most that fit, at least
-  a `group` (a problem's samples stay in one call). Raises when not one group fits."""
+  0 (one call) when `rollouts` fit beside the weights (and their cast for the sampler,
+  `cast_bytes`: `sample_weight_bytes`), else the most that fit, at least a `group` (a
+  problem's samples stay in one call). Raises when not one group fits."""
   if available is None:
     available, kind = available_bytes()
-  budget = int(available * USABLE_FRACTION[kind]) - 4 * shape.params  # the weights
+  weights = 4 * shape.params + cast_bytes
+  budget = int(available * USABLE_FRACTION[kind]) - weights
   per_rollout = sample_bytes(shape, 1, prompt_len, max_new_tokens)
   fits = max(budget, 0) // max(per_rollout, 1)
   if fits >= rollouts:
@@ -296,7 +298,7 @@ def sampler_calls(shape: Shape, *, rollouts: int, group: int, prompt_len: int,
   if fits < group:
     raise ValueError(
         f"sampling {group} rollouts of one problem ({prompt_len} prompt + {max_new_tokens} "
-        f"new tokens) needs an estimated {(4 * shape.params + group * per_rollout) / GIB:.2f}"
+        f"new tokens) needs an estimated {(weights + group * per_rollout) / GIB:.2f}"
         f" GiB, above the {available / GIB:.1f} GiB this machine has; expected fewer "
         f"samples per problem or a lower sampling.max_new_tokens={max_new_tokens}")
   return fits

@@ -136,11 +136,13 @@ class _Sampler:
     model_cfg = run_inputs.checked_model_config(s, path, self.book.max_len)
     self.sampling = s.sampling
     if not s.sampling.max_rollouts_per_call:
+      shape = memory_plan.Shape.of(model_cfg)
       self.sampling = dataclasses.replace(s.sampling, max_rollouts_per_call=(
           memory_plan.sampler_calls(
-              memory_plan.Shape.of(model_cfg), rollouts=options.chunk_rollouts,
+              shape, rollouts=options.chunk_rollouts,
               group=max(options.num_samples, options.hard_samples),
-              prompt_len=self.book.max_len, max_new_tokens=s.sampling.max_new_tokens)))
+              prompt_len=self.book.max_len, max_new_tokens=s.sampling.max_new_tokens,
+              cast_bytes=memory_plan.sample_weight_bytes(s, shape))))
       logging.info("profile sampler calls of %s rollouts",
                    self.sampling.max_rollouts_per_call or "every")
     self.verifier = tasks.make_verifier(s.task)

@@ -189,14 +189,16 @@ def test_the_shipped_demo_keeps_one_pass_and_one_call():
   assert planned == s  # nothing to fill in: the settings come back as they were
 
 
+@pytest.mark.parametrize("cast", [False, True])
 @pytest.mark.parametrize("available_gib", [0.5, 2.0, 8.0, 64.0])
-def test_a_sampling_job_calls_the_most_rollouts_that_fit(available_gib):
-  """Brute force over call sizes: the weights plus r rollouts' caches, prefill and
-  logits within the usable fraction of the memory."""
+def test_a_sampling_job_calls_the_most_rollouts_that_fit(available_gib, cast):
+  """Brute force over call sizes: the weights (and their bfloat16 cast for the sampler)
+  plus r rollouts' caches, prefill and logits within the usable fraction of the memory."""
   available, fraction = int(available_gib * memory_plan.GIB), memory_plan.USABLE_FRACTION["cpu"]
-  kw = dict(rollouts=4096, group=16, prompt_len=120, max_new_tokens=256)
-  fits = lambda r: (4 * SMOLLM2.params + memory_plan.sample_bytes(SMOLLM2, r, 120, 256)
-                    <= available * fraction)
+  cast_bytes = 2 * SMOLLM2.params if cast else 0
+  kw = dict(rollouts=4096, group=16, prompt_len=120, max_new_tokens=256, cast_bytes=cast_bytes)
+  fits = lambda r: (4 * SMOLLM2.params + cast_bytes
+                    + memory_plan.sample_bytes(SMOLLM2, r, 120, 256) <= available * fraction)
   if not fits(16):
     with pytest.raises(ValueError, match="sampling 16 rollouts of one problem"):
       memory_plan.sampler_calls(SMOLLM2, available=available, **kw)
