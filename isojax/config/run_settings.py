@@ -149,6 +149,22 @@ class RunSettings(validation.Section):
     return self.optim.warmup(self.rollouts_per_step)
 
   @property
+  def sampler_weights_dtype(self) -> str | None:
+    """The dtype a sampler call casts the weights to (None: as stored, float32):
+    `sampling.settings.cast_weights_dtype` of the sampler's activations."""
+    return sampling_settings.cast_weights_dtype(self.sampling.weights_dtype,
+                                                self.sampling.dtype or self.model.dtype)
+
+  @property
+  def generator_weights_dtype(self) -> str | None:
+    """The dtype off-policy generation keeps each version's copy of the weights in: the
+    sampler's (`off_policy.weight_snapshot` casts once per version, so its calls cast
+    nothing), or None for a float32 copy. LoRA keeps float32: the sampler merges the
+    adapters into the weights before it casts."""
+    cast = self.sampler_weights_dtype
+    return None if self.model.lora.enabled or cast in (None, "float32") else cast
+
+  @property
   def learning_rate(self) -> float:
     """The peak LR: `optim.learning_rate` scaled with the trained batch B_p * m."""
     return self.optim.peak_learning_rate(self.trained_batch_rollouts)

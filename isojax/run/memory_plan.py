@@ -28,7 +28,6 @@ import os
 from typing import Any
 
 from isojax.config import run_settings
-from isojax.sampling import settings as sampling_settings
 
 GIB = 1024 ** 3
 # The LM head's share of a pass: logits (and their softmax and gradient) of one
@@ -172,8 +171,8 @@ class Step:
   # its own) samples the next batches beside the update and the evaluation, from copies
   # of the weights: this many of them live at once (0: generation is not overlapped).
   generator_copies: int = 0
-  # A sampler call's cast of the weights (`sampling_settings.cast_weights_dtype`:
-  # bfloat16 under a bfloat16 model), held beside its caches: 2 bytes a parameter, or 0.
+  # A sampler call's cast of the weights (`RunSettings.sampler_weights_dtype`: bfloat16
+  # under a bfloat16 model), held beside its caches: 2 bytes a parameter, or 0.
   sample_weight_bytes: int = 0
   # Bytes a parameter of each generator copy: 4 (float32, cast by each of its sampler
   # calls when `sample_weight_bytes`), or 2 (cast once per version: its calls cast none).
@@ -345,7 +344,7 @@ def for_settings(config: run_settings.RunSettings, model_cfg: Any, *, prompt_len
               reference=config.rl.keeps_reference and not lora,  # LoRA's is the base
               generator_copies=generator_copies(config),
               sample_weight_bytes=sample_weight_bytes(config, shape),
-              generator_param_bytes=2 if generator_weights_dtype(config) else 4)
+              generator_param_bytes=2 if config.generator_weights_dtype else 4)
   requested = Passes(config.rl.micro_batch_size, config.rl.logprob_chunk_size,
                      config.sampling.max_rollouts_per_call)
   result = plan(shape, step, requested, available, USABLE_FRACTION[kind])
@@ -382,21 +381,7 @@ def generator_copies(config: run_settings.RunSettings) -> int:
 
 def sample_weight_bytes(config: run_settings.RunSettings, shape: Shape) -> int:
   """Bytes of a sampler call's bfloat16 cast of the weights (0: it reads them as stored)."""
-  return 2 * shape.params if _sampler_weights(config) == "bfloat16" else 0
-
-
-def generator_weights_dtype(config: run_settings.RunSettings) -> str | None:
-  """The dtype off-policy generation keeps each version's copy of the weights in: the
-  sampler's (`off_policy.weight_snapshot` casts once per version, so its calls cast
-  nothing), or None for a float32 copy. LoRA keeps float32: the sampler merges the
-  adapters into the weights before it casts."""
-  cast = _sampler_weights(config)
-  return None if config.model.lora.enabled or cast in (None, "float32") else cast
-
-
-def _sampler_weights(config: run_settings.RunSettings) -> str | None:
-  return sampling_settings.cast_weights_dtype(config.sampling.weights_dtype,
-                                              config.sampling.dtype or config.model.dtype)
+  return 2 * shape.params if config.sampler_weights_dtype == "bfloat16" else 0
 
 
 def lora_params(model_cfg: Any) -> int:

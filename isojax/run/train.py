@@ -302,7 +302,7 @@ def _state(s: run_settings.RunSettings, inputs: run_inputs.Inputs, opened: run_s
         problems, num_steps=s.num_steps, batches=restored.counters.batches,
         queue=restored.result and restored.result.queue,
         snapshot=off_policy.weight_snapshot(
-            memory_plan.generator_weights_dtype(s),
+            s.generator_weights_dtype,
             None if inputs.rollout_mesh is None
             else functools.partial(sharding.on_mesh, mesh=inputs.rollout_mesh)))
   except BaseException:

@@ -323,13 +323,12 @@ def test_off_policy_generation_keeps_its_copies_in_the_samplers_dtype():
   cfg = _smollm2_model_config()
   params = memory_plan.Shape.of(cfg).params
   settings = lambda **f: _smollm2_config(**{"rl.max_staleness": 1, **f})
-  assert memory_plan.generator_weights_dtype(settings(**{"model.dtype": "bfloat16"})) == (
-      "bfloat16")
-  assert memory_plan.generator_weights_dtype(settings()) is None
-  assert memory_plan.generator_weights_dtype(settings(**{
-      "model.dtype": "bfloat16", "sampling.weights_dtype": "float32"})) is None
-  assert memory_plan.generator_weights_dtype(settings(**{
-      "model.dtype": "bfloat16", "model.lora.rank": 4})) is None
+  assert settings(**{"model.dtype": "bfloat16"}).generator_weights_dtype == "bfloat16"
+  assert settings().generator_weights_dtype is None
+  assert settings(**{"model.dtype": "bfloat16",
+                     "sampling.weights_dtype": "float32"}).generator_weights_dtype is None
+  assert settings(**{"model.dtype": "bfloat16",
+                     "model.lora.rank": 4}).generator_weights_dtype is None
   fixed = {"model.dtype": "bfloat16", "sampling.max_rollouts_per_call": 64,
            "rl.micro_batch_size": 16}
   plan = memory_plan.for_settings(settings(**fixed), cfg, prompt_len=120, available=24 * GIB)
