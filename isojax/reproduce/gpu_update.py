@@ -63,7 +63,7 @@ def measure(policy: str, budget_s: float = BUDGET_S, profile_dir: str = "") -> d
   deadline = time.time() + budget_s
   s = _hard_settings()
   model = hf_checkpoint.load_model(policy, dtype="bfloat16")
-  graphdef, params = nnx.split(model)
+  _, params = nnx.split(model)
   cfg = model.cfg
   mesh = jax.tree.leaves(params)[0].sharding.mesh
   device = jax.devices()[0]
