@@ -70,7 +70,9 @@ def _update_lines(r: dict, o: dict) -> list[str]:
           f"  {u['tokens_per_s']:.0f} tokens/s, {u['flops_per_s'] / 1e9:.1f} GFLOP/s; "
           f"float32 {o['matmul_size']}^2 matmul peak {u['matmul_peak_flops_per_s'] / 1e9:.1f}"
           f" GFLOP/s (best of 5 calls before each step) -> {100 * u['fraction_of_peak']:.1f}%"
-          " of peak (median of per-round fractions)"]
+          " of peak (median of per-round fractions)"
+          + ("" if u.get("mfu") is None else f"; {100 * u['mfu']:.1f}% of the "
+             f"{u['device_kind']}'s datasheet bfloat16 peak (MFU)")]
 
 
 def _rl_step_lines(r: dict, o: dict) -> list[str]:

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from isojax.bench import roofline
+from isojax.bench import datasheets, roofline
 from isojax.bench.options import Options
 from isojax.bench.timing import rate, timed_rounds
 from isojax.rl import optimizer, update
@@ -63,8 +63,11 @@ def bench_update(model, counts: dict, o: Options, rng) -> dict:
   _, timing = timed_rounds([lambda: peaks.append(best()), step], o.repeats)
   peaks = peaks[1:]   # the warm-up round's left out, as its step's time is
   fractions = [flops / sec / peak for sec, peak in zip(timing.times_s, peaks)]
+  kind = jax.devices()[0].device_kind
+  datasheet = datasheets.nominal_flops(kind)  # None on a CPU or an unknown card
   return dict(batch=b, seq_len=s, prompt_len=p, **rate(b * s, timing), flops=flops,
               flops_per_s=flops / timing.median_s,
               matmul_peak_flops_per_s=float(np.median(peaks)), matmul_peaks=peaks,
-              fraction_of_peak=float(np.median(fractions)))
+              fraction_of_peak=float(np.median(fractions)), device_kind=kind,
+              mfu=None if datasheet is None else flops / timing.median_s / datasheet)
 

@@ -259,6 +259,7 @@ def test_command_writes_the_figures(tmp_path):
       [u["flops"] / t / p for t, p in zip(u["times_s"], u["matmul_peaks"])])))
   assert {"tokens_per_s", "flops_per_s", "matmul_peak_flops_per_s",
           "fraction_of_peak"} <= set(result["update"])
+  assert u["device_kind"] == "cpu" and u["mfu"] is None  # no datasheet for a CPU
   for path, value in _numbers(result):
     assert math.isfinite(value), path
     if path.endswith(("tokens_per_s", "median_s", "flops_per_s", "tokens", "slots")) and (
@@ -416,3 +417,17 @@ def test_trl_comparison_summary_leaves_out_each_processes_first_step():
   assert s["tokens_per_s"] == pytest.approx(800 / 8)
   assert s["peak_rss_gib"] == 4.5
   assert s["reward"] == pytest.approx([0.2, 0.3, 0.4])   # per step, over the processes
+
+
+def test_the_update_line_gives_mfu_against_the_cards_datasheet_where_known():
+  """On an accelerator the update's model FLOP/s over the datasheet bfloat16 peak of its
+  `device_kind` (`bench.datasheets`); a CPU's line has none."""
+  u = dict(batch=2, seq_len=8, prompt_len=4, tokens_per_s=100.0, flops_per_s=2.5e14,
+           matmul_peak_flops_per_s=5e14, fraction_of_peak=0.5,
+           device_kind="NVIDIA H100 80GB HBM3",
+           mfu=2.5e14 / datasheets.nominal_flops("NVIDIA H100 80GB HBM3"))
+  line = report._update_lines(dict(update=u), dict(matmul_size=64))[1]
+  assert line.endswith("; 25.3% of the NVIDIA H100 80GB HBM3's datasheet bfloat16 peak (MFU)")
+  cpu = report._update_lines(dict(update=dict(u, device_kind="cpu", mfu=None)),
+                             dict(matmul_size=64))[1]
+  assert "MFU" not in cpu
