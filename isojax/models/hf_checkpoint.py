@@ -44,7 +44,8 @@ _BASE = nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))
 
 def model_config_from_hf(hf: dict[str, Any], *, dtype: str = "float32",
                          fp32_lm_head: bool = True, lm_head_precision: str = "auto",
-                         remat: str = "none", attention_chunk: int = 0, lora: Any = None,
+                         remat: str = "none", attention_chunk: int = 0,
+                         attention_impl: str = "xla", lora: Any = None,
                          source: str = "config.json") -> ModelConfig:
   """The architecture of a config.json plus the compute options of `config.model`."""
   model_type = hf.get("model_type")
@@ -76,6 +77,7 @@ def model_config_from_hf(hf: dict[str, Any], *, dtype: str = "float32",
       lm_head_precision=lm_head_precision,
       remat=remat,
       attention_chunk=attention_chunk,
+      attention_impl=attention_impl,
       lora=LoraSettings() if lora is None else LoraSettings.from_config(lora),
   )
 
@@ -168,7 +170,7 @@ def open_tensors(path: str):
 
 def load_model(path: str, mesh=None, *, dtype: str = "float32", fp32_lm_head: bool = True,
                lm_head_precision: str = "auto", remat: str = "none", attention_chunk: int = 0,
-               lora: Any = None) -> Transformer:
+               attention_impl: str = "xla", lora: Any = None) -> Transformer:
   """Builds the model described by `path/config.json` (or a GGUF file) on `mesh`.
 
   Every device reads only its own block of each tensor straight from safetensors
@@ -178,7 +180,8 @@ def load_model(path: str, mesh=None, *, dtype: str = "float32", fp32_lm_head: bo
   """
   cfg = model_config_from_hf(read_hf_config(path), dtype=dtype, fp32_lm_head=fp32_lm_head,
                              lm_head_precision=lm_head_precision, remat=remat,
-                             attention_chunk=attention_chunk, lora=lora,
+                             attention_chunk=attention_chunk,
+                             attention_impl=attention_impl, lora=lora,
                              source=config_source(path))
   mesh = mesh or sharding_lib.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
   graphdef, abstract_state = _abstract_base(cfg)
@@ -200,7 +203,8 @@ def load_model(path: str, mesh=None, *, dtype: str = "float32", fp32_lm_head: bo
 
 def check_files(path: str, *, dtype: str = "float32", fp32_lm_head: bool = True,
                 lm_head_precision: str = "auto", remat: str = "none",
-                attention_chunk: int = 0, lora: Any = None) -> None:
+                attention_chunk: int = 0, attention_impl: str = "xla",
+                lora: Any = None) -> None:
   """Checks checkpoint `path` as `load_model` would load it, reading no weights.
 
   config.json parses and describes a supported model; every safetensors file's header
@@ -210,7 +214,8 @@ def check_files(path: str, *, dtype: str = "float32", fp32_lm_head: bool = True,
   """
   cfg = model_config_from_hf(read_hf_config(path), dtype=dtype, fp32_lm_head=fp32_lm_head,
                              lm_head_precision=lm_head_precision, remat=remat,
-                             attention_chunk=attention_chunk, lora=lora,
+                             attention_chunk=attention_chunk,
+                             attention_impl=attention_impl, lora=lora,
                              source=config_source(path))
   _check_tensors(path, open_tensors(path), dict(nnx.to_flat_state(_abstract_base(cfg)[1])),
                  cfg)

@@ -23,6 +23,8 @@ DTYPES = ("float32", "bfloat16")
 # How the float32 LM head multiplies bfloat16 activations by float32 weights
 # (`lm_head.head_matmul`).
 HEAD_PRECISIONS = ("auto", "highest", "bf16x2")
+# Which kernel `jax.nn.dot_product_attention` runs for training and prefill.
+ATTENTION_IMPLS = ("xla", "cudnn")
 # The projections `model.lora.targets` may name (Hugging Face's module names).
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -94,6 +96,8 @@ class ModelSettings(validation.Section):
                  "`models.settings.REMAT_POLICIES` name")
   attention_chunk: int = F(0, "queries per attention block (scores [B, N, chunk, S]); "
                            "0 = all")
+  attention_impl: str = F("xla", "training and prefill attention: `xla` (einsum and "
+                          "softmax) or `cudnn` (cuDNN's fused kernel; GPUs, bfloat16)")
   lora: LoraSettings = dataclasses.field(default_factory=LoraSettings)
 
   def __post_init__(self):
@@ -102,6 +106,11 @@ class ModelSettings(validation.Section):
     validation.boolean("model.fp32_lm_head", self.fp32_lm_head)
     validation.choice("model.lm_head_precision", self.lm_head_precision, HEAD_PRECISIONS)
     validation.choice("model.remat", self.remat, REMAT_CHOICES)
+    validation.choice("model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
+    if self.attention_impl == "cudnn" and self.dtype != "bfloat16":
+      raise ValueError(f"model.attention_impl='cudnn' with model.dtype={self.dtype!r}: "
+                       "cuDNN's fused attention takes bfloat16; expected model.dtype="
+                       "'bfloat16' or model.attention_impl='xla'")
     validation.non_negative_int("model.attention_chunk", self.attention_chunk,
                                 "0: all queries at once")
 

@@ -56,6 +56,7 @@ class ModelConfig:
   lm_head_precision: str = "auto"      # auto | highest | bf16x2 (`lm_head.head_matmul`)
   remat: str = "none"                  # none | full | a REMAT_POLICIES name
   attention_chunk: int = 0             # queries per attention block; 0: all at once
+  attention_impl: str = "xla"          # xla | cudnn (`Attention.attend`)
   lora: settings_lib.LoraSettings = settings_lib.LoraSettings()  # rank 0: no adapters
 
   def __post_init__(self):
@@ -74,6 +75,7 @@ class ModelConfig:
     return settings_lib.ModelSettings(dtype=self.dtype, fp32_lm_head=self.fp32_lm_head,
                                       lm_head_precision=self.lm_head_precision,
                                       remat=self.remat, attention_chunk=self.attention_chunk,
+                                      attention_impl=self.attention_impl,
                                       lora=self.lora)
 
   def projection_dims(self, name: str) -> tuple[int, int]:
@@ -179,14 +181,25 @@ class Attention(nnx.Module):
     """Full attention of S queries over the keys of the same S positions (training
     forward and prefill).
 
-    `jax.nn.dot_product_attention` picks a fused kernel where the platform has one
-    (cuDNN flash attention for bf16 on GPU) and otherwise XLA's einsum-softmax-einsum,
-    which holds [B, Q, S, S] scores. With `attention_chunk` = C, queries go through in
-    blocks of C, each rematerialised in the backward pass, so at most [B, Q, C, S]
-    scores exist at once (exact: every block sees all its keys).
+    `jax.nn.dot_product_attention` runs XLA's einsum-softmax-einsum, which holds
+    [B, Q, S, S] scores, unless `attention_impl` is "cudnn": cuDNN's fused kernel (GPUs,
+    bfloat16), given a key to attend to on the rows the mask leaves empty (left padding:
+    their outputs are never read), so no row's softmax is over nothing. With
+    `attention_chunk` = C, queries go through in blocks of C, each rematerialised in the
+    backward pass, so at most [B, Q, C, S] scores exist at once (exact: every block sees
+    all its keys).
     """
-    attend = lambda q, mask: jax.nn.dot_product_attention(
-        q, k_BSKH, v_BSKH, mask=mask[:, None], scale=self.cfg.head_dim ** -0.5)
+    impl = self.cfg.attention_impl
+    if impl == "cudnn" and jax.default_backend() != "gpu":
+      raise ValueError(f"model.attention_impl='cudnn' needs a GPU; this backend is "
+                       f"{jax.default_backend()!r}: expected model.attention_impl='xla'")
+
+    def attend(q, mask):
+      if impl == "cudnn":
+        mask = mask | (~mask.any(-1, keepdims=True) & (jnp.arange(mask.shape[-1]) == 0))
+      return jax.nn.dot_product_attention(
+          q, k_BSKH, v_BSKH, mask=mask[:, None], scale=self.cfg.head_dim ** -0.5,
+          implementation=impl)
     chunk, s = self.cfg.attention_chunk, q_BSQH.shape[1]
     if not chunk or s <= chunk:
       return attend(q_BSQH, mask_BSS)

@@ -4,9 +4,10 @@ of `gpu.NEW_TOKENS` tokens, bfloat16 activations, float32 weights and AdamW, the
 hard recipe's loss) under each setting that decides its speed, and a profile of the
 last one.
 
-Each variant is the model's `remat` and `lm_head_precision`, with the micro-batch and
-the LM-head chunk that `memory_plan` derives for it on this device (as a run would);
-the reference model's forward (`update.score`, the KL log's pass) is timed beside it.
+Each variant is the model's `remat`, `lm_head_precision` and `attention_impl`, with the
+micro-batch and the LM-head chunk that `memory_plan` derives for it on this device (as
+a run would); the reference model's forward (`update.score`, the KL log's pass) is
+timed beside it.
 The measurements run in a child process (`python -m isojax.reproduce.gpu_update`), so
 the parent holds no accelerator memory; each variant is compiled ahead of time and
 timed on its second call; variants left when `--budget_s` runs out are reported as not
@@ -38,11 +39,13 @@ from isojax.reproduce import gpu, tables
 from isojax.rl import optimizer, update
 from isojax.run import memory_plan
 
-# (name, model.remat, model.lm_head_precision); the last is what the gpu section runs.
-VARIANTS = (("no remat, float32 head products", "none", "highest"),
-            ("no remat, bf16x2 head", "none", "bf16x2"),
-            ("full remat, float32 head products", "full", "highest"),
-            ("full remat, bf16x2 head", "full", "bf16x2"))
+# (name, model.remat, model.lm_head_precision, model.attention_impl); the fourth is what
+# the gpu section runs.
+VARIANTS = (("no remat, float32 head products", "none", "highest", "xla"),
+            ("no remat, bf16x2 head", "none", "bf16x2", "xla"),
+            ("full remat, float32 head products", "full", "highest", "xla"),
+            ("full remat, bf16x2 head", "full", "bf16x2", "xla"),
+            ("full remat, bf16x2 head, cuDNN attention", "full", "bf16x2", "cudnn"))
 PROMPT_LEN = 32   # about the arithmetic prompts' padded length in the gpu section
 BUDGET_S = 240.0  # the child's time for its variants and the profile
 TOP_OPS = 12
@@ -83,11 +86,12 @@ def measure(policy: str, budget_s: float = BUDGET_S, profile_dir: str = "") -> d
              peak_flops=datasheets.nominal_flops(device.device_kind), variants=[])
   carry = [params, opt_state]
   compiled = None
-  for name, remat, head in VARIANTS:
+  for name, remat, head, attention in VARIANTS:
     if time.time() > deadline:
       out["variants"].append(dict(name=name, remat=remat, head=head, skipped=True))
       continue
-    vcfg = dataclasses.replace(cfg, remat=remat, lm_head_precision=head)
+    vcfg = dataclasses.replace(cfg, remat=remat, lm_head_precision=head,
+                               attention_impl=attention)
     vshape = memory_plan.Shape.of(vcfg)
     step = memory_plan.Step(rollouts=rows, minibatch=rows, group=s.rollouts_per_problem,
                             sample_rollouts=rows, prompt_len=PROMPT_LEN, max_new_tokens=new,
@@ -225,8 +229,8 @@ def run(inv: tables.Invocation) -> str:
       f"{result['rows']} rollouts of {result['prompt_len']} prompt and "
       f"{result['new_tokens']} response tokens (random ids), a policy of Qwen2.5-1.5B's "
       f"shape ({result['params'] / 1e9:.2f}B parameters), configs/hard.py's loss, bfloat16 "
-      "activations, float32 weights and AdamW. Each variant sets `model.remat` and "
-      "`model.lm_head_precision`; its micro-batch and LM-head chunk are what "
+      "activations, float32 weights and AdamW. Each variant sets `model.remat`, "
+      "`model.lm_head_precision` and `model.attention_impl`; its micro-batch and LM-head chunk are what "
       "`isojax.run.memory_plan` derives for it on this device "
       f"({result['available_gib']:.1f} GiB). Seconds are the second call of the compiled "
       "program; MFU is 6 x parameters x response tokens per second over the datasheet "

@@ -240,3 +240,42 @@ def test_decode_computes_rotary_tables_once_per_step_not_per_layer():
                                spec).compile().as_text()
     counts.append((hlo.count(" cosine("), hlo.count(" sine(")))
   assert counts[0] == counts[1], counts
+
+
+def test_cudnn_attention_is_refused_where_it_cannot_run():
+  """cuDNN's fused attention takes bfloat16 and needs a GPU: a float32 model is refused
+  naming both fields, and a bfloat16 one on this backend when it traces, before any
+  compilation."""
+  with pytest.raises(ValueError, match=r"model\.attention_impl='cudnn' with "
+                                       r"model\.dtype='float32'"):
+    ModelConfig(num_layers=1, attention_impl="cudnn", **CFG)
+  if jax.default_backend() == "gpu":
+    pytest.skip("this machine has a GPU")
+  model = Transformer(ModelConfig(num_layers=1, dtype="bfloat16", attention_impl="cudnn",
+                                  **CFG), rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"needs a GPU; this backend is 'cpu'"):
+    model(jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), bool))
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN runs on GPUs only")
+def test_cudnn_attention_equals_xla_attention_with_left_padding():
+  """On a GPU: cuDNN's fused attention gives XLA's logits and gradients on the real
+  positions of left-padded rows (bfloat16 tolerances), and finite values everywhere."""
+  shape = dict(CFG, num_heads=4, num_kv_heads=2, head_dim=64)
+  models = {impl: Transformer(ModelConfig(num_layers=2, dtype="bfloat16", attention_impl=impl,
+                                          **shape), rngs=nnx.Rngs(0))
+            for impl in ("xla", "cudnn")}
+  tokens = jnp.asarray(np.random.default_rng(1).integers(1, CFG["vocab_size"], (3, 24)))
+  mask = jnp.asarray(np.arange(24)[None, :] >= np.array([[0], [5], [11]]))
+  out, grads = {}, {}
+  for impl, model in models.items():
+    loss = lambda m: jnp.sum(jnp.where(mask[..., None], m(tokens, mask), 0.0) ** 2) / 100
+    out[impl] = np.asarray(model(tokens, mask), np.float32)
+    grads[impl] = jax.tree.leaves(nnx.state(nnx.grad(loss)(model), nnx.Param))
+  real = np.asarray(mask)
+  assert np.all(np.isfinite(out["cudnn"]))
+  np.testing.assert_allclose(out["cudnn"][real], out["xla"][real], rtol=0.05, atol=0.05)
+  for a, b in zip(grads["cudnn"], grads["xla"]):
+    assert np.all(np.isfinite(np.asarray(a, np.float32)))
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                               rtol=0.1, atol=0.02)
