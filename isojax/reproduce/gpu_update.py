@@ -92,12 +92,8 @@ def measure(policy: str, budget_s: float = BUDGET_S, profile_dir: str = "") -> d
       continue
     vcfg = dataclasses.replace(cfg, remat=remat, lm_head_precision=head,
                                attention_impl=attention)
-    vshape = memory_plan.Shape.of(vcfg)
-    step = memory_plan.Step(rollouts=rows, minibatch=rows, group=s.rollouts_per_problem,
-                            sample_rollouts=rows, prompt_len=PROMPT_LEN, max_new_tokens=new,
-                            trained_params=vshape.params, reference=s.rl.keeps_reference)
-    passes = memory_plan.plan(vshape, step, memory_plan.Passes(0, 0, 0), available,
-                              memory_plan.USABLE_FRACTION["accelerator"]).passes
+    passes = memory_plan.for_settings(s, vcfg, prompt_len=PROMPT_LEN, available=available,
+                                      kind="accelerator").passes
     settings = dataclasses.replace(base, micro_batch_size=passes.micro_batch_size,
                                    logprob_chunk_size=passes.logprob_chunk_size)
     vgraph = nnx.graphdef(abstract_model(vcfg))
