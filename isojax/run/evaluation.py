@@ -9,7 +9,7 @@ padded by repetition, so one compiled sampler serves every evaluation.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -32,22 +32,40 @@ class SampleCounts(NamedTuple):
 def correct_counts(graphdef, params, tok: TextTokenizer, book: PromptBook,
                    problems: Sequence[Problem], verifier: Verifier, *, num_samples: int,
                    chunk: int, rng: jax.Array,
-                   sampling: sampling_settings.SamplingSettings) -> SampleCounts:
+                   sampling: sampling_settings.SamplingSettings,
+                   done: Mapping[int, SampleCounts] | None = None,
+                   on_chunk: Callable[[int, SampleCounts], None] | None = None
+                   ) -> SampleCounts:
   """Correct samples out of `num_samples` per problem, and every sample's length and
-  whether it was truncated at `max_new_tokens`."""
-  counts, lengths, truncated = [], [], []
+  whether it was truncated at `max_new_tokens`.
+
+  Each chunk of `chunk` problems is sampled with its own key (`rng` folded with the
+  index of its first problem), so chunks are independent of each other: `done` holds
+  chunks already measured, by that index, which are taken as they are, and
+  `on_chunk(start, counts)` is told of each chunk measured here. A long measurement
+  (`isojax.sweeps.profiling`'s) that records them resumes where it stopped and ends
+  equal to an uninterrupted one.
+  """
+  done = done or {}
+  parts = []
   for start in range(0, len(problems), chunk):
     part = list(problems[start:start + chunk])
     real = len(part)
+    if start in done:
+      parts.append(done[start])
+      continue
     part += [part[-1]] * (chunk - real)  # keep the compiled shape
     scored = rollout.generate(graphdef, params, tok, book, part, verifier, n=num_samples,
                               rng=jax.random.fold_in(rng, start), sampling=sampling)
-    counts.append((scored.rewards_GN[:real] > 0.5).sum(axis=1))
     rows = real * num_samples
-    lengths.append(np.asarray(scored.rollouts.lengths)[:rows].reshape(real, num_samples))
-    truncated.append(~np.asarray(scored.rollouts.finished)[:rows].reshape(real, num_samples))
-  return SampleCounts(np.concatenate(counts), np.concatenate(lengths),
-                      np.concatenate(truncated))
+    counts = SampleCounts(
+        (scored.rewards_GN[:real] > 0.5).sum(axis=1),
+        np.asarray(scored.rollouts.lengths)[:rows].reshape(real, num_samples),
+        ~np.asarray(scored.rollouts.finished)[:rows].reshape(real, num_samples))
+    if on_chunk is not None:
+      on_chunk(start, counts)
+    parts.append(counts)
+  return SampleCounts(*(np.concatenate(field) for field in zip(*parts)))
 
 
 def evaluate(graphdef, params, tok: TextTokenizer, book: PromptBook,

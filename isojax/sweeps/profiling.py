@@ -9,7 +9,8 @@ Arithmetic pools come from `arithmetic.draw_problems`: validation problems from 
 task's validation partition (a hash of the prompt), which the tiny base model never
 saw and which no training problem is in, so train and validation are disjoint by
 construction. Results are cached: a split whose file already holds the same
-`settings` (model path, sampling, pool, sizes, bands) is not recomputed. Split files
+`settings` (model path, sampling, pool, sizes, bands) is not recomputed, and a profile
+stopped part-way resumes from the chunks it measured (`profile_journal`). Split files
 may live on gs:// (`isojax.storage`). `launch.profile` is the command line;
 `launch.study` calls `profile` directly.
 """
@@ -33,6 +34,7 @@ from isojax.config import config_lib, run_settings
 from isojax.models import hf_checkpoint, sharding
 from isojax.models import tokenizer as tokenizer_lib
 from isojax.run import evaluation, memory_plan, run_inputs
+from isojax.sweeps import profile_journal
 from isojax.tasks import arithmetic, prompts, splits
 from isojax.tasks.difficulty import BANDS, EXTREMELY_HARD, SPLITS, ProblemRates, SplitPlan
 from isojax.tasks.difficulty import plan_splits
@@ -149,22 +151,26 @@ class _Sampler:
     policy = hf_checkpoint.load_model(path, mesh, **s.model.as_kwargs())
     self.graphdef, self.params = nnx.split(policy)
 
-  def sample(self, problems, num_samples: int, chunk_rollouts: int, rng
-             ) -> evaluation.SampleCounts:
+  def sample(self, problems, num_samples: int, chunk_rollouts: int, rng, *,
+             journal: profile_journal.Journal, name: str) -> evaluation.SampleCounts:
+    """The counts of `problems`, pass `name`: its chunks in `journal` taken from there,
+    the others sampled and recorded in it."""
     if not problems:
       empty = np.zeros((0, num_samples), np.int64)
       return evaluation.SampleCounts(np.zeros(0, np.int64), empty, empty.astype(bool))
     chunk = max(1, min(len(problems), chunk_rollouts // num_samples))
     return evaluation.correct_counts(
         self.graphdef, self.params, self.tok, self.book, problems, self.verifier,
-        num_samples=num_samples, chunk=chunk, rng=rng, sampling=self.sampling)
+        num_samples=num_samples, chunk=chunk, rng=rng, sampling=self.sampling,
+        done=journal.done(name), on_chunk=journal.recorder(name))
 
 
 def _measure(sampler: _Sampler, problems, options: Options, rng, need_extremely_hard: int,
-             ) -> ProblemRates:
-  """avg@k of every problem; pass@hard_samples of avg@k = 0 ones until enough are found."""
+             journal: profile_journal.Journal, name: str) -> ProblemRates:
+  """avg@k of every problem; pass@hard_samples of avg@k = 0 ones until enough are found.
+  `name` names the pool's passes in `journal`."""
   samples = sampler.sample(problems, options.num_samples, options.chunk_rollouts,
-                           jax.random.fold_in(rng, 0))
+                           jax.random.fold_in(rng, 0), journal=journal, name=name)
   correct = samples.correct_G
   hard = np.full(len(problems), -1, np.int64)
   if need_extremely_hard:
@@ -174,8 +180,8 @@ def _measure(sampler: _Sampler, problems, options: Options, rng, need_extremely_
     for i, start in enumerate(range(0, len(zeros), step)):
       idx = zeros[start:start + step]
       hard[idx] = sampler.sample([problems[j] for j in idx], options.hard_samples,
-                                 options.chunk_rollouts,
-                                 jax.random.fold_in(rng, 1 + i)).correct_G
+                                 options.chunk_rollouts, jax.random.fold_in(rng, 1 + i),
+                                 journal=journal, name=f"{name}_hard_{i}").correct_G
       found += int(np.count_nonzero(hard[idx] == 0))
       if found >= need_extremely_hard:
         break
@@ -243,12 +249,16 @@ def profile(config: ml_collections.ConfigDict | run_settings.RunSettings, option
   train_pool, val_pool = (_pool(options) if s.task.name == "arithmetic"
                           else _task_pool(s, options))
   sampler = _Sampler(s, train_pool + val_pool, options)
+  # What else decides each chunk's counts: its size and the sampler's calls.
+  journal = profile_journal.Journal(options.out_dir, dict(
+      settings=want, chunk_rollouts=options.chunk_rollouts,
+      max_rollouts_per_call=sampler.sampling.max_rollouts_per_call))
   rng = jax.random.key(options.seed)
   wants_xh = any(EXTREMELY_HARD in SPLITS[s] for s in options.splits)
   train_rates = _measure(sampler, train_pool, options, jax.random.fold_in(rng, 0),
-                         options.num_train if wants_xh else 0)
+                         options.num_train if wants_xh else 0, journal, "train")
   val_rates = _measure(sampler, val_pool, options, jax.random.fold_in(rng, 1),
-                       options.num_val if wants_xh else 0)
+                       options.num_val if wants_xh else 0, journal, "val")
   logging.info("measured %d + %d problems in %.1f s", len(train_pool), len(val_pool),
                time.time() - start)
   _write_profile(options.out_dir, want, train_rates, val_rates)
@@ -264,6 +274,7 @@ def profile(config: ml_collections.ConfigDict | run_settings.RunSettings, option
           options.num_train, len(plan.val), options.num_val, plan.available_train,
           plan.available_val)
     summaries.append(_write_split(options, want, plan, train_rates, val_rates))
+  journal.remove()  # everything it held is in profile.json and the splits
   if empty:
     raise ProfileError(
         "empty split(s): " + "; ".join(empty) + ". The base model has no problems in "

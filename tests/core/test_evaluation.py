@@ -74,6 +74,42 @@ def test_correct_counts_keep_each_samples_length_and_cut_in_problem_order(monkey
   np.testing.assert_array_equal(got.truncated_GN, expected)
 
 
+def test_correct_counts_take_measured_chunks_as_they_are_and_report_the_others(monkeypatch):
+  """Chunks given in `done` are not sampled again; every other chunk is sampled with the
+  key of an uninterrupted call (its first problem's index folded in) and reported to
+  `on_chunk`: a call resumed from what an interrupted one reported equals it."""
+  keys = []
+
+  def generate(*args, rng, **kwargs):
+    keys.append(np.asarray(jax.random.key_data(rng)).tolist())
+    return _fake_generate(*args, rng=rng, **kwargs)
+  monkeypatch.setattr(evaluation.rollout, "generate", generate)
+  problems = [Problem(prompt=f"v{i}", answer=str(i)) for i in range(7)]
+  rng = jax.random.key(3)
+  kwargs = dict(num_samples=4, chunk=3, rng=rng, sampling=sampling_settings.SamplingSettings())
+  reported = {}
+  whole = evaluation.correct_counts(None, None, None, None, problems, None,
+                                    on_chunk=reported.__setitem__, **kwargs)
+  assert sorted(reported) == [0, 3, 6]
+  assert keys == [np.asarray(jax.random.key_data(jax.random.fold_in(rng, s))).tolist()
+                  for s in (0, 3, 6)]
+  # Resumed with chunk 3 measured: only 0 and 6 are sampled, with their own keys.
+  keys.clear()
+  again = {}
+  resumed = evaluation.correct_counts(None, None, None, None, problems, None,
+                                      done={3: reported[3]}, on_chunk=again.__setitem__,
+                                      **kwargs)
+  assert sorted(again) == [0, 6] and len(keys) == 2
+  for field in evaluation.SampleCounts._fields:
+    np.testing.assert_array_equal(getattr(resumed, field), getattr(whole, field))
+  # What `done` holds is taken as it is (here: not what sampling would give).
+  planted = evaluation.SampleCounts(np.array([9, 9, 9]), np.zeros((3, 4), int),
+                                    np.ones((3, 4), bool))
+  got = evaluation.correct_counts(None, None, None, None, problems, None, done={3: planted},
+                                  **kwargs)
+  np.testing.assert_array_equal(got.correct_G, [0, 1, 2, 9, 9, 9, 6 % 5])
+
+
 def test_evaluate_reports_counts_per_problem_in_order(monkeypatch):
   monkeypatch.setattr(evaluation.rollout, "generate", _fake_generate)
   # 7 problems in calls of 3: 3 + 3 + 1 padded

@@ -158,8 +158,8 @@ def test_profile_sampler_calls_fit_the_memory(tmp_path, monkeypatch, available_m
   seen = []
 
   def correct_counts(graphdef, params, tok, book, problems, verifier, *, num_samples,
-                     chunk, rng, sampling):
-    del graphdef, params, tok, verifier, chunk, rng
+                     chunk, rng, sampling, done, on_chunk):
+    del graphdef, params, tok, verifier, chunk, rng, done, on_chunk
     seen.append((sampling.max_rollouts_per_call, book.max_len))
     g = len(problems)  # no sampling: avg 0.5, easy
     return evaluation.SampleCounts(np.full(g, num_samples // 2),
@@ -187,6 +187,66 @@ def test_profile_sampler_calls_fit_the_memory(tmp_path, monkeypatch, available_m
     assert available_mib > 1024 and calls == 0  # one call per chunk
   else:
     assert available_mib == 40 and fits(calls) and not fits(calls + 1) and calls >= 16
+
+
+def test_a_profile_stopped_part_way_resumes_and_equals_an_uninterrupted_one(
+    tmp_path, monkeypatch):
+  """Stopped at its third sampler call (in the training pool's avg@k), a profile keeps
+  the two chunks it measured; the rerun samples only the others and writes the same
+  per-problem counts, lengths and splits as a profile never stopped. Its journal is gone
+  afterwards, and one with other settings is not used."""
+  from isojax.configs import hard  # pylint: disable=g-import-not-at-top
+  from isojax.run import evaluation  # pylint: disable=g-import-not-at-top
+  from isojax.sweeps import profile_journal  # pylint: disable=g-import-not-at-top
+  real_generate, calls = evaluation.rollout.generate, []
+
+  def generate(*args, **kwargs):
+    calls.append(len(args[4]))
+    if stop_at[0] and len(calls) == stop_at[0]:
+      raise KeyboardInterrupt("preempted")
+    return real_generate(*args, **kwargs)
+  monkeypatch.setattr(evaluation.rollout, "generate", generate)
+  stop_at = [0]
+
+  def options(out, **overrides):
+    return profiling.Options(**dict(
+        out_dir=str(out), num_samples=4, hard_samples=8, pool_size=24, val_pool_size=8,
+        num_train=4, num_val=2, min_digits=3, max_digits=3, chunk_rollouts=32,
+        splits=("hard", "extremely_hard")) | overrides)
+  config = hard.get_config("micro")
+
+  profiling.profile(config, options(tmp_path / "whole"))
+  whole_calls = len(calls)
+  assert whole_calls >= 4  # train 3 chunks of 8 problems, val 1, the extra rounds
+
+  calls.clear()
+  stop_at[0] = 3
+  with pytest.raises(KeyboardInterrupt):
+    profiling.profile(config, options(tmp_path / "stopped"))
+  saved = json.loads((tmp_path / "stopped" / profile_journal.PARTIAL_FILE).read_text())
+  assert sorted(saved["passes"]["train"]) == ["0", "8"]
+  assert not os.path.exists(tmp_path / "stopped" / profiling.PROFILE_FILE)
+
+  calls.clear()
+  stop_at[0] = 0
+  profiling.profile(config, options(tmp_path / "stopped"))
+  assert len(calls) == whole_calls - 2
+  for name in (profiling.PROFILE_FILE, "hard.json", "extremely_hard.json"):
+    got, want = (json.loads((tmp_path / d / name).read_text()) for d in ("stopped", "whole"))
+    for payload in (got, want):
+      payload.get("meta", {}).pop("created", None)
+    assert got == want, name
+  assert not os.path.exists(tmp_path / "stopped" / profile_journal.PARTIAL_FILE)
+
+  # A journal of other settings (here: another chunk size) is not read.
+  calls.clear()
+  stop_at[0] = 2
+  with pytest.raises(KeyboardInterrupt):
+    profiling.profile(config, options(tmp_path / "other"))
+  stop_at[0] = 0
+  calls.clear()
+  profiling.profile(config, options(tmp_path / "other", chunk_rollouts=64))
+  assert calls[0] == 16 and len(calls) >= 3  # chunks of 16 problems, from the first
 
 
 def test_pool_table_reports_each_difficultys_lengths_and_cut_fraction(tmp_path):
