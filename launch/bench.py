@@ -23,7 +23,9 @@ process it measures
   4. long outputs: attention over the whole preallocated generated cache at every step
      against blocked attention over its filled part (`sampling.decode_block`);
   5. the update (`update.train_step`): tokens/s, model FLOP/s and its fraction of the
-     measured peak of a jitted float32 matmul;
+     measured peak of a jitted float32 matmul; with --update_profile=DIR, one traced
+     step's seconds by kind of operation and the matmul kernels' own rate
+     (`isojax.bench.op_profile`);
   6. one RL step of the default preset, broken down into its phases (`isojax.bench.rl_step`);
   7. decode against the memory-bandwidth roofline (`isojax.bench.roofline`), per workload of
      --roofline: bytes of weights and KV cache read per step / step time, against a
@@ -140,6 +142,9 @@ _HELP = {"": "Model size (the Qwen2Config field of that meaning).",
                  "fraction of prompts run to T, candidate prompts, continuous-batching "
                  "slots, the fewest they halve down to (0: no halving).",
          "long": "Long outputs: workload GxNxPxT and the decode_block of the blocked run.",
+         "update_profile": "A directory: trace one update step there with jax.profiler "
+                           "and report its seconds by kind (matmul, data move, other) and "
+                           "the matmul kernels' own FLOP/s (empty: no trace).",
          "update": "Update step: sequences, tokens per sequence, prompt tokens of them.",
          "matmul": "Side of the float32 matmul that measures the FLOP/s peak.",
          "rl": "Steps of configs/hard.py whose phases are timed (the first is left out; "

@@ -42,6 +42,7 @@ class Options:
   update_batch: int = 256
   update_seq_len: int = 128
   update_prompt_len: int = 64
+  update_profile: str = ""          # a directory: trace one update there, seconds by kind
   matmul_size: int = 2048
   rl_steps: int = 12
   roofline: tuple[str, ...] = ("8x1x64x256",)   # G x n x P x T of the decode-roofline section

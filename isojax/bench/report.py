@@ -72,7 +72,24 @@ def _update_lines(r: dict, o: dict) -> list[str]:
           f" GFLOP/s (best of 5 calls before each step) -> {100 * u['fraction_of_peak']:.1f}%"
           " of peak (median of per-round fractions)"
           + ("" if u.get("mfu") is None else f"; {100 * u['mfu']:.1f}% of the "
-             f"{u['device_kind']}'s datasheet bfloat16 peak (MFU)")]
+             f"{u['device_kind']}'s datasheet bfloat16 peak (MFU)")] + _profile_lines(u)
+
+
+def _profile_lines(u: dict) -> list[str]:
+  """One traced update's seconds by kind, and the matmul kernels' own rate."""
+  prof = u.get("profile")
+  if not prof:
+    return []
+  seconds = prof["seconds"]
+  total = sum(seconds.values()) or 1.0
+  line = "  traced step: " + ", ".join(f"{k} {v:.2f} s ({100 * v / total:.0f}%)"
+                                       for k, v in seconds.items())
+  if prof["matmul_flops_per_s"]:
+    line += (f"; the model FLOPs over the matmul seconds: "
+             f"{prof['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s, "
+             f"{100 * prof['matmul_flops_per_s'] / u['matmul_peak_flops_per_s']:.0f}% of "
+             "the matmul peak")
+  return [line]
 
 
 def _rl_step_lines(r: dict, o: dict) -> list[str]:

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from isojax.bench import datasheets, roofline
+from isojax.bench import datasheets, op_profile, roofline
 from isojax.bench.options import Options
 from isojax.bench.timing import rate, timed_rounds
 from isojax.rl import optimizer, update
@@ -65,7 +65,15 @@ def bench_update(model, counts: dict, o: Options, rng) -> dict:
   fractions = [flops / sec / peak for sec, peak in zip(timing.times_s, peaks)]
   kind = jax.devices()[0].device_kind
   datasheet = datasheets.nominal_flops(kind)  # None on a CPU or an unknown card
+  profile = None
+  if o.update_profile:
+    hlo = update.train_step.lower(graphdef, carry[0], carry[1], batch, tx=tx,
+                                  settings=settings).compile().as_text()
+    seconds = op_profile.kinds(op_profile.traced_events(step, o.update_profile), hlo)
+    profile = dict(seconds=seconds, matmul_flops_per_s=flops / seconds["matmul"]
+                   if seconds["matmul"] else None)
   return dict(batch=b, seq_len=s, prompt_len=p, **rate(b * s, timing), flops=flops,
+              profile=profile,
               flops_per_s=flops / timing.median_s,
               matmul_peak_flops_per_s=float(np.median(peaks)), matmul_peaks=peaks,
               fraction_of_peak=float(np.median(fractions)), device_kind=kind,
