@@ -81,18 +81,23 @@ def filler_token(i: int) -> str:
       return f"<{letters}>"
 
 
+def run_fields(policy: str, steps: int, problems: int, rollouts: int, new_tokens: int
+               ) -> dict[str, Any]:
+  """The fields one measured run sets over configs/hard.py, by dotted name (the one
+  place for them: `run_flags` and `gpu_update` read them)."""
+  return {"base_model.path": policy, "model.dtype": "bfloat16", "model.remat": "full",
+          "num_steps": steps, "problems_per_batch": problems,
+          "rollouts_per_problem": rollouts, "sampling.max_new_tokens": new_tokens,
+          "task.num_val": 8, "eval.train_problems": 0, "eval.schedule": "linear",
+          "eval.every": steps, "checkpoint_every": steps, "checkpoint_keep": 1,
+          "metric_writers.tensorboard": False}
+
+
 def run_flags(policy: str, steps: int, problems: int, rollouts: int, new_tokens: int
               ) -> list[str]:
   """`isojax.main` flags (over configs/hard.py) of one measured run."""
-  return [f"--config.base_model.path={policy}", "--config.model.dtype=bfloat16",
-          "--config.model.remat=full",
-          f"--config.num_steps={steps}", f"--config.problems_per_batch={problems}",
-          f"--config.rollouts_per_problem={rollouts}",
-          f"--config.sampling.max_new_tokens={new_tokens}",
-          "--config.task.num_val=8", "--config.eval.train_problems=0",
-          "--config.eval.schedule=linear", f"--config.eval.every={steps}",
-          f"--config.checkpoint_every={steps}", "--config.checkpoint_keep=1",
-          "--config.metric_writers.tensorboard=False"]
+  return [f"--config.{name}={value}" for name, value in
+          run_fields(policy, steps, problems, rollouts, new_tokens).items()]
 
 
 def summarize(workdir: str) -> dict[str, Any]:

@@ -51,12 +51,12 @@ BUDGET_S = 240.0  # the child's time for its variants and the profile
 TOP_OPS = 12
 
 
-def _hard_settings():
-  """configs/hard.py at the gpu section's allocation, with bfloat16 activations."""
+def _hard_settings(policy: str):
+  """configs/hard.py with the gpu section's run fields (bfloat16 activations, its
+  allocation and length cap)."""
   config = hard.get_config()
-  config.model.dtype = "bfloat16"
-  config.problems_per_batch, config.rollouts_per_problem = gpu.PROBLEMS, gpu.ROLLOUTS
-  config.sampling.max_new_tokens = gpu.NEW_TOKENS
+  config.update_from_flattened_dict(gpu.run_fields(policy, gpu.STEPS, gpu.PROBLEMS,
+                                                   gpu.ROLLOUTS, gpu.NEW_TOKENS))
   return run_settings.RunSettings.from_config(config)
 
 
@@ -64,7 +64,7 @@ def measure(policy: str, budget_s: float = BUDGET_S, profile_dir: str = "") -> d
   """Every variant's update and reference-pass seconds on this process's first device,
   and (with `profile_dir`) the last variant's device time by op."""
   deadline = time.time() + budget_s
-  s = _hard_settings()
+  s = _hard_settings(policy)
   model = hf_checkpoint.load_model(policy, dtype="bfloat16")
   _, params = nnx.split(model)
   cfg = model.cfg

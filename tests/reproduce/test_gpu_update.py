@@ -46,3 +46,21 @@ def test_the_section_refuses_a_machine_without_an_accelerator(tmp_path):
   inv = tables.Invocation(out=str(tmp_path), results=str(tmp_path), repo=".", command="")
   with pytest.raises(RuntimeError, match="gpu_update section measures an accelerator"):
     gpu_update.run(inv)
+
+
+def test_the_variants_run_the_gpu_sections_own_fields():
+  """gpu_update's settings and the gpu section's flags come from one list of fields: the
+  flags are the ones the section has always passed, and the settings hold them."""
+  from isojax.reproduce import gpu  # pylint: disable=g-import-not-at-top
+  assert gpu.run_flags("/p", 4, 8, 16, 512) == [
+      "--config.base_model.path=/p", "--config.model.dtype=bfloat16",
+      "--config.model.remat=full", "--config.num_steps=4", "--config.problems_per_batch=8",
+      "--config.rollouts_per_problem=16", "--config.sampling.max_new_tokens=512",
+      "--config.task.num_val=8", "--config.eval.train_problems=0",
+      "--config.eval.schedule=linear", "--config.eval.every=4", "--config.checkpoint_every=4",
+      "--config.checkpoint_keep=1", "--config.metric_writers.tensorboard=False"]
+  s = gpu_update._hard_settings("/p")
+  assert (s.problems_per_batch, s.rollouts_per_problem, s.sampling.max_new_tokens) == (
+      gpu.PROBLEMS, gpu.ROLLOUTS, gpu.NEW_TOKENS)
+  assert s.model.dtype == "bfloat16" and s.model.remat == "full"
+  assert s.rollouts_per_step == gpu.PROBLEMS * gpu.ROLLOUTS
