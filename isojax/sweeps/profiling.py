@@ -152,9 +152,10 @@ class _Sampler:
     self.graphdef, self.params = nnx.split(policy)
 
   def sample(self, problems, num_samples: int, chunk_rollouts: int, rng, *,
-             journal: profile_journal.Journal, name: str) -> evaluation.SampleCounts:
-    """The counts of `problems`, pass `name`: its chunks in `journal` taken from there,
-    the others sampled and recorded in it."""
+             journal: profile_journal.Journal | None = None, name: str = ""
+             ) -> evaluation.SampleCounts:
+    """The counts of `problems`; with a `journal`, pass `name`'s chunks in it are taken
+    from there and the others sampled and recorded in it."""
     if not problems:
       empty = np.zeros((0, num_samples), np.int64)
       return evaluation.SampleCounts(np.zeros(0, np.int64), empty, empty.astype(bool))
@@ -162,7 +163,8 @@ class _Sampler:
     return evaluation.correct_counts(
         self.graphdef, self.params, self.tok, self.book, problems, self.verifier,
         num_samples=num_samples, chunk=chunk, rng=rng, sampling=self.sampling,
-        done=journal.done(name), on_chunk=journal.recorder(name))
+        done=journal.done(name) if journal else None,
+        on_chunk=journal.recorder(name) if journal else None)
 
 
 def _measure(sampler: _Sampler, problems, options: Options, rng, need_extremely_hard: int,
