@@ -99,13 +99,17 @@ def kinds(trace_events: list[tuple[str, float]], hlo_text: str) -> dict[str, flo
   return out
 
 
-def traced_events(call: Callable[[], Any], logdir: str) -> list[tuple[str, float]]:
-  """(name, seconds) of every host event while `call()` runs under `jax.profiler`."""
+def trace(call: Callable[[], Any], logdir: str):
+  """`call()` run under `jax.profiler.trace(logdir)`; the trace's `ProfileData`."""
   with jax.profiler.trace(logdir):
     jax.block_until_ready(call())
   files = sorted(glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True))
   if not files:
-    raise RuntimeError(f"jax.profiler wrote no trace under {logdir}")
-  data = jax.profiler.ProfileData.from_file(files[-1])
-  return [(event.name, event.duration_ns / 1e9) for plane in data.planes
+    raise FileNotFoundError(f"no trace under {logdir}")
+  return jax.profiler.ProfileData.from_file(files[-1])
+
+
+def traced_events(call: Callable[[], Any], logdir: str) -> list[tuple[str, float]]:
+  """(name, seconds) of every host event while `call()` runs under `jax.profiler`."""
+  return [(event.name, event.duration_ns / 1e9) for plane in trace(call, logdir).planes
           if plane.name.startswith("/host:") for line in plane.lines for event in line.events]

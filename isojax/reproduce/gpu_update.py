@@ -17,7 +17,6 @@ run. Model FLOPs are 6 x parameters x response tokens, as `gpu.limits` counts th
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import os
 import subprocess
@@ -30,7 +29,7 @@ import numpy as np
 from flax import nnx
 
 from isojax import storage
-from isojax.bench import datasheets
+from isojax.bench import datasheets, op_profile
 from isojax.config import run_settings
 from isojax.configs import hard
 from isojax.models import hf_checkpoint, sharding
@@ -145,12 +144,10 @@ def _batch(s, vocab: int, rows: int, prompt: int, new: int, mesh):
 
 def _profile(call, logdir: str) -> dict[str, Any]:
   """One call under `jax.profiler.trace`: device milliseconds by op name, busiest first."""
-  with jax.profiler.trace(logdir):
-    jax.block_until_ready(call())
-  files = sorted(glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True))
-  if not files:
-    return dict(error=f"no trace under {logdir}")
-  return op_times(jax.profiler.ProfileData.from_file(files[-1]))
+  try:
+    return op_times(op_profile.trace(call, logdir))
+  except FileNotFoundError as e:  # the profiler wrote nothing
+    return dict(error=str(e))
 
 
 def op_times(data) -> dict[str, Any]:
