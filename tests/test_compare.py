@@ -113,3 +113,20 @@ def test_the_pilots_token_cap_rule():
   assert smollm2_pilot.cap_rule(np.arange(1, 101)) == 128  # p99 = 99.01
   assert smollm2_pilot.cap_rule(np.full(50, 12)) == 32
   assert smollm2_pilot.cap_rule(np.full(50, 64)) == 64
+
+
+def test_the_pilots_seed_spread_and_the_study_size_it_gives():
+  """Two candidates of two seeds: the pooled SD by hand, its chi-square bound with 2
+  degrees of freedom, and the slope the study's design (n 2..32, 3 seeds, Holm over 4)
+  detects with 80% power: (z_{1-0.0125} + z_{0.8}) sd / sqrt(3 * 10)."""
+  from isojax.reproduce import smollm2_pilot
+  finals = {"lr1e-5": [0.30, 0.36], "lr2e-5": [0.25, 0.29]}
+  sd = np.sqrt((2 * 0.03 ** 2 + 2 * 0.02 ** 2) / 2)
+  got_sd, got_hi, dof = smollm2_pilot.seed_spread(finals)
+  assert dof == 2 and got_sd == pytest.approx(sd)
+  assert got_hi == pytest.approx(sd * np.sqrt(2 / 0.210721), rel=1e-5)  # chi2_2(0.10)
+  note = smollm2_pilot.spread_note(finals)
+  assert f"{sd:.3f}" in note and "n in {2, 4, 8, 16, 32}, 3 seeds" in note
+  assert f"{(2.2414027 + 0.8416212) * sd / np.sqrt(30):.3f} per doubling" in note
+  with pytest.raises(ValueError, match="two or more seeds"):
+    smollm2_pilot.seed_spread({"lr1e-5": [0.3]})

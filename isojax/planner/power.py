@@ -13,7 +13,8 @@ Holm's first step asks of a family of m claims, alpha / m) with probability
 
     power = Phi(|effect| / se - z) + Phi(-|effect| / se - z),   z = Phi^-1(1 - alpha / 2m).
 
-`seeds_for_slope` is the fewest k whose power reaches the target. The normal
+`seeds_for_slope` is the fewest k whose power reaches the target, and `detectable_slope`
+the smallest effect k seeds decide with that power. The normal
 approximation stands in for the study's seed bootstrap; the tests check it against a
 simulation of the slope's test.
 """
@@ -24,7 +25,7 @@ import math
 from typing import Sequence
 
 import numpy as np
-from scipy import stats
+from scipy import optimize, stats
 
 
 def slope_se(sd: float, log2_ns: Sequence[float], seeds: int) -> float:
@@ -54,3 +55,13 @@ def seeds_for_slope(sd: float, effect: float, log2_ns: Sequence[float], *,
     if slope_power(sd, effect, log2_ns, k, alpha=alpha, family=family) >= power:
       return k
   return None
+
+
+def detectable_slope(sd: float, log2_ns: Sequence[float], seeds: int, *,
+                     alpha: float = 0.10, family: int = 3, power: float = 0.8) -> float:
+  """The smallest slope per doubling of n that `seeds` runs at each log2 n decide with
+  probability `power` (the root of `slope_power`, which rises with |effect|)."""
+  se = slope_se(sd, log2_ns, seeds)
+  return float(optimize.brentq(
+      lambda effect: slope_power(sd, effect, log2_ns, seeds, alpha=alpha,
+                                 family=family) - power, 0.0, 100 * se, xtol=1e-12 * se))

@@ -9,6 +9,11 @@ The criterion, fixed before the runs: a candidate passes when on both of its see
      steps is at most 1.5 times that of the first step.
 The recipe is the largest learning rate that passes; none passing is reported as such.
 
+Beside the verdict, the seed spread the study's size rests on (docs/study.md, "The seeded
+study", step 5): the pooled seed-to-seed SD of the final `val/avg@4` over the
+candidates, its 90% upper bound, and the slope per doubling of n that the study's
+design decides with 80% power at each (`power.detectable_slope`).
+
 Before the runs, the token cap's rule: `launch.profile` samples the base model at a
 256-token cap (`LENGTH_PROFILE`), and the cap is the 99th percentile of every sample's
 length, rounded up to a multiple of 32; the section stops, naming both, when
@@ -25,9 +30,11 @@ import time
 from typing import Any
 
 import numpy as np
+from scipy import stats
 
 from isojax import metrics, run_dir, storage
-from isojax.configs import pilot_smollm2
+from isojax.configs import pilot_smollm2, sweep_smollm2_hard
+from isojax.planner import power
 from isojax.reproduce import runs as runs_lib
 from isojax.reproduce import tables
 from isojax.tasks import splits
@@ -45,6 +52,9 @@ LENGTH_PROFILE = ("--config=configs/smollm2.py", "--config.sampling.max_new_toke
                   "--val_pool_size=32", "--num_samples=16", "--num_train=8", "--num_val=4",
                   "--splits=easy,hard")
 CAP_PERCENTILE, CAP_MULTIPLE = 99.0, 32
+# The study's primary family: claim 1 on each split, 2a on the hard one, 2b on the easy.
+STUDY_FAMILY = 4
+STUDY_EFFECTS = (0.01, 0.02, 0.03)  # slopes per doubling of n the spread note sizes
 
 
 def cap_rule(lengths) -> int:
@@ -83,6 +93,39 @@ def chosen(results: dict[str, list[dict[str, Any]]], rates: dict[str, float]) ->
   return max(passing, key=rates.__getitem__) if passing else None
 
 
+def seed_spread(finals: dict[str, list[float]]) -> tuple[float, float, int]:
+  """The pooled seed-to-seed SD of a final value over the candidates (each its own mean),
+  its one-sided 90% upper bound (chi-square) and its degrees of freedom."""
+  groups = [np.asarray(v, np.float64) for v in finals.values() if len(v) > 1]
+  dof = sum(g.size - 1 for g in groups)
+  if not dof:
+    raise ValueError("the seed spread needs a candidate with two or more seeds")
+  sd = math.sqrt(sum(((g - g.mean()) ** 2).sum() for g in groups) / dof)
+  return sd, sd * math.sqrt(dof / stats.chi2.ppf(0.10, dof)), dof
+
+
+def spread_note(finals: dict[str, list[float]]) -> str:
+  """What the pilot's seed spread says of the study's size."""
+  sd, sd_hi, dof = seed_spread(finals)
+  design = sweep_smollm2_hard.get_config()
+  lo, hi = design.rollouts_range
+  log2_ns = range(int(math.log2(lo)), int(math.log2(hi)) + 1)
+  seeds = len(design.seeds)
+  detect = {s: power.detectable_slope(s, log2_ns, seeds, family=STUDY_FAMILY)
+            for s in (sd, sd_hi)}
+  needed = ", ".join(
+      f"{e:g}: {power.seeds_for_slope(sd, e, log2_ns, family=STUDY_FAMILY) or '>1000'}"
+      for e in STUDY_EFFECTS)
+  return (f"**The seed spread and the study's size.** The final `val/avg@4`'s seed-to-seed "
+          f"SD, pooled over the candidates: {sd:.3f} ({dof} degrees of freedom; 90% upper "
+          f"bound {sd_hi:.3f}). The study (n in {{{', '.join(str(2 ** x) for x in log2_ns)}}}"
+          f", {seeds} seeds each, Holm over its {STUDY_FAMILY} primary rows at 0.10) then "
+          f"decides a slope of {detect[sd]:.3f} per doubling of n with 80% power "
+          f"({detect[sd_hi]:.3f} at the bound); seeds per allocation for 80% power at a "
+          f"slope of {needed} (`isojax.planner.power`). The pilot evaluates 64 problems, "
+          f"the study 128, so its evaluation noise is smaller.")
+
+
 def run(inv: tables.Invocation, preset: str = "") -> str:
   """smollm2_pilot.md; returns its path."""
   table, cap, wall_s = length_profile(inv)
@@ -90,9 +133,9 @@ def run(inv: tables.Invocation, preset: str = "") -> str:
     raise ValueError(f"the length profile's rule gives a {cap}-token cap; "
                      f"configs/pilot_smollm2.py has MAX_NEW_TOKENS="
                      f"{pilot_smollm2.MAX_NEW_TOKENS}: set it to {cap}")
-  results, rows = {}, []
+  results, finals, rows = {}, {}, []
   for name in pilot_smollm2.LEARNING_RATES:
-    results[name] = []
+    results[name], finals[name] = [], []
     for seed in SEEDS:
       workdir = os.path.join(inv.out, "smollm2_pilot", f"{name}_s{seed}")
       config = f"{CONFIG}:{preset + ',' if preset else ''}{name}"
@@ -100,6 +143,7 @@ def run(inv: tables.Invocation, preset: str = "") -> str:
       summary = runs_lib.summarize_run(workdir)
       measured = criteria(summary, run_dir.read_metrics(workdir))
       results[name].append(measured)
+      finals[name].append(summary["final"][metrics.val_avg(4)])
       rows.append(_row(name, seed, summary, measured))
   pick = chosen(results, pilot_smollm2.LEARNING_RATES)
   verdict = (f"**{pick}** (optim.learning_rate = {pilot_smollm2.LEARNING_RATES[pick]:g}) "
@@ -121,7 +165,7 @@ def run(inv: tables.Invocation, preset: str = "") -> str:
       f"length is at most {MAX_LENGTH_GROWTH:g}x the first step's (fixed before the runs).",
       "", "| candidate | seed | step-0 `val/avg@4` | final | gain / SE | most cut at an "
       "evaluation | length growth | passes |", "|---|---|---|---|---|---|---|---|",
-      *rows, "", verdict, ""])
+      *rows, "", verdict, "", spread_note(finals), ""])
   return tables.write(inv, "smollm2_pilot.md", "The SmolLM2 recipe pilot", wall_s, body)
 
 

@@ -39,3 +39,15 @@ def test_seeds_for_slope_is_the_fewest_that_reach_the_power():
   assert power.seeds_for_slope(0.03, 1e-5, LOG2_NS, max_seeds=50) is None
   with pytest.raises(ValueError, match="two or more distinct n"):
     power.slope_se(0.03, (3, 3), 2)
+
+
+def test_detectable_slope_by_hand():
+  """sd 0.03, 3 seeds at n = 2 .. 32: se = 0.03 / sqrt(30); Holm's first step in a family
+  of 4 at 0.10 needs |effect| / se above z = Phi^-1(1 - 0.0125) = 2.24140, and 80% power
+  adds Phi^-1(0.8) = 0.84162 (the far tail, Phi(-5.3), is negligible)."""
+  expected = (2.2414027 + 0.8416212) * 0.03 / np.sqrt(30)
+  assert power.detectable_slope(0.03, LOG2_NS, 3, family=4) == pytest.approx(expected,
+                                                                             rel=1e-6)
+  # More seeds detect less, in proportion to 1 / sqrt(seeds).
+  assert power.detectable_slope(0.03, LOG2_NS, 12, family=4) == pytest.approx(expected / 2,
+                                                                              rel=1e-6)
