@@ -43,6 +43,7 @@ def get_config(arg=None):
   config.optim.update(learning_rate=LEARNING_RATES[variant], warmup_steps=0,
                       warmup_rollouts=640)
   if preset != "micro":
+    config.task.num_val = 64  # its runs' evaluation, as run (the demo's is now 128)
     config.num_steps = 64
     config.eval.every = 16
     config.checkpoint_every = 8

@@ -33,7 +33,7 @@ process it measures
   8. LoRA sampling (`isojax.bench.lora_sampling`): the adapted model against the same
      weights merged, on --lora_workload, and the share of greedy tokens they agree on;
   9. trl, only when asked for (`isojax.bench.trl_step`): isojax's whole RL step against
-     TRL's GRPOTrainer on a real model (--trl_config, default configs/smollm2.py), the
+     TRL's GRPOTrainer on a real model (--trl_config, default configs/smollm2.py:bench), the
      same problems, allocation and loss, each side in its own process, --trl_rounds
      alternations of --trl_steps steps; with --tunix_python (the interpreter of an
      environment that has google-tunix), Tunix's GRPO learner as a third side

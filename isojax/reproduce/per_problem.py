@@ -1,12 +1,13 @@
 """The per_problem section: per-problem rollout allocation against the uniform allocation
-at the same budget, on each testbed of `TESTBEDS`.
+at the same budget, on each testbed of `TESTBEDS` (SmolLM2-135M-Instruct's testbed,
+which needs the real model, is the per_problem_smollm2 section's).
 
 Fixed before the runs: for each testbed and seed both arms run the testbed config's
 steps; the target is each seed's uniform peak `val/avg@4`, and the statistic the
 rollouts the per-problem arm needs to first reach it over the uniform arm's, as a
 geometric mean over seeds with an interval from a bootstrap over seeds
-(`isojax.tools.time_to_target.ratio_effect`) at the level 1 - 0.10 / (testbeds)
-(Bonferroni over the testbeds: one claim per testbed). The verdict on "per-problem
+(`isojax.tools.time_to_target.ratio_effect`) at the level 1 - 0.10 / FAMILY_SIZE
+(Bonferroni over the three testbeds, this section's two and SmolLM2's: one claim each). The verdict on "per-problem
 allocation reaches it with less compute" is yes when the interval lies below 1, no when
 wholly above, inconclusive otherwise. Beside it, each arm's share of groups with a
 learning signal (1 - `train/zero_variance_fraction`, averaged over steps), per seed.
@@ -27,6 +28,8 @@ from isojax.reproduce import tables
 from isojax.tools import time_to_target
 
 FAMILY_ALPHA = 0.10
+FAMILY_SIZE = 3  # the testbeds: arithmetic and recall here, SmolLM2 in per_problem_smollm2
+LEVEL = 1.0 - FAMILY_ALPHA / FAMILY_SIZE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +39,7 @@ class Testbed:
   baseline: str                        # the uniform arm's config
   candidate: str                       # the per-problem arm's config
   candidate_flags: tuple[str, ...] = ()
+  flags: tuple[str, ...] = ()          # both arms'
 
 
 TESTBEDS = (
@@ -63,7 +67,7 @@ def _rows(inv: tables.Invocation, bed: Testbed, seeds: Sequence[str]
     for arm, config, flags in (("baseline", bed.baseline, ()),
                                ("candidate", bed.candidate, bed.candidate_flags)):
       workdir = os.path.join(inv.out, "per_problem", bed.name, f"{arm}_s{seed}")
-      wall_s += runs_lib.run_main(inv, config, workdir, seed, flags)
+      wall_s += runs_lib.run_main(inv, config, workdir, seed, (*bed.flags, *flags))
       runs[arm] = run_dir.read_metrics(workdir)
     rows.append(dict(seed=seed, signal={arm: signal_share(lines) for arm, lines in runs.items()},
                      **time_to_target.compare(runs["baseline"], runs["candidate"],
@@ -73,14 +77,21 @@ def _rows(inv: tables.Invocation, bed: Testbed, seeds: Sequence[str]
 
 def run(inv: tables.Invocation, seeds: Sequence[str]) -> str:
   """per_problem.md; returns its path."""
+  body, wall_s = table(inv, TESTBEDS, seeds)
+  return tables.write(inv, "per_problem.md", "Per-problem allocation against uniform",
+                      wall_s, body)
+
+
+def table(inv: tables.Invocation, beds: Sequence[Testbed], seeds: Sequence[str]
+          ) -> tuple[str, float]:
+  """The comparison's text on `beds` (each seed's runs made or reused), and its seconds."""
   wall_s, parts, verdicts = 0.0, [], []
-  level = 1.0 - FAMILY_ALPHA / len(TESTBEDS)
-  for bed in TESTBEDS:
+  for bed in beds:
     rows, seconds = _rows(inv, bed, seeds)
     wall_s += seconds
     parts += [f"**{bed.name}**: {bed.description}.", "",
               time_to_target.markdown_table(rows, metrics.val_avg(4)), ""]
-    verdicts.append(verdict_row(bed.name, rows, level))
+    verdicts.append(verdict_row(bed.name, rows, LEVEL))
   body = "\n".join([
       "Per-problem allocation (`rl.allocation=per_problem`: each step's B_p x n rollouts "
       "split among its problems by their estimated pass rates) against the uniform "
@@ -88,11 +99,11 @@ def run(inv: tables.Invocation, seeds: Sequence[str]) -> str:
       "The target is each seed's uniform peak `val/avg@4`; the cells give where each run "
       "first reached it. The uniform arm is the testbed's n only, not the best uniform n "
       "of a sweep.", "", *parts,
-      f"One claim per testbed; the intervals are at {level:.0%} (Bonferroni over the "
-      f"{len(TESTBEDS)} testbeds at {FAMILY_ALPHA:.2f}).", "",
+      f"One claim per testbed; the intervals are at {LEVEL:.1%} (Bonferroni over the "
+      f"{FAMILY_SIZE} testbeds at {FAMILY_ALPHA:.2f}: arithmetic and recall in "
+      "per_problem.md, SmolLM2 in per_problem_smollm2.md).", "",
       VERDICT_HEADER, *verdicts, ""])
-  return tables.write(inv, "per_problem.md", "Per-problem allocation against uniform",
-                      wall_s, body)
+  return body, wall_s
 
 
 VERDICT_HEADER = (

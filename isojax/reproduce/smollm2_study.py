@@ -27,10 +27,12 @@ SECTION = "smollm2_study"
 SWEEPS = ("configs/sweep_smollm2_hard.py", "configs/sweep_smollm2_easy.py")
 BUDGET = sweep_smollm2_hard.BUDGET
 # The pools of docs/study.md's plan: the first 2,048 training and validation problems,
-# 16 samples each; up to 512 training and 128 validation problems per split.
-PROFILE_FLAGS = ("--profile_config=configs/smollm2.py:profile", "--pool_size=2048",
-                 "--val_pool_size=2048", "--num_samples=16", "--num_train=512",
-                 "--num_val=128", "--splits=easy,hard")
+# 16 samples each; up to 512 training and 128 validation problems per split. The mixed
+# split is the per_problem_smollm2 section's (one profile, read by both).
+PROFILE_CONFIG = "configs/smollm2.py:profile"
+PROFILE_OPTIONS = ("--pool_size=2048", "--val_pool_size=2048", "--num_samples=16",
+                   "--num_train=512", "--num_val=128", "--splits=easy,hard,mix_hard_easy")
+PROFILE_FLAGS = (f"--profile_config={PROFILE_CONFIG}", *PROFILE_OPTIONS)
 CHECK_SEEDS = ("0", "1", "2")
 CHECK_SWEEP = "smollm2_hard"
 SPREAD_METRICS = (metrics.val_avg(4), "val/best@4", "val/worst@4")
@@ -66,6 +68,11 @@ def run(inv: tables.Invocation) -> str:
   check, check_s = prescription.run(inv, check_design(study_dir),
                                     os.path.join(study_dir, "prescription"))
   return _write(inv, study_dir, findings, wall_s + check_s, check=check)
+
+
+def splits_dir(inv: tables.Invocation) -> str:
+  """Where the study's profile writes its splits (`launch.study`'s DIR/splits)."""
+  return os.path.join(inv.out, SECTION, "splits")
 
 
 def check_design(study_dir: str) -> prescription.Design:

@@ -1,4 +1,4 @@
-"""The trl section: isojax's RL step against TRL's GRPOTrainer on configs/smollm2.py.
+"""The trl section: isojax's RL step against TRL's GRPOTrainer on configs/smollm2.py:bench.
 
 `isojax.bench.trl_step` runs each side in processes of its own, alternating them over
 rounds, and this section writes its measurements as trl.md (`launch.bench
@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 
 from isojax.bench import report, trl_step
-from isojax.reproduce import smollm2
 from isojax.reproduce import tables
 
 
@@ -19,7 +18,8 @@ def run(inv: tables.Invocation, steps: int, rounds: int, tunix_python: str = "")
   """trl.md; returns its path. `tunix_python`: the interpreter of the Tunix side (none
   when empty)."""
   start = time.time()
-  r = trl_step.compare(smollm2.REAL_MODEL[0][1], steps=steps, rounds=rounds,
+  c = trl_step.run_config(trl_step.DEFAULT_CONFIG, steps)
+  r = trl_step.compare(trl_step.DEFAULT_CONFIG, steps=steps, rounds=rounds,
                        tunix_python=tunix_python)
   wall_s = time.time() - start
   i, t, p = r["isojax"], r["trl"], r["isojax"]["profile"]
@@ -31,8 +31,9 @@ def run(inv: tables.Invocation, steps: int, rounds: int, tunix_python: str = "")
   body = "\n".join([
       f"isojax's RL step against TRL {r['versions']['trl']}'s `GRPOTrainer` (torch "
       f"{r['versions']['torch']} on the CPU, {r['versions']['torch_threads']} threads) on "
-      "`configs/smollm2.py`: the same model file, problems in the same order, 8 problems x "
-      "8 rollouts of up to 64 tokens, temperature, learning rate, warm-up and Adam "
+      f"`{trl_step.DEFAULT_CONFIG}`: the same model file, problems in the same order, "
+      f"{c.problems_per_batch} problems x {c.rollouts_per_problem} rollouts of up to "
+      f"{c.sampling.max_new_tokens} tokens, temperature, learning rate, warm-up and Adam "
       "settings, and the same loss (PPO clip 0.2 on both sides, token mean over the batch, "
       "no KL; TRL's `loss_type=dapo`, `beta=0`), graded by isojax's verifier on every side. "
       f"Each side runs in its own process; {rounds} round{'s' if rounds > 1 else ''} "

@@ -23,8 +23,8 @@ from isojax.models import tokenizer as tokenizer_lib
 
 @pytest.fixture(scope="module")
 def smollm2():
-  """configs/smollm2.py as the trl section runs it, unresolved (fields can be changed)."""
-  return trl_step._config("configs/smollm2.py", 4)  # pylint: disable=protected-access
+  """configs/smollm2.py:bench as the trl section runs it, unresolved (fields can be changed)."""
+  return trl_step.run_config(trl_step.DEFAULT_CONFIG, 4)
 
 
 def _settings(config, **rl):
@@ -160,6 +160,25 @@ def test_compare_runs_the_tunix_side_in_its_interpreter(monkeypatch):
   r = trl_step.compare(steps=3, rounds=1)
   assert "tunix" not in r and all(side != "tunix" for side, _ in calls)
   assert "tunix" not in "\n".join(report.trl_table(r))
+
+
+def test_the_comparison_runs_the_bench_preset_and_refuses_the_demo_recipe(monkeypatch):
+  """Its default is the shipped demo's first recipe (a cut reply graded, 64 tokens, a
+  10-step warm-up to reasoning.py's LR), which every side expresses; the demo itself
+  scores a cut reply 0, which TRL's and Tunix's trainers cannot, and is refused before
+  any side runs."""
+  from isojax.configs import reasoning  # pylint: disable=g-import-not-at-top
+  bench = trl_step.run_config(trl_step.DEFAULT_CONFIG, 4)
+  assert (bench.rl.overlong, bench.sampling.max_new_tokens) == ("reward", 64)
+  assert (bench.optim.warmup_steps, bench.optim.warmup_rollouts) == (10, 0)
+  assert bench.optim.learning_rate == reasoning.get_config().optim.learning_rate
+  demo = trl_step.run_config("configs/smollm2.py", 4)
+  assert (demo.rl.overlong, demo.optim.warmup_steps, demo.optim.warmup_rollouts) == (
+      "zero", 0, 640)
+  monkeypatch.setattr(trl_step, "_child", lambda *a, **k: pytest.fail("a side ran"))
+  with pytest.raises(ValueError, match=r"configs/smollm2.py: rl.overlong='zero'.*"
+                                       r"expected 'reward'"):
+    trl_step.compare("configs/smollm2.py", steps=3, rounds=1)
 
 
 def test_the_tunix_python_flag_is_checked_before_anything_runs():

@@ -1,0 +1,109 @@
+"""The per_problem_smollm2 section: the study's profile, both arms' commands, the table.
+
+The real model is not needed: the profile and the runs are recorded stand-ins that write
+what `launch.profile` and `isojax.main` would, and the table is computed from them."""
+
+import json
+import os
+
+import pytest
+
+from isojax import run_dir
+from isojax.config import config_lib
+from isojax.reproduce import per_problem, per_problem_smollm2, smollm2_study, tables
+from isojax.reproduce import runs as runs_lib
+
+
+def _invocation(tmp_path):
+  return tables.Invocation(out=str(tmp_path / "out"), results=str(tmp_path / "results"),
+                           repo=str(tmp_path), command="python -m launch.reproduce")
+
+
+def _lines(reach_step: int, peak: float):
+  """A run evaluated every 8 steps of 64 rollouts, rising linearly to `peak` at
+  `reach_step` and flat after; half its groups without a signal."""
+  out = []
+  for step in range(0, 33, 8):
+    value = peak * min(step, reach_step) / reach_step
+    out.append({run_dir.STEP: step, run_dir.ROLLOUTS: 64 * step, run_dir.TOKENS: 640 * step,
+                run_dir.WALL_S: 10.0 * step, "val/avg@4": value,
+                "train/zero_variance_fraction": 0.5})
+  return out
+
+
+@pytest.fixture
+def recorded(tmp_path, monkeypatch):
+  monkeypatch.setattr(tables, "environment", lambda repo: dict(
+      commit="abc", dirty=False, cpu="c", cpus=2, host_isa="x", isa="x", accelerator="none",
+      jax="0", python="3", date="d"))
+  calls = {"profile": [], "runs": []}
+
+  def profile(cmd, **kwargs):
+    calls["profile"].append((cmd, kwargs["cwd"]))
+
+  def run_main(inv, config, workdir, seed, extra=(), env=None):
+    calls["runs"].append((config, os.path.basename(workdir), seed, tuple(extra)))
+    os.makedirs(workdir, exist_ok=True)
+    # The per-problem arm reaches the uniform arm's peak at step 16, uniform at 24.
+    lines = _lines(16 if "candidate" in workdir else 24, 0.3)
+    with open(os.path.join(workdir, run_dir.METRICS_FILE), "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in lines)
+    return 100.0
+
+  monkeypatch.setattr(per_problem_smollm2.subprocess, "run", profile)
+  monkeypatch.setattr(runs_lib, "run_main", run_main)
+  monkeypatch.setattr(smollm2_study, "recipe_mismatches", lambda config: [])
+  return calls
+
+
+def test_the_section_profiles_once_then_runs_both_arms_on_the_mixed_split(tmp_path,
+                                                                          recorded):
+  inv = _invocation(tmp_path)
+  path = per_problem_smollm2.run(inv, ["0", "1", "2"])
+  splits_dir = os.path.join(inv.out, "smollm2_study", "splits")
+  [(cmd, cwd)] = recorded["profile"]
+  assert cwd == inv.repo and cmd[1:3] == ["-m", "launch.profile"]
+  assert "--config=configs/smollm2.py:profile" in cmd and f"--out={splits_dir}" in cmd
+  assert "--splits=easy,hard,mix_hard_easy" in cmd  # the study's own profile, one for both
+  shared = (f"--config.task.split=mix_hard_easy", f"--config.task.splits_dir={splits_dir}",
+            "--config.num_steps=32", "--config.eval.every=8")
+  assert recorded["runs"] == [
+      run for seed in ("0", "1", "2") for run in (
+          ("configs/smollm2.py", f"baseline_s{seed}", seed, shared),
+          ("configs/smollm2.py", f"candidate_s{seed}", seed,
+           (*shared, "--config.rl.allocation=per_problem")))]
+  text = open(path).read()
+  # 16 of 24 steps' rollouts on every seed: the ratio 2/3, the same on every resample.
+  assert "| smollm2 | per-problem allocation reaches the uniform peak with less compute | " \
+         "0.67x [0.67, 0.67] | **yes** | 0.50, 0.50, 0.50 | 0.50, 0.50, 0.50 |" in text
+  level = 1 - 0.10 / 3
+  assert per_problem.LEVEL == pytest.approx(level) and f"{level:.1%}" in text
+
+
+def test_the_testbeds_flags_make_a_valid_per_problem_run_at_the_studys_budget():
+  bed = per_problem_smollm2.testbed("/splits")
+  argv = [*bed.flags, *bed.candidate_flags]
+  config_lib.check_overrides(["main", *argv])  # every flag names a field
+  config = per_problem_smollm2.smollm2.get_config()
+  for arg in argv:
+    name, value = arg[len("--config."):].split("=", 1)
+    *sections, field = name.split(".")
+    parent = config
+    for section in sections:
+      parent = parent[section]
+    parent[field] = int(value) if value.isdigit() else value
+  s = config_lib.settings(config_lib.resolve(config))
+  assert (s.task.split, s.task.splits_dir, s.rl.allocation) == (
+      "mix_hard_easy", "/splits", "per_problem")
+  # 8 x 8 for 32 steps: the seeded study's budget; 2 to 4 n rollouts for one problem.
+  assert s.budget_rollouts == 8 * 8 * 32 == smollm2_study.BUDGET
+  assert s.rl.group_bounds(8) == (2, 32)
+
+
+def test_the_section_refuses_before_anything_while_the_recipe_is_not_the_pilots(
+    tmp_path, recorded, monkeypatch):
+  monkeypatch.setattr(smollm2_study, "recipe_mismatches",
+                      lambda config: ["rl.overlong='reward' (the pilot's: 'zero')"])
+  with pytest.raises(ValueError, match=r"rl.overlong='reward' \(the pilot's: 'zero'\)"):
+    per_problem_smollm2.run(_invocation(tmp_path), ["0"])
+  assert recorded == {"profile": [], "runs": []}
