@@ -46,9 +46,11 @@ MAX_CUT = 0.10          # 2: responses cut at the cap, at any evaluation
 MAX_LENGTH_GROWTH = 1.5  # 3: late training responses over the first step's
 LATE_STEPS = 8
 # The base model's lengths at a generous cap (continuous batching: the long tail of a
-# few rambling samples does not hold up the rest).
+# few rambling samples does not hold up the rest), from the pool of 64 validation
+# problems the pilot's runs evaluate on.
 LENGTH_PROFILE = ("--config=configs/smollm2.py", "--config.sampling.max_new_tokens=256",
-                  "--config.sampling.decode_slots=64", "--pool_size=64",
+                  "--config.sampling.decode_slots=64", "--config.task.num_val=64",
+                  "--pool_size=64",
                   "--val_pool_size=32", "--num_samples=16", "--num_train=8", "--num_val=4",
                   "--splits=easy,hard")
 CAP_PERCENTILE, CAP_MULTIPLE = 99.0, 32
