@@ -12,6 +12,11 @@ allocation reaches it with less compute" is yes when the interval lies below 1, 
 wholly above, inconclusive otherwise. Beside it, each arm's share of groups with a
 learning signal (1 - `train/zero_variance_fraction`, averaged over steps), per seed.
 The uniform arm is the testbed config's n only, not the best uniform n of a sweep.
+
+Then the per_problem sweep (configs/sweep_per_problem.py: B_p 16, n 4 to 64, each
+allocation uniform and per-problem, on the arithmetic base's `mix_hard_easy` split)
+with every allocation on each of the section's seeds, through `launch.study`: claim 10
+against the whole uniform frontier, decided as the findings table decides it.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from isojax import metrics, run_dir
+from isojax.configs import sweep_per_problem
 from isojax.reproduce import runs as runs_lib
 from isojax.reproduce import tables
 from isojax.tools import time_to_target
@@ -75,11 +81,34 @@ def _rows(inv: tables.Invocation, bed: Testbed, seeds: Sequence[str]
   return rows, wall_s
 
 
+SWEEP = "configs/sweep_per_problem.py"
+
+
 def run(inv: tables.Invocation, seeds: Sequence[str]) -> str:
-  """per_problem.md; returns its path."""
+  """per_problem.md and the sweep's plots in img/; returns the table's path."""
   body, wall_s = table(inv, TESTBEDS, seeds)
+  rows, images, sweep_s = sweep(inv, seeds)
+  body += "\n".join([
+      "", "## The per_problem sweep: claim 10 against the uniform frontier", "",
+      f"`{SWEEP}` through `launch.study` with seeds {', '.join(seeds)} for every "
+      "allocation: log2 of the rollouts per-problem allocation needs to reach the best "
+      "final value of any uniform allocation over the uniform allocations' own, with its "
+      "90% interval over seeds, then problems (a secondary claim: unadjusted).", "",
+      rows, *images, ""])
   return tables.write(inv, "per_problem.md", "Per-problem allocation against uniform",
-                      wall_s, body)
+                      wall_s + sweep_s, body)
+
+
+def sweep(inv: tables.Invocation, seeds: Sequence[str]) -> tuple[str, list[str], float]:
+  """The per_problem sweep with every allocation on each of `seeds` (made or resumed):
+  its findings, its plots' links and the study's seconds."""
+  study_dir = os.path.join(inv.out, "per_problem", "sweep")
+  budget = sweep_per_problem.get_config().budget_rollouts
+  findings, wall_s = runs_lib.launch_study(inv, study_dir, budget, (SWEEP,),
+                                           (f"--seeds={','.join(seeds)}",))
+  name = sweep_per_problem.get_config().name
+  return (runs_lib.findings_of(findings, name),
+          runs_lib.study_images(study_dir, inv.results, "per_problem", only=name), wall_s)
 
 
 def table(inv: tables.Invocation, beds: Sequence[Testbed], seeds: Sequence[str]

@@ -1,7 +1,9 @@
-"""The per_problem_smollm2 section: the study's profile, both arms' commands, the table.
+"""The per_problem and per_problem_smollm2 sections: the profile, both arms' commands, the
+full-size sweep, the tables.
 
-The real model is not needed: the profile and the runs are recorded stand-ins that write
-what `launch.profile` and `isojax.main` would, and the table is computed from them."""
+No model runs: the profile, the runs and the study are recorded stand-ins that write
+what `launch.profile`, `isojax.main` and `launch.study` would, and the tables are
+computed from them."""
 
 import json
 import os
@@ -31,12 +33,21 @@ def _lines(reach_step: int, peak: float):
   return out
 
 
+FINDINGS = """# Findings
+
+| claim | statement | sweep | statistic | effect | verdict |
+|---|---|---|---|---|---|
+| 1 | n* grows | hard | doublings | +1.0 | **yes** |
+| 10 | per-problem allocation reaches the uniform frontier's best value with less compute | per_problem | log2 ratio | -0.50 [-0.90, -0.10] | **yes** |
+"""
+
+
 @pytest.fixture
 def recorded(tmp_path, monkeypatch):
   monkeypatch.setattr(tables, "environment", lambda repo: dict(
       commit="abc", dirty=False, cpu="c", cpus=2, host_isa="x", isa="x", accelerator="none",
       jax="0", python="3", date="d"))
-  calls = {"profile": [], "runs": []}
+  calls = {"profile": [], "runs": [], "study": []}
 
   def profile(cmd, **kwargs):
     calls["profile"].append((cmd, kwargs["cwd"]))
@@ -50,7 +61,15 @@ def recorded(tmp_path, monkeypatch):
       f.writelines(json.dumps(r) + "\n" for r in lines)
     return 100.0
 
+  def launch_study(inv, study_dir, budget, sweeps=(), study_flags=()):
+    calls["study"].append((study_dir, budget, tuple(sweeps), tuple(study_flags)))
+    png = os.path.join(study_dir, "per_problem", "uniform", "metric_vs_compute.png")
+    os.makedirs(os.path.dirname(png), exist_ok=True)
+    open(png, "wb").close()
+    return FINDINGS, 50.0
+
   monkeypatch.setattr(per_problem_smollm2.subprocess, "run", profile)
+  monkeypatch.setattr(runs_lib, "launch_study", launch_study)
   monkeypatch.setattr(runs_lib, "run_main", run_main)
   monkeypatch.setattr(smollm2_study, "recipe_mismatches", lambda config: [])
   return calls
@@ -106,4 +125,23 @@ def test_the_section_refuses_before_anything_while_the_recipe_is_not_the_pilots(
                       lambda config: ["rl.overlong='reward' (the pilot's: 'zero')"])
   with pytest.raises(ValueError, match=r"rl.overlong='reward' \(the pilot's: 'zero'\)"):
     per_problem_smollm2.run(_invocation(tmp_path), ["0"])
-  assert recorded == {"profile": [], "runs": []}
+  assert recorded == {"profile": [], "runs": [], "study": []}
+
+
+def test_the_per_problem_section_runs_its_testbeds_then_the_full_sweep(tmp_path, recorded):
+  inv = _invocation(tmp_path)
+  path = per_problem.run(inv, ["0", "1", "2", "3", "4"])
+  # Two testbeds x five seeds x two arms, each testbed's own flags only.
+  assert len(recorded["runs"]) == 20
+  assert ("configs/recall.py", "candidate_s4", "4", ("--config.rl.allocation=per_problem",)) \
+      in recorded["runs"]
+  [(study_dir, budget, sweeps, flags)] = recorded["study"]
+  assert (study_dir, budget, sweeps, flags) == (
+      os.path.join(inv.out, "per_problem", "sweep"), 16384,
+      ("configs/sweep_per_problem.py",), ("--seeds=0,1,2,3,4",))
+  text = open(path).read()
+  assert "| 10 | per-problem allocation reaches the uniform frontier's best value" in text
+  assert "| 1 | n* grows | hard |" not in text  # only the per_problem sweep's rows
+  assert "| arithmetic | per-problem allocation reaches the uniform peak" in text
+  image = "per_problem_per_problem_uniform_metric_vs_compute.png"
+  assert f"(img/{image})" in text and os.path.isfile(os.path.join(inv.results, "img", image))
