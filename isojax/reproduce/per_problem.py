@@ -7,10 +7,11 @@ steps; the target is each seed's uniform peak `val/avg@4`, and the statistic the
 rollouts the per-problem arm needs to first reach it over the uniform arm's, as a
 geometric mean over seeds with an interval from a bootstrap over seeds
 (`isojax.tools.time_to_target.ratio_effect`) at the level 1 - 0.10 / FAMILY_SIZE
-(Bonferroni over the three testbeds, this section's two and SmolLM2's: one claim each). The verdict on "per-problem
-allocation reaches it with less compute" is yes when the interval lies below 1, no when
-wholly above, inconclusive otherwise. Beside it, each arm's share of groups with a
-learning signal (1 - `train/zero_variance_fraction`, averaged over steps), per seed.
+(Bonferroni over the three testbeds, this section's two and SmolLM2's: one claim each).
+The verdict on "per-problem allocation reaches it with less compute" is yes when the
+interval lies below 1, no when wholly above, inconclusive otherwise. Beside it, each
+arm's share of groups with a learning signal (1 - `train/zero_variance_fraction`,
+averaged over steps), per seed.
 The uniform arm is the testbed config's n only, not the best uniform n of a sweep.
 
 Then the per_problem sweep (configs/sweep_per_problem.py: B_p 16, n 4 to 64, each
@@ -36,6 +37,7 @@ from isojax.tools import time_to_target
 FAMILY_ALPHA = 0.10
 FAMILY_SIZE = 3  # the testbeds: arithmetic and recall here, SmolLM2 in per_problem_smollm2
 LEVEL = 1.0 - FAMILY_ALPHA / FAMILY_SIZE
+SWEEP = "configs/sweep_per_problem.py"  # the full-size sweep (claim 10)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,9 +81,6 @@ def _rows(inv: tables.Invocation, bed: Testbed, seeds: Sequence[str]
                      **time_to_target.compare(runs["baseline"], runs["candidate"],
                                               metrics.val_avg(4))))
   return rows, wall_s
-
-
-SWEEP = "configs/sweep_per_problem.py"
 
 
 def run(inv: tables.Invocation, seeds: Sequence[str]) -> str:

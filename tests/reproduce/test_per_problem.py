@@ -84,7 +84,7 @@ def test_the_section_profiles_once_then_runs_both_arms_on_the_mixed_split(tmp_pa
   assert cwd == inv.repo and cmd[1:3] == ["-m", "launch.profile"]
   assert "--config=configs/smollm2.py:profile" in cmd and f"--out={splits_dir}" in cmd
   assert "--splits=easy,hard,mix_hard_easy" in cmd  # the study's own profile, one for both
-  shared = (f"--config.task.split=mix_hard_easy", f"--config.task.splits_dir={splits_dir}",
+  shared = ("--config.task.split=mix_hard_easy", f"--config.task.splits_dir={splits_dir}",
             "--config.num_steps=32", "--config.eval.every=8")
   assert recorded["runs"] == [
       run for seed in ("0", "1", "2") for run in (
