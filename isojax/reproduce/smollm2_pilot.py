@@ -119,8 +119,8 @@ def spread_note(finals: dict[str, list[float]]) -> str:
       f"{e:g}: {power.seeds_for_slope(sd, e, log2_ns, family=STUDY_FAMILY) or '>1000'}"
       for e in STUDY_EFFECTS)
   return (f"**The seed spread and the study's size.** The final `val/avg@4`'s seed-to-seed "
-          f"SD, pooled over the candidates: {sd:.3f} ({dof} degrees of freedom; 90% upper "
-          f"bound {sd_hi:.3f}). The study (n in {{{', '.join(str(2 ** x) for x in log2_ns)}}}"
+          f"SD, pooled over the candidates: {sd:.3f} ({dof} degrees of freedom, fewer in "
+          f"effect: each candidate ran the same seeds; 90% upper bound {sd_hi:.3f}). The study (n in {{{', '.join(str(2 ** x) for x in log2_ns)}}}"
           f", {seeds} seeds each, Holm over its {STUDY_FAMILY} primary rows at 0.10) then "
           f"decides a slope of {detect[sd]:.3f} per doubling of n with 80% power "
           f"({detect[sd_hi]:.3f} at the bound); seeds per allocation for 80% power at a "
