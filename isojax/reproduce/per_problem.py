@@ -102,12 +102,12 @@ def sweep(inv: tables.Invocation, seeds: Sequence[str]) -> tuple[str, list[str],
   """The per_problem sweep with every allocation on each of `seeds` (made or resumed):
   its findings, its plots' links and the study's seconds."""
   study_dir = os.path.join(inv.out, "per_problem", "sweep")
-  budget = sweep_per_problem.get_config().budget_rollouts
-  findings, wall_s = runs_lib.launch_study(inv, study_dir, budget, (SWEEP,),
+  design = sweep_per_problem.get_config()
+  findings, wall_s = runs_lib.launch_study(inv, study_dir, design.budget_rollouts, (SWEEP,),
                                            (f"--seeds={','.join(seeds)}",))
-  name = sweep_per_problem.get_config().name
-  return (runs_lib.findings_of(findings, name),
-          runs_lib.study_images(study_dir, inv.results, "per_problem", only=name), wall_s)
+  return (runs_lib.findings_of(findings, design.name),
+          runs_lib.study_images(study_dir, inv.results, "per_problem", only=design.name),
+          wall_s)
 
 
 def table(inv: tables.Invocation, beds: Sequence[Testbed], seeds: Sequence[str]
