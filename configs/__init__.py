@@ -20,6 +20,9 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
+import ml_collections
+from ml_collections.config_flags import config_flags
+
 # The real folder (configs/ in a checkout, not the isojax/configs link): the paths
 # found and named in errors are the files a user edits.
 PACKAGE_DIR = os.path.dirname(os.path.realpath(__file__))
@@ -53,6 +56,13 @@ def find_spec(spec: str) -> str:
   """`path.py[:arg]` with the path found by `find`, the argument kept."""
   path, sep, arg = spec.partition(":")
   return find(path) + sep + arg
+
+
+def load(spec: str) -> ml_collections.ConfigDict:
+  """`get_config(arg)` of `path.py[:arg]` (the path found by `find`), unlocked, as a
+  `--config` flag would load it. Raises FileNotFoundError as `find` does."""
+  parser = config_flags.ConfigFileFlagParser(name="config", lock_config=False)
+  return parser.parse(find_spec(spec))
 
 
 def resolve_argv(argv: Sequence[str], flag: str = "config") -> list[str]:

@@ -60,6 +60,22 @@ def test_shipped_configs_are_found_from_any_directory(tmp_path, monkeypatch):
   assert os.path.join(real, "nope.py") in str(e.value)  # both places named
 
 
+def test_a_config_spec_loads_its_presets_get_config_unlocked(tmp_path, monkeypatch):
+  from isojax import configs  # pylint: disable=g-import-not-at-top
+  from isojax.configs import smollm2  # pylint: disable=g-import-not-at-top
+  monkeypatch.chdir(tmp_path)
+  loaded = configs.load("configs/smollm2.py:bench")
+  assert loaded.to_dict() == smollm2.get_config("bench").to_dict()
+  assert loaded.to_dict() != smollm2.get_config().to_dict()  # the preset, not the default
+  loaded.new_field = 1  # unlocked, as a --config flag leaves it
+  local = tmp_path / "mine.py"
+  local.write_text("import ml_collections\n\ndef get_config(arg=None):\n"
+                   "  return ml_collections.ConfigDict(dict(arg=arg))\n")
+  assert configs.load(f"{local}:x").arg == "x" and configs.load(str(local)).arg is None
+  with pytest.raises(FileNotFoundError, match="'configs/nope.py' does not exist"):
+    configs.load("configs/nope.py:micro")
+
+
 def _copy_tracked(dest, *paths):
   """The tracked files under `paths` as a clean checkout has them (links kept)."""
   try:

@@ -60,10 +60,8 @@ def run_config(config_path: str, steps: int):
 
 def _load(config_path: str):
   """`get_config(preset)` of `file.py[:preset]` (a shipped config by its `configs/` name)."""
-  from ml_collections.config_flags import config_flags  # pylint: disable=g-import-not-at-top
   from isojax import configs  # pylint: disable=g-import-not-at-top
-  parser = config_flags.ConfigFileFlagParser(name="config", lock_config=False)
-  return parser.parse(configs.find_spec(config_path))
+  return configs.load(config_path)
 
 
 def _gguf_run(config_path: str, steps: int, why: str):

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import ml_collections
-from ml_collections.config_flags import config_flags
 
 from isojax import configs, eval_settings, storage
 from isojax.config import config_lib
@@ -37,17 +36,15 @@ class SweepError(ValueError):
 
 
 def load_config_file(spec: str) -> ml_collections.ConfigDict:
-  """`get_config(arg)` of a config file given as `path.py[:arg]`, loaded by config_flags.
+  """`get_config(arg)` of a config file given as `path.py[:arg]`, loaded as `--config` loads it.
 
   A path that does not exist names a shipped config (`configs/hard.py`;
   `isojax.configs.find`).
   """
   try:
-    found = configs.find_spec(spec)
+    return configs.load(spec)
   except FileNotFoundError as e:
     raise SweepError(str(e)) from None
-  parser = config_flags.ConfigFileFlagParser(name="config", lock_config=False)
-  return parser.parse(found)
 
 
 def with_defaults(sweep: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
