@@ -18,7 +18,7 @@ variant, after the size preset: `:micro,lr1e-5`; none given: the first):
   lr2e-5   optim.learning_rate = 2e-5
 
 Each at B_p = 8, n = 8 (64 rollouts a step) for 64 steps (4,096 rollouts): twice the
-longest run the study plans (C = 2,048), evaluated every 16 steps on the demo's 64
+longest run the study plans (C = 2,048), evaluated every 16 steps on 64 of the demo's
 validation problems (4 samples each). The criterion, fixed before the runs, is in
 `isojax.reproduce.smollm2_pilot`.
 """

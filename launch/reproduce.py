@@ -15,8 +15,11 @@ Sections (runs go under --out and are reused: rerunning the command resumes it):
          AVX2 run, and its wall time -> isa.md.
   pods   `launch.compare` of PODS (configs/pods.py) against vanilla GRPO
          (configs/pods.py:grpo) for each seed -> pods.md.
-  per_problem  per-problem rollout allocation (configs/per_problem.py) against the
-         uniform one at the same budget, for each seed -> per_problem.md.
+  per_problem  per-problem rollout allocation against the uniform one at the same
+         budget on two testbeds (configs/per_problem.py, configs/recall.py), for each
+         seed; then the full-size per_problem sweep (configs/sweep_per_problem.py at C =
+         16,384, uniform and per-problem at each n, every allocation once per --seeds)
+         through `launch.study`, claim 10 -> per_problem.md and its plots.
   off_policy  configs/hard.py synchronous against off-policy generation
          (`rl.max_staleness`, PipelineRL-k and PPO-off-policy-k) for each seed: final
          `val/avg@4`, gain, staleness, what the update waited for its rollouts, wall
@@ -106,9 +109,10 @@ _SECTIONS = flags.DEFINE_list(
     f"Which of {list(SECTIONS)} (default: all but {', '.join(ACCELERATOR_SECTIONS)}, which "
     "need an accelerator).")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "RL seeds (--config.seed) of the "
-                           "demos and of the PODS comparison; the replicate seeds of every "
-                           "allocation of the study's easy and hard sweeps and of the "
-                           "recall sweeps.")
+                           "demos, smollm2, the PODS, off_policy, algorithms and per-problem "
+                           "comparisons; the replicate seeds of every allocation of the "
+                           "study's easy and hard sweeps, the recall sweeps and the "
+                           "per_problem sweep.")
 _OUT = flags.DEFINE_string("out", "/tmp/isojax/reproduce", "Where the runs go (reused).")
 _RESULTS = flags.DEFINE_string("results", os.path.join(REPO_ROOT, "docs", "results"),
                                "Where the tables and plots are written.")

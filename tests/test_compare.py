@@ -128,5 +128,7 @@ def test_the_pilots_seed_spread_and_the_study_size_it_gives():
   note = smollm2_pilot.spread_note(finals)
   assert f"{sd:.3f}" in note and "n in {2, 4, 8, 16, 32}, 3 seeds" in note
   assert f"{(2.2414027 + 0.8416212) * sd / np.sqrt(30):.3f} per doubling" in note
+  flat = smollm2_pilot.spread_note({"lr1e-5": [0.3, 0.3], "lr2e-5": [0.25, 0.25]})
+  assert "0.000" in flat and "says nothing of the study's size" in flat  # no division by 0
   with pytest.raises(ValueError, match="two or more seeds"):
     smollm2_pilot.seed_spread({"lr1e-5": [0.3]})

@@ -16,7 +16,6 @@ verdict and Bonferroni level over the three testbeds):
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -27,7 +26,8 @@ from isojax.reproduce import per_problem, smollm2_study, tables
 
 CONFIG = "configs/smollm2.py"
 SPLIT = "mix_hard_easy"
-STEPS = 32
+_BATCH = smollm2.get_config()
+STEPS = smollm2_study.BUDGET // (_BATCH.problems_per_batch * _BATCH.rollouts_per_problem)
 EVAL_EVERY = 8
 
 

