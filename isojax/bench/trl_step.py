@@ -198,7 +198,7 @@ def run_trl(config_path: str, steps: int) -> dict:
   trainer = trl.GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
                             processing_class=processing)
   timings = dict(generate_s=[], tokens=[], reward=[], step_s=[])
-  generate = trainer._generate_and_score_completions
+  generate = trainer._generate_and_score_completions  # pylint: disable=protected-access
 
   def timed_generate(*a, **kw):
     start = time.perf_counter()
@@ -207,7 +207,7 @@ def run_trl(config_path: str, steps: int) -> dict:
     timings["tokens"].append(int(out["completion_mask"].sum()))
     return out
 
-  trainer._generate_and_score_completions = timed_generate
+  trainer._generate_and_score_completions = timed_generate  # pylint: disable=protected-access
 
   class StepTimer(transformers.TrainerCallback):
     def on_step_begin(self, *_, **__):
