@@ -1,7 +1,9 @@
 """What the sections share: runs of `isojax.main` and `launch.study`, and their summaries.
 
 A run goes to a fixed directory under the invocation's `out` and is reused when it
-finished there, so rerunning the reproduce command resumes it. The wall time a table
+finished there, so rerunning the reproduce command resumes it; a finished run whose
+settings are not the ones the command asks for now (a config changed since it ran) is
+refused, naming the fields, rather than reported under the new settings. The wall time a table
 reports is the one measured when the run ran (`TIMING_FILE`), not that of a rerun that
 found it finished. The gain of a run is measured against the paired standard error:
 both evaluations use the same problems, so the error of final - initial is the spread
@@ -19,16 +21,23 @@ import time
 from typing import Any, Sequence
 
 import numpy as np
-from absl import logging
+from absl import flags, logging
+from ml_collections.config_flags import config_flags
 
-from isojax import metrics, run_dir, storage
+from isojax import configs, metrics, run_dir, storage
+from isojax.config import config_lib
 from isojax.reproduce import tables
+from isojax.run import resume_check
 
 TIMING_FILE = "reproduce_timing.json"  # a run's wall time as this command measured it
 
 
 class StudyFailed(RuntimeError):
   """`launch.study` exited non-zero; rerunning resumes it."""
+
+
+class StaleRun(ValueError):
+  """A finished run whose settings differ from those the command asks for now."""
 
 
 def paired_gain(counts0: Sequence[int], counts1: Sequence[int],
@@ -76,9 +85,12 @@ def run_main(inv: tables.Invocation, config: str, workdir: str, seed: str,
   (measured now, or as recorded when it ran)."""
   timing = os.path.join(workdir, TIMING_FILE)
   try:
-    return summarize_run(workdir)["wall_s"]
+    wall_s = summarize_run(workdir)["wall_s"]
   except (FileNotFoundError, ValueError):
-    pass
+    wall_s = None
+  if wall_s is not None:
+    check_reused(workdir, config, seed, extra)
+    return wall_s
   os.makedirs(os.path.dirname(workdir), exist_ok=True)
   start = time.time()
   cmd = [sys.executable, "-m", "isojax.main", f"--config={config}", f"--workdir={workdir}",
@@ -95,6 +107,31 @@ def run_main(inv: tables.Invocation, config: str, workdir: str, seed: str,
   elapsed = time.time() - start
   storage.write_json(timing, dict(wall_s=elapsed, peak_rss_gib=usage.ru_maxrss * 1024 / 2**30))
   return elapsed
+
+
+def requested_settings(config: str, seed: str, extra: Sequence[str] = ()
+                       ) -> dict[str, Any]:
+  """The settings `isojax.main --config=<config> --config.seed=<seed> <extra>` runs with
+  (dotted, before the memory plan's passes), parsed as its `--config` flag parses them."""
+  argv = ["isojax.main", f"--config={configs.find_spec(config)}", f"--config.seed={seed}",
+          *extra]
+  values = flags.FlagValues()
+  # sys_argv: the overrides become flags of `values` (by default, those of sys.argv).
+  config_flags.DEFINE_config_file("config", None, flag_values=values, lock_config=False,
+                                  sys_argv=argv)
+  values(argv)
+  return resume_check.dotted_fields(config_lib.as_settings(values.config).to_dict())
+
+
+def check_reused(workdir: str, config: str, seed: str, extra: Sequence[str] = ()) -> None:
+  """Raises `StaleRun` when the finished run in `workdir` ran with settings other than
+  the ones asked for (as a resume would be refused: `resume_check.changes`)."""
+  changed = resume_check.changes(resume_check.recorded(workdir, step=sys.maxsize),
+                                 requested_settings(config, seed, extra))
+  if changed:
+    raise StaleRun(f"{workdir} finished with other settings than {config} asks for now: "
+                   f"{resume_check.describe(changed)}; remove it to run it again, or use a "
+                   "new --out")
 
 
 def run_presets(inv: tables.Invocation, section: str, presets, seeds: Sequence[str]

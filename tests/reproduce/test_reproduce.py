@@ -84,6 +84,28 @@ def test_unfinished_runs_are_refused(tmp_path):
     runs_lib.summarize_run(str(tmp_path / "run"))
 
 
+def test_a_finished_run_is_reused_only_under_the_settings_it_ran_with(tmp_path, monkeypatch):
+  """The run's config.json as isojax.main writes it for configs/hard.py:micro at seed 1
+  (its preset's fields, the seed, then the derived M): reused as it is for the same
+  command; a changed field or seed is refused, naming the field and both values,
+  before anything runs."""
+  from isojax.config import config_lib  # pylint: disable=g-import-not-at-top
+  from isojax.configs import hard  # pylint: disable=g-import-not-at-top
+  made = hard.get_config("micro")
+  made.seed = 1
+  workdir = tmp_path / "run"
+  _write_run(workdir, seed=1, counts=([1, 2], [2, 3]), num_steps=made.num_steps)
+  (workdir / "config.json").write_text(json.dumps(config_lib.resolve(made).to_dict()))
+  monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("a run started"))
+  inv = tables.Invocation(out=str(tmp_path), results=str(tmp_path), repo=ROOT, command="")
+  assert runs_lib.run_main(inv, "configs/hard.py:micro", str(workdir), "1") == 12.5
+  with pytest.raises(runs_lib.StaleRun, match=r"optim.learning_rate \S+ -> 0.5; remove it"):
+    runs_lib.run_main(inv, "configs/hard.py:micro", str(workdir), "1",
+                      ["--config.optim.learning_rate=0.5"])
+  with pytest.raises(runs_lib.StaleRun, match="seed 1 -> 2"):
+    runs_lib.run_main(inv, "configs/hard.py:micro", str(workdir), "2")
+
+
 def test_written_file_carries_the_header_and_replaces_the_old(tmp_path, monkeypatch):
   env = dict(commit="abc123def456", dirty=False, cpu="Test CPU", cpus=2, host_isa="AVX512",
              isa="AVX2", accelerator="none", jax="0.10.2", python="3.11.7",
