@@ -16,6 +16,7 @@ from isojax.configs import smollm2 as smollm2_config
 from isojax.reproduce import demos
 from isojax.reproduce import runs as runs_lib
 from isojax.reproduce import tables
+from isojax.run import resume_check
 
 # (name, config) of the real-model runs.
 REAL_MODEL = (("smollm2", "configs/smollm2.py"),)
@@ -32,26 +33,31 @@ SMOLLM2_CANDIDATES = (
 
 def base_candidates(out: str) -> tuple[list[dict[str, Any]], float]:
   """The base model's `val/avg@4` on configs/smollm2.py's validation problems under each of
-  SMOLLM2_CANDIDATES (evaluation seed 0), cached under out; (rows, wall seconds)."""
+  SMOLLM2_CANDIDATES (evaluation seed 0), cached under out with the candidates' settings
+  (a cache made under other settings is measured again); (rows, wall seconds)."""
+  from isojax.config import config_lib  # pylint: disable=g-import-not-at-top
+  configs = []
+  for _, fields in SMOLLM2_CANDIDATES:
+    config = smollm2_config.get_config()
+    config.task.update(**fields)
+    configs.append(config_lib.resolve(config))
+  key = [resume_check.dotted_fields(c) for c in configs]
   cache = os.path.join(out, "smollm2", "candidates.json")
   if os.path.isfile(cache):
     cached = storage.read_json(cache)
-    return cached["rows"], cached["wall_s"]
+    if cached.get("settings") == key:
+      return cached["rows"], cached["wall_s"]
   # JAX and the RL stack load into this (the reproduce command's) process only here:
   # every other run of every section is a child process.
   import jax  # pylint: disable=g-import-not-at-top
   from flax import nnx  # pylint: disable=g-import-not-at-top
   from isojax import tasks  # pylint: disable=g-import-not-at-top
-  from isojax.config import config_lib  # pylint: disable=g-import-not-at-top
   from isojax.models import hf_checkpoint  # pylint: disable=g-import-not-at-top
   from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   from isojax.run import evaluation, run_inputs  # pylint: disable=g-import-not-at-top
   from isojax.tasks import prompts  # pylint: disable=g-import-not-at-top
   start, rows, model = time.time(), [], None
-  for name, fields in SMOLLM2_CANDIDATES:
-    config = smollm2_config.get_config()
-    config.task.update(**fields)
-    config = config_lib.resolve(config)
+  for (name, _), config in zip(SMOLLM2_CANDIDATES, configs):
     run_settings = config_lib.settings(config)
     path = run_inputs.policy_path(run_settings)
     tok = tokenizer_lib.load_tokenizer(path)
@@ -61,16 +67,15 @@ def base_candidates(out: str) -> tuple[list[dict[str, Any]], float]:
     val, book = loaded.val, loaded.book
     model = model or nnx.split(hf_checkpoint.load_model(path))
     verifier = tasks.make_verifier(config.task)
-    s = config_lib.settings(config)
-    r = evaluation.evaluate(*model, tok, book, val, verifier, s.eval, s.sampling,
-                            rng=jax.random.key(0))
+    r = evaluation.evaluate(*model, tok, book, val, verifier, run_settings.eval,
+                            run_settings.sampling, rng=jax.random.key(0))
     verifier.close()
     counts = r[metrics.VAL_CORRECT_COUNTS]
     rows.append(dict(name=name, avg=r[metrics.val_avg(4)],
                      se=r[metrics.val_avg(4) + "_stderr"],
                      solved=sum(c > 0 for c in counts) / len(counts)))
   wall_s = time.time() - start
-  storage.write_json(cache, dict(rows=rows, wall_s=wall_s))
+  storage.write_json(cache, dict(rows=rows, wall_s=wall_s, settings=key))
   return rows, wall_s
 
 

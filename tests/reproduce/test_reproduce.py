@@ -106,6 +106,36 @@ def test_a_finished_run_is_reused_only_under_the_settings_it_ran_with(tmp_path, 
     runs_lib.run_main(inv, "configs/hard.py:micro", str(workdir), "2")
 
 
+def test_the_smollm2_candidates_cache_is_reused_only_under_its_settings(tmp_path,
+                                                                       monkeypatch):
+  """candidates.json is read back when it holds the candidates' settings as resolved
+  now; an older cache (no settings) or one made under another config is measured again
+  (here: the measurement is stubbed to fail, so reaching it shows the cache was not used)."""
+  from isojax.config import config_lib  # pylint: disable=g-import-not-at-top
+  from isojax.configs import smollm2 as smollm2_config  # pylint: disable=g-import-not-at-top
+  from isojax.reproduce import smollm2  # pylint: disable=g-import-not-at-top
+  from isojax.run import resume_check, run_inputs  # pylint: disable=g-import-not-at-top
+
+  def measured(*a, **k):
+    raise RuntimeError("measured again")
+  monkeypatch.setattr(run_inputs, "policy_path", measured)
+  settings = []
+  for _, fields in smollm2.SMOLLM2_CANDIDATES:
+    config = smollm2_config.get_config()
+    config.task.update(**fields)
+    settings.append(resume_check.dotted_fields(config_lib.resolve(config)))
+  rows = [dict(name="x", avg=0.1, se=0.01, solved=0.2)]
+  cache = tmp_path / "smollm2" / "candidates.json"
+  cache.parent.mkdir()
+  cache.write_text(json.dumps(dict(rows=rows, wall_s=5.0, settings=settings)))
+  assert smollm2.base_candidates(str(tmp_path)) == (rows, 5.0)
+  settings[0]["task.num_val"] += 1
+  for stale in (dict(rows=rows, wall_s=5.0, settings=settings), dict(rows=rows, wall_s=5.0)):
+    cache.write_text(json.dumps(stale))
+    with pytest.raises(RuntimeError, match="measured again"):
+      smollm2.base_candidates(str(tmp_path))
+
+
 def test_written_file_carries_the_header_and_replaces_the_old(tmp_path, monkeypatch):
   env = dict(commit="abc123def456", dirty=False, cpu="Test CPU", cpus=2, host_isa="AVX512",
              isa="AVX2", accelerator="none", jax="0.10.2", python="3.11.7",
