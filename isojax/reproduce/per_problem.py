@@ -102,14 +102,39 @@ def run(inv: tables.Invocation, seeds: Sequence[str]) -> str:
 
 def sweep(inv: tables.Invocation, seeds: Sequence[str]) -> tuple[str, list[str], float]:
   """The per_problem sweep with every allocation on each of `seeds` (made or resumed):
-  its findings, its plots' links and the study's seconds."""
+  its findings and where each arm's rollouts went, its plots' links and the study's
+  seconds."""
   study_dir = os.path.join(inv.out, "per_problem", "sweep")
   design = sweep_per_problem.get_config()
   findings, wall_s = runs_lib.launch_study(inv, study_dir, design.budget_rollouts, (SWEEP,),
                                            (f"--seeds={','.join(seeds)}",))
-  return (runs_lib.findings_of(findings, design.name),
+  text = "\n".join([
+      runs_lib.findings_of(findings, design.name),
+      "Where each arm's rollouts went, per n (means over seeds of each run's mean over its "
+      "steps): the share of groups with a learning signal, and the training reward per "
+      "rollout (the rollouts' mean pass rate: lower when more of them go to hard "
+      "problems).", "", signal_table(os.path.join(study_dir, design.name, "runs"))])
+  return (text,
           runs_lib.study_images(study_dir, inv.results, "per_problem", only=design.name),
           wall_s)
+
+
+def signal_table(runs_root: str) -> str:
+  """Per n of the sweep's runs under `runs_root`, each allocation mode's mean over seeds
+  of its runs' `signal_share` and mean `train/reward`."""
+  cells: dict[tuple[int, str], list[tuple[float, float]]] = {}
+  for workdir in run_dir.find_runs(runs_root):
+    config, lines = run_dir.read_config(workdir), run_dir.read_metrics(workdir)
+    reward = np.mean([r[metrics.TRAIN_REWARD] for r in lines if metrics.TRAIN_REWARD in r])
+    cells.setdefault((config["rollouts_per_problem"], config["rl"]["allocation"]),
+                     []).append((signal_share(lines), float(reward)))
+  mean = lambda n, mode, i: np.mean([c[i] for c in cells[(n, mode)]])
+  rows = ["| n | groups with a signal: uniform | per-problem | training reward: uniform | "
+          "per-problem |", "|---|---|---|---|---|"]
+  rows += [f"| {n} | {mean(n, 'uniform', 0):.3f} | {mean(n, 'per_problem', 0):.3f} | "
+           f"{mean(n, 'uniform', 1):.3f} | {mean(n, 'per_problem', 1):.3f} |"
+           for n in sorted({n for n, _ in cells})]
+  return "\n".join(rows)
 
 
 def table(inv: tables.Invocation, beds: Sequence[Testbed], seeds: Sequence[str]

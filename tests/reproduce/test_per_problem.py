@@ -67,6 +67,22 @@ def recorded(tmp_path, monkeypatch):
     png = os.path.join(study_dir, "per_problem", "uniform", "metric_vs_compute.png")
     os.makedirs(os.path.dirname(png), exist_ok=True)
     open(png, "wb").close()
+    # The sweep's runs: two steps each; no signal in 0.1 * seed of the groups (0.2 more
+    # under per-problem allocation), rewards n / 100 and n / 100 + 0.1 * seed (0.01 less).
+    for n in (4, 8):
+      for mode in ("uniform", "per_problem"):
+        for seed in (0, 1):
+          workdir = os.path.join(study_dir, "per_problem", "runs", mode, f"bp16_n{n}_s{seed}")
+          run_dir.write_config(workdir, dict(rollouts_per_problem=n,
+                                             rl=dict(allocation=mode)))
+          less = 0.01 if mode == "per_problem" else 0.0
+          with open(os.path.join(workdir, run_dir.METRICS_FILE), "w") as f:
+            for step, reward in ((1, n / 100), (2, n / 100 + 0.1 * seed)):
+              f.write(json.dumps({run_dir.STEP: step, run_dir.ROLLOUTS: 64 * step,
+                                  run_dir.TOKENS: 640 * step, run_dir.WALL_S: 1.0 * step,
+                                  "train/reward": reward - less,
+                                  "train/zero_variance_fraction":
+                                      0.1 * seed + (0.2 if less else 0.0)}) + "\n")
     return FINDINGS, 50.0
 
   monkeypatch.setattr(per_problem_smollm2.subprocess, "run", profile)
@@ -158,5 +174,7 @@ def test_the_per_problem_section_runs_its_testbeds_then_the_full_sweep(tmp_path,
   assert "| 10 | per-problem allocation reaches the uniform frontier's best value" in text
   assert "| 1 | n* grows | hard |" not in text  # only the per_problem sweep's rows
   assert "| arithmetic | per-problem allocation reaches the uniform peak" in text
+  # Signal: 1 - mean(0, 0.1) = 0.95 (per-problem 0.2 less); reward: n / 100 + 0.025.
+  assert "| 4 | 0.950 | 0.750 | 0.065 | 0.055 |\n| 8 | 0.950 | 0.750 | 0.105 | 0.095 |" in text
   image = "per_problem_per_problem_uniform_metric_vs_compute.png"
   assert f"(img/{image})" in text and os.path.isfile(os.path.join(inv.results, "img", image))
