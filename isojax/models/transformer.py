@@ -56,7 +56,7 @@ class ModelConfig:
   lm_head_precision: str = "auto"      # auto | highest | bf16x2 (`lm_head.head_matmul`)
   remat: str = "none"                  # none | full | a REMAT_POLICIES name
   attention_chunk: int = 0             # queries per attention block; 0: all at once
-  attention_impl: str = "xla"          # xla | cudnn (`Attention.attend`)
+  attention_impl: str = "auto"         # auto | xla | cudnn (`attention_implementation`)
   lora: settings_lib.LoraSettings = settings_lib.LoraSettings()  # rank 0: no adapters
 
   def __post_init__(self):
@@ -189,7 +189,9 @@ class Attention(nnx.Module):
     backward pass, so at most [B, Q, C, S] scores exist at once (exact: every block sees
     all its keys).
     """
-    impl = self.cfg.attention_impl
+    impl = settings_lib.attention_implementation(
+        self.cfg.attention_impl, dtype=self.cfg.dtype, head_dim=self.cfg.head_dim,
+        backend=jax.default_backend(), capability=_compute_capability())
     if impl == "cudnn" and jax.default_backend() != "gpu":
       raise ValueError(f"model.attention_impl='cudnn' needs a GPU; this backend is "
                        f"{jax.default_backend()!r}: expected model.attention_impl='xla'")
@@ -210,6 +212,10 @@ class Attention(nnx.Module):
     out = jax.lax.map(lambda xs: jax.checkpoint(attend)(*xs),
                       (blocks(padded(q_BSQH)), blocks(padded(mask_BSS))))  # [J, B, C, Q, H]
     return jnp.moveaxis(out, 0, 1).reshape(q_BSQH.shape[0], s + pad, *q_BSQH.shape[2:])[:, :s]
+
+
+def _compute_capability() -> str:
+  return str(getattr(jax.devices()[0], "compute_capability", "") or "")
 
 
 def token_rows(fn: Callable[[jax.Array], jax.Array], x_BSD: jax.Array) -> jax.Array:

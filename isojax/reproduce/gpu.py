@@ -6,9 +6,9 @@ task's with its vocabulary padded to the model's, so sampling draws from all 151
 ids (almost none of them digits, so responses run to `max_new_tokens` and rewards are
 0: the update still runs on every rollout). Each run is `isojax.main` on
 configs/hard.py with that policy (bfloat16 activations, float32 weights and AdamW,
-layers rematerialised, B_p x n rollouts of `NEW_TOKENS` tokens; the defaults sample
-from bfloat16 weights and multiply the float32 LM head as two bfloat16 parts on a GPU,
-which `gpu_update` measures), once synchronous and once pipelined
+layers rematerialised, B_p x n rollouts of `NEW_TOKENS` tokens; on a GPU the defaults
+sample from bfloat16 weights, multiply the float32 LM head as two bfloat16 parts and run
+cuDNN's attention, which `gpu_update` measures), once synchronous and once pipelined
 (PipelineRL-1: `rl.max_staleness=1`, the next batch sampled while this one trains).
 From each run's metrics.jsonl: the mean of each phase over the steps after the first
 (compilation), the memory plan's estimated peak (step 0's line) and the device's

@@ -7,14 +7,15 @@ decode cache of 2,048 evaluation rollouts of a 30-layer model is tens of GB. Whe
 is 0 (the default), `plan` derives it from the model's shape, the batch and the
 memory there is (host RAM on CPU, the device's memory on an accelerator): the
 largest micro-batch and sampler call whose estimate fits, with the LM head chunked
-so that no pass holds [B, T, V] logits beyond `LOGIT_BYTES`. Small models keep one
-pass and one call, so their programs do not change. A value set by hand is kept;
-a run whose estimate exceeds the memory there is refused before anything is
-written, with the values that would fit. Off-policy generation on the learner's
-devices (`rl.max_staleness` > 0) samples the next batches from copies of the weights
-while the update or an evaluation runs: its copies and its call count beside them.
-A sampler that casts the weights to bfloat16 (a bfloat16 model's default) holds that
-copy beside its caches; the generator's copies are kept in that dtype already.
+so that no pass holds [B, T, V] logits beyond `LOGIT_BYTES` (more on an accelerator,
+where fewer chunks are faster). Small models keep one pass and one call, so their
+programs do not change. A value set by hand is kept; a run whose estimate exceeds
+the memory there is refused before anything is written, with the values that would
+fit. Off-policy generation on the learner's devices (`rl.max_staleness` > 0) samples
+the next batches from copies of the weights while the update or an evaluation runs:
+its copies and its call count beside them. A sampler that casts the weights to
+bfloat16 (a bfloat16 model's default) holds that copy beside its caches; the
+generator's copies are kept in that dtype already.
 
 The estimate is an upper bound on XLA's own accounting of the same programs
 (`tests/core/test_memory_plan.py` compiles them and compares), not a measurement.
@@ -31,8 +32,12 @@ from isojax.config import run_settings
 
 GIB = 1024 ** 3
 # The LM head's share of a pass: logits (and their softmax and gradient) of one
-# chunk of response positions, at most this many bytes.
-LOGIT_BYTES = 256 * 1024 ** 2
+# chunk of response positions, at most this many bytes. Each chunk also adds the
+# float32 head gradient once (0.93 GB at Qwen2.5-1.5B's 151,936 x 1,536), so an
+# accelerator takes fewer, larger chunks: at 32 rollouts a pass, chunks of 128
+# positions (7.5 GB by this count) against 16 took a 1.5B update on one H100 from
+# 2.63 to 2.35 s (docs/results/gpu_update.md).
+LOGIT_BYTES = {"cpu": 256 * 1024 ** 2, "accelerator": 8 * 1024 ** 3}
 # Of the memory there is, the share a step plans to use. An accelerator's memory is
 # the step's own (the rest: XLA's reserves, fragmentation); host RAM is shared with
 # the Python process, the data, the verifier pool and whatever else runs, and on a
@@ -143,14 +148,14 @@ def _divisors_descending(total: int, multiple_of: int = 1) -> list[int]:
   return [d for d in range(total, 0, -1) if total % d == 0 and d % multiple_of == 0]
 
 
-def _chunk_for(shape: Shape, rows: int, response: int) -> int:
-  """The LM-head chunk for `rows`: all positions when their logits fit LOGIT_BYTES,
+def _chunk_for(shape: Shape, rows: int, response: int, limit: int = LOGIT_BYTES["cpu"]) -> int:
+  """The LM-head chunk for `rows`: all positions when their logits fit `limit` bytes,
   else the fewest chunks that fit, of equal size (the last one padded to a multiple
   of _CHUNK_ALIGN, so little of it is padding)."""
   per_position = rows * shape.vocab_size * 4 * 3
-  if per_position * response <= LOGIT_BYTES:
+  if per_position * response <= limit:
     return 0
-  fits = max(_CHUNK_ALIGN, LOGIT_BYTES // per_position // _CHUNK_ALIGN * _CHUNK_ALIGN)
+  fits = max(_CHUNK_ALIGN, limit // per_position // _CHUNK_ALIGN * _CHUNK_ALIGN)
   chunks = -(-response // fits)
   return min(fits, -(-response // chunks // _CHUNK_ALIGN) * _CHUNK_ALIGN) if chunks > 1 \
       else fits
@@ -207,9 +212,9 @@ class Plan:
 
 
 def plan(shape: Shape, step: Step, requested: Passes, available: int,
-         fraction: float = USABLE_FRACTION["cpu"]) -> Plan:
+         fraction: float = USABLE_FRACTION["cpu"], logits: int = LOGIT_BYTES["cpu"]) -> Plan:
   """The passes of `step`: `requested` where set (non-zero), derived where 0, within
-  `fraction` of the `available` bytes."""
+  `fraction` of the `available` bytes, the LM head's chunks within `logits` bytes."""
   resident = resident_bytes(shape, trained_params=step.trained_params, reference=step.reference)
   budget = int(available * fraction) - resident
   weights = step.generator_param_bytes * shape.params * step.generator_copies
@@ -233,8 +238,8 @@ def plan(shape: Shape, step: Step, requested: Passes, available: int,
     candidates = [d for d in _divisors_descending(step.minibatch) if step.rollouts % d == 0]
 
     def largest_fitting(limit):
-      return next((r for r in candidates
-                   if update_cost(r, chunk or _chunk_for(shape, r, response)) <= limit), None)
+      cost = lambda r: update_cost(r, chunk or _chunk_for(shape, r, response))
+      return next((r for r in candidates if cost(r) <= limit), None)
 
     rows = None
     if step.generator_copies and not requested.max_rollouts_per_call:
@@ -245,16 +250,31 @@ def plan(shape: Shape, step: Step, requested: Passes, available: int,
       rows = largest_fitting(budget - weights - generator_cast) or candidates[-1]
     micro = 0 if rows >= step.minibatch else rows
   rows = micro or step.minibatch
-  if not chunk:
-    chunk = _chunk_for(shape, rows, response)
-  calls = requested.max_rollouts_per_call
-  if not calls:
+
+  def calls_for(chunk):  # the sampler calls beside an update of `rows` with this chunk
+    if requested.max_rollouts_per_call:
+      return requested.max_rollouts_per_call
     if step.generator_copies:
       fits = _overlapped_calls(budget - weights - cast - generator_cast,
                                update_cost(rows, chunk), per_rollout, step.rollouts)
     else:
       fits = max(budget - cast, 0) // per_rollout
-    calls = 0 if fits >= step.sample_rollouts else max(step.group, fits)
+    return 0 if fits >= step.sample_rollouts else max(step.group, fits)
+
+  if not chunk:
+    # The micro-batch first, then the largest chunk within `logits` that fits beside it
+    # and leaves the sampler calls the smallest chunks leave (0: one call, the most).
+    least = LOGIT_BYTES["cpu"]
+    chunk = _chunk_for(shape, rows, response, least)
+    most_calls, limit = calls_for(chunk) or step.sample_rollouts, logits
+    while limit > least:
+      bigger = _chunk_for(shape, rows, response, limit)
+      if (update_cost(rows, bigger) <= budget - weights - generator_cast
+          and (calls_for(bigger) or step.sample_rollouts) >= most_calls):
+        chunk = bigger
+        break
+      limit //= 2
+  calls = calls_for(chunk)
   sample_rows = min(calls or step.sample_rollouts, step.sample_rollouts)
   generator = (weights + generator_cast
                + sample_bytes(shape, min(calls or step.rollouts, step.rollouts),
@@ -303,17 +323,6 @@ def sampler_calls(shape: Shape, *, rollouts: int, group: int, prompt_len: int,
   return fits
 
 
-def check_context(*, prompt_len: int, max_new_tokens: int, context: int | None,
-                  source: str) -> None:
-  """Refuses prompts plus `max_new_tokens` beyond the model's context, naming fields."""
-  if context and prompt_len + max_new_tokens > context:
-    raise ValueError(
-        f"sampling.max_new_tokens={max_new_tokens} after prompts of up to {prompt_len} tokens "
-        f"(task.max_prompt_tokens caps them) exceeds the model's context of {context} "
-        f"positions ({source}); expected prompt + max_new_tokens <= {context}: lower "
-        f"sampling.max_new_tokens to {max(context - prompt_len, 0)} or less")
-
-
 _FIELDS = {"micro_batch_size": "rl.micro_batch_size",
            "logprob_chunk_size": "rl.logprob_chunk_size",
            "max_rollouts_per_call": "sampling.max_rollouts_per_call"}
@@ -347,7 +356,7 @@ def for_settings(config: run_settings.RunSettings, model_cfg: Any, *, prompt_len
               generator_param_bytes=2 if config.generator_weights_dtype else 4)
   requested = Passes(config.rl.micro_batch_size, config.rl.logprob_chunk_size,
                      config.sampling.max_rollouts_per_call)
-  result = plan(shape, step, requested, available, USABLE_FRACTION[kind])
+  result = plan(shape, step, requested, available, USABLE_FRACTION[kind], LOGIT_BYTES[kind])
   if result.peak > available:
     smallest = plan(shape, step, Passes(0, 0, 0), 0, USABLE_FRACTION[kind])
     set_by_hand = [f"{_FIELDS[k]}={v}" for k, v in dataclasses.asdict(requested).items() if v]

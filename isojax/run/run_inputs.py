@@ -36,7 +36,7 @@ def checked_model_config(s: run_settings.RunSettings, path: str, prompt_len: int
   `sampling.max_new_tokens` is checked against its context (raises, naming them)."""
   hf = hf_checkpoint.read_hf_config(path)
   source = hf_checkpoint.config_source(path)
-  memory_plan.check_context(prompt_len=prompt_len,
+  check_context(prompt_len=prompt_len,
                             max_new_tokens=s.sampling.max_new_tokens,
                             context=hf.get("max_position_embeddings"), source=source)
   return hf_checkpoint.model_config_from_hf(hf, **s.model.as_kwargs(), source=source)
@@ -95,3 +95,14 @@ def check_inputs(s: run_settings.RunSettings) -> Inputs:
   planned, plan = plan_passes(s, path, task.book.max_len)  # the context and memory
   return Inputs(planned, mesh, rollout_mesh, path, tok, task.train, task.val, task.book,
                  task.skipped, task.skipped_rows, requested, tasks.make_verifier(s.task), plan)
+
+
+def check_context(*, prompt_len: int, max_new_tokens: int, context: int | None,
+                  source: str) -> None:
+  """Refuses prompts plus `max_new_tokens` beyond the model's context, naming fields."""
+  if context and prompt_len + max_new_tokens > context:
+    raise ValueError(
+        f"sampling.max_new_tokens={max_new_tokens} after prompts of up to {prompt_len} tokens "
+        f"(task.max_prompt_tokens caps them) exceeds the model's context of {context} "
+        f"positions ({source}); expected prompt + max_new_tokens <= {context}: lower "
+        f"sampling.max_new_tokens to {max(context - prompt_len, 0)} or less")

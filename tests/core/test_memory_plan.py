@@ -80,6 +80,53 @@ def _step(**kw):
 
 
 @pytest.mark.parametrize("available_gib", [8, 24, 96])
+def test_an_accelerator_keeps_the_micro_batch_and_takes_larger_lm_head_chunks(available_gib):
+  """With an accelerator's logits budget the micro-batch is the one the CPU budget
+  gives; the chunk is at least the CPU plan's, its logits within the accelerator's
+  budget, its update within the plan's budget; with room to spare it is larger."""
+  step, fraction = _step(), 0.8
+  args = (SMOLLM2, step, memory_plan.Passes(0, 0, 0), available_gib * GIB, fraction)
+  cpu = memory_plan.plan(*args)
+  gpu = memory_plan.plan(*args, memory_plan.LOGIT_BYTES["accelerator"])
+  assert gpu.passes.micro_batch_size == cpu.passes.micro_batch_size
+  rows = gpu.passes.micro_batch_size or step.minibatch
+  full = step.max_new_tokens
+  chunk, cpu_chunk = gpu.passes.logprob_chunk_size or full, cpu.passes.logprob_chunk_size or full
+  assert chunk >= cpu_chunk
+  assert rows * chunk * SMOLLM2.vocab_size * 4 * 3 <= 8 * GIB
+  seq = step.prompt_len + full
+  assert memory_plan.update_bytes(SMOLLM2, rows, seq, full, chunk) <= gpu.budget
+  if available_gib == 96:
+    assert chunk > cpu_chunk, (chunk, cpu_chunk)
+
+
+QWEN25_1P5B = memory_plan.Shape(vocab_size=151936, num_layers=28, embed_dim=1536,
+                                num_heads=12, num_kv_heads=2, head_dim=128, mlp_dim=8960,
+                                tie_embeddings=True, activation_bytes=2, remat=True)
+
+
+@pytest.mark.parametrize("shape,available_gib", [(SMOLLM2, 8), (SMOLLM2, 24), (SMOLLM2, 96),
+                                                 (QWEN25_1P5B, 59.4)])
+def test_overlapped_generation_keeps_its_sampler_calls_beside_larger_chunks(shape,
+                                                                           available_gib):
+  """Generation overlapped with the update (two bfloat16 weight copies) keeps the
+  sampler calls the smallest chunks leave it (0: one call, the most) whatever chunk an
+  accelerator's logits budget allows; at the gpu section's pipelined run (1.5B, 8 x 16
+  rollouts of 512 tokens, 59.4 GiB) a chunk sized to the budget alone left calls of 16
+  against 62."""
+  step = _step(rollouts=128, minibatch=128, sample_rollouts=128, prompt_len=32,
+               max_new_tokens=512, trained_params=shape.params, generator_copies=2,
+               sample_weight_bytes=2 * shape.params, generator_param_bytes=2)
+  args = (shape, step, memory_plan.Passes(0, 0, 0), int(available_gib * GIB), 0.8)
+  most = lambda calls: calls or step.sample_rollouts
+  cpu, gpu = memory_plan.plan(*args), memory_plan.plan(*args, 8 * GIB)
+  assert most(gpu.passes.max_rollouts_per_call) >= most(cpu.passes.max_rollouts_per_call)
+  full = step.max_new_tokens
+  assert (gpu.passes.logprob_chunk_size or full) >= (cpu.passes.logprob_chunk_size or full)
+  assert gpu.peak <= int(available_gib * GIB)
+
+
+@pytest.mark.parametrize("available_gib", [8, 24, 96])
 def test_the_largest_micro_batch_that_fits_is_chosen(available_gib):
   """Brute force over the divisors: the chosen one fits the budget, the next larger
   does not; the LM head never holds more than LOGIT_BYTES of logits."""
@@ -98,9 +145,9 @@ def test_the_largest_micro_batch_that_fits_is_chosen(available_gib):
   fitting = [d for d in divisors if cost(d) <= result.budget]
   assert rows == (max(fitting) if fitting else 1)
   chunk = result.passes.logprob_chunk_size or step.max_new_tokens
-  assert rows * chunk * SMOLLM2.vocab_size * 4 * 3 <= memory_plan.LOGIT_BYTES
+  assert rows * chunk * SMOLLM2.vocab_size * 4 * 3 <= 256 * 1024 ** 2
   # the whole [B, T, V] logits of the step would not have fitted
-  assert step.rollouts * step.max_new_tokens * SMOLLM2.vocab_size * 4 > memory_plan.LOGIT_BYTES
+  assert step.rollouts * step.max_new_tokens * SMOLLM2.vocab_size * 4 > 256 * 1024 ** 2
   calls = result.passes.max_rollouts_per_call
   if calls:
     assert memory_plan.sample_bytes(SMOLLM2, calls, step.prompt_len,
@@ -126,9 +173,9 @@ def test_context_overflow_names_the_fields():
   with pytest.raises(ValueError, match=r"sampling\.max_new_tokens=100000 .* 40 tokens .*"
                                        r"task\.max_prompt_tokens.*context of 4096.*"
                                        r"config\.json.*4056"):
-    memory_plan.check_context(prompt_len=40, max_new_tokens=100000, context=4096,
+    run_inputs.check_context(prompt_len=40, max_new_tokens=100000, context=4096,
                               source="ckpt/config.json")
-  memory_plan.check_context(prompt_len=40, max_new_tokens=4056, context=4096, source="x")
+  run_inputs.check_context(prompt_len=40, max_new_tokens=4056, context=4096, source="x")
 
 
 def _smollm2_config(**fields):

@@ -8,7 +8,7 @@ from flax import nnx
 
 from isojax.models import lm_head
 from isojax.models import rope as rope_lib
-from isojax.models.settings import REMAT_POLICIES
+from isojax.models.settings import REMAT_POLICIES, attention_implementation
 from isojax.models.transformer import ModelConfig, Transformer
 
 CFG = dict(vocab_size=31, embed_dim=32, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=48,
@@ -255,6 +255,39 @@ def test_cudnn_attention_is_refused_where_it_cannot_run():
                                   **CFG), rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match=r"needs a GPU; this backend is 'cpu'"):
     model(jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), bool))
+
+
+def test_auto_attention_is_cudnn_only_where_it_runs():
+  """`auto` picks cuDNN on a GPU of capability 8.0 or later under bfloat16 activations
+  with head widths it takes, XLA's path everywhere else; a setting made by hand stays."""
+  def impl(setting="auto", dtype="bfloat16", head_dim=64, backend="gpu", capability="9.0"):
+    return attention_implementation(setting, dtype=dtype, head_dim=head_dim, backend=backend,
+                                    capability=capability)
+  assert impl() == "cudnn"
+  assert impl(capability="8.0") == "cudnn"
+  assert impl(capability="7.5") == "xla"
+  assert impl(capability="") == "xla"
+  assert impl(backend="cpu", capability="") == "xla"
+  assert impl(backend="tpu", capability="") == "xla"
+  assert impl(head_dim=12) == "xla"
+  assert impl(head_dim=256) == "xla"
+  assert impl(head_dim=128) == "cudnn"
+  assert impl(dtype="float32") == "xla"
+  assert impl("xla") == "xla"
+  assert impl("cudnn", backend="cpu") == "cudnn"
+
+
+def test_auto_attention_on_this_cpu_is_xlas_program():
+  """The default (`auto`) traces the same program as `xla` off a GPU: equal logits."""
+  if jax.default_backend() == "gpu":
+    pytest.skip("this machine has a GPU")
+  tokens = jnp.asarray(np.random.default_rng(0).integers(1, CFG["vocab_size"], (2, 9)))
+  mask = jnp.asarray(np.arange(9)[None, :] >= np.array([[0], [3]]))
+  out = [np.asarray(Transformer(ModelConfig(num_layers=2, dtype="bfloat16",
+                                            attention_impl=impl, **CFG),
+                                rngs=nnx.Rngs(0))(tokens, mask), np.float32)
+         for impl in ("auto", "xla")]
+  np.testing.assert_array_equal(out[0], out[1])
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN runs on GPUs only")
