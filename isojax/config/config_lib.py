@@ -97,7 +97,7 @@ def apply_preset(config: ml_collections.ConfigDict, name: str | None) -> ml_coll
     # queries attended 1,024 at a time, 4,096 rollouts per sampler call; decode reads
     # the generated cache 512 slots at a time, only as far as it is filled.
     config.rl.update(micro_batch_size=64, logprob_chunk_size=512)
-    config.model.update(remat="full", attention_chunk=1024)
+    config.model.update(remat="full", attention_chunk=1024, attention_impl="auto")
     config.sampling.update(max_rollouts_per_call=4096, weights_dtype="bfloat16",
                            decode_block=512)
     config.rl.log_kl_to_base = config.rl.kl_coef > 0  # no second 7B copy unless needed

@@ -45,7 +45,7 @@ _BASE = nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))
 def model_config_from_hf(hf: dict[str, Any], *, dtype: str = "float32",
                          fp32_lm_head: bool = True, lm_head_precision: str = "auto",
                          remat: str = "none", attention_chunk: int = 0,
-                         attention_impl: str = "auto", lora: Any = None,
+                         attention_impl: str = "xla", lora: Any = None,
                          source: str = "config.json") -> ModelConfig:
   """The architecture of a config.json plus the compute options of `config.model`."""
   model_type = hf.get("model_type")
@@ -170,7 +170,7 @@ def open_tensors(path: str):
 
 def load_model(path: str, mesh=None, *, dtype: str = "float32", fp32_lm_head: bool = True,
                lm_head_precision: str = "auto", remat: str = "none", attention_chunk: int = 0,
-               attention_impl: str = "auto", lora: Any = None) -> Transformer:
+               attention_impl: str = "xla", lora: Any = None) -> Transformer:
   """Builds the model described by `path/config.json` (or a GGUF file) on `mesh`.
 
   Every device reads only its own block of each tensor straight from safetensors
@@ -203,7 +203,7 @@ def load_model(path: str, mesh=None, *, dtype: str = "float32", fp32_lm_head: bo
 
 def check_files(path: str, *, dtype: str = "float32", fp32_lm_head: bool = True,
                 lm_head_precision: str = "auto", remat: str = "none",
-                attention_chunk: int = 0, attention_impl: str = "auto",
+                attention_chunk: int = 0, attention_impl: str = "xla",
                 lora: Any = None) -> None:
   """Checks checkpoint `path` as `load_model` would load it, reading no weights.
 

@@ -24,7 +24,7 @@ DTYPES = ("float32", "bfloat16")
 # (`lm_head.head_matmul`).
 HEAD_PRECISIONS = ("auto", "highest", "bf16x2")
 # Which kernel `jax.nn.dot_product_attention` runs for training and prefill.
-ATTENTION_IMPLS = ("auto", "xla", "cudnn")
+ATTENTION_IMPLS = ("xla", "cudnn", "auto")
 # The projections `model.lora.targets` may name (Hugging Face's module names).
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -96,9 +96,9 @@ class ModelSettings(validation.Section):
                  "`models.settings.REMAT_POLICIES` name")
   attention_chunk: int = F(0, "queries per attention block (scores [B, N, chunk, S]); "
                            "0 = all")
-  attention_impl: str = F("auto", "training and prefill attention: `xla` (einsum and "
+  attention_impl: str = F("xla", "training and prefill attention: `xla` (einsum and "
                           "softmax), `cudnn` (cuDNN's fused kernel; GPUs, bfloat16) or "
-                          "`auto` (cudnn where it runs, xla elsewhere)")
+                          "`auto` (cudnn where it runs, xla elsewhere; the paper preset's)")
   lora: LoraSettings = dataclasses.field(default_factory=LoraSettings)
 
   def __post_init__(self):

@@ -56,7 +56,7 @@ class ModelConfig:
   lm_head_precision: str = "auto"      # auto | highest | bf16x2 (`lm_head.head_matmul`)
   remat: str = "none"                  # none | full | a REMAT_POLICIES name
   attention_chunk: int = 0             # queries per attention block; 0: all at once
-  attention_impl: str = "auto"         # auto | xla | cudnn (`attention_implementation`)
+  attention_impl: str = "xla"          # xla | cudnn | auto (`attention_implementation`)
   lora: settings_lib.LoraSettings = settings_lib.LoraSettings()  # rank 0: no adapters
 
   def __post_init__(self):

@@ -6,9 +6,10 @@ task's with its vocabulary padded to the model's, so sampling draws from all 151
 ids (almost none of them digits, so responses run to `max_new_tokens` and rewards are
 0: the update still runs on every rollout). Each run is `isojax.main` on
 configs/hard.py with that policy (bfloat16 activations, float32 weights and AdamW,
-layers rematerialised, B_p x n rollouts of `NEW_TOKENS` tokens; on a GPU the defaults
-sample from bfloat16 weights, multiply the float32 LM head as two bfloat16 parts and run
-cuDNN's attention, which `gpu_update` measures), once synchronous and once pipelined
+layers rematerialised, cuDNN's attention where it runs (`model.attention_impl=auto`),
+B_p x n rollouts of `NEW_TOKENS` tokens; on a GPU the defaults sample from bfloat16
+weights and multiply the float32 LM head as two bfloat16 parts; `gpu_update` measures
+each), once synchronous and once pipelined
 (PipelineRL-1: `rl.max_staleness=1`, the next batch sampled while this one trains).
 From each run's metrics.jsonl: the mean of each phase over the steps after the first
 (compilation), the memory plan's estimated peak (step 0's line) and the device's
@@ -86,6 +87,7 @@ def run_fields(policy: str, steps: int, problems: int, rollouts: int, new_tokens
   """The fields one measured run sets over configs/hard.py, by dotted name (the one
   place for them: `run_flags` and `gpu_update` read them)."""
   return {"base_model.path": policy, "model.dtype": "bfloat16", "model.remat": "full",
+          "model.attention_impl": "auto",
           "num_steps": steps, "problems_per_batch": problems,
           "rollouts_per_problem": rollouts, "sampling.max_new_tokens": new_tokens,
           "task.num_val": 8, "eval.train_problems": 0, "eval.schedule": "linear",

@@ -69,8 +69,9 @@ def signal_share(lines: list[dict]) -> float:
 
 
 def _rows(inv: tables.Invocation, bed: Testbed, seeds: Sequence[str]
-          ) -> tuple[list[dict], float]:
-  wall_s, rows = 0.0, []
+          ) -> tuple[list[dict], dict[str, dict[str, list[dict]]], float]:
+  """Each seed's comparison row, each seed's runs' metric lines by arm, and seconds."""
+  wall_s, rows, lines_by_seed = 0.0, [], {}
   for seed in seeds:
     runs = {}
     for arm, config, flags in (("baseline", bed.baseline, ()),
@@ -78,10 +79,35 @@ def _rows(inv: tables.Invocation, bed: Testbed, seeds: Sequence[str]
       workdir = os.path.join(inv.out, "per_problem", bed.name, f"{arm}_s{seed}")
       wall_s += runs_lib.run_main(inv, config, workdir, seed, (*bed.flags, *flags))
       runs[arm] = run_dir.read_metrics(workdir)
+    lines_by_seed[seed] = runs
     rows.append(dict(seed=seed, signal={arm: signal_share(lines) for arm, lines in runs.items()},
                      **time_to_target.compare(runs["baseline"], runs["candidate"],
                                               metrics.val_avg(4))))
-  return rows, wall_s
+  return rows, lines_by_seed, wall_s
+
+
+def plot(lines_by_seed: dict[str, dict[str, list[dict]]], title: str, path: str) -> None:
+  """`val/avg@4` against rollouts sampled, uniform solid and per-problem dashed, a
+  colour per seed, each seed's target (its uniform peak) dotted."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(6, 3.6))
+  key = metrics.val_avg(4)
+  for index, (seed, runs) in enumerate(lines_by_seed.items()):
+    colour = f"C{index}"
+    for arm, style in (("baseline", "-"), ("candidate", "--")):
+      points = [(r[run_dir.ROLLOUTS], r[key]) for r in runs[arm] if key in r]
+      ax.plot(*zip(*points), style, color=colour, marker=".",
+              label=f"seed {seed}, {'uniform' if arm == 'baseline' else 'per-problem'}")
+    ax.axhline(max(r[key] for r in runs["baseline"] if key in r), color=colour, ls=":",
+               lw=0.8)
+  ax.set(xlabel="rollouts sampled", ylabel=key, title=title)
+  ax.legend(fontsize=6, ncol=2)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
 
 
 def run(inv: tables.Invocation, seeds: Sequence[str]) -> str:
@@ -142,10 +168,14 @@ def table(inv: tables.Invocation, beds: Sequence[Testbed], seeds: Sequence[str]
   """The comparison's text on `beds` (each seed's runs made or reused), and its seconds."""
   wall_s, parts, verdicts = 0.0, [], []
   for bed in beds:
-    rows, seconds = _rows(inv, bed, seeds)
+    rows, lines_by_seed, seconds = _rows(inv, bed, seeds)
     wall_s += seconds
+    image = f"per_problem_{bed.name}.png"
+    plot(lines_by_seed, bed.name, os.path.join(inv.results, "img", image))
     parts += [f"**{bed.name}**: {bed.description}.", "",
-              time_to_target.markdown_table(rows, metrics.val_avg(4)), ""]
+              time_to_target.markdown_table(rows, metrics.val_avg(4)), "",
+              f"![{bed.name}: val/avg@4 against rollouts, each seed's two arms](img/{image})",
+              ""]
     verdicts.append(verdict_row(bed.name, rows, LEVEL))
   body = "\n".join([
       "Per-problem allocation (`rl.allocation=per_problem`: each step's B_p x n rollouts "

@@ -54,7 +54,8 @@ def test_the_variants_run_the_gpu_sections_own_fields():
   from isojax.reproduce import gpu  # pylint: disable=g-import-not-at-top
   assert gpu.run_flags("/p", 4, 8, 16, 512) == [
       "--config.base_model.path=/p", "--config.model.dtype=bfloat16",
-      "--config.model.remat=full", "--config.num_steps=4", "--config.problems_per_batch=8",
+      "--config.model.remat=full", "--config.model.attention_impl=auto",
+      "--config.num_steps=4", "--config.problems_per_batch=8",
       "--config.rollouts_per_problem=16", "--config.sampling.max_new_tokens=512",
       "--config.task.num_val=8", "--config.eval.train_problems=0",
       "--config.eval.schedule=linear", "--config.eval.every=4", "--config.checkpoint_every=4",

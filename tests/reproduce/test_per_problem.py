@@ -114,6 +114,9 @@ def test_the_section_profiles_once_then_runs_both_arms_on_the_mixed_split(tmp_pa
          "0.67x [0.67, 0.67] | **yes** | 0.50, 0.50, 0.50 | 0.50, 0.50, 0.50 |" in text
   assert per_problem.LEVEL == pytest.approx(0.96667, abs=1e-5)  # 1 - 0.10 / 3 testbeds
   assert "96.7%" in text
+  # The testbed's curves, both arms of each seed, plotted beside its table.
+  assert "(img/per_problem_smollm2.png)" in text
+  assert os.path.getsize(os.path.join(inv.results, "img", "per_problem_smollm2.png")) > 1000
 
 
 def test_the_verdict_rows_interval_is_drawn_at_the_level_it_is_given():
