@@ -120,17 +120,17 @@ def test_the_section_profiles_once_then_runs_both_arms_on_the_mixed_split(tmp_pa
 
 
 def test_the_verdict_rows_interval_is_drawn_at_the_level_it_is_given():
-  """Two seeds at ratios 1/2 and 2: the bootstrap's means are 2^-s, 1 and 2^s (s =
-  sqrt(2), the seeds moved to their variance) with chances 1/4, 1/2, 1/4, so a 96.7%
-  interval spans the outer two and a 40% one only the middle."""
+  """Two seeds at ratios 1/2 and 2: log ratios +-ln 2, mean 0, SD sqrt(2) ln 2. Student's
+  t with one degree of freedom is Cauchy, whose q-quantile is tan(pi (q - 1/2)), so the
+  interval is exp(+-tan(pi level / 2) ln 2) = 2^(+-tan(pi level / 2))."""
   rows = [dict(seed=seed, baseline={run_dir.ROLLOUTS: 100.0},
                candidate={run_dir.ROLLOUTS: rollouts},
                signal={"baseline": 0.5, "candidate": 0.5})
           for seed, rollouts in (("0", 50.0), ("1", 200.0))]
-  s = math.sqrt(2.0)
-  assert (f"1.00x [{2 ** -s:.2f}, {2 ** s:.2f}] | **inconclusive**"
-          in per_problem.verdict_row("x", rows, per_problem.LEVEL))
-  assert "1.00x [1.00, 1.00]" in per_problem.verdict_row("x", rows, 0.4)
+  for level in (per_problem.LEVEL, 0.4):
+    half = math.tan(math.pi * level / 2)
+    assert (f"1.00x [{2 ** -half:.2f}, {2 ** half:.2f}] | **inconclusive**"
+            in per_problem.verdict_row("x", rows, level))
 
 
 def test_the_testbeds_flags_make_a_valid_per_problem_run_at_the_studys_budget():
