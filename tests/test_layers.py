@@ -35,7 +35,7 @@ FUNCTION_LEVEL_IMPORTS: dict[tuple[str, str], str] = {
         "isojax.run.memory_plan", "isojax.run.run_inputs", "isojax.run.train",
         "isojax.tasks", "isojax.tasks.prompts")},
     **{("isojax.reproduce.smollm2", target): _CANDIDATES for target in (
-        "isojax.config.config_lib", "isojax.run.evaluation",
+        "isojax.run.evaluation",
         "isojax.models.hf_checkpoint", "isojax.models.tokenizer", "isojax.run.run_inputs",
         "isojax.tasks", "isojax.tasks.prompts")},
     **{("isojax.reproduce.gpu", target): (

@@ -12,6 +12,7 @@ import time
 from typing import Any, Sequence
 
 from isojax import metrics, storage
+from isojax.config import config_lib
 from isojax.configs import smollm2 as smollm2_config
 from isojax.reproduce import demos
 from isojax.reproduce import runs as runs_lib
@@ -35,7 +36,6 @@ def base_candidates(out: str) -> tuple[list[dict[str, Any]], float]:
   """The base model's `val/avg@4` on configs/smollm2.py's validation problems under each of
   SMOLLM2_CANDIDATES (evaluation seed 0), cached under out with the candidates' settings
   (a cache made under other settings is measured again); (rows, wall seconds)."""
-  from isojax.config import config_lib  # pylint: disable=g-import-not-at-top
   configs = []
   for _, fields in SMOLLM2_CANDIDATES:
     config = smollm2_config.get_config()
