@@ -6,7 +6,7 @@ gpu section's own setting.
 
 Each variant is the model's `remat`, `lm_head_precision` and `attention_impl`, with the
 micro-batch and the LM-head chunk that `memory_plan` derives for it on this device (as
-a run would; one variant sets a larger chunk by hand); the reference model's forward
+a run would; two variants set the chunk by hand); the reference model's forward
 (`update.score`, the KL log's pass) is timed beside it.
 The measurements run in a child process (`python -m isojax.reproduce.gpu_update`), so
 the parent holds no accelerator memory; each variant is compiled ahead of time and
@@ -39,13 +39,13 @@ from isojax.rl import optimizer, update
 from isojax.run import memory_plan
 
 # (name, model.remat, model.lm_head_precision, model.attention_impl, LM-head chunk in
-# positions, 0 for the plan's). The first is what the gpu section runs (the defaults),
-# and is profiled; then what each default buys, then the older settings, as long as the
+# positions, 0 for the plan's). The first is what the gpu section runs, and is
+# profiled; then what each of its settings buys, then the older settings, as long as the
 # budget lasts.
-VARIANTS = (("full remat, bf16x2 head, the defaults' attention and LM-head chunk", "full",
+VARIANTS = (("full remat, bf16x2 head, attention auto, the plan's LM-head chunk", "full",
              "bf16x2", "auto", 0),
-            ("full remat, bf16x2 head, XLA attention, LM-head chunks of 16 (the defaults "
-             "before)", "full", "bf16x2", "xla", 16),
+            ("full remat, bf16x2 head, XLA attention, LM-head chunks of 16 (the gpu "
+             "section's before)", "full", "bf16x2", "xla", 16),
             ("full remat, bf16x2 head, cuDNN attention, LM-head chunks of 128", "full",
              "bf16x2", "cudnn", 128),
             ("full remat, bf16x2 head, XLA attention", "full", "bf16x2", "xla", 0),

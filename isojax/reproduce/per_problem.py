@@ -10,9 +10,8 @@ geometric mean over seeds with a Student's t interval on the seeds' log ratios
 1 - 0.10 / FAMILY_SIZE (Bonferroni over the three testbeds, this section's two and
 SmolLM2's: one claim each). The verdict on "per-problem allocation reaches it with less
 compute" is yes when the interval lies wholly below 1, no when wholly above,
-inconclusive otherwise. Beside it, each
-arm's share of groups with a learning signal (1 - `train/zero_variance_fraction`,
-averaged over steps), per seed.
+inconclusive otherwise. Beside it, each arm's share of groups with a learning signal
+(1 - `train/zero_variance_fraction`, averaged over steps), per seed.
 The uniform arm is the testbed config's n only, not the best uniform n of a sweep.
 
 Then the per_problem sweep (configs/sweep_per_problem.py: B_p 16, n 4 to 64, each
