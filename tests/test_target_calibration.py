@@ -49,3 +49,11 @@ def test_seeds_that_all_reach_the_target_together_show_no_saving():
   effect = time_to_target.ratio_effect(rows, "rollouts")
   assert (effect["lo"], effect["value"], effect["hi"]) == (1.0, 1.0, 1.0)
   assert time_to_target.speedup_verdict(effect, 1.0) == "inconclusive"
+
+
+def test_a_candidate_at_the_target_from_its_start_is_refused_naming_the_seed():
+  start = {"step": 0, "rollouts": 0.0, "tokens": 0, "wall_s": 0.0}
+  later = dict(start, step=3, rollouts=300.0)
+  rows = [dict(seed=4, baseline=later, candidate=start, candidate_end=later)]
+  with pytest.raises(ValueError, match="seed 4: the candidate reached the target at its"):
+    time_to_target.ratio_effect(rows, "rollouts")

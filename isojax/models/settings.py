@@ -144,6 +144,7 @@ def attention_implementation(setting: str, *, dtype: str, head_dim: int, backend
   (docs/results/gpu_update.md). Elsewhere, CPUs and TPUs included, XLA's einsum path."""
   if setting != "auto":
     return setting
-  major = int(capability.split(".")[0]) if capability else 0
+  major = capability.split(".")[0]
+  major = int(major) if major.isdigit() else 0  # not CUDA's "9.0" (ROCm's "gfx90a"): no
   fits = dtype == "bfloat16" and head_dim % 8 == 0 and head_dim <= 128
   return "cudnn" if backend == "gpu" and major >= 8 and fits else "xla"

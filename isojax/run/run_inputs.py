@@ -36,9 +36,8 @@ def checked_model_config(s: run_settings.RunSettings, path: str, prompt_len: int
   `sampling.max_new_tokens` is checked against its context (raises, naming them)."""
   hf = hf_checkpoint.read_hf_config(path)
   source = hf_checkpoint.config_source(path)
-  check_context(prompt_len=prompt_len,
-                            max_new_tokens=s.sampling.max_new_tokens,
-                            context=hf.get("max_position_embeddings"), source=source)
+  check_context(prompt_len=prompt_len, max_new_tokens=s.sampling.max_new_tokens,
+                context=hf.get("max_position_embeddings"), source=source)
   return hf_checkpoint.model_config_from_hf(hf, **s.model.as_kwargs(), source=source)
 
 

@@ -174,7 +174,7 @@ def test_context_overflow_names_the_fields():
                                        r"task\.max_prompt_tokens.*context of 4096.*"
                                        r"config\.json.*4056"):
     run_inputs.check_context(prompt_len=40, max_new_tokens=100000, context=4096,
-                              source="ckpt/config.json")
+                             source="ckpt/config.json")
   run_inputs.check_context(prompt_len=40, max_new_tokens=4056, context=4096, source="x")
 
 

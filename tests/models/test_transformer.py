@@ -275,10 +275,11 @@ def test_auto_attention_is_cudnn_only_where_it_runs():
   assert impl(dtype="float32") == "xla"
   assert impl("xla") == "xla"
   assert impl("cudnn", backend="cpu") == "cudnn"
+  assert impl(capability="gfx90a") == "xla"  # not a CUDA capability
 
 
 def test_auto_attention_on_this_cpu_is_xlas_program():
-  """The default (`auto`) traces the same program as `xla` off a GPU: equal logits."""
+  """`auto` traces the same program as `xla` off a GPU: equal logits."""
   if jax.default_backend() == "gpu":
     pytest.skip("this machine has a GPU")
   tokens = jnp.asarray(np.random.default_rng(0).integers(1, CFG["vocab_size"], (2, 9)))
