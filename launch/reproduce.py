@@ -33,7 +33,7 @@ Sections (runs go under --out and are reused: rerunning the command resumes it):
          with every allocation once per --seeds -> study.md (the findings table) and the
          study's plots in img/.
   saturation  the study's easy and hard sweeps trained on past --study_budget, each run
-         resumed where it ended (`launch.study --extend`), one stage per budget of
+         (every allocation once per --seeds, as the study section) resumed where it ended (`launch.study --extend`), one stage per budget of
          --saturation_budgets, each starting from a copy of the stage before (the first
          from the study section's runs) -> study_saturation.md and its plots in img/.
   recall  the study's easy (at two budgets) and hard iso-compute sweeps on the recall
@@ -179,7 +179,8 @@ def main(argv):
     if "study" in sections:
       study.run(inv, _STUDY_BUDGET.value, seeds)
     if "saturation" in sections:
-      saturation.run(inv, _STUDY_BUDGET.value, [int(b) for b in _SATURATION_BUDGETS.value])
+      saturation.run(inv, _STUDY_BUDGET.value, [int(b) for b in _SATURATION_BUDGETS.value],
+                     seeds)
     if "recall" in sections:
       recall.run(inv, seeds, _RECALL_BUDGET.value)
     if "calibration" in sections:

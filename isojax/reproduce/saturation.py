@@ -169,8 +169,11 @@ def _stage_body(budget: int, study_budget: int, stage: str, before: str, since: 
                     rest.strip().replace("\n## ", "\n### "), "", *images, ""])
 
 
-def run(inv: tables.Invocation, study_budget: int, budgets: Sequence[int]) -> str:
-  """study_saturation.md and each stage's plots in img/; returns the table's path."""
+def run(inv: tables.Invocation, study_budget: int, budgets: Sequence[int],
+        seeds: Sequence[str]) -> str:
+  """study_saturation.md and each stage's plots in img/; returns the table's path.
+  `seeds`: the replicate seeds of every allocation, the study section's own (its runs
+  are the ones trained on; another set would start new runs from step 0)."""
   if not budgets or any(b <= study_budget for b in budgets):
     raise ValueError(f"saturation budgets {list(budgets)}: expected budgets above the "
                      f"study's ({study_budget})")
@@ -179,7 +182,8 @@ def run(inv: tables.Invocation, study_budget: int, budgets: Sequence[int]) -> st
   for budget in sorted(budgets):
     target = stage_dir(inv.out, budget)
     _start_stage(source, target)
-    findings, stage_s = runs_lib.launch_study(inv, target, budget, SWEEPS, ["--extend"])
+    findings, stage_s = runs_lib.launch_study(inv, target, budget, SWEEPS,
+                                              ["--extend", f"--seeds={','.join(seeds)}"])
     wall_s += stage_s
     images = runs_lib.study_images(target, inv.results, f"saturation_C{budget}")
     bodies.append(_stage_body(budget, study_budget, target, source, since, findings,
@@ -187,8 +191,9 @@ def run(inv: tables.Invocation, study_budget: int, budgets: Sequence[int]) -> st
     source, since = target, budget
   body = "\n".join([
       f"The study's easy and hard sweeps (`configs/sweep_easy.py`, `sweep_hard.py`: 12 "
-      f"allocations each, from the shipped arithmetic base) trained on past the study's "
-      f"C = {study_budget:,} rollouts: every run resumes where it ended "
+      f"allocations each with seeds {', '.join(seeds)}, from the shipped arithmetic base) "
+      f"trained on past the study's C = {study_budget:,} rollouts: every run resumes where "
+      "it ended "
       "(`launch.study --extend`, the same run trained longer: the problem order and every "
       "key are functions of the step, and the learning rate is constant after its warm-up) "
       "and runs to the stage's budget. Each stage gives, per allocation, the final value "

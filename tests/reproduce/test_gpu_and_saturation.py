@@ -105,7 +105,29 @@ def test_a_stage_starts_as_a_whole_copy_of_the_one_before(tmp_path):
   assert not (tmp_path / "s2").exists()
   with pytest.raises(ValueError, match="above the study's"):
     saturation.run(tables.Invocation(out=str(tmp_path), results=str(tmp_path), repo=".",
-                                     command="x"), 100, [100])
+                                     command="x"), 100, [100], ["0"])
+
+
+def test_each_stage_extends_the_study_sections_seeds_and_nothing_else(tmp_path, monkeypatch):
+  """The study section names its runs by seed (bp8_n2_s0, ...); a stage that left out
+  --seeds would plan the sweep config's own runs and train them from step 0."""
+  calls = []
+
+  def launch_study(inv, target, budget, sweeps, flags):
+    del inv, sweeps
+    calls.append((os.path.basename(target), budget, list(flags)))
+    for sweep in ("easy", "hard"):
+      os.makedirs(os.path.join(target, sweep, "runs"), exist_ok=True)
+    return "# Findings\n", 1.0
+
+  monkeypatch.setattr(saturation.runs_lib, "launch_study", launch_study)
+  monkeypatch.setattr(saturation.runs_lib, "study_images", lambda *a: [])
+  monkeypatch.setattr(saturation.tables, "write", lambda inv, name, title, s, body: body)
+  body = saturation.run(tables.Invocation(out=str(tmp_path), results=str(tmp_path),
+                                          repo=".", command="x"), 100, [400, 200], ["0", "2"])
+  assert calls == [("saturation_C200", 200, ["--extend", "--seeds=0,2"]),
+                   ("saturation_C400", 400, ["--extend", "--seeds=0,2"])]
+  assert "with seeds 0, 2" in body
 
 
 def test_a_stages_machine_time_is_its_runs_time_since_the_stage_before(tmp_path):
