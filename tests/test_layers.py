@@ -32,7 +32,7 @@ FUNCTION_LEVEL_IMPORTS: dict[tuple[str, str], str] = {
         "isojax.bench.train_step", "isojax.config.config_lib", "isojax.configs",
         "isojax.metrics", "isojax.models.gguf_checkpoint", "isojax.models.hf_checkpoint",
         "isojax.models.tokenizer", "isojax.rl.sources", "isojax.run_dir",
-        "isojax.run.memory_plan", "isojax.run.run_inputs", "isojax.run.train",
+        "isojax.run.memory_estimates", "isojax.run.run_inputs", "isojax.run.train",
         "isojax.tasks", "isojax.tasks.prompts")},
     **{("isojax.reproduce.smollm2", target): _CANDIDATES for target in (
         "isojax.run.evaluation",

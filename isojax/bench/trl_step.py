@@ -114,11 +114,11 @@ def _update_profile(config, update_s: float) -> dict:
   from isojax.config import config_lib  # pylint: disable=g-import-not-at-top
   from isojax.models import hf_checkpoint  # pylint: disable=g-import-not-at-top
   from isojax.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
-  from isojax.run import memory_plan, run_inputs  # pylint: disable=g-import-not-at-top
+  from isojax.run import memory_estimates, run_inputs  # pylint: disable=g-import-not-at-top
   from isojax.tasks import prompts  # pylint: disable=g-import-not-at-top
   config = config_lib.resolve(config)
   path = run_inputs.policy_path(config_lib.settings(config))
-  shape = memory_plan.Shape.of(hf_checkpoint.model_config_from_hf(
+  shape = memory_estimates.Shape.of(hf_checkpoint.model_config_from_hf(
       hf_checkpoint.read_hf_config(path), **config.model))
   run_settings = config_lib.settings(config)
   book = prompts.load_task(

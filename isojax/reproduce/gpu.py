@@ -29,7 +29,7 @@ from isojax import metrics, run_dir, storage
 from isojax.bench import datasheets
 from isojax.reproduce import runs as runs_lib
 from isojax.reproduce import tables
-from isojax.run import memory_plan
+from isojax.run import memory_estimates
 from isojax.sampling.settings import cast_weights_dtype
 
 # Qwen2.5-1.5B's shape (Hugging Face config.json: hidden 1536, 28 layers, 12 heads, 2 KV
@@ -134,7 +134,7 @@ def table(results: dict[str, dict[str, Any]]) -> list[str]:
   return rows
 
 
-def limits(r: dict[str, Any], shape: memory_plan.Shape, *, rows: int, new_tokens: int,
+def limits(r: dict[str, Any], shape: memory_estimates.Shape, *, rows: int, new_tokens: int,
            device_kind: str, weight_itemsize: int = 4, cache_itemsize: int = 2
            ) -> dict[str, Any]:
   """One recipe's phases against the chip's limits, from its `summarize` figures.
@@ -202,7 +202,7 @@ def run(inv: tables.Invocation, shape: dict[str, Any] | None = None, *,
   if not os.path.isdir(policy):
     with jax.default_device(jax.devices("cpu")[0]):
       write_policy(policy, shape)
-  shape_of = memory_plan.Shape(**{f: shape[f] for f in _SHAPE_FIELDS})
+  shape_of = memory_estimates.Shape(**{f: shape[f] for f in _SHAPE_FIELDS})
   params = shape_of.params
   device_kind = jax.devices()[0].device_kind
   intro = (

@@ -36,7 +36,7 @@ from isojax.models import hf_checkpoint, sharding
 from isojax.models.transformer import abstract_model
 from isojax.reproduce import gpu, tables
 from isojax.rl import optimizer, update
-from isojax.run import memory_plan
+from isojax.run import memory_estimates, memory_plan
 
 # (name, model.remat, model.lm_head_precision, model.attention_impl, LM-head chunk in
 # positions, 0 for the plan's). The first is what the gpu section runs, and is
@@ -84,7 +84,7 @@ def measure(policy: str, budget_s: float = BUDGET_S, profile_dir: str = "") -> d
   batch = _batch(s, cfg.vocab_size, rows, PROMPT_LEN, new, mesh)
   base = update.UpdateSettings.derive(s.rl, s.sampling, group_size=s.rollouts_per_problem,
                                       prompt_len=PROMPT_LEN)
-  shape = memory_plan.Shape.of(cfg)
+  shape = memory_estimates.Shape.of(cfg)
   flops = 6 * shape.params * rows * new
   out = dict(device=device.device_kind, available_gib=available / 2**30,
              params=shape.params, rows=rows, prompt_len=PROMPT_LEN, new_tokens=new,

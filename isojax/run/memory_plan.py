@@ -17,9 +17,9 @@ its copies and its call count beside them. A sampler that casts the weights to
 bfloat16 (a bfloat16 model's default) holds that copy beside its caches; the
 generator's copies are kept in that dtype already.
 
-The estimate is an upper bound on XLA's own accounting of the same programs
-(`tests/core/test_memory_plan.py` compiles them and compares), not a measurement.
-Pure Python: no JAX import, so the planner and the config layer can use it.
+What each pass holds is `memory_estimates`' (an upper bound on XLA's own accounting of
+the same programs, not a measurement). Pure Python: no JAX import, so the planner and
+the config layer can use it.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ import os
 from typing import Any
 
 from isojax.config import run_settings
+from isojax.run.memory_estimates import (Shape, lora_params, resident_bytes, sample_bytes,
+                                         score_bytes, update_bytes)
 
 GIB = 1024 ** 3
 # The LM head's share of a pass: logits (and their softmax and gradient) of one
@@ -44,90 +46,12 @@ LOGIT_BYTES = {"cpu": 256 * 1024 ** 2, "accelerator": 8 * 1024 ** 3}
 # CPU a pass is compute-bound long before it is large, so bigger passes buy nothing.
 USABLE_FRACTION = {"cpu": 0.3, "accelerator": 0.8}
 _CHUNK_ALIGN = 16  # LM-head chunks are multiples of this many positions
-# XLA keeps more of a pass alive than the activations counted below (its own copies
-# and layouts); measured against its buffer assignment on CPU.
-UPDATE_MARGIN = 1.3
-
-
-@dataclasses.dataclass(frozen=True)
-class Shape:
-  """What the estimate needs of a model (a `transformer.ModelConfig`'s numbers)."""
-  vocab_size: int
-  num_layers: int
-  embed_dim: int
-  num_heads: int
-  num_kv_heads: int
-  head_dim: int
-  mlp_dim: int
-  tie_embeddings: bool
-  activation_bytes: int = 4   # float32; 2 for bfloat16 activations
-  remat: bool = False         # layers rematerialised in the backward pass
-
-  @classmethod
-  def of(cls, cfg: Any) -> "Shape":
-    return cls(vocab_size=cfg.vocab_size, num_layers=cfg.num_layers, embed_dim=cfg.embed_dim,
-               num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-               mlp_dim=cfg.mlp_dim, tie_embeddings=cfg.tie_embeddings,
-               activation_bytes=2 if cfg.dtype == "bfloat16" else 4, remat=cfg.remat != "none")
-
-  @property
-  def params(self) -> int:
-    d, q, kv = self.embed_dim, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-    layer = d * q + 2 * d * kv + q * d + 3 * d * self.mlp_dim + 2 * d + q + 2 * kv
-    head = 0 if self.tie_embeddings else self.vocab_size * d
-    return self.vocab_size * d + self.num_layers * layer + d + head
-
-  def layer_floats_per_token(self, keys: int) -> int:
-    """Activations one layer keeps per token for its backward pass (attending `keys`)."""
-    d, q, kv = self.embed_dim, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-    return 8 * d + 3 * q + 3 * kv + 5 * self.mlp_dim + 2 * self.num_heads * keys
-
-
 @dataclasses.dataclass(frozen=True)
 class Passes:
   """The sizes of a step's passes: 0 means one pass over everything (no split)."""
   micro_batch_size: int
   logprob_chunk_size: int
   max_rollouts_per_call: int
-
-
-def update_bytes(shape: Shape, rows: int, seq: int, response: int, chunk: int) -> int:
-  """Temporaries of one forward/backward pass over `rows` sequences of `seq` tokens,
-  the LM head over `response` positions in chunks of `chunk` (0: all at once)."""
-  tokens = rows * seq
-  per_layer = shape.layer_floats_per_token(seq) * shape.activation_bytes
-  if shape.remat:  # layer inputs kept, one layer's activations recomputed at a time
-    layers = tokens * (shape.num_layers * shape.embed_dim * 4 + per_layer)
-  else:
-    layers = tokens * shape.num_layers * per_layer
-  positions = chunk if 0 < chunk < response else response
-  # Float32 logits, their exponentials and their gradient, for one chunk; the final
-  # hidden states and their gradient over the whole response.
-  head = rows * positions * shape.vocab_size * 4 * 3 + 2 * rows * response * shape.embed_dim * 4
-  return int(UPDATE_MARGIN * (layers + head))
-
-
-def score_bytes(shape: Shape, rows: int, seq: int, response: int, chunk: int) -> int:
-  """Temporaries of one forward pass (no gradient): a layer's activations at a time."""
-  positions = chunk if 0 < chunk < response else response
-  return (rows * seq * shape.layer_floats_per_token(seq) * shape.activation_bytes // 2
-          + rows * positions * shape.vocab_size * 4 * 2)
-
-
-def sample_bytes(shape: Shape, rollouts: int, prompt: int, new_tokens: int,
-                 cache_bytes: int = 4) -> int:
-  """One sampler call of `rollouts`: the decode cache of every layer (prompt and
-  generated slots), a prefill layer's activations, and a decode step's logits."""
-  kv = 2 * shape.num_kv_heads * shape.head_dim * shape.num_layers * cache_bytes
-  cache = rollouts * (prompt + new_tokens) * kv
-  prefill = rollouts * prompt * shape.layer_floats_per_token(prompt) * shape.activation_bytes
-  return cache + prefill + rollouts * shape.vocab_size * 4 * 4
-
-
-def resident_bytes(shape: Shape, *, trained_params: int, reference: bool) -> int:
-  """Weights and the reference copy; the trained weights' gradient, Adam moments and
-  update."""
-  return 4 * shape.params * (1 + int(reference)) + 4 * 4 * trained_params
 
 
 def available_bytes() -> tuple[int, str]:
@@ -391,10 +315,3 @@ def generator_copies(config: run_settings.RunSettings) -> int:
 def sample_weight_bytes(config: run_settings.RunSettings, shape: Shape) -> int:
   """Bytes of a sampler call's bfloat16 cast of the weights (0: it reads them as stored)."""
   return 2 * shape.params if config.sampler_weights_dtype == "bfloat16" else 0
-
-
-def lora_params(model_cfg: Any) -> int:
-  """Adapter parameters: rank x (in + out) of each target projection, every layer."""
-  lora = model_cfg.lora
-  return model_cfg.num_layers * sum(lora.rank * sum(model_cfg.projection_dims(t))
-                                    for t in lora.targets)

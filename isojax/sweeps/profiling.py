@@ -33,7 +33,7 @@ from isojax import storage, tasks
 from isojax.config import config_lib, run_settings
 from isojax.models import hf_checkpoint, sharding
 from isojax.models import tokenizer as tokenizer_lib
-from isojax.run import evaluation, memory_plan, run_inputs
+from isojax.run import evaluation, memory_estimates, memory_plan, run_inputs
 from isojax.sweeps import profile_journal
 from isojax.tasks import arithmetic, prompts, splits
 from isojax.tasks.difficulty import BANDS, EXTREMELY_HARD, SPLITS, ProblemRates, SplitPlan
@@ -138,7 +138,7 @@ class _Sampler:
     model_cfg = run_inputs.checked_model_config(s, path, self.book.max_len)
     self.sampling = s.sampling
     if not s.sampling.max_rollouts_per_call:
-      shape = memory_plan.Shape.of(model_cfg)
+      shape = memory_estimates.Shape.of(model_cfg)
       self.sampling = dataclasses.replace(s.sampling, max_rollouts_per_call=(
           memory_plan.sampler_calls(
               shape, rollouts=options.chunk_rollouts,

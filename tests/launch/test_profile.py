@@ -154,7 +154,7 @@ def test_profile_sampler_calls_fit_the_memory(tmp_path, monkeypatch, available_m
   over call sizes here), and the model is profiled with those calls."""
   from isojax.config import config_lib  # pylint: disable=g-import-not-at-top
   from isojax.configs import hard  # pylint: disable=g-import-not-at-top
-  from isojax.run import evaluation, memory_plan, run_inputs  # pylint: disable=g-import-not-at-top
+  from isojax.run import evaluation, memory_estimates, memory_plan, run_inputs  # pylint: disable=g-import-not-at-top
   seen = []
 
   def correct_counts(graphdef, params, tok, book, problems, verifier, *, num_samples,
@@ -177,10 +177,10 @@ def test_profile_sampler_calls_fit_the_memory(tmp_path, monkeypatch, available_m
   calls, prompt_len = seen[0]
   resolved = config_lib.resolve(config)
   s = config_lib.settings(resolved)
-  shape = memory_plan.Shape.of(run_inputs.checked_model_config(s, run_inputs.policy_path(s),
+  shape = memory_estimates.Shape.of(run_inputs.checked_model_config(s, run_inputs.policy_path(s),
                                                           prompt_len))
   new_tokens = resolved.sampling.max_new_tokens
-  fits = lambda r: (4 * shape.params + memory_plan.sample_bytes(shape, r, prompt_len,
+  fits = lambda r: (4 * shape.params + memory_estimates.sample_bytes(shape, r, prompt_len,
                                                                 new_tokens)
                     <= available * memory_plan.USABLE_FRACTION["cpu"])
   if fits(options.chunk_rollouts):

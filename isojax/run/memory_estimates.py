@@ -1,0 +1,112 @@
+"""What each pass of a step holds in memory, from the model's shape: the update's
+activations under each remat policy, scoring, a sampler call's caches, the weights and
+the optimizer. `memory_plan` sizes the passes from these.
+
+Each estimate is an upper bound on XLA's own accounting of the same programs
+(`tests/core/test_memory_plan.py` compiles them and compares), not a measurement.
+Pure Python: no JAX import, so the planner and the config layer can use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+# XLA keeps more of a pass alive than the activations counted below (its own copies
+# and layouts); measured against its buffer assignment on CPU.
+UPDATE_MARGIN = 1.3
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+  """What the estimate needs of a model (a `transformer.ModelConfig`'s numbers)."""
+  vocab_size: int
+  num_layers: int
+  embed_dim: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  mlp_dim: int
+  tie_embeddings: bool
+  activation_bytes: int = 4   # float32; 2 for bfloat16 activations
+  remat: str = "none"         # `model.remat`: what the backward pass recomputes
+
+  @classmethod
+  def of(cls, cfg: Any) -> "Shape":
+    return cls(vocab_size=cfg.vocab_size, num_layers=cfg.num_layers, embed_dim=cfg.embed_dim,
+               num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+               mlp_dim=cfg.mlp_dim, tie_embeddings=cfg.tie_embeddings,
+               activation_bytes=2 if cfg.dtype == "bfloat16" else 4, remat=cfg.remat)
+
+  @property
+  def params(self) -> int:
+    d, q, kv = self.embed_dim, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+    layer = d * q + 2 * d * kv + q * d + 3 * d * self.mlp_dim + 2 * d + q + 2 * kv
+    head = 0 if self.tie_embeddings else self.vocab_size * d
+    return self.vocab_size * d + self.num_layers * layer + d + head
+
+  def layer_floats_per_token(self, keys: int) -> int:
+    """Activations one layer keeps per token for its backward pass (attending `keys`)."""
+    d, q, kv = self.embed_dim, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+    return 8 * d + 3 * q + 3 * kv + 5 * self.mlp_dim + 2 * self.num_heads * keys
+
+  def saved_floats_per_token(self, keys: int) -> int | None:
+    """What `remat`'s policy keeps of a layer per token besides its input: None for all
+    of it (no remat), else its matmul outputs where the policy saves them (projections;
+    with batch dims also the attention scores and output) or nothing."""
+    if self.remat in ("none", "everything_saveable"):
+      return None
+    d, q, kv = self.embed_dim, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+    projections = q + 2 * kv + 2 * d + 2 * self.mlp_dim
+    dots = projections + self.num_heads * keys + q
+    return {"dots_saveable": dots, "checkpoint_dots": dots,  # jax's aliases
+            "dots_with_no_batch_dims_saveable": projections,
+            "checkpoint_dots_with_no_batch_dims": projections}.get(self.remat, 0)
+
+
+def update_bytes(shape: Shape, rows: int, seq: int, response: int, chunk: int) -> int:
+  """Temporaries of one forward/backward pass over `rows` sequences of `seq` tokens,
+  the LM head over `response` positions in chunks of `chunk` (0: all at once)."""
+  tokens = rows * seq
+  per_layer = shape.layer_floats_per_token(seq) * shape.activation_bytes
+  saved = shape.saved_floats_per_token(seq)
+  if saved is None:
+    layers = tokens * shape.num_layers * per_layer
+  else:  # layer inputs and what the policy saves kept, one layer recomputed at a time
+    layers = tokens * (shape.num_layers * (shape.embed_dim * 4 + saved * shape.activation_bytes)
+                       + per_layer)
+  positions = chunk if 0 < chunk < response else response
+  # Float32 logits, their exponentials and their gradient, for one chunk; the final
+  # hidden states and their gradient over the whole response.
+  head = rows * positions * shape.vocab_size * 4 * 3 + 2 * rows * response * shape.embed_dim * 4
+  return int(UPDATE_MARGIN * (layers + head))
+
+
+def score_bytes(shape: Shape, rows: int, seq: int, response: int, chunk: int) -> int:
+  """Temporaries of one forward pass (no gradient): a layer's activations at a time."""
+  positions = chunk if 0 < chunk < response else response
+  return (rows * seq * shape.layer_floats_per_token(seq) * shape.activation_bytes // 2
+          + rows * positions * shape.vocab_size * 4 * 2)
+
+
+def sample_bytes(shape: Shape, rollouts: int, prompt: int, new_tokens: int,
+                 cache_bytes: int = 4) -> int:
+  """One sampler call of `rollouts`: the decode cache of every layer (prompt and
+  generated slots), a prefill layer's activations, and a decode step's logits."""
+  kv = 2 * shape.num_kv_heads * shape.head_dim * shape.num_layers * cache_bytes
+  cache = rollouts * (prompt + new_tokens) * kv
+  prefill = rollouts * prompt * shape.layer_floats_per_token(prompt) * shape.activation_bytes
+  return cache + prefill + rollouts * shape.vocab_size * 4 * 4
+
+
+def resident_bytes(shape: Shape, *, trained_params: int, reference: bool) -> int:
+  """Weights and the reference copy; the trained weights' gradient, Adam moments and
+  update."""
+  return 4 * shape.params * (1 + int(reference)) + 4 * 4 * trained_params
+
+
+def lora_params(model_cfg: Any) -> int:
+  """Adapter parameters: rank x (in + out) of each target projection, every layer."""
+  lora = model_cfg.lora
+  return model_cfg.num_layers * sum(lora.rank * sum(model_cfg.projection_dims(t))
+                                    for t in lora.targets)
