@@ -40,9 +40,13 @@ from isojax.run import memory_estimates, memory_plan
 
 # (name, model.remat, model.lm_head_precision, model.attention_impl, LM-head chunk in
 # positions, 0 for the plan's). The first is what the gpu section runs, and is
-# profiled; then what each of its settings buys, then the older settings, as long as the
-# budget lasts.
+# profiled; then a remat policy that keeps the projections' outputs rather than
+# recomputing them (the plan counts what it keeps, so its micro-batch fits), what each
+# of the section's settings buys, then the older settings, as long as the budget lasts.
 VARIANTS = (("full remat, bf16x2 head, attention auto, the plan's LM-head chunk", "full",
+             "bf16x2", "auto", 0),
+            ("matmul outputs saved (dots_with_no_batch_dims_saveable), bf16x2 head, "
+             "attention auto, the plan's LM-head chunk", "dots_with_no_batch_dims_saveable",
              "bf16x2", "auto", 0),
             ("full remat, bf16x2 head, XLA attention, LM-head chunks of 16 (the gpu "
              "section's before)", "full", "bf16x2", "xla", 16),
