@@ -34,8 +34,9 @@ def run(inv: tables.Invocation, budget: int, seeds: Sequence[str]) -> str:
 def _write(inv: tables.Invocation, study_dir: str, budget: int, seeds: Sequence[str],
            findings: str, wall_s: float, *, done: bool) -> str:
   images = runs_lib.study_images(study_dir, inv.results, "study")
-  which = ("the others with one seed" if done else "the other sweeps not yet run (this "
-           "table is rewritten when they are)")
+  which = ("the others with their sweep configs' own seeds (each row's `seeds` column)"
+           if done else "the other sweeps not yet run (this table is rewritten when they "
+           "are)")
   body = "\n".join([f"`launch.study` at C = {budget:,} rollouts per sweep, from the shipped "
                     f"arithmetic base model; the easy and hard sweeps with seeds "
                     f"{', '.join(seeds)} for every allocation, {which}.", "",
