@@ -151,11 +151,16 @@ def test_micro_batched_train_step_equals_one_pass(aggregation, policy_loss):
   """k micro-batches (which split groups) give the parameters and stats of one pass."""
   graphdef, params = nnx.split(_model())
   batch = _batch(graphdef, params)
+  longest_G = np.asarray(batch.response_mask).sum(1).reshape(G, N).max(1)
+  assert (np.sort(longest_G)[1:] > 4).all()  # so any two groups (a minibatch) need the 7
   tx = optax.sgd(0.5)  # not Adam: its normalisation would hide a wrong gradient scale
   results = []
   # One pass; 4 micro-batches per minibatch; the same cut to their responses
-  # (rl.length_buckets: slots 2, 4 or 7), and one micro-batch cut to its longest.
-  for micro_batch_size, chunk_size, buckets in [(0, 0, 0), (2, 3, 0), (2, 3, 2), (0, 0, 3)]:
+  # (rl.length_buckets: slots 2, 4 or 7), and one micro-batch cut to its longest. Every
+  # minibatch here holds a response of 6 or 7 tokens, so the one-micro-batch path takes
+  # the 7 of any bucket list: one halving (4, 7) runs it as three (1, 2, 4, 7) would,
+  # with half the branches to compile.
+  for micro_batch_size, chunk_size, buckets in [(0, 0, 0), (2, 3, 0), (2, 3, 2), (0, 0, 1)]:
     settings = _settings(aggregation=aggregation, policy_loss=policy_loss,
                          micro_batch_size=micro_batch_size, logprob_chunk_size=chunk_size,
                          length_buckets=buckets)
