@@ -33,9 +33,10 @@ Sections (runs go under --out and are reused: rerunning the command resumes it):
          with every allocation once per --seeds -> study.md (the findings table) and the
          study's plots in img/.
   saturation  the study's easy and hard sweeps trained on past --study_budget, each run
-         (every allocation once per --seeds, as the study section) resumed where it ended (`launch.study --extend`), one stage per budget of
-         --saturation_budgets, each starting from a copy of the stage before (the first
-         from the study section's runs) -> study_saturation.md and its plots in img/.
+         (every allocation once per --seeds, as the study section) resumed where it
+         ended (`launch.study --extend`), one stage per budget of --saturation_budgets,
+         each starting from a copy of the stage before (the first from the study
+         section's runs) -> study_saturation.md and its plots in img/.
   recall  the study's easy (at two budgets) and hard iso-compute sweeps on the recall
          task (configs/sweep_recall_easy.py, sweep_recall_hard.py: keys that share nothing,
          base pass rates set by construction) through `launch.study`, each at its

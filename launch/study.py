@@ -4,14 +4,15 @@ r"""The IsoCompute study in one command: profile -> sweep easy -> sweep hard -> 
     python -m launch.study --out=/tmp/isojax/study --workers=1    # share the machine
     python -m launch.study --out=/tmp/isojax/recall --profile_config= \
         --sweeps=configs/sweep_recall_easy.py,configs/sweep_recall_hard.py
-    python -m launch.study --out=/tmp/isojax/study --budget_rollouts=262144 --extend \
-        --sweeps=configs/sweep_easy.py,configs/sweep_hard.py   # train them on to 4x C
-    # ... evaluating 24 times per plan instead of the configs' 12 (denser past the old end)
-    python -m launch.study --out=/tmp/isojax/study --budget_rollouts=262144 --extend \
-        --evals_per_run=24 --sweeps=configs/sweep_easy.py,configs/sweep_hard.py
     # three replicate seeds of every allocation: intervals over seeds, then problems
     python -m launch.study --out=/tmp/isojax/study --seeds=0,1,2 \
         --sweeps=configs/sweep_easy.py,configs/sweep_hard.py
+    # train them on to 4x C (the same --seeds: they name the runs extended)
+    python -m launch.study --out=/tmp/isojax/study --budget_rollouts=262144 --extend \
+        --seeds=0,1,2 --sweeps=configs/sweep_easy.py,configs/sweep_hard.py
+    # ... evaluating 24 times per plan instead of the configs' 12 (denser past the old end)
+    python -m launch.study --out=/tmp/isojax/study --budget_rollouts=262144 --extend \
+        --seeds=0,1,2 --evals_per_run=24 --sweeps=configs/sweep_easy.py,configs/sweep_hard.py
 
 Steps, each reusing what an earlier (interrupted) invocation finished, so rerunning
 the same command resumes the study:

@@ -58,7 +58,7 @@ PLANNER_FORBIDDEN = ("ml_collections", "isojax.config.config_lib", "jax", "flax"
 SETTINGS_READERS = ("isojax.rl", "isojax.sampling", "isojax.models", "isojax.planner",
                     "isojax.tasks", "isojax.base_models", "isojax.run.evaluation",
                     "isojax.run.run_inputs", "isojax.run.run_state", "isojax.run.memory_plan",
-                    "isojax.run.checkpointing", "isojax.run.workdir_lock",
+                    "isojax.run.memory_estimates", "isojax.run.checkpointing", "isojax.run.workdir_lock",
                     "isojax.run.preemption")
 CONFIG_LAYER = ("ml_collections", "isojax.config.config_lib")
 

@@ -2,8 +2,8 @@
 findings) at a budget per sweep; its findings table and plots.
 
 The easy and hard sweeps hold the primary claims (1, 2a, 2b) and run every allocation
-with each replicate seed; the other sweeps run one seed, so their verdicts are
-indicative (docs/study.md, "How a claim is decided")."""
+with each replicate seed; the other sweeps run their configs' own seeds (one for most,
+so their verdicts are indicative: docs/study.md, "How a claim is decided")."""
 
 from __future__ import annotations
 

@@ -50,18 +50,24 @@ class Shape:
     d, q, kv = self.embed_dim, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
     return 8 * d + 3 * q + 3 * kv + 5 * self.mlp_dim + 2 * self.num_heads * keys
 
-  def saved_floats_per_token(self, keys: int) -> int | None:
+  def saved_bytes_per_token(self, keys: int) -> int | None:
     """What `remat`'s policy keeps of a layer per token besides its input: None for all
-    of it (no remat), else its matmul outputs where the policy saves them (projections;
-    with batch dims also the attention scores and output) or nothing."""
+    of it (no remat), 0 for nothing (full remat), else the matmul outputs the backward
+    pass reads: the q/k/v, o, gate and up projections (dots without batch dims), and
+    with batch dims also the attention scores (float32 whatever the model's dtype: the
+    score einsum accumulates in float32) and the attention output. LoRA's rank-wide
+    adapter products are not counted."""
     if self.remat in ("none", "everything_saveable"):
       return None
+    if self.remat in ("full", "nothing_saveable"):
+      return 0
     d, q, kv = self.embed_dim, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-    projections = q + 2 * kv + 2 * d + 2 * self.mlp_dim
-    dots = projections + self.num_heads * keys + q
-    return {"dots_saveable": dots, "checkpoint_dots": dots,  # jax's aliases
-            "dots_with_no_batch_dims_saveable": projections,
-            "checkpoint_dots_with_no_batch_dims": projections}.get(self.remat, 0)
+    projections = (q + 2 * kv + d + 2 * self.mlp_dim) * self.activation_bytes
+    if self.remat in ("dots_with_no_batch_dims_saveable", "checkpoint_dots_with_no_batch_dims"):
+      return projections
+    if self.remat in ("dots_saveable", "checkpoint_dots"):  # jax's aliases
+      return projections + q * self.activation_bytes + self.num_heads * keys * 4
+    raise ValueError(f"model.remat={self.remat!r}: no memory estimate for this policy")
 
 
 def update_bytes(shape: Shape, rows: int, seq: int, response: int, chunk: int) -> int:
@@ -69,12 +75,11 @@ def update_bytes(shape: Shape, rows: int, seq: int, response: int, chunk: int) -
   the LM head over `response` positions in chunks of `chunk` (0: all at once)."""
   tokens = rows * seq
   per_layer = shape.layer_floats_per_token(seq) * shape.activation_bytes
-  saved = shape.saved_floats_per_token(seq)
+  saved = shape.saved_bytes_per_token(seq)
   if saved is None:
     layers = tokens * shape.num_layers * per_layer
   else:  # layer inputs and what the policy saves kept, one layer recomputed at a time
-    layers = tokens * (shape.num_layers * (shape.embed_dim * 4 + saved * shape.activation_bytes)
-                       + per_layer)
+    layers = tokens * (shape.num_layers * (shape.embed_dim * 4 + saved) + per_layer)
   positions = chunk if 0 < chunk < response else response
   # Float32 logits, their exponentials and their gradient, for one chunk; the final
   # hidden states and their gradient over the whole response.

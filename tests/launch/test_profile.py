@@ -154,7 +154,8 @@ def test_profile_sampler_calls_fit_the_memory(tmp_path, monkeypatch, available_m
   over call sizes here), and the model is profiled with those calls."""
   from isojax.config import config_lib  # pylint: disable=g-import-not-at-top
   from isojax.configs import hard  # pylint: disable=g-import-not-at-top
-  from isojax.run import evaluation, memory_estimates, memory_plan, run_inputs  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from isojax.run import evaluation, memory_estimates, memory_plan, run_inputs
   seen = []
 
   def correct_counts(graphdef, params, tok, book, problems, verifier, *, num_samples,
@@ -181,8 +182,8 @@ def test_profile_sampler_calls_fit_the_memory(tmp_path, monkeypatch, available_m
                                                           prompt_len))
   new_tokens = resolved.sampling.max_new_tokens
   fits = lambda r: (4 * shape.params + memory_estimates.sample_bytes(shape, r, prompt_len,
-                                                                new_tokens)
-                    <= available * memory_plan.USABLE_FRACTION["cpu"])
+                                                                     new_tokens)
+                         <= available * memory_plan.USABLE_FRACTION["cpu"])
   if fits(options.chunk_rollouts):
     assert available_mib > 1024 and calls == 0  # one call per chunk
   else:

@@ -54,7 +54,7 @@ def test_summary_averages_the_steps_after_the_first(tmp_path):
 def test_limits_count_model_flops_and_decode_bytes_against_the_datasheet():
   # 2 layers, 1 KV head of 4, vocabulary 10, width 8, MLP 16, tied.
   shape = memory_estimates.Shape(vocab_size=10, num_layers=2, embed_dim=8, num_heads=2,
-                            num_kv_heads=1, head_dim=4, mlp_dim=16, tie_embeddings=True)
+                                 num_kv_heads=1, head_dim=4, mlp_dim=16, tie_embeddings=True)
   params = shape.params
   # Counted by hand: embedding 80; per layer q 8x8, k and v 8x4 each, o 8x8, MLP 3 x 8x16,
   # two norms of 8, q/k/v biases 8 + 4 + 4: 64 + 64 + 64 + 384 + 16 + 16 = 608; final
