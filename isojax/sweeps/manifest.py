@@ -136,13 +136,18 @@ def prepare(sweep: ml_collections.ConfigDict, out_dir: str, backend: str,
   # Every plan is checked before any is written: a refused sweep changes nothing.
   changes = {r.name: _plan_change(plan_path(out_dir, r.name), r.config, extend)
              for r in runs}
+  old = {e["name"]: e for e in (read_manifest(out_dir) or {}).get("runs", [])}
+  stale = sorted(set(old) - {r.name for r in runs})
+  if extend and stale and all(changes[r.name] == (True, []) for r in runs):
+    # Nothing of this sweep is there to extend, only other runs (often: other --seeds).
+    raise SweepError(f"--extend: none of the runs planned ({', '.join(r.name for r in runs)})"
+                     f" is in {out_dir}, which holds {', '.join(stale)}; expected the "
+                     "sweep those runs were planned with (the same seeds name the same runs)")
   for r in runs:
     if changes[r.name][0]:
       storage.write_json(plan_path(out_dir, r.name), _as_json(r.config), indent=2,
                          sort_keys=True)
   allowances = {name: allowance for name, (_, allowance) in changes.items()}
-  old = {e["name"]: e for e in (read_manifest(out_dir) or {}).get("runs", [])}
-  stale = sorted(set(old) - {r.name for r in runs})
   if stale:
     logging.warning("runs %s are in %s but not in this sweep config; the analysis of "
                     "%s/ still includes them", stale, MANIFEST_FILE, RUNS_DIR)

@@ -9,6 +9,7 @@ and a changed plan is refused.
 import fcntl
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -251,6 +252,25 @@ def test_an_extension_rewrites_only_plans_cut_shorter_and_resumes_them_allowed(t
     assert (plan["num_steps"], plan["eval"]["count"]) == (4 * steps[e["name"]], 8)
     # eval.every = M // evals_per_run: 4M // 8 = 2M // 4, unchanged.
     assert e["allow_changed"] == ["num_steps", "eval.count"]
+
+
+def test_an_extension_that_would_extend_nothing_is_refused_before_anything_is_written(
+    tmp_path):
+  """Replicate seeds name the runs: extending without them plans runs the directory does
+  not hold (bp8_n2 beside bp8_n2_s0, ...) and would train them from step 0."""
+  out = str(tmp_path / "sweep")
+  seeded = sweep_manifest.prepare(_sweep(budget_rollouts=128, seeds=(0, 1)), out, "local")
+  names = sorted(e["name"] for e in seeded["runs"])
+  assert all(n.endswith(("_s0", "_s1")) for n in names)
+  before = sorted(os.listdir(os.path.join(out, "runs")))
+  with pytest.raises(sweep_config.SweepError, match=r"none of the runs planned .* holds "
+                     + re.escape(", ".join(names))):
+    sweep_manifest.prepare(_sweep(budget_rollouts=256), out, "local", extend=True)
+  assert sorted(os.listdir(os.path.join(out, "runs"))) == before
+  # With the seeds it was made with, the same extension goes ahead.
+  extended = sweep_manifest.prepare(_sweep(budget_rollouts=256, seeds=(0, 1)), out, "local",
+                                    extend=True)
+  assert sorted(e["name"] for e in extended["runs"]) == names
 
 
 def test_a_study_sets_every_sweeps_budget_evaluations_and_seeds_over_its_own(tmp_path):
