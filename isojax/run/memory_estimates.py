@@ -45,10 +45,16 @@ class Shape:
     head = 0 if self.tie_embeddings else self.vocab_size * d
     return self.vocab_size * d + self.num_layers * layer + d + head
 
-  def layer_floats_per_token(self, keys: int) -> int:
-    """Activations one layer keeps per token for its backward pass (attending `keys`)."""
+  def layer_floats_per_token(self) -> int:
+    """Activations one layer keeps per token for its backward pass, in the model's dtype,
+    besides attention's scores (`score_bytes_per_token`)."""
     d, q, kv = self.embed_dim, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-    return 8 * d + 3 * q + 3 * kv + 5 * self.mlp_dim + 2 * self.num_heads * keys
+    return 8 * d + 3 * q + 3 * kv + 5 * self.mlp_dim
+
+  def score_bytes_per_token(self, keys: int) -> int:
+    """One copy of a token's attention scores over `keys`, every head: float32 whatever
+    the model's dtype (the score einsum accumulates in float32)."""
+    return self.num_heads * keys * 4
 
   def saved_bytes_per_token(self, keys: int) -> int | None:
     """What `remat`'s policy keeps of a layer per token besides its input: None for all
@@ -66,20 +72,26 @@ class Shape:
     if self.remat in ("dots_with_no_batch_dims_saveable", "checkpoint_dots_with_no_batch_dims"):
       return projections
     if self.remat in ("dots_saveable", "checkpoint_dots"):  # jax's aliases
-      return projections + q * self.activation_bytes + self.num_heads * keys * 4
+      return projections + q * self.activation_bytes + self.score_bytes_per_token(keys)
     raise ValueError(f"model.remat={self.remat!r}: no memory estimate for this policy")
 
 
 def update_bytes(shape: Shape, rows: int, seq: int, response: int, chunk: int) -> int:
   """Temporaries of one forward/backward pass over `rows` sequences of `seq` tokens,
-  the LM head over `response` positions in chunks of `chunk` (0: all at once)."""
+  the LM head over `response` positions in chunks of `chunk` (0: all at once).
+
+  A layer keeps its activations and two copies of its attention scores (the scores and
+  their softmax); the layer the backward pass is in holds two more (their gradients).
+  Counted with one copy, XLA's buffers for 512 tokens were 1.1-1.2x the estimate."""
   tokens = rows * seq
-  per_layer = shape.layer_floats_per_token(seq) * shape.activation_bytes
+  scores = shape.score_bytes_per_token(seq)
+  per_layer = shape.layer_floats_per_token() * shape.activation_bytes + 2 * scores
   saved = shape.saved_bytes_per_token(seq)
   if saved is None:
-    layers = tokens * shape.num_layers * per_layer
+    layers = tokens * (shape.num_layers * per_layer + 2 * scores)
   else:  # layer inputs and what the policy saves kept, one layer recomputed at a time
-    layers = tokens * (shape.num_layers * (shape.embed_dim * 4 + saved) + per_layer)
+    layers = tokens * (shape.num_layers * (shape.embed_dim * 4 + saved) + per_layer
+                       + 2 * scores)
   positions = chunk if 0 < chunk < response else response
   # Float32 logits, their exponentials and their gradient, for one chunk; the final
   # hidden states and their gradient over the whole response.
@@ -88,9 +100,12 @@ def update_bytes(shape: Shape, rows: int, seq: int, response: int, chunk: int) -
 
 
 def score_bytes(shape: Shape, rows: int, seq: int, response: int, chunk: int) -> int:
-  """Temporaries of one forward pass (no gradient): a layer's activations at a time."""
+  """Temporaries of one forward pass (no gradient): a layer's activations at a time,
+  three copies of its attention scores (XLA held 3.1 at 512 tokens, where one copy was
+  counted before), and two of a chunk's float32 logits."""
   positions = chunk if 0 < chunk < response else response
-  return (rows * seq * shape.layer_floats_per_token(seq) * shape.activation_bytes // 2
+  return (rows * seq * (shape.layer_floats_per_token() * shape.activation_bytes // 2
+                        + 3 * shape.score_bytes_per_token(seq))
           + rows * positions * shape.vocab_size * 4 * 2)
 
 
@@ -100,7 +115,8 @@ def sample_bytes(shape: Shape, rollouts: int, prompt: int, new_tokens: int,
   generated slots), a prefill layer's activations, and a decode step's logits."""
   kv = 2 * shape.num_kv_heads * shape.head_dim * shape.num_layers * cache_bytes
   cache = rollouts * (prompt + new_tokens) * kv
-  prefill = rollouts * prompt * shape.layer_floats_per_token(prompt) * shape.activation_bytes
+  prefill = rollouts * prompt * (shape.layer_floats_per_token() * shape.activation_bytes
+                                 + 2 * shape.num_heads * prompt * shape.activation_bytes)
   return cache + prefill + rollouts * shape.vocab_size * 4 * 4
 
 

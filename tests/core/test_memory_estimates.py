@@ -39,19 +39,24 @@ def _xla_bytes(cfg, rows, prompt, response, chunk):
           scored.temp_size_in_bytes)
 
 
-@pytest.mark.parametrize("vocab,chunk,remat,layers", [
-    (8192, 16, "none", 2), (256, 0, "none", 2), (8192, 16, "full", 2),
+@pytest.mark.parametrize("vocab,chunk,remat,layers,response", [
+    (8192, 16, "none", 2, 48), (256, 0, "none", 2, 48), (8192, 16, "full", 2, 48),
+    # At 512 tokens the attention's [rows, heads, S, S] float32 buffers dominate: counted
+    # once, scoring was 0.65 and the update 0.86-0.93 of XLA's bytes.
+    (256, 0, "none", 2, 480), (256, 0, "full", 2, 480),
     # Policies that save matmul outputs keep them for every layer: counted as full
     # remat, these were 0.93 (dots) and 0.67 (everything) of XLA's bytes at 6 layers.
-    (8192, 16, "dots_saveable", 6), (8192, 16, "checkpoint_dots_with_no_batch_dims", 6),
-    (8192, 16, "everything_saveable", 6), (8192, 16, "nothing_saveable", 6)])
-def test_estimates_bound_xla_buffer_assignment(vocab, chunk, remat, layers):
-  """Within [0.95, 2] of what XLA allocates for the same update and scoring programs,
-  under every remat policy."""
+    (8192, 16, "dots_saveable", 6, 48), (8192, 16, "checkpoint_dots_with_no_batch_dims", 6, 48),
+    (8192, 16, "everything_saveable", 6, 48), (8192, 16, "nothing_saveable", 6, 48)])
+def test_estimates_bound_xla_buffer_assignment(vocab, chunk, remat, layers, response):
+  """Within [0.95, 2] of what XLA allocates for the same update program, and [0.95, 3] for
+  scoring, under every remat policy, at short and long sequences. Scoring counts three
+  copies of the attention scores, which XLA holds at long sequences (3.1 at 512 tokens)
+  and partly fuses away at short ones."""
   cfg = ModelConfig(vocab_size=vocab, num_layers=layers, embed_dim=128, num_heads=4,
                     num_kv_heads=2, head_dim=32, mlp_dim=256, tie_embeddings=True,
                     remat=remat)
-  rows, prompt, response = 8, 32, 48
+  rows, prompt = 8, 32
   xla_update, xla_score = _xla_bytes(cfg, rows, prompt, response, chunk)
   shape = memory_estimates.Shape.of(cfg)
   ours_update = (memory_estimates.update_bytes(shape, rows, prompt + response, response, chunk)
@@ -59,7 +64,7 @@ def test_estimates_bound_xla_buffer_assignment(vocab, chunk, remat, layers):
                                                    reference=False))
   ours_score = memory_estimates.score_bytes(shape, rows, prompt + response, response, chunk)
   assert 0.95 * xla_update <= ours_update <= 2 * xla_update, (ours_update, xla_update)
-  assert 0.95 * xla_score <= ours_score <= 2.5 * xla_score, (ours_score, xla_score)
+  assert 0.95 * xla_score <= ours_score <= 3 * xla_score, (ours_score, xla_score)
 
 
 def test_each_remat_policy_keeps_its_matmul_outputs_in_their_own_dtypes():

@@ -321,7 +321,7 @@ def test_off_policy_generation_keeps_its_copies_in_the_samplers_dtype():
   assert settings(**{"model.dtype": "bfloat16",
                      "model.lora.rank": 4}).generator_weights_dtype is None
   fixed = {"model.dtype": "bfloat16", "sampling.max_rollouts_per_call": 64,
-           "rl.micro_batch_size": 16}
+           "rl.micro_batch_size": 8}
   plan = memory_plan.for_settings(settings(**fixed), cfg, prompt_len=120, available=24 * GIB)
   copies = memory_plan.generator_copies(settings(**fixed))
   calls = memory_estimates.sample_bytes(memory_estimates.Shape.of(cfg), 64, 120, 256)
