@@ -30,6 +30,7 @@ from isojax.reproduce import tables
 from isojax.run import resume_check
 
 TIMING_FILE = "reproduce_timing.json"  # a run's wall time as this command measured it
+TIMING_EVERY_S = 60.0  # how often a running study's wall time is saved
 
 
 class StudyFailed(RuntimeError):
@@ -155,17 +156,13 @@ def launch_study(inv: tables.Invocation, study_dir: str, budget: int,
   """`launch.study` into `study_dir` (resumed if there) with `study_flags` (its profile
   config and options); its findings table and the elapsed seconds over every
   invocation that ran it."""
-  timing = os.path.join(study_dir, TIMING_FILE)
-  before = storage.read_json(timing)["wall_s"] if os.path.isfile(timing) else 0.0
   start = time.time()
-  proc = subprocess.run([sys.executable, "-m", "launch.study", f"--out={study_dir}",
-                         f"--budget_rollouts={budget}",
-                         *([f"--sweeps={','.join(sweeps)}"] if sweeps else []),
-                         *study_flags], cwd=inv.repo)
-  wall_s = before + time.time() - start
-  storage.write_json(timing, dict(wall_s=wall_s))
-  if proc.returncode:
-    raise StudyFailed(f"launch.study failed (exit {proc.returncode}); rerun to resume it in "
+  returncode, wall_s = _run_timed(
+      [sys.executable, "-m", "launch.study", f"--out={study_dir}", f"--budget_rollouts={budget}",
+       *([f"--sweeps={','.join(sweeps)}"] if sweeps else []), *study_flags],
+      inv.repo, os.path.join(study_dir, TIMING_FILE))
+  if returncode:
+    raise StudyFailed(f"launch.study failed (exit {returncode}); rerun to resume it in "
                       f"{study_dir}")
   summary = os.path.join(study_dir, "study.json")  # = sweeps.study.STUDY_FILE
   if not os.path.isfile(summary) or os.path.getmtime(summary) < start:
@@ -174,6 +171,25 @@ def launch_study(inv: tables.Invocation, study_dir: str, budget: int,
                       f"{study_dir}")
   with open(os.path.join(study_dir, "findings.md")) as f:
     return f.read(), wall_s
+
+
+def _run_timed(cmd: Sequence[str], cwd: str, timing: str) -> tuple[int, float]:
+  """Runs `cmd` and adds its elapsed seconds to those `timing` holds from earlier
+  invocations, rewriting the sum every TIMING_EVERY_S and at the end, so an invocation
+  killed part-way (a session's end stops this process too) still counts, to the last
+  write; (exit code, the seconds over every invocation)."""
+  before = storage.read_json(timing)["wall_s"] if os.path.isfile(timing) else 0.0
+  start = time.time()
+  child = subprocess.Popen(cmd, cwd=cwd)
+  while True:
+    try:
+      child.wait(timeout=TIMING_EVERY_S)
+      break
+    except subprocess.TimeoutExpired:
+      storage.write_json(timing, dict(wall_s=before + time.time() - start))
+  wall_s = before + time.time() - start
+  storage.write_json(timing, dict(wall_s=wall_s))
+  return child.returncode, wall_s
 
 
 def study_dir(inv: tables.Invocation, budget: int) -> str:

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -280,17 +281,54 @@ def test_a_study_that_exits_0_without_a_new_summary_was_stopped(tmp_path, monkey
   (study_dir / "study.json").write_text("{}")          # from an earlier invocation
   (study_dir / "findings.md").write_text("stale\n")
   os.utime(study_dir / "study.json", (1, 1))
-  monkeypatch.setattr(runs_lib.subprocess, "run",
-                      lambda *a, **k: subprocess.CompletedProcess(a, 0))
+  monkeypatch.setattr(runs_lib.subprocess, "Popen", lambda *a, **k: _Exits(0))
   inv = tables.Invocation(out=str(tmp_path), results=str(tmp_path), repo=ROOT, command="x")
   with pytest.raises(runs_lib.StudyFailed, match="stopped before it finished"):
     runs_lib.launch_study(inv, str(study_dir), 64)
 
   def finished(*a, **k):
     (study_dir / "study.json").write_text("{}")
-    return subprocess.CompletedProcess(a, 0)
-  monkeypatch.setattr(runs_lib.subprocess, "run", finished)
+    return _Exits(0)
+  monkeypatch.setattr(runs_lib.subprocess, "Popen", finished)
   assert runs_lib.launch_study(inv, str(study_dir), 64)[0] == "stale\n"
+
+
+class _Exits:
+  """A child process that exits with `code` after `waits` timed-out waits (`on_wait` is
+  called at each wait, before it times out or returns)."""
+
+  def __init__(self, code, waits=0, on_wait=lambda: None):
+    self.returncode, self.waits, self.on_wait = None, waits, on_wait
+    self.code = code
+
+  def wait(self, timeout=None):
+    self.on_wait()
+    if self.waits:
+      self.waits -= 1
+      raise subprocess.TimeoutExpired("launch.study", timeout)
+    self.returncode = self.code
+    return self.code
+
+
+def test_a_study_invocation_saves_its_wall_time_while_it_runs(tmp_path, monkeypatch):
+  """The section's wall time counts an invocation killed part-way (a session's end stops
+  the reproduce command too): the sum over invocations is saved while the study runs,
+  not only when it returns."""
+  timing = tmp_path / runs_lib.TIMING_FILE
+  timing.write_text(json.dumps(dict(wall_s=1000.0)))   # an earlier invocation's
+  seen = []
+  saved = lambda: seen.append(json.loads(timing.read_text())["wall_s"])
+  monkeypatch.setattr(runs_lib, "TIMING_EVERY_S", 0.01)
+  monkeypatch.setattr(runs_lib.subprocess, "Popen",
+                      lambda *a, **k: _Exits(3, waits=2, on_wait=saved))
+  start = time.time()
+  code, wall_s = runs_lib._run_timed(["launch.study"], str(tmp_path), str(timing))
+  elapsed = time.time() - start
+  assert code == 3
+  # Before the first wait: the earlier sum; after each timed-out wait, more than it.
+  assert seen[0] == 1000.0 and 1000.0 < seen[1] <= seen[2] <= 1000.0 + elapsed
+  assert wall_s == json.loads(timing.read_text())["wall_s"]
+  assert seen[2] <= wall_s <= 1000.0 + elapsed
 
 
 FINDINGS = """# Findings of study_C64
