@@ -177,16 +177,22 @@ def _run_timed(cmd: Sequence[str], cwd: str, timing: str) -> tuple[int, float]:
   """Runs `cmd` and adds its elapsed seconds to those `timing` holds from earlier
   invocations, rewriting the sum every TIMING_EVERY_S and at the end, so an invocation
   killed part-way (a session's end stops this process too) still counts, to the last
-  write; (exit code, the seconds over every invocation)."""
+  write; (exit code, the seconds over every invocation). An error here (a full disk, an
+  interrupt) kills the child rather than leave it running without its parent."""
   before = storage.read_json(timing)["wall_s"] if os.path.isfile(timing) else 0.0
   start = time.time()
   child = subprocess.Popen(cmd, cwd=cwd)
-  while True:
-    try:
-      child.wait(timeout=TIMING_EVERY_S)
-      break
-    except subprocess.TimeoutExpired:
-      storage.write_json(timing, dict(wall_s=before + time.time() - start))
+  try:
+    while True:
+      try:
+        child.wait(timeout=TIMING_EVERY_S)
+        break
+      except subprocess.TimeoutExpired:
+        storage.write_json(timing, dict(wall_s=before + time.time() - start))
+  except BaseException:
+    child.kill()
+    child.wait()
+    raise
   wall_s = before + time.time() - start
   storage.write_json(timing, dict(wall_s=wall_s))
   return child.returncode, wall_s

@@ -3,7 +3,7 @@ activations under each remat policy, scoring, a sampler call's caches, the weigh
 the optimizer. `memory_plan` sizes the passes from these.
 
 Each estimate is an upper bound on XLA's own accounting of the same programs
-(`tests/core/test_memory_plan.py` compiles them and compares), not a measurement.
+(`tests/core/test_memory_estimates.py` compiles them and compares), not a measurement.
 Pure Python: no JAX import, so the planner and the config layer can use it.
 """
 
@@ -82,7 +82,8 @@ def update_bytes(shape: Shape, rows: int, seq: int, response: int, chunk: int) -
 
   A layer keeps its activations and two copies of its attention scores (the scores and
   their softmax); the layer the backward pass is in holds two more (their gradients).
-  Counted with one copy, XLA's buffers for 512 tokens were 1.1-1.2x the estimate."""
+  Without those two (and with the scores in the model's dtype), the estimate at 512
+  tokens was down to 0.84x of XLA's bytes."""
   tokens = rows * seq
   scores = shape.score_bytes_per_token(seq)
   per_layer = shape.layer_floats_per_token() * shape.activation_bytes + 2 * scores
@@ -101,8 +102,8 @@ def update_bytes(shape: Shape, rows: int, seq: int, response: int, chunk: int) -
 
 def score_bytes(shape: Shape, rows: int, seq: int, response: int, chunk: int) -> int:
   """Temporaries of one forward pass (no gradient): a layer's activations at a time,
-  three copies of its attention scores (XLA held 3.1 at 512 tokens, where one copy was
-  counted before), and two of a chunk's float32 logits."""
+  three copies of its attention scores (XLA held 3.1 at 512 tokens; counting one, the
+  estimate was 0.47-0.65x of XLA's bytes), and two of a chunk's float32 logits."""
   positions = chunk if 0 < chunk < response else response
   return (rows * seq * (shape.layer_floats_per_token() * shape.activation_bytes // 2
                         + 3 * shape.score_bytes_per_token(seq))
@@ -115,6 +116,9 @@ def sample_bytes(shape: Shape, rollouts: int, prompt: int, new_tokens: int,
   generated slots), a prefill layer's activations, and a decode step's logits."""
   kv = 2 * shape.num_kv_heads * shape.head_dim * shape.num_layers * cache_bytes
   cache = rollouts * (prompt + new_tokens) * kv
+  # The prefill's scores in the model's dtype, as this estimate always counted them: it
+  # is above XLA's bytes anyway (tests/core/test_memory_estimates.py), and a larger count
+  # would split CPU runs' sampler calls differently, and so change their draws.
   prefill = rollouts * prompt * (shape.layer_floats_per_token() * shape.activation_bytes
                                  + 2 * shape.num_heads * prompt * shape.activation_bytes)
   return cache + prefill + rollouts * shape.vocab_size * 4 * 4

@@ -11,9 +11,9 @@ from flax import nnx
 
 from isojax.models.transformer import ModelConfig, Transformer
 from isojax.rl import update
+from isojax.run import memory_estimates
 from isojax.sampling import sampler
 from isojax.sampling.spec import SampleSpec
-from isojax.run import memory_estimates
 
 
 def _xla_bytes(cfg, rows, prompt, response, chunk):
@@ -43,8 +43,9 @@ def _xla_bytes(cfg, rows, prompt, response, chunk):
 
 @pytest.mark.parametrize("vocab,chunk,remat,layers,response", [
     (8192, 16, "none", 2, 48), (256, 0, "none", 2, 48), (8192, 16, "full", 2, 48),
-    # At 512 tokens the attention's [rows, heads, S, S] float32 buffers dominate: counted
-    # once, scoring was 0.65 and the update 0.86-0.93 of XLA's bytes.
+    # At 512 tokens the attention's [rows, heads, S, S] float32 buffers dominate: the
+    # estimate that counted them once in scoring and twice per layer in the update was
+    # 0.61 (scoring) and 0.92 (the update, no remat) of XLA's bytes here.
     (256, 0, "none", 2, 480), (256, 0, "full", 2, 480),
     # Policies that save matmul outputs keep them for every layer: counted as full
     # remat, these were 0.93 (dots) and 0.67 (everything) of XLA's bytes at 6 layers.

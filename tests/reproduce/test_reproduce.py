@@ -299,7 +299,10 @@ class _Exits:
 
   def __init__(self, code, waits=0, on_wait=lambda: None):
     self.returncode, self.waits, self.on_wait = None, waits, on_wait
-    self.code = code
+    self.code, self.killed = code, False
+
+  def kill(self):
+    self.killed, self.waits = True, 0
 
   def wait(self, timeout=None):
     self.on_wait()
@@ -329,6 +332,18 @@ def test_a_study_invocation_saves_its_wall_time_while_it_runs(tmp_path, monkeypa
   assert seen[0] == 1000.0 and 1000.0 < seen[1] <= seen[2] <= 1000.0 + elapsed
   assert wall_s == json.loads(timing.read_text())["wall_s"]
   assert seen[2] <= wall_s <= 1000.0 + elapsed
+
+  # The time cannot be saved (here: an interrupt while writing it): the study is
+  # killed, not left running without the command that waits for it.
+  child = _Exits(0, waits=1)
+  monkeypatch.setattr(runs_lib.subprocess, "Popen", lambda *a, **k: child)
+
+  def interrupted(*a, **k):
+    raise KeyboardInterrupt
+  monkeypatch.setattr(runs_lib.storage, "write_json", interrupted)
+  with pytest.raises(KeyboardInterrupt):
+    runs_lib._run_timed(["launch.study"], str(tmp_path), str(timing))
+  assert child.killed
 
 
 FINDINGS = """# Findings of study_C64
