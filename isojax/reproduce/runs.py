@@ -176,7 +176,7 @@ def launch_study(inv: tables.Invocation, study_dir: str, budget: int,
 def _run_timed(cmd: Sequence[str], cwd: str, timing: str) -> tuple[int, float]:
   """Runs `cmd` and adds its elapsed seconds to those `timing` holds from earlier
   invocations, rewriting the sum every TIMING_EVERY_S and at the end, so an invocation
-  killed part-way (a session's end stops this process too) still counts, to the last
+  killed part-way (this process stopped along with it) still counts, to the last
   write; (exit code, the seconds over every invocation). An error here (a full disk, an
   interrupt) kills the child rather than leave it running without its parent."""
   before = storage.read_json(timing)["wall_s"] if os.path.isfile(timing) else 0.0

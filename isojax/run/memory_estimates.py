@@ -89,10 +89,10 @@ def update_bytes(shape: Shape, rows: int, seq: int, response: int, chunk: int) -
   per_layer = shape.layer_floats_per_token() * shape.activation_bytes + 2 * scores
   saved = shape.saved_bytes_per_token(seq)
   if saved is None:
-    layers = tokens * (shape.num_layers * per_layer + 2 * scores)
+    kept = shape.num_layers * per_layer
   else:  # layer inputs and what the policy saves kept, one layer recomputed at a time
-    layers = tokens * (shape.num_layers * (shape.embed_dim * 4 + saved) + per_layer
-                       + 2 * scores)
+    kept = shape.num_layers * (shape.embed_dim * 4 + saved) + per_layer
+  layers = tokens * (kept + 2 * scores)  # and the backward layer's score gradients
   positions = chunk if 0 < chunk < response else response
   # Float32 logits, their exponentials and their gradient, for one chunk; the final
   # hidden states and their gradient over the whole response.

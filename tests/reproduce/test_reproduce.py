@@ -314,7 +314,7 @@ class _Exits:
 
 
 def test_a_study_invocation_saves_its_wall_time_while_it_runs(tmp_path, monkeypatch):
-  """The section's wall time counts an invocation killed part-way (a session's end stops
+  """The section's wall time counts an invocation killed part-way (a shutdown stops
   the reproduce command too): the sum over invocations is saved while the study runs,
   not only when it returns."""
   timing = tmp_path / runs_lib.TIMING_FILE
