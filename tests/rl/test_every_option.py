@@ -198,7 +198,9 @@ def test_importance_correction_enters_the_update_loss(level, mode):
   w = np.minimum(ratio, 1.5) if mode == "truncate" else np.where(
       (ratio >= 1 / 1.5) & (ratio <= 1.5), ratio, 0.0)
   expected = np.sum(-adv[:, None] * w * response) / response.sum()
-  np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
+  # sequence-mask keeps rows 0 and 3, whose terms cancel: expected is 0, and float32
+  # leaves a residue of the terms' rounding (about 1e-7 of their size, which is ~1).
+  np.testing.assert_allclose(float(loss), expected, rtol=1e-5, atol=1e-6)
   assert 0 < float(stats["tis/mean_weight"]) != 1.0
 
 
