@@ -21,7 +21,8 @@ Only a pool that cannot start raises (`VerifierPoolError`): its workers must ans
 ping within `STARTUP_TIMEOUT_S`. The error names the cause when the main module is it:
 forkserver and spawn workers re-run the caller's main script, so a script that grades
 without an `if __name__ == "__main__":` guard starts grading again inside them, and a
-script read from standard input cannot be re-run at all.
+script read from standard input cannot be re-run at all. That last one is known before
+any worker starts, so it is refused at once instead of after the start-up timeout.
 
 How one completion is graded (the final answer extracted, parsed and compared) is
 `math_grading`; this module is the pool that runs it.
@@ -101,6 +102,29 @@ def _ready() -> int:
   return os.getpid()
 
 
+def _main_path() -> str | None:
+  """The absolute path workers re-run as the main script (None: nothing to re-run, as
+  for `python -c` or an interactive session)."""
+  main = sys.modules.get("__main__")
+  spec = getattr(main, "__spec__", None)
+  path = spec.origin if spec is not None else getattr(main, "__file__", None)
+  if path and not os.path.isabs(path):
+    path = os.path.join(multiprocessing.process.ORIGINAL_DIR or os.getcwd(), path)
+  return path or None
+
+
+def _main_file_missing(path: str | None) -> str:
+  """Why workers cannot re-run a main script at `path` that is not a file ("" when it
+  is one, or when there is none to re-run)."""
+  if not path or os.path.isfile(path):
+    return ""
+  source = ("standard input (`python -`)" if os.path.basename(path) == "<stdin>"
+            else f"{path}, which is not a file")
+  return (f"the main script was read from {source}; forkserver and spawn workers "
+          "re-run the main script from its file, so it must be a file: save it to one "
+          "and run that")
+
+
 def main_module_cause() -> str:
   """What the main module has to do with workers that did not start, for the error.
 
@@ -110,20 +134,13 @@ def main_module_cause() -> str:
   every worker. A guarded script, a module run with -m that is guarded, `python -c` or
   an interactive session is not the cause, and the hint would mislead.
   """
-  main = sys.modules.get("__main__")
-  spec = getattr(main, "__spec__", None)
-  path = spec.origin if spec is not None else getattr(main, "__file__", None)
+  path = _main_path()
   elsewhere = "the workers' own errors are printed above (stderr)"
   if not path:
     return elsewhere  # nothing for the workers to re-run
-  if not os.path.isabs(path):
-    path = os.path.join(multiprocessing.process.ORIGINAL_DIR or os.getcwd(), path)
-  if not os.path.isfile(path):
-    source = ("standard input (`python -`)" if os.path.basename(path) == "<stdin>"
-              else f"{path}, which is not a file")
-    return (f"the main script was read from {source}; forkserver and spawn workers "
-            "re-run the main script from its file, so it must be a file: save it to one "
-            "and run that")
+  missing = _main_file_missing(path)
+  if missing:
+    return missing
   try:
     with open(path, encoding="utf-8", errors="replace") as f:
       guarded = _GUARD.search(f.read()) is not None
@@ -204,6 +221,11 @@ class MathVerifier(problem_lib.Verifier):
     with self._lock:
       if self._pool is None:
         context = _start_context()
+        missing = _main_file_missing(_main_path())
+        if missing:  # every worker would fail to start: say so now, not after a timeout
+          raise VerifierPoolError(
+              f"the math grading pool ({self.workers} {context.get_start_method()} "
+              f"workers) cannot start: {missing}")
         pool = pebble.ProcessPool(max_workers=self.workers, context=context,
                                   initializer=_init_worker,
                                   initargs=(_alarm_s(self.timeout_s),))

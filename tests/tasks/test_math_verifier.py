@@ -437,12 +437,15 @@ def _pool_error(stderr: str) -> str:
           if l.startswith("isojax.tasks.math_verifier.VerifierPoolError")][-1]
 
 
-@pytest.mark.slow("a script on standard input starts a grading pool that fails")
+@pytest.mark.slow("a script on standard input, then from a file, in subprocesses")
 def test_a_guarded_script_on_standard_input_is_told_to_be_a_file(tmp_path):
   """`python - <<EOF`: the workers cannot re-run a main script that has no file. The
-  error says so, and not that the (present) `__main__` guard is missing."""
+  error says so at once (well within the pool's start-up timeout), and not that the
+  (present) `__main__` guard is missing."""
+  start = time.monotonic()
   proc = subprocess.run([sys.executable, "-"], input=_GUARDED, cwd=tmp_path,
                         capture_output=True, text=True, timeout=120)
+  assert time.monotonic() - start < math_verifier.STARTUP_TIMEOUT_S
   assert proc.returncode != 0 and "graded" not in proc.stdout
   error = _pool_error(proc.stderr)
   assert "read from standard input (`python -`)" in error and "must be a file" in error
@@ -452,6 +455,22 @@ def test_a_guarded_script_on_standard_input_is_told_to_be_a_file(tmp_path):
   proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
                         text=True, timeout=120)
   assert proc.returncode == 0 and "graded [1.]" in proc.stdout, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("path", ["<stdin>", "gone.py"])
+def test_a_main_script_that_is_not_a_file_is_refused_before_any_worker_starts(
+    path, tmp_path, monkeypatch):
+  """Workers re-run the main script from its file, so without one none could start:
+  the verifier says why at once and has started no pool."""
+  main = types.ModuleType("__main__")
+  main.__file__ = str(tmp_path / path)
+  monkeypatch.setitem(sys.modules, "__main__", main)
+  v = math_verifier.MathVerifier(timeout_s=2, workers=1)
+  with pytest.raises(math_verifier.VerifierPoolError, match="cannot start") as e:
+    v.grade(["\\boxed{2}"], [Problem("1 + 1", "2")])
+  assert "must be a file" in str(e.value)
+  assert ("standard input" in str(e.value)) == (path == "<stdin>")
+  assert v._pool is None  # pylint: disable=protected-access
 
 
 def test_the_main_module_cause_names_only_a_real_cause(tmp_path, monkeypatch):
