@@ -46,20 +46,14 @@ def table(runs: dict[str, list[dict[str, Any]]]) -> str:
 
 def plot(runs: dict[str, list[dict[str, Any]]], path: str) -> None:
   """`val/avg@4` against the update step, one panel per demo, one line per seed."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.2), squeeze=False)
+  fig, axes = tables.figure((4.2 * len(runs), 3.2), nrows=1, ncols=len(runs), squeeze=False)
   for ax, (name, rows) in zip(axes[0], runs.items()):
     for r in rows:
       steps, values = zip(*r["curve"])
       ax.plot(steps, values, marker=".", label=f"seed {r['seed']}")
     ax.set(title=name, xlabel="update step", ylabel="val/avg@4")
     ax.legend(fontsize=8)
-  fig.tight_layout()
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  tables.save_figure(fig, path)
 
 
 def run(inv: tables.Invocation, seeds: Sequence[str]) -> str:

@@ -91,10 +91,7 @@ def table(runs: dict[str, list[dict[str, Any]]]) -> str:
 
 def plot(runs: dict[str, list[dict[str, Any]]], path: str) -> None:
   """Mean `val/avg@4` over seeds against the update step and the run's wall seconds."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(9, 3.4))
+  fig, (by_step, by_time) = tables.figure((9, 3.4), nrows=1, ncols=2)
   for name, rows in runs.items():
     steps = [s for s, _ in rows[0]["curve"]]
     by_step.plot(steps, np.mean([[v for _, v in r["curve"]] for r in rows], axis=0),
@@ -105,10 +102,7 @@ def plot(runs: dict[str, list[dict[str, Any]]], path: str) -> None:
   by_step.set(xlabel="update step", ylabel="val/avg@4 (mean over seeds)")
   by_time.set(xlabel="wall seconds of the run (steps and evaluations)")
   by_step.legend(fontsize=7)
-  fig.tight_layout()
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  tables.save_figure(fig, path)
 
 
 def run(inv: tables.Invocation, seeds: Sequence[str]) -> str:

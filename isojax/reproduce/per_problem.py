@@ -89,10 +89,7 @@ def _rows(inv: tables.Invocation, bed: Testbed, seeds: Sequence[str]
 def plot(lines_by_seed: dict[str, dict[str, list[dict]]], title: str, path: str) -> None:
   """`val/avg@4` against rollouts sampled, uniform solid and per-problem dashed, a
   colour per seed, each seed's target (its uniform peak) dotted."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, ax = plt.subplots(figsize=(6, 3.6))
+  fig, ax = tables.figure((6, 3.6))
   key = metrics.val_avg(4)
   for index, (seed, runs) in enumerate(lines_by_seed.items()):
     colour = f"C{index}"
@@ -104,10 +101,7 @@ def plot(lines_by_seed: dict[str, dict[str, list[dict]]], title: str, path: str)
                lw=0.8)
   ax.set(xlabel="rollouts sampled", ylabel=key, title=title)
   ax.legend(fontsize=6, ncol=2)
-  fig.tight_layout()
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  tables.save_figure(fig, path)
 
 
 def run(inv: tables.Invocation, seeds: Sequence[str]) -> str:

@@ -1,9 +1,11 @@
-"""A results file: the header that says what made it, and its write.
+"""A results file: the header that says what made it, and its write; and its figures.
 
 Every file under docs/results/ opens with the command that wrote it, the commit, the
 machine (CPU model, XLA:CPU instruction set), the jax version, the date and the wall
 time, so a number in it can be traced to what produced it; it is replaced whole, never
-edited in place.
+edited in place. Its figures (docs/results/img/) are drawn on a `figure` and written by
+`save_figure`: matplotlib's object API, so a section run from a notebook leaves its
+pyplot state and backend alone.
 """
 
 from __future__ import annotations
@@ -84,3 +86,21 @@ def write(inv: Invocation, name: str, title: str, wall_s: float, body: str) -> s
   os.replace(path + ".tmp", path)  # a rerun replaces the table whole
   print(f"wrote {path}")
   return path
+
+
+FIGURE_DPI = 110
+
+
+def figure(figsize: tuple[float, float], **subplots: Any) -> tuple[Any, Any]:
+  """(a matplotlib Figure of `figsize` inches, its axes from `Figure.subplots(**subplots)`),
+  outside pyplot's figure registry."""
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top  # slow import
+  fig = Figure(figsize=figsize)
+  return fig, fig.subplots(**subplots)
+
+
+def save_figure(fig: Any, path: str) -> None:
+  """`fig`, laid out tight, as an image at `path` (its folder made), at FIGURE_DPI."""
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  fig.savefig(path, dpi=FIGURE_DPI)

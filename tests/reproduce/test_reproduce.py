@@ -172,6 +172,24 @@ def test_demo_plot_is_written(tmp_path):
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def test_figures_leave_pyplots_backend_and_figures_alone(tmp_path):
+  """A section's figure from a notebook: the session keeps its backend and has no new
+  pyplot figure (the figures are drawn outside pyplot)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  before = matplotlib.get_backend()
+  matplotlib.use("svg")
+  try:
+    _write_run(tmp_path / "r", seed=0, counts=([1, 2, 3], [2, 3, 4]))
+    demos.plot({"hard": [runs_lib.summarize_run(str(tmp_path / "r"))]},
+               str(tmp_path / "img" / "demos.png"))
+    assert matplotlib.get_backend() == "svg" and not plt.get_fignums()
+  finally:
+    matplotlib.use(before)
+  with open(tmp_path / "img" / "demos.png", "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
 def test_first_difference_ignores_timings():
   a = [dict(step=0, wall_s=1.0, x=1), dict(step=1, wall_s=2.0, x=2, **{"time/step_s": 1.0}),
        dict(step=2, wall_s=3.0, x=3)]
