@@ -37,7 +37,7 @@ VIEWS = "views.png"
 EXPERIMENT = "experiment.png"
 # What an experiment kind varies: the x axis of its final-value panel.
 _EXPERIMENT_X = {"problems_per_batch": ("problems_per_batch", "B_p (log2)")}
-_DPI = 110
+DPI = 110  # every figure isojax writes (the sweep analysis's, docs/results/img/)
 _LINESTYLES = ("-", "--", ":", "-.")
 
 
@@ -75,11 +75,11 @@ def _frontier_segments(ax, points: Sequence[frontier_lib.FrontierPoint], colour_
   ax.plot([], [], color="0.5", lw=width, label=label)  # legend proxy
 
 
-def _save(fig: Figure, path: storage.PathLike) -> None:
+def save(fig: Figure, path: storage.PathLike) -> None:
   """The figure as an image at `path`, local or gs:// (format from the suffix)."""
   target = storage.path(path)
   with target.open("wb") as f:
-    fig.savefig(f, format=target.suffix.lstrip(".") or "png", dpi=_DPI)
+    fig.savefig(f, format=target.suffix.lstrip(".") or "png", dpi=DPI)
 
 
 def plot_metric_vs_compute(result: analysis_lib.MetricAnalysis, path: str,
@@ -117,7 +117,7 @@ def plot_metric_vs_compute(result: analysis_lib.MetricAnalysis, path: str,
   ax.legend(loc="upper left", fontsize=8, framealpha=0.8)
   _colourbar(fig, ax, mappable, n_values)
   fig.tight_layout()
-  _save(fig, path)
+  save(fig, path)
 
 
 def _draw_n_star(ax, result: analysis_lib.MetricAnalysis, colour="k", label_prefix=""):
@@ -158,7 +158,7 @@ def plot_n_star(result: analysis_lib.MetricAnalysis, path: str) -> None:
   ax.grid(True, alpha=0.3)
   ax.legend(loc="upper left", fontsize=8)
   fig.tight_layout()
-  _save(fig, path)
+  save(fig, path)
 
 
 def plot_views(sweep: analysis_lib.SweepAnalysis, path: str) -> None:
@@ -189,7 +189,7 @@ def plot_views(sweep: analysis_lib.SweepAnalysis, path: str) -> None:
   ax_n.set_title("n*(C) per metric")
   ax_n.legend(fontsize=7)
   fig.tight_layout()
-  _save(fig, path)
+  save(fig, path)
 
 
 def write_plots(sweep: analysis_lib.SweepAnalysis, out_dir: str) -> list[str]:
@@ -233,4 +233,4 @@ def plot_experiment(experiment: dict, path: str) -> None:
   ax_effects.set_title("effects, 90% bootstrap intervals")
   ax_effects.grid(True, axis="x", alpha=0.3)
   fig.tight_layout()
-  _save(fig, path)
+  save(fig, path)

@@ -17,7 +17,10 @@ import platform
 import subprocess
 from typing import Any
 
+from matplotlib.figure import Figure
+
 from isojax import cpu_isa
+from isojax.planner import plots
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,19 +91,16 @@ def write(inv: Invocation, name: str, title: str, wall_s: float, body: str) -> s
   return path
 
 
-FIGURE_DPI = 110
-
-
-def figure(figsize: tuple[float, float], **subplots: Any) -> tuple[Any, Any]:
+def figure(figsize: tuple[float, float], **subplots: Any) -> tuple[Figure, Any]:
   """(a matplotlib Figure of `figsize` inches, its axes from `Figure.subplots(**subplots)`),
   outside pyplot's figure registry."""
-  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top  # slow import
   fig = Figure(figsize=figsize)
   return fig, fig.subplots(**subplots)
 
 
-def save_figure(fig: Any, path: str) -> None:
-  """`fig`, laid out tight, as an image at `path` (its folder made), at FIGURE_DPI."""
+def save_figure(fig: Figure, path: str) -> None:
+  """`fig`, laid out tight, as an image at `path` (its folder made), as the sweep
+  analysis writes its own (`plots.save`: the same resolution)."""
   fig.tight_layout()
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  fig.savefig(path, dpi=FIGURE_DPI)
+  plots.save(fig, path)
