@@ -60,79 +60,125 @@ BUDGET_S = 180.0  # the child's time before it starts no more variants
 TOP_OPS = 12
 
 
-def _hard_settings(policy: str):
-  """configs/hard.py with the gpu section's run fields (bfloat16 activations, its
-  allocation and length cap)."""
+def _hard_settings(policy: str, allocation: tuple[int, int, int] = (
+    gpu.PROBLEMS, gpu.ROLLOUTS, gpu.NEW_TOKENS)):
+  """configs/hard.py with the gpu section's run fields (bfloat16 activations, and by
+  default its allocation: problems, rollouts per problem, response tokens)."""
   config = hard.get_config()
-  config.update_from_flattened_dict(gpu.run_fields(policy, gpu.STEPS, gpu.PROBLEMS,
-                                                   gpu.ROLLOUTS, gpu.NEW_TOKENS))
+  config.update_from_flattened_dict(gpu.run_fields(policy, gpu.STEPS, *allocation))
   return run_settings.RunSettings.from_config(config)
 
 
-def measure(policy: str, budget_s: float = BUDGET_S, profile_dir: str = "") -> dict[str, Any]:
-  """Every variant's update and reference-pass seconds on this process's first device,
-  and (with `profile_dir`) the first variant's device time by op."""
-  deadline = time.time() + budget_s
-  s = _hard_settings(policy)
+def _fresh_state(policy: str, tx):
+  """(model config, mesh, [params, opt_state]): the policy as loaded and its optimizer
+  state, the carry the update donates."""
   model = hf_checkpoint.load_model(policy, dtype="bfloat16")
   _, params = nnx.split(model)
-  cfg = model.cfg
   mesh = jax.tree.leaves(params)[0].sharding.mesh
-  device = jax.devices()[0]
-  available = int((device.memory_stats() or {}).get("bytes_limit", 0)) or 64 * 2**30
-  tx, _ = optimizer.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
-                                   warmup_steps=0, updates_per_step=1)
   opt_state = jax.jit(tx.init, out_shardings=optimizer.opt_state_shardings(tx, params, mesh))(
       params)
+  return model.cfg, mesh, [params, opt_state]
+
+
+def measure(policy: str, budget_s: float = BUDGET_S, profile_dir: str = "", *,
+            out_path: str = "", variants: tuple = VARIANTS,
+            allocation: tuple[int, int, int] = (gpu.PROBLEMS, gpu.ROLLOUTS, gpu.NEW_TOKENS)
+            ) -> dict[str, Any]:
+  """Every variant's update and reference-pass seconds on this process's first device,
+  and (with `profile_dir`) the first variant's device time by op.
+
+  A variant that fails (out of memory, or a setting this device cannot run) is recorded
+  with its error and the next one runs, on a freshly loaded policy where the failed call
+  had consumed the donated one. With `out_path`, the result so far is written after
+  each variant, so what was measured survives a child that dies."""
+  deadline = time.time() + budget_s
+  s = _hard_settings(policy, allocation)
+  tx, _ = optimizer.make_optimizer(s.optim, peak_learning_rate=s.learning_rate,
+                                   warmup_steps=0, updates_per_step=1)
+  cfg, mesh, carry = _fresh_state(policy, tx)
+  device = jax.devices()[0]
+  available = int((device.memory_stats() or {}).get("bytes_limit", 0)) or 64 * 2**30
   rows, new = s.rollouts_per_step, s.sampling.max_new_tokens
   batch = _batch(s, cfg.vocab_size, rows, PROMPT_LEN, new, mesh)
   base = update.UpdateSettings.derive(s.rl, s.sampling, group_size=s.rollouts_per_problem,
                                       prompt_len=PROMPT_LEN)
   shape = memory_estimates.Shape.of(cfg)
-  flops = 6 * shape.params * rows * new
   out = dict(device=device.device_kind, available_gib=available / 2**30,
              params=shape.params, rows=rows, prompt_len=PROMPT_LEN, new_tokens=new,
              peak_flops=datasheets.nominal_flops(device.device_kind), variants=[])
-  carry = [params, opt_state]
-  for name, remat, head, attention, chunk in VARIANTS:
+  for name, remat, head, attention, chunk in variants:
+    entry = dict(name=name, remat=remat, head=head)
     if time.time() > deadline:
-      out["variants"].append(dict(name=name, remat=remat, head=head, skipped=True))
-      continue
-    vcfg = dataclasses.replace(cfg, remat=remat, lm_head_precision=head,
-                               attention_impl=attention)
-    passes = memory_plan.for_settings(s, vcfg, prompt_len=PROMPT_LEN, available=available,
-                                      kind="accelerator").passes
-    settings = dataclasses.replace(base, micro_batch_size=passes.micro_batch_size,
-                                   logprob_chunk_size=chunk or passes.logprob_chunk_size)
-    vgraph = nnx.graphdef(abstract_model(vcfg))
-    with jax.set_mesh(mesh):
-      compiled = update.train_step.lower(vgraph, carry[0], carry[1], batch, tx=tx,
-                                         settings=settings).compile()
-      seconds = []
-      for _ in range(2):
-        start = time.time()
-        stats = jax.block_until_ready(_step(compiled, carry, batch))
-        seconds.append(time.time() - start)
-      if profile_dir and not out["variants"]:
-        out["profile"] = _profile(lambda: _step(compiled, carry, batch), profile_dir)
-      score = update.score.lower(vgraph, carry[0], batch.tokens, batch.mask,
-                                 prompt_len=PROMPT_LEN, temperature=settings.temperature,
-                                 micro_batch_size=settings.micro_batch_size,
-                                 chunk_size=settings.logprob_chunk_size).compile()
-      score_s = []
-      for _ in range(2):
-        start = time.time()
-        jax.block_until_ready(score(carry[0], batch.tokens, batch.mask))
-        score_s.append(time.time() - start)
-    memory = compiled.memory_analysis()
-    out["variants"].append(dict(
-        name=name, remat=remat, head=head, micro_batch=settings.micro_batch_size or rows,
-        chunk=settings.logprob_chunk_size or new, update_s=seconds[-1], score_s=score_s[-1],
-        temp_gib=None if memory is None else memory.temp_size_in_bytes / 2**30,
-        model_tflops=flops / seconds[-1] / 1e12, loss=float(stats["loss"])))
-    print(f"{name}: update {seconds[-1]:.2f} s, reference pass {score_s[-1]:.2f} s",
-          flush=True)
+      entry["skipped"] = True
+    else:
+      profile = "" if out["variants"] else profile_dir  # the first variant's
+      try:  # the plan too: one that cannot fit the device is this variant's failure
+        vcfg = dataclasses.replace(cfg, remat=remat, lm_head_precision=head,
+                                   attention_impl=attention)
+        passes = memory_plan.for_settings(s, vcfg, prompt_len=PROMPT_LEN, available=available,
+                                          kind="accelerator").passes
+        settings = dataclasses.replace(base, micro_batch_size=passes.micro_batch_size,
+                                       logprob_chunk_size=chunk or passes.logprob_chunk_size)
+        entry.update(_time_variant(vcfg, settings, carry, batch, tx, mesh, profile))
+        entry["model_tflops"] = 6 * shape.params * rows * new / entry["update_s"] / 1e12
+        print(f"{name}: update {entry['update_s']:.2f} s, reference pass "
+              f"{entry['score_s']:.2f} s", flush=True)
+      except _VARIANT_FAILURES as e:
+        entry["error"] = f"{type(e).__name__}: {_first_line(e)}"
+        print(f"{name}: failed, {entry['error']}", flush=True)
+        if profile:
+          out["profile"] = dict(error=f"the profiled variant failed ({entry['error']})")
+        if any(x.is_deleted() for x in jax.tree.leaves(carry)):
+          carry[:] = _fresh_state(policy, tx)[2]
+      if "profile" in entry:
+        out["profile"] = entry.pop("profile")
+    out["variants"].append(entry)
+    if out_path:
+      storage.write_json(out_path, out)
   return out
+
+
+# What a variant may raise and the section survives: XLA's errors (out of memory at
+# compile or run time) and a setting this device refuses (cuDNN attention off a GPU).
+_VARIANT_FAILURES = (jax.errors.JaxRuntimeError, ValueError)
+
+
+def _first_line(e: Exception) -> str:
+  return (str(e).strip().splitlines() or [""])[0][:300]
+
+
+def _time_variant(vcfg, settings, carry: list, batch, tx, mesh, profile_dir: str
+                  ) -> dict[str, Any]:
+  """One variant: the compiled update's and reference pass's seconds (second calls),
+  micro-batch, chunk, compiled temporaries, loss, and the profile with `profile_dir`."""
+  vgraph = nnx.graphdef(abstract_model(vcfg))
+  result = {}
+  with jax.set_mesh(mesh):
+    compiled = update.train_step.lower(vgraph, carry[0], carry[1], batch, tx=tx,
+                                       settings=settings).compile()
+    seconds = []
+    for _ in range(2):
+      start = time.time()
+      stats = jax.block_until_ready(_step(compiled, carry, batch))
+      seconds.append(time.time() - start)
+    if profile_dir:
+      result["profile"] = _profile(lambda: _step(compiled, carry, batch), profile_dir)
+    score = update.score.lower(vgraph, carry[0], batch.tokens, batch.mask,
+                               prompt_len=PROMPT_LEN, temperature=settings.temperature,
+                               micro_batch_size=settings.micro_batch_size,
+                               chunk_size=settings.logprob_chunk_size).compile()
+    score_s = []
+    for _ in range(2):
+      start = time.time()
+      jax.block_until_ready(score(carry[0], batch.tokens, batch.mask))
+      score_s.append(time.time() - start)
+  memory = compiled.memory_analysis()
+  rows = batch.tokens.shape[0]
+  return dict(result, micro_batch=settings.micro_batch_size or rows,
+              chunk=settings.logprob_chunk_size or batch.response_mask.shape[1],
+              update_s=seconds[-1], score_s=score_s[-1],
+              temp_gib=None if memory is None else memory.temp_size_in_bytes / 2**30,
+              loss=float(stats["loss"]))
 
 
 def _step(compiled, carry: list, batch):
@@ -196,6 +242,9 @@ def table(result: dict[str, Any]) -> list[str]:
     if v.get("skipped"):
       rows.append(f"| {v['name']} | not run: the section's time ran out | | | | | | |")
       continue
+    if "error" in v:
+      rows.append(f"| {v['name']} | failed: {v['error'].replace('|', '/')} | | | | | | |")
+      continue
     mfu = "n/a" if not peak else f"{v['model_tflops'] * 1e12 / peak:.1%}"
     temp = "n/a" if v["temp_gib"] is None else f"{v['temp_gib']:.1f}"
     rows.append(f"| {v['name']} | {v['micro_batch']} | {v['chunk']} | {temp} | "
@@ -229,11 +278,20 @@ def run(inv: tables.Invocation) -> str:
     with jax.default_device(jax.devices("cpu")[0]):
       gpu.write_policy(policy, gpu.QWEN25_1P5B)
   out = os.path.join(section, "update.json")
+  if os.path.exists(out):
+    os.remove(out)  # an earlier measurement is not this one's
   start = time.time()
-  subprocess.run([sys.executable, "-m", "isojax.reproduce.gpu_update", f"--policy={policy}",
-                  f"--out={out}", f"--profile_dir={os.path.join(section, 'trace')}"],
-                 check=True, cwd=inv.repo, env=child_env)
+  child = subprocess.run([sys.executable, "-m", "isojax.reproduce.gpu_update",
+                          f"--policy={policy}", f"--out={out}",
+                          f"--profile_dir={os.path.join(section, 'trace')}"],
+                         check=False, cwd=inv.repo, env=child_env)
+  if not os.path.exists(out):
+    raise RuntimeError(f"the gpu_update child exited with code {child.returncode} before "
+                       "it measured any variant (its output is above)")
   result = storage.read_json(out)
+  ended = ("" if child.returncode == 0 else
+           f" The measuring process died (exit code {child.returncode}) after "
+           f"{len(result['variants'])} of {len(VARIANTS)} variants; the rest are missing.")
   intro = (
       f"The update of the gpu section's step ([gpu.md](gpu.md)): `update.train_step` on "
       f"{result['rows']} rollouts of {result['prompt_len']} prompt and "
@@ -247,7 +305,8 @@ def run(inv: tables.Invocation) -> str:
       f"({BUDGET_S:.0f} s) ran out are marked not run. Seconds are the second call of the compiled "
       "program; MFU is 6 x parameters x response tokens per second over the datasheet "
       "bfloat16 peak; the reference pass is the frozen base model's forward "
-      "(`rl.log_kl_to_base`), outside the update.")
+      "(`rl.log_kl_to_base`), outside the update. A variant that failed (out of memory, "
+      "or a setting the device refuses) is shown with its error." + ended)
   body = [intro, "", *table(result), "", *profile_table(result.get("profile")), ""]
   return tables.write(inv, "gpu_update.md", "The update at 1.5B on an accelerator: what "
                       "each setting buys", time.time() - start, "\n".join(body))
@@ -256,8 +315,7 @@ def run(inv: tables.Invocation) -> str:
 def main(argv: list[str]) -> None:
   args = dict(a[2:].split("=", 1) for a in argv[1:])
   result = measure(args["policy"], float(args.get("budget_s", BUDGET_S)),
-                   args.get("profile_dir", ""))
-  storage.write_json(args["out"], result)
+                   args.get("profile_dir", ""), out_path=args["out"])
   print(json.dumps({k: v for k, v in result.items() if k != "profile"}, indent=1))
 
 

@@ -1,11 +1,14 @@
 """The gpu_update section's parts that need no accelerator: the profile's op totals,
-the tables, and its refusal of a machine without one."""
+the tables, its refusal of a machine without one, and a failed variant on a tiny policy."""
 
+import json
 import types
 
+import jax
 import pytest
 
-from isojax.reproduce import gpu_update, tables
+from isojax import storage
+from isojax.reproduce import gpu, gpu_update, tables
 
 
 def _event(name, ns):
@@ -51,7 +54,6 @@ def test_the_section_refuses_a_machine_without_an_accelerator(tmp_path):
 def test_the_variants_run_the_gpu_sections_own_fields():
   """gpu_update's settings and the gpu section's flags come from one list of fields: the
   flags are the ones the section has always passed, and the settings hold them."""
-  from isojax.reproduce import gpu  # pylint: disable=g-import-not-at-top
   assert gpu.run_flags("/p", 4, 8, 16, 512) == [
       "--config.base_model.path=/p", "--config.model.dtype=bfloat16",
       "--config.model.remat=full", "--config.model.attention_impl=auto",
@@ -65,3 +67,52 @@ def test_the_variants_run_the_gpu_sections_own_fields():
       gpu.PROBLEMS, gpu.ROLLOUTS, gpu.NEW_TOKENS)
   assert s.model.dtype == "bfloat16" and s.model.remat == "full"
   assert s.rollouts_per_step == gpu.PROBLEMS * gpu.ROLLOUTS
+
+
+def test_a_failed_variant_is_recorded_and_the_others_run_on_the_policy_as_loaded(
+    tmp_path, monkeypatch):
+  """On a tiny policy (CPU): a setting the device refuses (cuDNN attention) and an out of
+  memory that consumes the donated parameters each fail alone. The variant after the
+  out of memory runs on the policy reloaded: its loss is the first variant's, which ran
+  the same program on the policy as loaded. The partial result is on disk after each."""
+  policy = str(tmp_path / "policy")
+  gpu.write_policy(policy, dict(gpu.QWEN25_1P5B, num_layers=1, embed_dim=32, num_heads=2,
+                                num_kv_heads=1, head_dim=16, mlp_dim=64, vocab_size=64))
+  variants = (("a", "full", "bf16x2", "xla", 0), ("cudnn", "full", "bf16x2", "cudnn", 0),
+              ("oom", "none", "bf16x2", "xla", 0), ("a again", "full", "bf16x2", "xla", 0))
+  real_step, real_write = gpu_update._step, storage.write_json
+  calls, written = [], []
+
+  def step(compiled, carry, batch):
+    calls.append(len(calls))
+    if len(calls) == 3:  # "oom"'s first call: "a" called it twice, "cudnn" never
+      for x in jax.tree.leaves(carry):
+        x.delete()
+      raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying "
+                                       "to allocate 9.00GiB.\nmore detail")
+    return real_step(compiled, carry, batch)
+
+  def write_json(path, obj, **kw):
+    written.append([v["name"] for v in obj["variants"]])
+    return real_write(path, obj, **kw)
+
+  monkeypatch.setattr(gpu_update, "_step", step)
+  monkeypatch.setattr(gpu_update.storage, "write_json", write_json)
+  out = str(tmp_path / "update.json")
+  result = gpu_update.measure(policy, budget_s=600, out_path=out, variants=variants,
+                              allocation=(2, 2, 8))
+  assert written == [["a"], ["a", "cudnn"], ["a", "cudnn", "oom"],
+                     ["a", "cudnn", "oom", "a again"]]
+  assert storage.read_json(out)["variants"] == json.loads(json.dumps(result["variants"]))
+  first, cudnn, oom, again = result["variants"]
+  assert "error" not in first and "error" not in again
+  assert cudnn["error"].startswith("ValueError: model.attention_impl='cudnn' needs a GPU")
+  assert oom["error"] == ("JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while "
+                          "trying to allocate 9.00GiB.")
+  assert again["loss"] == first["loss"]
+  assert (result["rows"], result["new_tokens"]) == (4, 8)
+  rows = gpu_update.table(result)
+  assert rows[3].startswith("| cudnn | failed: ValueError: model.attention_impl='cudnn'")
+  assert rows[4] == ("| oom | failed: JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory "
+                     "while trying to allocate 9.00GiB. | | | | | | |")
+
