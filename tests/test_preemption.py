@@ -187,10 +187,11 @@ def test_the_sweep_runner_keeps_a_preempted_run_pending(tmp_path):
     os.makedirs(workdir, exist_ok=True)
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
-    active = runner._Active(entry, proc, open(workdir / "l", "w"),  # pylint: disable=protected-access
+    sweep = runner.LocalSweep(str(tmp_path), {"runs": [entry]}, None)
+    active = runner._Active(sweep, entry, proc, open(workdir / "l", "w"),  # pylint: disable=protected-access
                             open(workdir / runner.LOG_FILE, "w"), time.time())
     os.makedirs(sweep_layout.run_dir_of(str(tmp_path), name), exist_ok=True)
-    runner._finish(str(tmp_path), active)  # pylint: disable=protected-access
+    runner._finish(active)  # pylint: disable=protected-access
     want = sweep_layout.PENDING if pending else sweep_layout.FAILED
     assert entry["state"] == want, entry
 

@@ -7,7 +7,8 @@ with the same command, which resumes from the run's last checkpoint. A lock file
 by the run's process (inherited by it, so it outlives a killed launcher) keeps two
 launchers from running the same run at once. Failed runs are recorded and the others
 go on; a run that was preempted (SIGTERM: it saved its step and exited 0) is pending,
-resumed by the next launch.
+resumed by the next launch. `run_local_sweeps` runs several sweeps (a study's) in one
+pool.
 """
 
 from __future__ import annotations
@@ -150,8 +151,18 @@ def _log_tail(path: str, lines: int = 15) -> str:
     return ""
 
 
+@dataclasses.dataclass(frozen=True)
+class LocalSweep:
+  """A prepared sweep for the local pool: its directory, manifest (kept current in
+  place) and compilation cache (None: the environment's)."""
+  out_dir: str
+  manifest: dict[str, Any]
+  cache_dir: str | None
+
+
 @dataclasses.dataclass
 class _Active:
+  sweep: LocalSweep
   entry: dict[str, Any]
   proc: subprocess.Popen
   lock: Any
@@ -166,26 +177,44 @@ def run_local(out_dir: str, manifest: dict[str, Any], *, workers: int,
   Returns the names of the runs that failed. SIGTERM / Ctrl-C stop the running
   subprocesses, mark them pending and leave the manifest consistent.
   """
-  if storage.is_uri(out_dir):
-    raise sweep_config.SweepError(
-        f"--out={out_dir}: the local backend locks and logs each run in its directory, "
-        "which needs a local (or mounted) path; run gs:// sweeps with --backend=tpu, or "
-        "use --norun to refresh the manifest and analysis there")
-  entries = manifest["runs"]
-  todo = [e for e in entries if e["state"] != DONE]
-  done_before = len(entries) - len(todo)
-  for e in entries:
-    if e["state"] == DONE:
-      logging.info("skipping %s: finished (%s)", e["name"],
-                   sweep_manifest.format_final(e.get("final")))
-  if not todo:
-    return []
-  env = worker_env(workers, cache_dir)
-  queue, active, busy, waiting = list(todo), [], [], set()
-  finished_count = 0
+  return run_local_sweeps([LocalSweep(out_dir, manifest, cache_dir)], workers=workers,
+                          poll_s=poll_s)[0]
+
+
+def run_local_sweeps(sweeps: list[LocalSweep], *, workers: int, poll_s: float = 0.5
+                     ) -> list[list[str]]:
+  """`run_local` for several sweeps sharing one pool: their runs in order (a sweep's
+  after the one before it), and a worker a sweep's last runs leave free takes the next
+  sweep's first. Returns each sweep's failed runs."""
+  for s in sweeps:
+    if storage.is_uri(s.out_dir):
+      raise sweep_config.SweepError(
+          f"--out={s.out_dir}: the local backend locks and logs each run in its directory, "
+          "which needs a local (or mounted) path; run gs:// sweeps with --backend=tpu, or "
+          "use --norun to refresh the manifest and analysis there")
+  for s in sweeps:
+    for e in s.manifest["runs"]:
+      if e["state"] == DONE:
+        logging.info("skipping %s: finished (%s)", e["name"],
+                     sweep_manifest.format_final(e.get("final")))
+  queue = [(s, e) for s in sweeps for e in s.manifest["runs"] if e["state"] != DONE]
+  if queue:
+    _pool(sweeps, queue, workers, poll_s)
+  return [[e["name"] for e in s.manifest["runs"] if e["state"] == FAILED] for s in sweeps]
+
+
+def _pool(sweeps: list[LocalSweep], queue: list, workers: int, poll_s: float) -> None:
+  """Runs `queue`'s (sweep, entry) pairs, at most `workers` at once, writing a sweep's
+  manifest at each change of one of its runs."""
+  envs = {id(s): worker_env(workers, s.cache_dir) for s in sweeps}
+  total = sum(len(s.manifest["runs"]) for s in sweeps)
+  count = total - len(queue)
+  active, busy, waiting = [], [], set()
   # The bar shows on a terminal; logs get one line per finished run either way.
-  bar = tqdm.tqdm(total=len(entries), initial=done_before, unit="run",
-                  desc=f"sweep {manifest['name']}", dynamic_ncols=True, disable=None)
+  name = (f"sweep {sweeps[0].manifest['name']}" if len(sweeps) == 1 else
+          f"{len(sweeps)} sweeps")
+  bar = tqdm.tqdm(total=total, initial=count, unit="run", desc=name, dynamic_ncols=True,
+                  disable=None)
   received = _SignalFlag()
   # A second signal while the workers stop is only recorded: the stop runs to its end.
   previous_handlers = {signum: signal.signal(signum, received)
@@ -195,30 +224,29 @@ def run_local(out_dir: str, manifest: dict[str, Any], *, workers: int,
       received.raise_if_set()
       while queue and len(active) < workers:
         received.raise_if_set()
-        entry = queue.pop(0)
-        started = _start(out_dir, entry, env)
+        sweep, entry = queue.pop(0)
+        started = _start(sweep, entry, envs[id(sweep)])
         if started is None:
           if entry["name"] not in waiting:
             logging.info("%s is being run by another process; waiting for it", entry["name"])
             waiting.add(entry["name"])
-          busy.append(entry)
+          busy.append((sweep, entry))
           continue
-        if isinstance(started, dict):  # finished by another launcher meanwhile
+        if isinstance(started, _Active):
+          active.append(started)
+        else:  # finished by another launcher meanwhile
           bar.update(1)
-          finished_count += 1
-          sweep_manifest.write_manifest(out_dir, manifest)
-          continue
-        active.append(started)
-        sweep_manifest.write_manifest(out_dir, manifest)
+          count += 1
+        sweep_manifest.write_manifest(sweep.out_dir, sweep.manifest)
       for a in list(active):
         if a.proc.poll() is None:
           continue
         active.remove(a)
-        _finish(out_dir, a)
-        sweep_manifest.write_manifest(out_dir, manifest)
+        _finish(a)
+        sweep_manifest.write_manifest(a.sweep.out_dir, a.sweep.manifest)
         bar.update(1)
-        finished_count += 1
-        tqdm.tqdm.write(_finish_line(a.entry, done_before + finished_count, len(entries)))
+        count += 1
+        tqdm.tqdm.write(_finish_line(a.entry, count, total))
       if busy and not queue:
         queue, busy = busy, []  # held by another launcher: try again after a pause
         if not active:
@@ -239,17 +267,20 @@ def run_local(out_dir: str, manifest: dict[str, Any], *, workers: int,
                      wall_s=round(time.time() - a.start, 1))
       a.log.close()
       a.lock.close()
-    sweep_manifest.write_manifest(out_dir, manifest)
+    for s in sweeps:
+      sweep_manifest.write_manifest(s.out_dir, s.manifest)
     raise
   finally:
     bar.close()
     for signum, handler in previous_handlers.items():
       signal.signal(signum, handler)
-  return [e["name"] for e in entries if e["state"] == FAILED]
 
 
-def _start(out_dir: str, entry: dict[str, Any], env: dict[str, str]):
-  """Starts one run; None if another process holds it, the entry if it is finished."""
+def _start(sweep: LocalSweep, entry: dict[str, Any], env: dict[str, str]
+           ) -> _Active | dict[str, Any] | None:
+  """Starts one run of `sweep`; None if another process holds it, the entry if it is
+  finished."""
+  out_dir = sweep.out_dir
   workdir = sweep_layout.run_dir_of(out_dir, entry["name"])
   lock = _try_lock(workdir)
   if lock is None:
@@ -272,7 +303,7 @@ def _start(out_dir: str, entry: dict[str, Any], env: dict[str, str]):
                           pass_fds=(lock.fileno(),))
   entry.update(state=RUNNING, returncode=None, started=time.strftime("%Y-%m-%dT%H:%M:%S"),
                pid=proc.pid)
-  return _Active(entry, proc, lock, log, time.time())
+  return _Active(sweep, entry, proc, lock, log, time.time())
 
 
 def _done_elsewhere(entry: dict[str, Any], workdir: str, final: dict[str, Any]) -> None:
@@ -285,8 +316,8 @@ def _done_elsewhere(entry: dict[str, Any], workdir: str, final: dict[str, Any]) 
                wall_s=last.get(run_dir.WALL_S), finished=finished)
 
 
-def _finish(out_dir: str, a: _Active) -> None:
-  entry, code = a.entry, a.proc.returncode
+def _finish(a: _Active) -> None:
+  out_dir, entry, code = a.sweep.out_dir, a.entry, a.proc.returncode
   a.log.close()
   a.lock.close()
   workdir = sweep_layout.run_dir_of(out_dir, entry["name"])

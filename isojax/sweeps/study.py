@@ -1,6 +1,8 @@
 """The IsoCompute study: profile -> every sweep -> their analyses -> the findings table.
 
-The library behind `launch.study`. Each step reuses what an earlier (interrupted) run
+The library behind `launch.study`. The sweeps are all prepared (and checked) before any
+run starts; their runs then share one pool of workers, in the order of the sweeps, so
+no worker waits for another sweep's last run. Each step reuses what an earlier (interrupted) run
 of the study finished, so running it again on the same directory resumes it: the
 splits are reused when the model and settings are unchanged, finished sweep runs are
 skipped and interrupted ones resume from their checkpoints. DIR/study.json summarises
@@ -68,12 +70,12 @@ def load_sweep(spec: str, overrides: Overrides = Overrides()) -> ml_collections.
   return sweep
 
 
-def run_sweep(spec: str, out_dir: str, model: str | None, workers: int,
-              overrides: Overrides = Overrides(), extend: bool = False) -> dict:
-  """Runs one sweep on the study's splits (`model`: the profiled base model, None when
-  nothing was profiled; `extend`: train runs planned for a smaller budget on, see
-  `sweep_manifest.prepare`; `overrides`: see `load_sweep`); returns its entry of
-  study.json."""
+def prepare_sweep(spec: str, out_dir: str, model: str | None,
+                  overrides: Overrides = Overrides(), extend: bool = False
+                  ) -> tuple[ml_collections.ConfigDict, sweep_runner.LocalSweep]:
+  """One sweep of the study, on its splits and ready to run (`model`: the profiled base
+  model, None when nothing was profiled; `extend`: train runs planned for a smaller
+  budget on, see `sweep_manifest.prepare`; `overrides`: see `load_sweep`)."""
   sweep = load_sweep(spec, overrides)
   split = sweep.overrides.get("task", {}).get("split")
   if split and model is None:
@@ -91,18 +93,33 @@ def run_sweep(spec: str, out_dir: str, model: str | None, workers: int,
   manifest = sweep_manifest.prepare(sweep, sweep_dir, "local", extend=extend)
   print(f"\n== sweep {sweep.name}: {len(manifest['runs'])} runs "
         f"({manifest['total_rollouts']:,} rollouts) in {sweep_dir}", flush=True)
-  failed = sweep_runner.run_local(sweep_dir, manifest, workers=workers,
-                                  cache_dir=os.path.join(sweep_dir, sweep_layout.CACHE_DIR))
-  entry = dict(dir=sweep_dir, config=spec, num_runs=len(manifest["runs"]), failed=failed,
-               wall_s=sum(e.get("wall_s") or 0.0 for e in manifest["runs"]))
+  return sweep, sweep_runner.LocalSweep(sweep_dir, manifest,
+                                        os.path.join(sweep_dir, sweep_layout.CACHE_DIR))
+
+
+def analyze_sweep(spec: str, sweep: ml_collections.ConfigDict,
+                  local: sweep_runner.LocalSweep, failed: list[str]) -> dict:
+  """The sweep's entry of study.json, with its analysis (or the analysis's error)."""
+  runs = local.manifest["runs"]
+  entry = dict(dir=local.out_dir, config=spec, num_runs=len(runs), failed=failed,
+               wall_s=sum(e.get("wall_s") or 0.0 for e in runs))
   try:
-    summary = sweep_analysis.analyze(sweep_dir, sweep)
+    summary = sweep_analysis.analyze(local.out_dir, sweep)
     print(sweep_analysis.format_analysis(summary), flush=True)
     entry["analysis"] = summary
   except analysis.AnalysisError as e:
-    logging.error("analysis of %s failed: %s", sweep_dir, e)
+    logging.error("analysis of %s failed: %s", local.out_dir, e)
     entry["analysis_error"] = str(e)
   return entry
+
+
+def run_sweep(spec: str, out_dir: str, model: str | None, workers: int,
+              overrides: Overrides = Overrides(), extend: bool = False) -> dict:
+  """Runs one sweep on the study's splits (see `prepare_sweep`); returns its entry of
+  study.json."""
+  sweep, local = prepare_sweep(spec, out_dir, model, overrides, extend)
+  (failed,) = sweep_runner.run_local_sweeps([local], workers=workers)
+  return analyze_sweep(spec, sweep, local, failed)
 
 
 def run(out_dir: str, *, profile_config: str, sweeps: Sequence[str], workers: int,
@@ -120,10 +137,13 @@ def run(out_dir: str, *, profile_config: str, sweeps: Sequence[str], workers: in
   if profile_config:
     model, summaries = profile(out_dir, profile_config,
                                options_from_dir(os.path.join(out_dir, SPLITS_DIR)))
+  # Every sweep is prepared (and checked) before any runs; then their runs share one
+  # pool, so the workers a sweep's last runs leave free start the next sweep's.
+  prepared = [prepare_sweep(spec, out_dir, model, overrides, extend) for spec in sweeps]
+  failed = sweep_runner.run_local_sweeps([local for _, local in prepared], workers=workers)
   entries = {}
-  for spec in sweeps:
-    entry = run_sweep(spec, out_dir, model, workers, overrides, extend)
-    entries[os.path.basename(entry["dir"])] = entry
+  for spec, (sweep, local), sweep_failed in zip(sweeps, prepared, failed, strict=True):
+    entries[os.path.basename(local.out_dir)] = analyze_sweep(spec, sweep, local, sweep_failed)
   study = dict(out_dir=out_dir, model=model, wall_s=round(time.time() - start, 1),
                splits=[s.__dict__ for s in summaries], sweeps=entries)
   try:

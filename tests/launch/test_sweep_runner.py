@@ -156,6 +156,49 @@ def test_a_sigterm_just_after_a_start_stops_that_worker_too(tmp_path, fake_main,
   assert signal.getsignal(signal.SIGTERM) is before  # the caller's handler is back
 
 
+
+def test_sweeps_in_one_pool_leave_no_worker_waiting_for_a_sweeps_last_run(tmp_path,
+                                                                         fake_main):
+  """Two sweeps of three runs on two workers: the first sweep's runs start first, and
+  its last run shares the pool with the second sweep's first (a pool per sweep would
+  start that one only after the last had ended). Each sweep keeps its own manifest."""
+  local = [sweep_runner.LocalSweep(out, sweep_manifest.prepare(sweep, out, "local"), None)
+           for sweep, out in ((_sweep(), str(tmp_path / "a")),
+                              (_sweep(name="b", problems_range=(2, 2)), str(tmp_path / "b")))]
+  failed = sweep_runner.run_local_sweeps(local, workers=2, poll_s=0.05)
+  assert failed == [["bp4_n4"], ["bp2_n4"]]
+  starts, ends = _intervals(fake_main)
+  assert max(starts["bp4_n2"], starts["bp4_n4"]) < min(
+      starts[n] for n in ("bp2_n2", "bp2_n4", "bp2_n8"))
+  assert starts["bp2_n2"] < ends["bp4_n8"]
+  for sweep in local:
+    with open(os.path.join(sweep.out_dir, "sweep.json")) as f:
+      on_disk = {e["name"]: e["state"] for e in json.load(f)["runs"]}
+    assert on_disk == {e["name"]: e["state"] for e in sweep.manifest["runs"]}
+    assert sorted(on_disk.values()) == ["done", "done", "failed"]
+
+
+def test_a_study_checks_every_sweep_before_any_run_and_runs_them_in_one_pool(
+    tmp_path, fake_main, monkeypatch):
+  sweeps = ["configs/sweep_hard.py:micro", "configs/sweep_easy.py:micro"]
+  with pytest.raises(sweep_config.SweepError, match="its runs use the profiled split"):
+    study_lib.run(str(tmp_path / "bad"), profile_config="", workers=2,
+                  sweeps=[sweeps[0], "configs/sweep_smollm2_hard.py"],
+                  options_from_dir=None)
+  assert not fake_main.exists()  # nothing ran
+  pools = []
+  real = sweep_runner.run_local_sweeps
+  monkeypatch.setattr(sweep_runner, "run_local_sweeps",
+                      lambda local, **kw: pools.append(local) or real(local, **kw))
+  study = study_lib.run(str(tmp_path / "study"), profile_config="", workers=2,
+                        sweeps=sweeps, options_from_dir=None)
+  assert [[os.path.basename(s.out_dir) for s in pool] for pool in pools] == [
+      list(study["sweeps"])]
+  assert len(study["sweeps"]) == 2
+  for entry in study["sweeps"].values():
+    assert entry["num_runs"] == 3 and entry["failed"] == ["bp4_n4"]
+
+
 def test_a_changed_plan_is_refused_and_worker_env(tmp_path):
   out = str(tmp_path / "sweep")
   sweep_manifest.prepare(_sweep(), out, "local")
