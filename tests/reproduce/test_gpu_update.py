@@ -69,6 +69,7 @@ def test_the_variants_run_the_gpu_sections_own_fields():
   assert s.rollouts_per_step == gpu.PROBLEMS * gpu.ROLLOUTS
 
 
+@pytest.mark.slow("writes a tiny policy and compiles its update for two variants")
 def test_a_failed_variant_is_recorded_and_the_others_run_on_the_policy_as_loaded(
     tmp_path, monkeypatch):
   """On a tiny policy (CPU): a setting the device refuses (cuDNN attention) and an out of
