@@ -27,6 +27,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import time
 from typing import Any, Callable, Iterable
 
@@ -40,6 +41,7 @@ METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_DIR = "checkpoints"
 CORRUPT_DIR = "corrupt"  # under CHECKPOINT_DIR, where orbax does not look
 SUPERSEDED_DIR = "superseded"  # likewise
+PARTIAL_CHECKPOINT = ".orbax-checkpoint-tmp"  # in the name of a save orbax has not finished
 WANDB_RUN_ID_FILE = "wandb_run_id"  # one W&B run per workdir, kept across resumes
 # Keys that every metrics line has, in this order.
 STEP, ROLLOUTS, TOKENS, WALL_S = "step", "rollouts", "tokens", "wall_s"
@@ -79,6 +81,21 @@ def metrics_path(workdir: storage.PathLike) -> epath.Path:
 def checkpoint_dir(workdir: storage.PathLike) -> epath.Path:
   """Absolute, as orbax requires (a gs:// workdir already is)."""
   return storage.path(storage.absolute(workdir)) / CHECKPOINT_DIR
+
+
+def keep_the_last_checkpoint(workdir: str) -> tuple[list[int], int | None]:
+  """Removes a finished run's checkpoints but its newest step (the one an extension
+  trains on from) and any partial save; returns (the steps removed, the step kept).
+  The earlier ones (step 0, the one kept from before a collapse, the newest's fallback)
+  serve only a run still going. Checkpoints moved aside as damaged or superseded are
+  left for a person. A local workdir (the local sweep backend's)."""
+  ckpt_dir = str(checkpoint_dir(workdir))
+  names = os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else []
+  steps = sorted(int(n) for n in names if n.isdigit())
+  partial = [n for n in names if PARTIAL_CHECKPOINT in n]
+  for name in [str(step) for step in steps[:-1]] + partial:
+    shutil.rmtree(os.path.join(ckpt_dir, name))
+  return steps[:-1], (steps[-1] if steps else None)
 
 
 def corrupt_checkpoint_dir(workdir: storage.PathLike) -> epath.Path:

@@ -66,6 +66,10 @@ _SWEEPS = flags.DEFINE_list("sweeps", EXPERIMENTS,
                             "Sweep configs (file.py[:preset]) run in this order.")
 _WORKERS = flags.DEFINE_integer("workers", 0, "Parallel runs (0: one per CPU core, 1 with "
                                 "a GPU/TPU).")
+_FINISHED_CHECKPOINTS = flags.DEFINE_enum(
+    "finished_checkpoints", "last", list(sweep_runner.FINISHED_CHECKPOINTS),
+    "What a finished run keeps of its checkpoints: its newest (what --extend trains on "
+    "from), or all it saved.")
 _BUDGET = flags.DEFINE_integer("budget_rollouts", 0, "The budget C of every sweep (0: each "
                                "sweep config's own). A new budget needs a new --out, or --extend.")
 _EXTEND = flags.DEFINE_bool("extend", False, "Train the runs of a study made at a smaller "
@@ -98,7 +102,8 @@ def main(argv):
   try:
     study = study_lib.run(out_dir, profile_config=_PROFILE_CONFIG.value, sweeps=_SWEEPS.value,
                           workers=workers, options_from_dir=_PROFILE_OPTIONS,
-                          overrides=overrides, extend=_EXTEND.value)
+                          overrides=overrides, extend=_EXTEND.value,
+                          finished_checkpoints=_FINISHED_CHECKPOINTS.value)
   except (profiling.ProfileError, sweep_config.SweepError) as e:
     raise SystemExit(f"launch.study: error: {e}") from None
   except (KeyboardInterrupt, sweep_runner.Interrupted) as e:

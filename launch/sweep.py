@@ -64,6 +64,10 @@ _EXTEND = flags.DEFINE_bool("extend", False, "local: train runs planned for a sm
                             "budget on to this one (the same run, trained longer) instead of "
                             "refusing their changed plans.")
 _ANALYZE = flags.DEFINE_bool("analyze", True, "local: write the analysis after the runs.")
+_FINISHED_CHECKPOINTS = flags.DEFINE_enum(
+    "finished_checkpoints", "last", list(sweep_runner.FINISHED_CHECKPOINTS),
+    "local: what a finished run keeps of its checkpoints: its newest (what --extend "
+    "trains on from), or all it saved.")
 _CACHE = flags.DEFINE_string("compilation_cache", None, "XLA persistent compilation cache "
                              "shared by the runs (default DIR/jax_cache; '' disables).")
 _PYTHON = flags.DEFINE_string("python", "python", "slurm/tpu: the interpreter on the nodes.")
@@ -128,7 +132,8 @@ def main(argv):
     logging.info("%d runs (%d finished) with %d worker(s)", len(manifest["runs"]),
                  sum(e["state"] == sweep_layout.DONE for e in manifest["runs"]), workers)
     try:
-      failed = sweep_runner.run_local(out_dir, manifest, workers=workers, cache_dir=cache)
+      failed = sweep_runner.run_local(out_dir, manifest, workers=workers, cache_dir=cache,
+                                      finished_checkpoints=_FINISHED_CHECKPOINTS.value)
     except sweep_config.SweepError as e:
       raise SystemExit(f"launch.sweep: error: {e}") from None
     except (KeyboardInterrupt, sweep_runner.Interrupted) as e:

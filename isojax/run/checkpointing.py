@@ -167,7 +167,7 @@ def _no_space(ckpt: ocp.CheckpointManager, step: int, needed: int) -> storage.No
   """The error of a save that filled the disk, once its partial directory is removed."""
   directory = epath.Path(ckpt.directory)
   if jax.process_index() == 0:
-    for partial in directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+    for partial in directory.glob(f"{step}{run_dir.PARTIAL_CHECKPOINT}*"):
       try:
         partial.rmtree()
       except OSError as e:  # what it could not remove stays: orbax ignores tmp directories

@@ -38,6 +38,10 @@ LOG_FILE = "log.txt"
 # How long a stopped launcher waits for each run to finish its step and save it (a run
 # saves on SIGTERM) before it kills the run; the run then resumes from its last save.
 STOP_GRACE_S = 300
+# What a finished run keeps of its checkpoints: `last`, its newest (what `--extend`
+# trains on from; a real model's run otherwise holds several GiB of earlier ones), or
+# `all` it saved.
+FINISHED_CHECKPOINTS = ("last", "all")
 
 # The directory the running isojax package was imported from.
 _IMPORT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(isojax.__file__)))
@@ -171,18 +175,20 @@ class _Active:
 
 
 def run_local(out_dir: str, manifest: dict[str, Any], *, workers: int,
-              cache_dir: str | None, poll_s: float = 0.5) -> list[str]:
+              cache_dir: str | None, poll_s: float = 0.5,
+              finished_checkpoints: str = "last") -> list[str]:
   """Runs every unfinished run with `workers` parallel subprocesses.
 
   Returns the names of the runs that failed. SIGTERM / Ctrl-C stop the running
   subprocesses, mark them pending and leave the manifest consistent.
+  `finished_checkpoints`: see `FINISHED_CHECKPOINTS`.
   """
   return run_local_sweeps([LocalSweep(out_dir, manifest, cache_dir)], workers=workers,
-                          poll_s=poll_s)[0]
+                          poll_s=poll_s, finished_checkpoints=finished_checkpoints)[0]
 
 
-def run_local_sweeps(sweeps: list[LocalSweep], *, workers: int, poll_s: float = 0.5
-                     ) -> list[list[str]]:
+def run_local_sweeps(sweeps: list[LocalSweep], *, workers: int, poll_s: float = 0.5,
+                     finished_checkpoints: str = "last") -> list[list[str]]:
   """`run_local` for several sweeps sharing one pool: their runs in order (a sweep's
   after the one before it), and a worker a sweep's last runs leave free takes the next
   sweep's first. Returns each sweep's failed runs."""
@@ -192,20 +198,30 @@ def run_local_sweeps(sweeps: list[LocalSweep], *, workers: int, poll_s: float = 
           f"--out={s.out_dir}: the local backend locks and logs each run in its directory, "
           "which needs a local (or mounted) path; run gs:// sweeps with --backend=tpu, or "
           "use --norun to refresh the manifest and analysis there")
+  if finished_checkpoints not in FINISHED_CHECKPOINTS:
+    raise sweep_config.SweepError(
+        f"--finished_checkpoints={finished_checkpoints!r}: expected one of "
+        f"{', '.join(FINISHED_CHECKPOINTS)}")
+  prune = finished_checkpoints == "last"
   for s in sweeps:
     for e in s.manifest["runs"]:
       if e["state"] == DONE:
         logging.info("skipping %s: finished (%s)", e["name"],
                      sweep_manifest.format_final(e.get("final")))
+        if prune:
+          _keep_the_last_checkpoint_unless_running(sweep_layout.run_dir_of(s.out_dir,
+                                                                           e["name"]))
   queue = [(s, e) for s in sweeps for e in s.manifest["runs"] if e["state"] != DONE]
   if queue:
-    _pool(sweeps, queue, workers, poll_s)
+    _pool(sweeps, queue, workers, poll_s, prune)
   return [[e["name"] for e in s.manifest["runs"] if e["state"] == FAILED] for s in sweeps]
 
 
-def _pool(sweeps: list[LocalSweep], queue: list, workers: int, poll_s: float) -> None:
+def _pool(sweeps: list[LocalSweep], queue: list, workers: int, poll_s: float,
+          prune: bool) -> None:
   """Runs `queue`'s (sweep, entry) pairs, at most `workers` at once, writing a sweep's
-  manifest at each change of one of its runs."""
+  manifest at each change of one of its runs; with `prune`, a run that finishes keeps
+  only its last checkpoint."""
   envs = {id(s): worker_env(workers, s.cache_dir) for s in sweeps}
   total = sum(len(s.manifest["runs"]) for s in sweeps)
   count = total - len(queue)
@@ -242,7 +258,7 @@ def _pool(sweeps: list[LocalSweep], queue: list, workers: int, poll_s: float) ->
         if a.proc.poll() is None:
           continue
         active.remove(a)
-        _finish(a)
+        _finish(a, prune)
         sweep_manifest.write_manifest(a.sweep.out_dir, a.sweep.manifest)
         bar.update(1)
         count += 1
@@ -274,6 +290,24 @@ def _pool(sweeps: list[LocalSweep], queue: list, workers: int, poll_s: float) ->
     bar.close()
     for signum, handler in previous_handlers.items():
       signal.signal(signum, handler)
+
+
+def _keep_the_last_checkpoint_unless_running(workdir: str) -> None:
+  """`_keep_the_last_checkpoint` if no process holds the run (one that does may still be
+  writing its last checkpoint)."""
+  lock = _try_lock(workdir)
+  if lock is not None:
+    try:
+      _keep_the_last_checkpoint(workdir)
+    finally:
+      lock.close()
+
+
+def _keep_the_last_checkpoint(workdir: str) -> None:
+  removed, kept = run_dir.keep_the_last_checkpoint(workdir)
+  if removed:
+    logging.info("%s: finished; removed its checkpoints of steps %s, kept step %d",
+                 os.path.basename(workdir), ", ".join(map(str, removed)), kept)
 
 
 def _start(sweep: LocalSweep, entry: dict[str, Any], env: dict[str, str]
@@ -316,12 +350,14 @@ def _done_elsewhere(entry: dict[str, Any], workdir: str, final: dict[str, Any]) 
                wall_s=last.get(run_dir.WALL_S), finished=finished)
 
 
-def _finish(a: _Active) -> None:
+def _finish(a: _Active, prune: bool = False) -> None:
   out_dir, entry, code = a.sweep.out_dir, a.entry, a.proc.returncode
   a.log.close()
-  a.lock.close()
   workdir = sweep_layout.run_dir_of(out_dir, entry["name"])
   final = sweep_manifest.final_metrics(workdir, entry["num_steps"])
+  if prune and code == 0 and final is not None:
+    _keep_the_last_checkpoint(workdir)  # under the run's lock, which is still held
+  a.lock.close()
   entry.update(returncode=code, wall_s=round(time.time() - a.start, 1), pid=None,
                finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
   if code == 0 and final is not None:

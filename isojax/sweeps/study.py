@@ -114,17 +114,20 @@ def analyze_sweep(spec: str, sweep: ml_collections.ConfigDict,
 
 
 def run_sweep(spec: str, out_dir: str, model: str | None, workers: int,
-              overrides: Overrides = Overrides(), extend: bool = False) -> dict:
-  """Runs one sweep on the study's splits (see `prepare_sweep`); returns its entry of
-  study.json."""
+              overrides: Overrides = Overrides(), extend: bool = False,
+              finished_checkpoints: str = "last") -> dict:
+  """Runs one sweep on the study's splits (see `prepare_sweep`; `finished_checkpoints`:
+  see `sweep_runner.FINISHED_CHECKPOINTS`); returns its entry of study.json."""
   sweep, local = prepare_sweep(spec, out_dir, model, overrides, extend)
-  (failed,) = sweep_runner.run_local_sweeps([local], workers=workers)
+  (failed,) = sweep_runner.run_local_sweeps([local], workers=workers,
+                                            finished_checkpoints=finished_checkpoints)
   return analyze_sweep(spec, sweep, local, failed)
 
 
 def run(out_dir: str, *, profile_config: str, sweeps: Sequence[str], workers: int,
         options_from_dir: Callable[[str], profiling.Options],
-        overrides: Overrides = Overrides(), extend: bool = False) -> dict[str, Any]:
+        overrides: Overrides = Overrides(), extend: bool = False,
+        finished_checkpoints: str = "last") -> dict[str, Any]:
   """The whole study into `out_dir`; returns study.json's contents (also written).
 
   `options_from_dir(splits_dir)` gives the profiling options. An empty `profile_config`
@@ -140,7 +143,8 @@ def run(out_dir: str, *, profile_config: str, sweeps: Sequence[str], workers: in
   # Every sweep is prepared (and checked) before any runs; then their runs share one
   # pool, so the workers a sweep's last runs leave free start the next sweep's.
   prepared = [prepare_sweep(spec, out_dir, model, overrides, extend) for spec in sweeps]
-  failed = sweep_runner.run_local_sweeps([local for _, local in prepared], workers=workers)
+  failed = sweep_runner.run_local_sweeps([local for _, local in prepared], workers=workers,
+                                         finished_checkpoints=finished_checkpoints)
   entries = {}
   for spec, (sweep, local), sweep_failed in zip(sweeps, prepared, failed, strict=True):
     entries[os.path.basename(local.out_dir)] = analyze_sweep(spec, sweep, local, sweep_failed)

@@ -1,5 +1,6 @@
 """The run-directory contract: writer, reader, resume truncation, clear errors."""
 
+import os
 import pytest
 
 from isojax import run_dir
@@ -45,3 +46,17 @@ def test_find_runs_skips_checkpoints(tmp_path):
   assert run_dir.find_runs(str(tmp_path)) == [str(tmp_path / "a"), str(tmp_path / "b/c")]
   with pytest.raises(FileNotFoundError, match="nope"):
     run_dir.find_runs(str(tmp_path / "nope"))
+
+
+def test_a_finished_run_keeps_its_newest_checkpoint_and_what_was_moved_aside(tmp_path):
+  """Numeric steps compared as numbers (112 < 128, not as text); partial saves go;
+  the damaged and superseded checkpoints stay for a person."""
+  ckpt = run_dir.checkpoint_dir(str(tmp_path))
+  for name in ("0", "16", "112", "128", "130.orbax-checkpoint-tmp-5", run_dir.CORRUPT_DIR,
+               run_dir.SUPERSEDED_DIR):
+    os.makedirs(os.path.join(ckpt, name, "inner"))
+  assert run_dir.keep_the_last_checkpoint(str(tmp_path)) == ([0, 16, 112], 128)
+  assert sorted(os.listdir(ckpt)) == sorted(["128", run_dir.CORRUPT_DIR,
+                                             run_dir.SUPERSEDED_DIR])
+  assert run_dir.keep_the_last_checkpoint(str(tmp_path)) == ([], 128)
+  assert run_dir.keep_the_last_checkpoint(str(tmp_path / "no_run")) == ([], None)

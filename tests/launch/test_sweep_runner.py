@@ -38,6 +38,8 @@ with open(plan) as f:
 with open(record, "a") as f:
   f.write(f"start {os.path.basename(workdir)} {time.time()}\n")
 time.sleep(0.3)
+for step in (0, config["num_steps"] // 2, config["num_steps"]):  # saved checkpoints
+  os.makedirs(os.path.join(workdir, "checkpoints", str(step)), exist_ok=True)
 if config["rollouts_per_problem"] == 4:
   print("boom: this run fails")
   sys.exit(3)
@@ -197,6 +199,49 @@ def test_a_study_checks_every_sweep_before_any_run_and_runs_them_in_one_pool(
   assert len(study["sweeps"]) == 2
   for entry in study["sweeps"].values():
     assert entry["num_runs"] == 3 and entry["failed"] == ["bp4_n4"]
+
+
+
+def _steps(out, name):
+  return sorted(os.listdir(os.path.join(out, "runs", name, "checkpoints")), key=int)
+
+
+def test_a_finished_run_keeps_only_its_last_checkpoint_unless_asked_for_all(tmp_path,
+                                                                         fake_main):
+  """Each run saves steps 0, M // 2 and M: a finished one keeps M, a failed one all
+  three; with finished_checkpoints='all' every run keeps all. A run finished before the
+  launch is pruned when the launcher finds it, unless another process holds it."""
+  kept = str(tmp_path / "all")
+  manifest = sweep_manifest.prepare(_sweep(), kept, "local")
+  sweep_runner.run_local(kept, manifest, workers=2, cache_dir=None, poll_s=0.05,
+                         finished_checkpoints="all")
+  steps = {e["name"]: e["num_steps"] for e in manifest["runs"]}
+  for name, m in steps.items():
+    assert _steps(kept, name) == ["0", str(m // 2), str(m)]
+
+  out = str(tmp_path / "last")
+  manifest = sweep_manifest.prepare(_sweep(), out, "local")
+  sweep_runner.run_local(out, manifest, workers=2, cache_dir=None, poll_s=0.05)
+  assert _steps(out, "bp4_n2") == [str(steps["bp4_n2"])]
+  assert _steps(out, "bp4_n8") == [str(steps["bp4_n8"])]
+  assert _steps(out, "bp4_n4") == ["0", str(steps["bp4_n4"] // 2), str(steps["bp4_n4"])]
+
+  # The "all" sweep relaunched with the default: its finished runs are pruned, except
+  # the one another process holds.
+  holder = open(os.path.join(sweep_layout.run_dir_of(kept, "bp4_n8"), sweep_runner.LOCK_FILE),
+                "w")
+  fcntl.flock(holder.fileno(), fcntl.LOCK_EX)
+  partial = os.path.join(kept, "runs", "bp4_n2", "checkpoints", "9.orbax-checkpoint-tmp-17")
+  os.makedirs(partial)
+  fake_main.write_text("")
+  manifest = sweep_manifest.prepare(_sweep(), kept, "local")
+  with pytest.raises(sweep_config.SweepError, match="finished_checkpoints='none'"):
+    sweep_runner.run_local(kept, manifest, workers=2, cache_dir=None,
+                           finished_checkpoints="none")
+  sweep_runner.run_local(kept, manifest, workers=2, cache_dir=None, poll_s=0.05)
+  holder.close()
+  assert _steps(kept, "bp4_n2") == [str(steps["bp4_n2"])] and not os.path.exists(partial)
+  assert _steps(kept, "bp4_n8") == ["0", str(steps["bp4_n8"] // 2), str(steps["bp4_n8"])]
 
 
 def test_a_changed_plan_is_refused_and_worker_env(tmp_path):
