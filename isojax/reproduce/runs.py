@@ -83,7 +83,8 @@ def gain_in_se(summary: dict[str, Any]) -> str:
 def run_main(inv: tables.Invocation, config: str, workdir: str, seed: str,
              extra: Sequence[str] = (), env: dict[str, str] | None = None) -> float:
   """`isojax.main` into `workdir` unless it finished there; returns its wall seconds
-  (measured now, or as recorded when it ran)."""
+  (measured now, or as recorded when it ran). A run that finishes here keeps only its
+  newest checkpoint (`run_dir.keep_the_last_checkpoint`), as a sweep's do."""
   timing = os.path.join(workdir, TIMING_FILE)
   try:
     wall_s = summarize_run(workdir)["wall_s"]
@@ -106,6 +107,7 @@ def run_main(inv: tables.Invocation, config: str, workdir: str, seed: str,
   if child.returncode:
     raise subprocess.CalledProcessError(child.returncode, cmd)
   elapsed = time.time() - start
+  run_dir.keep_the_last_checkpoint(workdir)
   storage.write_json(timing, dict(wall_s=elapsed, peak_rss_gib=usage.ru_maxrss * 1024 / 2**30))
   return elapsed
 

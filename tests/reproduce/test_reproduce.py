@@ -107,6 +107,22 @@ def test_a_finished_run_is_reused_only_under_the_settings_it_ran_with(tmp_path, 
     runs_lib.run_main(inv, "configs/hard.py:micro", str(workdir), "2")
 
 
+
+@pytest.mark.slow("a micro run as a subprocess")
+def test_a_run_that_finishes_keeps_only_its_newest_checkpoint(tmp_path):
+  """configs/hard.py:micro checkpointing every step: of the steps it saved, the last
+  stays, as a sweep's finished runs keep it."""
+  from isojax import run_dir  # pylint: disable=g-import-not-at-top
+  from isojax.configs import hard  # pylint: disable=g-import-not-at-top
+  inv = tables.Invocation(out=str(tmp_path), results=str(tmp_path), repo=ROOT, command="")
+  workdir = str(tmp_path / "run")
+  runs_lib.run_main(inv, "configs/hard.py:micro", workdir, "0",
+                    ["--config.checkpoint_every=1", "--config.checkpoint_keep=3"])
+  steps = hard.get_config("micro").num_steps
+  assert run_dir.read_metrics(workdir)[-1]["step"] == steps
+  assert os.listdir(run_dir.checkpoint_dir(workdir)) == [str(steps)]
+
+
 def test_the_smollm2_candidates_cache_is_reused_only_under_its_settings(tmp_path,
                                                                        monkeypatch):
   """candidates.json is read back when it holds the candidates' settings as resolved
