@@ -68,8 +68,7 @@ _WORKERS = flags.DEFINE_integer("workers", 0, "Parallel runs (0: one per CPU cor
                                 "a GPU/TPU).")
 _FINISHED_CHECKPOINTS = flags.DEFINE_enum(
     "finished_checkpoints", "last", list(sweep_runner.FINISHED_CHECKPOINTS),
-    "What a finished run keeps of its checkpoints: its newest (what --extend trains on "
-    "from), or all it saved.")
+    sweep_runner.FINISHED_CHECKPOINTS_HELP)
 _BUDGET = flags.DEFINE_integer("budget_rollouts", 0, "The budget C of every sweep (0: each "
                                "sweep config's own). A new budget needs a new --out, or --extend.")
 _EXTEND = flags.DEFINE_bool("extend", False, "Train the runs of a study made at a smaller "

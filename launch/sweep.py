@@ -66,8 +66,7 @@ _EXTEND = flags.DEFINE_bool("extend", False, "local: train runs planned for a sm
 _ANALYZE = flags.DEFINE_bool("analyze", True, "local: write the analysis after the runs.")
 _FINISHED_CHECKPOINTS = flags.DEFINE_enum(
     "finished_checkpoints", "last", list(sweep_runner.FINISHED_CHECKPOINTS),
-    "local: what a finished run keeps of its checkpoints: its newest (what --extend "
-    "trains on from), or all it saved.")
+    "local: " + sweep_runner.FINISHED_CHECKPOINTS_HELP)
 _CACHE = flags.DEFINE_string("compilation_cache", None, "XLA persistent compilation cache "
                              "shared by the runs (default DIR/jax_cache; '' disables).")
 _PYTHON = flags.DEFINE_string("python", "python", "slurm/tpu: the interpreter on the nodes.")

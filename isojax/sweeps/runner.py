@@ -42,6 +42,8 @@ STOP_GRACE_S = 300
 # trains on from; a real model's run otherwise holds several GiB of earlier ones), or
 # `all` it saved.
 FINISHED_CHECKPOINTS = ("last", "all")
+FINISHED_CHECKPOINTS_HELP = ("what a finished run keeps of its checkpoints: its newest "
+                             "(what --extend trains on from), or all it saved.")
 
 # The directory the running isojax package was imported from.
 _IMPORT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(isojax.__file__)))

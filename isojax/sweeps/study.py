@@ -2,11 +2,11 @@
 
 The library behind `launch.study`. The sweeps are all prepared (and checked) before any
 run starts; their runs then share one pool of workers, in the order of the sweeps, so
-no worker waits for another sweep's last run. Each step reuses what an earlier (interrupted) run
-of the study finished, so running it again on the same directory resumes it: the
-splits are reused when the model and settings are unchanged, finished sweep runs are
-skipped and interrupted ones resume from their checkpoints. DIR/study.json summarises
-the splits, each sweep's manifest, analyses and the findings.
+no worker waits for another sweep's last run. Each step reuses what an earlier
+(interrupted) run of the study finished, so running it again on the same directory
+resumes it: the splits are reused when the model and settings are unchanged, finished
+sweep runs are skipped and interrupted ones resume from their checkpoints.
+DIR/study.json summarises the splits, each sweep's manifest, analyses and the findings.
 """
 
 from __future__ import annotations
@@ -111,17 +111,6 @@ def analyze_sweep(spec: str, sweep: ml_collections.ConfigDict,
     logging.error("analysis of %s failed: %s", local.out_dir, e)
     entry["analysis_error"] = str(e)
   return entry
-
-
-def run_sweep(spec: str, out_dir: str, model: str | None, workers: int,
-              overrides: Overrides = Overrides(), extend: bool = False,
-              finished_checkpoints: str = "last") -> dict:
-  """Runs one sweep on the study's splits (see `prepare_sweep`; `finished_checkpoints`:
-  see `sweep_runner.FINISHED_CHECKPOINTS`); returns its entry of study.json."""
-  sweep, local = prepare_sweep(spec, out_dir, model, overrides, extend)
-  (failed,) = sweep_runner.run_local_sweeps([local], workers=workers,
-                                            finished_checkpoints=finished_checkpoints)
-  return analyze_sweep(spec, sweep, local, failed)
 
 
 def run(out_dir: str, *, profile_config: str, sweeps: Sequence[str], workers: int,

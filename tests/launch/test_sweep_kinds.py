@@ -187,5 +187,5 @@ def test_a_study_without_a_profile_refuses_a_sweep_on_a_split(tmp_path):
   from isojax.sweeps import study as study_lib  # pylint: disable=g-import-not-at-top
   with pytest.raises(sweep_config.SweepError, match=r"sweep_hard.py: its runs use the "
                      r"profiled split 'hard', but this study profiles nothing"):
-    study_lib.run_sweep("configs/sweep_hard.py", str(tmp_path), None, workers=1)
+    study_lib.prepare_sweep("configs/sweep_hard.py", str(tmp_path), None)
   assert list(tmp_path.iterdir()) == []  # nothing planned or written
