@@ -104,21 +104,22 @@ def decide(workdirs: dict[str, Sequence[str]], *, num_resamples: int = 1000, see
 
 
 def run(inv: tables.Invocation, design: Design, out_dir: str) -> tuple[str, float]:
-  """Plans and runs both arms under `out_dir` (resumed when rerun); (a markdown
-  section with the allocations, each run's final and the verdict, the wall seconds)."""
+  """Plans and runs both arms under `out_dir` (resumed when rerun), their runs side by
+  side (`runs.run_in_parallel`); (a markdown section with the allocations, each run's
+  final and the verdict, the elapsed wall seconds)."""
   try:
     arms = plans(inv, design, out_dir)
   except NoPrescription as e:  # e.g. the fit's frontier had too few points for a law
     return (f"Not run: `launch.plan --analysis={design.analysis}` prescribed nothing "
             f"({e}).", 0.0)
-  wall_s, workdirs, rows = 0.0, {}, []
+  workdirs = {arm: [os.path.join(out_dir, f"{arm}_s{seed}") for seed in design.seeds]
+              for arm in arms}
+  wall_s = runs_lib.run_in_parallel(inv, [
+      runs_lib.Job(f"configs/from_json.py:{arms[arm]['config_path']}", workdir, seed)
+      for arm in arms for seed, workdir in zip(design.seeds, workdirs[arm])], out_dir)
+  rows = []
   for arm, a in arms.items():
-    workdirs[arm] = []
-    for seed in design.seeds:
-      workdir = os.path.join(out_dir, f"{arm}_s{seed}")
-      wall_s += runs_lib.run_main(inv, f"configs/from_json.py:{a['config_path']}", workdir,
-                                  seed)
-      workdirs[arm].append(workdir)
+    for seed, workdir in zip(design.seeds, workdirs[arm]):
       curve = bootstrap.problem_curve(run_dir.load_run(workdir), METRIC)
       rows.append(f"| {arm} | {a['rollouts_per_problem']} | {a['problems_per_batch']} | "
                   f"{a['num_steps']} | {seed} | {curve.curve().values_E[0]:.3f} | "

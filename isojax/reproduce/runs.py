@@ -12,6 +12,8 @@ over problems of each problem's own change, divided by sqrt(problems).
 
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
 import os
 import re
 import shutil
@@ -28,6 +30,8 @@ from isojax import configs, metrics, run_dir, storage
 from isojax.config import config_lib
 from isojax.reproduce import tables
 from isojax.run import resume_check
+from isojax.sweeps import layout as sweep_layout
+from isojax.sweeps import runner as sweep_runner
 
 TIMING_FILE = "reproduce_timing.json"  # a run's wall time as this command measured it
 TIMING_EVERY_S = 60.0  # how often a running study's wall time is saved
@@ -135,6 +139,41 @@ def check_reused(workdir: str, config: str, seed: str, extra: Sequence[str] = ()
     raise StaleRun(f"{workdir} finished with other settings than {config} asks for now: "
                    f"{resume_check.describe(changed)}; remove it to run it again, or use a "
                    "new --out")
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  """One `run_main` call."""
+  config: str
+  workdir: str
+  seed: str
+  extra: tuple[str, ...] = ()
+
+
+def run_in_parallel(inv: tables.Invocation, jobs: Sequence[Job], out_dir: str,
+                    workers: int | None = None) -> float:
+  """Every job's `run_main`, `workers` at a time (default: one per core), each with
+  single-threaded XLA kernels as a local sweep's workers run (the metrics are the same
+  as one run's alone; side by side they finish sooner) and out_dir/jax_cache as their
+  compilation cache. Returns the elapsed seconds over every invocation that ran them,
+  kept in out_dir/TIMING_FILE and updated as each run ends. A failed run does not stop
+  the others; the first failure is raised once they have ended."""
+  workers = workers or sweep_runner.default_workers()
+  env = sweep_runner.worker_env(workers, os.path.join(out_dir, sweep_layout.CACHE_DIR))
+  timing = os.path.join(out_dir, TIMING_FILE)
+  before = storage.read_json(timing)["wall_s"] if os.path.isfile(timing) else 0.0
+  start, errors = time.time(), []
+  os.makedirs(out_dir, exist_ok=True)
+  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+    futures = [pool.submit(run_main, inv, j.config, j.workdir, j.seed, j.extra, env)
+               for j in jobs]
+    for future in concurrent.futures.as_completed(futures):
+      if future.exception() is not None:
+        errors.append(future.exception())
+      storage.write_json(timing, dict(wall_s=before + time.time() - start))
+  if errors:
+    raise errors[0]
+  return before + time.time() - start
 
 
 def run_presets(inv: tables.Invocation, section: str, presets, seeds: Sequence[str]

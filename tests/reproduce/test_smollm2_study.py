@@ -4,6 +4,8 @@ directories and experiment files; the study's sweep configs' plans."""
 import json
 import math
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -237,3 +239,76 @@ def test_the_section_refuses_before_anything_while_the_recipe_is_not_the_pilots(
                      r"--sections=smollm2_pilot"):
     smollm2_study.run(inv)
   assert list(tmp_path.iterdir()) == []
+
+
+def test_runs_go_side_by_side_single_threaded_and_a_failure_waits_for_the_rest(
+    tmp_path, monkeypatch):
+  """run_in_parallel: two workers run two stand-in runs at a time, each with the sweep
+  workers' single-threaded XLA and the shared cache; the failing second job does not
+  stop the others and is raised after them; the elapsed time adds to the one recorded."""
+  events, lock = [], threading.Lock()
+
+  def fake_run_main(inv, config, workdir, seed, extra=(), env=None):
+    with lock:
+      events.append(("start", workdir, time.monotonic(), env))
+    time.sleep(0.2)
+    with lock:
+      events.append(("end", workdir, time.monotonic(), env))
+    if workdir.endswith("job1"):
+      raise RuntimeError("job1 failed")
+    return 0.2
+
+  monkeypatch.setattr(runs_lib, "run_main", fake_run_main)
+  out = tmp_path / "check"
+  os.makedirs(out)
+  (out / runs_lib.TIMING_FILE).write_text(json.dumps(dict(wall_s=100.0)))
+  inv = tables.Invocation(out=str(tmp_path), results=str(tmp_path), repo=ROOT, command="x")
+  jobs = [runs_lib.Job("c.py", str(out / f"job{i}"), str(i)) for i in range(5)]
+  start = time.monotonic()
+  with pytest.raises(RuntimeError, match="job1 failed"):
+    runs_lib.run_in_parallel(inv, jobs, str(out), workers=2)
+  elapsed = time.monotonic() - start
+  assert sorted(w for kind, w, _, _ in events if kind == "end") == [j.workdir for j in jobs]
+  running, most = 0, 0
+  for kind, *_ in sorted(events, key=lambda e: (e[2], e[0] == "start")):
+    running += 1 if kind == "start" else -1
+    most = max(most, running)
+  assert most == 2
+  for *_, env in events:
+    assert "--xla_cpu_multi_thread_eigen=false" in env["XLA_FLAGS"]
+    assert env["JAX_COMPILATION_CACHE_DIR"] == str(out / "jax_cache")
+  recorded = json.loads((out / runs_lib.TIMING_FILE).read_text())["wall_s"]
+  assert 100.0 < recorded <= 100.0 + elapsed
+
+
+def test_the_check_runs_each_arm_per_seed_and_tables_them_in_order(tmp_path, monkeypatch):
+  """prescription.run on a law of n* = 16: the six runs it asks for are the two arms'
+  configs with seeds 0-2 in their own directories, and the table lists them arm by arm,
+  seed by seed, with each run's first and final value."""
+  study_dir = tmp_path / "study"
+  os.makedirs(study_dir / "smollm2_hard")
+  law = dict(log2_n_low=4.0, log2_n_high=4.0, b=1.0, c_mid=1000.0,
+             compute_range=[16.0, 1e6], unit="rollouts")
+  (study_dir / "smollm2_hard" / "analysis.json").write_text(json.dumps(dict(n_star_fit=law)))
+  asked = []
+
+  def fake_parallel(inv, jobs, out_dir, workers=None):
+    for j in jobs:
+      config = json.loads(open(j.config.split(":", 1)[1]).read())
+      asked.append((config["rollouts_per_problem"], j.seed, os.path.basename(j.workdir)))
+      rate = 0.5 if config["rollouts_per_problem"] == 16 else 0.25
+      _write_run(j.workdir, seed=int(j.seed), n=config["rollouts_per_problem"],
+                 counts_E=[[0, 1] * 8, [int(4 * rate)] * 16, [int(4 * rate)] * 16])
+    return 42.0
+
+  monkeypatch.setattr(runs_lib, "run_in_parallel", fake_parallel)
+  inv = tables.Invocation(out=str(tmp_path), results=str(tmp_path), repo=ROOT, command="x")
+  body, wall_s = prescription.run(inv, smollm2_study.check_design(str(study_dir)),
+                                  str(tmp_path / "check"))
+  assert asked == [(16, s, f"prescribed_s{s}") for s in "012"] + [
+      (2, s, f"comparison_s{s}") for s in "012"]
+  rows = [line for line in body.splitlines() if line.startswith("| prescribed")
+          or line.startswith("| comparison")]
+  assert rows == [f"| prescribed | 16 | 8 | 32 | {s} | 0.125 | 0.500 |" for s in "012"] + [
+      f"| comparison | 2 | 8 | 256 | {s} | 0.125 | 0.250 |" for s in "012"]
+  assert wall_s == 42.0 and "+0.250 [+0.250, +0.250]" in body
