@@ -164,13 +164,16 @@ def run_in_parallel(inv: tables.Invocation, jobs: Sequence[Job], out_dir: str,
   before = storage.read_json(timing)["wall_s"] if os.path.isfile(timing) else 0.0
   start, errors = time.time(), []
   os.makedirs(out_dir, exist_ok=True)
-  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+  pool = concurrent.futures.ThreadPoolExecutor(workers)
+  try:
     futures = [pool.submit(run_main, inv, j.config, j.workdir, j.seed, j.extra, env)
                for j in jobs]
     for future in concurrent.futures.as_completed(futures):
       if future.exception() is not None:
         errors.append(future.exception())
       storage.write_json(timing, dict(wall_s=before + time.time() - start))
+  finally:  # on Ctrl-C (the runs get it too and save their step) start no other run
+    pool.shutdown(wait=True, cancel_futures=True)
   if errors:
     raise errors[0]
   return before + time.time() - start

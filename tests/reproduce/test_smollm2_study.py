@@ -4,6 +4,7 @@ directories and experiment files; the study's sweep configs' plans."""
 import json
 import math
 import os
+import signal
 import threading
 import time
 
@@ -279,6 +280,32 @@ def test_runs_go_side_by_side_single_threaded_and_a_failure_waits_for_the_rest(
     assert env["JAX_COMPILATION_CACHE_DIR"] == str(out / "jax_cache")
   recorded = json.loads((out / runs_lib.TIMING_FILE).read_text())["wall_s"]
   assert 100.0 < recorded <= 100.0 + elapsed
+
+
+def test_an_interrupt_starts_no_further_run(tmp_path, monkeypatch):
+  """Ctrl-C while the first run goes (the runs get it too, save and exit): the launcher
+  waits for that run and starts none of those queued."""
+  started, ended = [], []
+
+  def fake_run_main(inv, config, workdir, seed, extra=(), env=None):
+    started.append(os.path.basename(workdir))
+    if len(started) == 1:
+      time.sleep(0.2)  # every job queued, the launcher waiting on the runs
+      os.kill(os.getpid(), signal.SIGINT)
+      time.sleep(0.5)
+    ended.append(os.path.basename(workdir))
+    return 0.0
+
+  monkeypatch.setattr(runs_lib, "run_main", fake_run_main)
+  inv = tables.Invocation(out=str(tmp_path), results=str(tmp_path), repo=ROOT, command="x")
+  jobs = [runs_lib.Job("c.py", str(tmp_path / f"job{i}"), str(i)) for i in range(3)]
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    with pytest.raises(KeyboardInterrupt):
+      runs_lib.run_in_parallel(inv, jobs, str(tmp_path), workers=1)
+  finally:
+    signal.signal(signal.SIGINT, previous)
+  assert started == ended == ["job0"]
 
 
 def test_the_check_runs_each_arm_per_seed_and_tables_them_in_order(tmp_path, monkeypatch):
