@@ -27,10 +27,12 @@ import shutil
 
 from isojax import run_dir, storage
 from isojax.sweeps import layout
+from isojax.sweeps import manifest
+from isojax.sweeps import runner
 
 SKIPPED_DIRS = (run_dir.CHECKPOINT_DIR, layout.CACHE_DIR)
-SKIPPED_SUFFIXES = (".log", ".png")
-SKIPPED_FILES = ("log.txt", ".lock")
+SKIPPED_SUFFIXES = (".log", ".png")  # `launch.reproduce`'s run logs; the analyses' plots
+SKIPPED_FILES = (runner.LOG_FILE, runner.LOCK_FILE)
 
 
 class RecordsError(ValueError):
@@ -47,11 +49,10 @@ class Copied:
 def is_finished(workdir: str) -> bool:
   """True when the run's last metrics line is at its config's num_steps."""
   try:
-    config = storage.read_json(run_dir.config_path(workdir))
-    last = run_dir.last_metrics(workdir)
-  except (FileNotFoundError, ValueError):  # RunFormatError is a ValueError
+    num_steps = storage.read_json(run_dir.config_path(workdir))["num_steps"]
+  except (FileNotFoundError, ValueError, KeyError, TypeError):
     return False
-  return last is not None and last[run_dir.STEP] == config.get("num_steps")
+  return manifest.final_metrics(workdir, num_steps) is not None
 
 
 def _skipped(name: str) -> bool:
