@@ -18,6 +18,8 @@ from isojax.sweeps import records
 from isojax.sweeps import runner as sweep_runner
 from isojax.sweeps import sweep_config
 
+import stand_in_main  # tests/launch/stand_in_main.py, beside this file
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _FAKE = r"""
@@ -44,12 +46,7 @@ sys.exit(3 if n == 4 else 0)
 
 @pytest.fixture
 def fake_main(tmp_path, monkeypatch):
-  script = tmp_path / "fake_main.py"
-  script.write_text(_FAKE)
-  record = tmp_path / "record.txt"
-  monkeypatch.setattr(sweep_runner, "main_command", lambda plan, workdir, **_: [
-      sys.executable, str(script), plan, workdir, str(record)])
-  return record
+  return stand_in_main.use(tmp_path, monkeypatch, _FAKE)
 
 
 def _sweep():

@@ -26,6 +26,8 @@ from isojax.sweeps import plan as sweep_plan
 from isojax.sweeps import runner as sweep_runner
 from isojax.sweeps import study as study_lib
 
+import stand_in_main  # tests/launch/stand_in_main.py, beside this file
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Stand-in run: sleeps, writes metrics up to num_steps with val/avg@4 = n / 100, and
@@ -55,12 +57,7 @@ with open(record, "a") as f:
 
 @pytest.fixture
 def fake_main(tmp_path, monkeypatch):
-  script = tmp_path / "fake_main.py"
-  script.write_text(_FAKE)
-  record = tmp_path / "record.txt"
-  monkeypatch.setattr(sweep_runner, "main_command", lambda plan, workdir, **_: [
-      sys.executable, str(script), plan, workdir, str(record)])
-  return record
+  return stand_in_main.use(tmp_path, monkeypatch, _FAKE)
 
 
 def _sweep(**fields):
