@@ -65,10 +65,11 @@ from flax import nnx
 
 from isojax import storage
 from isojax.bench import (long_outputs, lora_sampling, ours, report, rl_step, roofline,
-                          sampling, skew)
+                          sampling, skew, slots)
 from isojax.bench import train_step, trl_step
 from isojax.bench import tunix as tunix_lib
-from isojax.bench.options import SECTIONS, Options, check_options
+from isojax.bench.options import REAL_MODEL_SECTIONS, SECTIONS, Options, check_options
+from isojax.bench.timing import parse_levels
 from isojax.models import hf_checkpoint
 
 
@@ -78,11 +79,15 @@ def run(o: Options) -> dict:
   wanted = set(o.sections)
   if "sampling" in wanted:   # this interpreter's Tunix, for the sampler comparison
     print(tunix_lib.tunix_status())
-  if wanted == {"trl"}:   # a real model of its own: no random checkpoint to build
+  real = dict(
+      trl=lambda: trl_step.compare(o.trl_config, steps=o.trl_steps, rounds=o.trl_rounds,
+                                   tunix_python=o.tunix_python),
+      slots=lambda: slots.compare(o.slots_config, parse_levels(o.slots_levels), o.slots_n,
+                                  repeats=o.repeats, seed=o.seed))
+  if wanted <= set(REAL_MODEL_SECTIONS):   # real models of their own: no random checkpoint
     return dict(options=dataclasses.asdict(o), jax=jax.__version__,
                 backend=jax.default_backend(), cpu_count=os.cpu_count(),
-                trl=trl_step.compare(o.trl_config, steps=o.trl_steps, rounds=o.trl_rounds,
-                                     tunix_python=o.tunix_python))
+                **{name: real[name]() if name in wanted else None for name in SECTIONS})
   hf = hf_model = tunix = None
   with tempfile.TemporaryDirectory(prefix="isojax_bench_") as path:
     ours.write_checkpoint(path, o)
@@ -116,20 +121,20 @@ def run(o: Options) -> dict:
       if o.rl_steps else None,
       roofline=lambda: [roofline.bench_decode_roofline(model, counts, w, o, rng, tied=False)
                         for w in o.roofline],
-      lora=lambda: lora_sampling.bench_lora_sampling(lora_models, o, rng),
-      trl=lambda: trl_step.compare(o.trl_config, steps=o.trl_steps, rounds=o.trl_rounds,
-                                   tunix_python=o.tunix_python))
+      lora=lambda: lora_sampling.bench_lora_sampling(lora_models, o, rng), **real)
   return dict(info, **{name: fn() if name in wanted else None
                        for name, fn in sections.items()})
 
 
 def options_from_flags() -> Options:
   kw = {f.name: flags.FLAGS[f.name].value for f in dataclasses.fields(Options)}
-  for name in ("share_n", "skew_n"):
+  for name in ("share_n", "skew_n", "slots_n"):
     if not all(x.isdigit() and int(x) > 0 for x in kw[name]):
       raise app.UsageError(f"--{name}={','.join(kw[name])}: expected positive integers")
   return Options(**dict(kw, share_n=tuple(map(int, kw["share_n"])),
                         skew_n=tuple(map(int, kw["skew_n"])),
+                        slots_n=tuple(map(int, kw["slots_n"])),
+                        slots_levels=tuple(kw["slots_levels"]),
                         workloads=tuple(kw["workloads"]), roofline=tuple(kw["roofline"]),
                         sections=tuple(kw["sections"])))
 
@@ -158,7 +163,11 @@ _HELP = {"": "Model size (the Qwen2Config field of that meaning).",
          "trl": "TRL comparison: the config file, RL steps per child process, rounds.",
          "tunix": "TRL comparison: the python of an environment with google-tunix, which "
                   "runs Tunix's GRPO learner as a third side (empty: no Tunix side).",
-         "sections": f"Sections to run, of {','.join(SECTIONS)} (trl only when named).",
+         "slots": "Lockstep against continuous batching: the run config (FILE[:ARG]) whose "
+                  "model, problems and sampler are timed, the decode_slots:decode_slots_min "
+                  "levels (0:0: lockstep), and the n of the timed step calls.",
+         "sections": f"Sections to run, of {','.join(SECTIONS)} (trl and slots only when "
+                     "named).",
          "repeats": "Timed rounds per comparison (each side called once per round; "
                     "medians are reported).", "seed": "Seed."}
 

@@ -66,8 +66,12 @@ def test_main_micro_writes_the_run_directory(tmp_path):
   assert os.path.isdir(workdir / "checkpoints" / str(m))
 
 
-def test_resume_after_interruption_matches_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("slots", [(0, 0), (8, 2)], ids=["lockstep", "continuous"])
+def test_resume_after_interruption_matches_uninterrupted_run(tmp_path, slots):
+  """Also with continuous batching (`sampling.decode_slots`, halving to
+  `decode_slots_min`) in training and evaluation, as the SmolLM2 study samples."""
   config = _micro(tmp_path / "cache", num_steps=4, checkpoint_every=2)
+  config.sampling.decode_slots, config.sampling.decode_slots_min = slots
   full = tmp_path / "full"
   train.run(config, str(full))
   # Simulate a crash after step 2's checkpoint: drop the later checkpoint.

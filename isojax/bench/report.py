@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from isojax.bench import rl_step
+from isojax.bench.options import REAL_MODEL_SECTIONS
 
 
 def _sampling_lines(r: dict, o: dict) -> list[str]:
@@ -158,15 +159,39 @@ def _trl_lines(r, _):
           + trl_table(t))
 
 
+def slots_table(r: dict) -> list[str]:
+  """The comparison as a markdown table: seconds per call and level, speedups."""
+  levels = [f"{lv['slots']}:{lv['min_slots']}" for lv in r["calls"][0]["levels"]]
+  head = " | ".join(f"{lv} s (x)" for lv in levels)
+  lines = [f"Lockstep (0:0) against continuous batching (decode_slots:decode_slots_min) on "
+           f"{r['config']} ({r['model']}), up to {r['max_new_tokens']} new tokens at "
+           f"temperature {r['temperature']}; median of {r['repeats']} round(s), (x) the "
+           "speedup over the first level:", "",
+           f"| call | rollouts | {head} | mean / longest reply, cut |",
+           "|---|---|" + "---|" * len(levels) + "---|"]
+  for row in r["calls"]:
+    cells = " | ".join(f"{lv['median_s']:.2f} ({lv['speedup']:.2f}x)" for lv in row["levels"])
+    replies = "; ".join(f"{lv['mean_len']:.1f} / {lv['max_len']}, {100 * lv['truncated']:.1f}%"
+                        for lv in row["levels"])
+    lines.append(f"| {row['call']} | {row['rollouts']} | {cells} | {replies} |")
+  return lines
+
+
+def _slots_lines(r, _):
+  return slots_table(r["slots"])
+
+
 _SECTION_LINES = dict(sampling=_sampling_lines, sharing=_sharing_lines, skew=_skew_lines,
                       long=_long_lines, update=_update_lines, rl_step=_rl_step_lines,
-                      roofline=_roofline_lines, lora=_lora_lines, trl=_trl_lines)
+                      roofline=_roofline_lines, lora=_lora_lines, trl=_trl_lines,
+                      slots=_slots_lines)
 
 
 def format_table(r: dict) -> str:
   """The figures of `run` as a compact text table (the sections that ran)."""
-  if "params" not in r:   # the trl section alone: a real model, no random checkpoint
-    return "\n".join(_trl_lines(r, None))
+  if "params" not in r:   # real-model sections alone (trl, slots): no random checkpoint
+    return "\n\n".join("\n".join(_SECTION_LINES[name](r, None))
+                       for name in REAL_MODEL_SECTIONS if r.get(name))
   o, c = r["options"], r["params"]
   tunix_same = "n/a" if r.get("tunix_same_weights") is None else r["tunix_same_weights"]
   hf = ("HF not measured" if r["torch"] is None else

@@ -18,6 +18,22 @@ def parse_workload(spec: str, flag: str = "--workloads entry") -> tuple[int, int
   return tuple(int(p) for p in parts)
 
 
+def parse_levels(spec: Sequence[str], flag: str = "--slots_levels") -> tuple[tuple[int, int], ...]:
+  """['0:0', '64:8'] -> ((0, 0), (64, 8)): decode_slots:decode_slots_min pairs."""
+  levels = []
+  for entry in spec:
+    slots, sep, min_slots = entry.partition(":")
+    if not (sep and slots.isdigit() and min_slots.isdigit()):
+      raise ValueError(f"{flag} entry {entry!r}: expected SLOTS:MIN of non-negative "
+                       "integers (0:0 is lockstep decoding)")
+    if int(min_slots) and not int(slots):
+      raise ValueError(f"{flag} entry {entry!r}: a minimum needs slots (lockstep is 0:0)")
+    levels.append((int(slots), int(min_slots)))
+  if not levels:
+    raise ValueError(f"{flag}=: expected at least one SLOTS:MIN level")
+  return tuple(levels)
+
+
 def random_prompts(rng: np.random.Generator, g: int, p: int, vocab: int) -> np.ndarray:
   return rng.integers(1, vocab, size=(g, p)).astype(np.int32)   # [G, P], no padding
 

@@ -4,6 +4,7 @@ No timing is asserted: only the counts, the equality of the two implementations'
 greedy continuations, and the shape of the JSON the command writes.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -350,6 +351,10 @@ def test_roofline_step_time_and_nominal_bandwidth():
     ("workloads", ("4x4",), "--workloads entry '4x4'"),
     ("skew_n", (1, 3), "--skew_n=1,3: expected positive divisors of --skew_rows=256"),
     ("skew_n", (), "--skew_n=: expected positive divisors"),
+    ("slots_levels", ("0:0", "64"), "--slots_levels entry '64': expected SLOTS:MIN"),
+    ("slots_levels", ("0:8",), "--slots_levels entry '0:8': a minimum needs slots"),
+    ("slots_levels", (), "--slots_levels=: expected at least one SLOTS:MIN level"),
+    ("slots_n", (2, 0), "--slots_n=2,0: expected positive integers"),
 ])
 def test_bad_options_name_their_flag(field, value, message):
   check_options(Options())   # the defaults pass
@@ -431,3 +436,43 @@ def test_the_update_line_gives_mfu_against_the_cards_datasheet_where_known():
   cpu = report._update_lines(dict(update=dict(u, device_kind="cpu", mfu=None)),
                              dict(matmul_size=64))[1]
   assert "MFU" not in cpu
+
+
+@pytest.mark.slow("compiles the micro config's sampler at two slot levels")
+def test_slots_section_times_the_calls_a_run_makes():
+  """The evaluation chunk and a step's sampling of configs/hard.py:micro at each level:
+  the replies it reports are those of `evaluation.correct_counts` called here directly
+  on the config's problems, with each level's sampler and the section's key."""
+  from isojax import configs  # pylint: disable=g-import-not-at-top
+  from isojax.config import config_lib  # pylint: disable=g-import-not-at-top
+  from isojax.run import evaluation, run_inputs  # pylint: disable=g-import-not-at-top
+  spec = "configs/hard.py:micro"
+  result = bench.run(Options(sections=("slots",), slots_config=spec, repeats=1,
+                             slots_levels=("0:0", "8:2"), slots_n=(2,)))
+  assert "params" not in result   # a real run's model: no random checkpoint built
+  for name in set(SECTIONS) - {"slots"}:
+    assert result[name] is None, name
+  r = result["slots"]
+  s = config_lib.as_settings(configs.load(spec))
+  g, n_eval = s.eval.chunk_problems, s.eval.num_samples
+  assert [c["rollouts"] for c in r["calls"]] == [g * n_eval, s.problems_per_batch * 2]
+  inputs = run_inputs.check_inputs(s)
+  graphdef, params = nnx.split(hf_checkpoint.load_model(inputs.path, inputs.mesh))
+  for call, (problems, n, chunk) in zip(r["calls"], [
+      (inputs.val_problems[:g], n_eval, g),
+      (inputs.train_problems[:s.problems_per_batch], 2, s.problems_per_batch)]):
+    for level in call["levels"]:
+      sampling = dataclasses.replace(inputs.settings.sampling, decode_slots=level["slots"],
+                                     decode_slots_min=level["min_slots"])
+      counts = evaluation.correct_counts(graphdef, params, inputs.tok, inputs.book, problems,
+                                         inputs.verifier, num_samples=n, chunk=chunk,
+                                         rng=jax.random.key(0), sampling=sampling)
+      assert level["correct"] == counts.correct_G.sum()
+      assert level["mean_len"] == pytest.approx(counts.lengths_GN.mean())
+      assert level["max_len"] == counts.lengths_GN.max()
+      assert level["truncated"] == pytest.approx(counts.truncated_GN.mean())
+      assert level["median_s"] > 0 and level["first_s"] > 0
+    assert call["levels"][0]["speedup"] == 1.0
+  text = report.format_table(result)
+  assert "| 0:0 s (x) | 8:2 s (x) |" in text
+  assert f"| evaluation chunk: {g} validation problems x {n_eval} | {g * n_eval} |" in text
