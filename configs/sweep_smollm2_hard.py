@@ -31,9 +31,9 @@ def study_sweep(difficulty: str, arg=None):
                               seeds=SEEDS)
   # Continuous batching in 64 decode rows, halving to 8 as the queue drains: the same
   # sampling distribution as lockstep decoding, without every row waiting for the
-  # longest (one reply in a hundred runs to the cap). Measured on one core of the AMD
-  # EPYC: an evaluation chunk of 64 problems x 4 samples 142 s -> 40 s, an n = 32
-  # step's sampling 126 s -> 28 s (docs/study.md, "The seeded study", step 5).
+  # longest (about one reply in a hundred runs to the cap). On one core of the AMD
+  # EPYC an evaluation chunk of 64 problems x 4 samples took 182 s in lockstep and 65 s
+  # so, an n = 32 step's sampling 170 s and 45 s (docs/performance.md, `--sections=slots`).
   c.overrides.sampling = dict(SAMPLING)
   return sweep_hard.with_preset(c, arg, micro=_micro)
 

@@ -37,8 +37,9 @@ def _counts_summary(counts: evaluation.SampleCounts) -> dict:
 
 def compare(config_spec: str, levels: Sequence[tuple[int, int]], train_n: Sequence[int], *,
             repeats: int, seed: int) -> dict:
-  """Each call's seconds (first call, median of `repeats` interleaved rounds) and replies
-  per level, and each level's speedup over the first (per-round ratios)."""
+  """Each call's seconds (first call, median of `repeats` interleaved rounds) and the last
+  round's replies per level, and each level's speedup over the first (the median of the
+  per-round ratios)."""
   inputs = run_inputs.check_inputs(config_lib.as_settings(configs.load(config_spec)))
   s = inputs.settings
   graphdef, params = nnx.split(hf_checkpoint.load_model(inputs.path, inputs.mesh,
@@ -54,9 +55,14 @@ def compare(config_spec: str, levels: Sequence[tuple[int, int]], train_n: Sequen
   def sampler(problems, n, chunk, level):
     sampling = dataclasses.replace(s.sampling, decode_slots=level[0],
                                    decode_slots_min=level[1])
+    # A fresh key each call (the warm-up's, then one per round), the same sequence at
+    # every level: a small call's time follows its longest reply, so one draw would
+    # time that draw, not the schedule.
+    keys = iter(range(1 + max(repeats, 1)))
     return lambda: evaluation.correct_counts(
         graphdef, params, inputs.tok, inputs.book, problems, inputs.verifier,
-        num_samples=n, chunk=chunk, rng=rng, sampling=sampling)
+        num_samples=n, chunk=chunk, rng=jax.random.fold_in(rng, next(keys)),
+        sampling=sampling)
 
   rows = []
   for name, problems, n, chunk in calls:

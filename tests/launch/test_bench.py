@@ -442,7 +442,7 @@ def test_the_update_line_gives_mfu_against_the_cards_datasheet_where_known():
 def test_slots_section_times_the_calls_a_run_makes():
   """The evaluation chunk and a step's sampling of configs/hard.py:micro at each level:
   the replies it reports are those of `evaluation.correct_counts` called here directly
-  on the config's problems, with each level's sampler and the section's key."""
+  on the config's problems, with each level's sampler and the round's key."""
   from isojax import configs  # pylint: disable=g-import-not-at-top
   from isojax.config import config_lib  # pylint: disable=g-import-not-at-top
   from isojax.run import evaluation, run_inputs  # pylint: disable=g-import-not-at-top
@@ -466,7 +466,8 @@ def test_slots_section_times_the_calls_a_run_makes():
                                      decode_slots_min=level["min_slots"])
       counts = evaluation.correct_counts(graphdef, params, inputs.tok, inputs.book, problems,
                                          inputs.verifier, num_samples=n, chunk=chunk,
-                                         rng=jax.random.key(0), sampling=sampling)
+                                         rng=jax.random.fold_in(jax.random.key(0), 1),
+                                         sampling=sampling)   # the one round's key
       assert level["correct"] == counts.correct_G.sum()
       assert level["mean_len"] == pytest.approx(counts.lengths_GN.mean())
       assert level["max_len"] == counts.lengths_GN.max()
