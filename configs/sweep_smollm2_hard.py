@@ -31,9 +31,8 @@ def study_sweep(difficulty: str, arg=None):
                               seeds=SEEDS)
   # Continuous batching in 64 decode rows, halving to 8 as the queue drains: the same
   # sampling distribution as lockstep decoding, without every row waiting for the
-  # longest (about one reply in a hundred runs to the cap). On one core of the AMD
-  # EPYC an evaluation chunk of 64 problems x 4 samples took 182 s in lockstep and 65 s
-  # so, an n = 32 step's sampling 170 s and 45 s (docs/performance.md, `--sections=slots`).
+  # longest (about one reply in a hundred runs to the cap); the measured gain on these
+  # runs' calls is in docs/performance.md (`launch.bench --sections=slots`).
   c.overrides.sampling = dict(SAMPLING)
   return sweep_hard.with_preset(c, arg, micro=_micro)
 
