@@ -185,7 +185,7 @@ def analyze_metric(run_curves: Sequence[records.RunCurve], metric: str,
     grid_E = frontier.compute_grid(lo, hi, options.grid_points)
     points = frontier.fitted_frontier(keys, fits, grid_E, max_compute_A)
     swept_n = [k[1] for k in keys]
-    law = frontier.law_from_frontier(points, n_bounds=(min(swept_n), max(swept_n)))
+    law = frontier.law_from_frontier(points, fits, n_bounds=(min(swept_n), max(swept_n)))
     if groups:
       by_b_p = frontier.group_frontiers(keys, fits, max_compute_A, by="problems_per_batch",
                                         num=options.grid_points)

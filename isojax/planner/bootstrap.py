@@ -269,6 +269,16 @@ def p_value(samples_Z) -> float:
   return min(1.0, 2.0 * (k + 1) / (finite.size + 1))
 
 
+def effect_p_value(e: Mapping[str, Any]) -> float:
+  """`p_value` of an effect's replicates; NaN when its interval is undefined (`effect`:
+  fewer than `MIN_DEFINED` of them have a value), so that no verdict rests on the few
+  replicates where the statistic happened to exist."""
+  lo, hi = e.get("lo"), e.get("hi")
+  if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+    return float("nan")
+  return p_value(e.get("samples", []))
+
+
 def resamples_to_decide(family: int, alpha: float = 1.0 - DEFAULT_LEVEL) -> int:
   """The fewest replicates whose smallest p-value (2 / (Z + 1), no replicate across 0)
   passes Holm's strictest threshold alpha / family: below it, no test of the family can

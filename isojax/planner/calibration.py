@@ -42,7 +42,7 @@ from isojax.planner import sigmoid_fit
 from isojax.planner import time_to_value
 from isojax.planner import verdicts
 
-NUM_EVALS = 3   # a run's last evaluations; its final value averages the last two
+NUM_EVALS = 3   # a run's last evaluations; its final value is the last (`experiments.TAIL`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,7 +283,7 @@ def frontier_rates(model: FrontierModel, *, studies: int, resamples: int,
       continue
     estimates.append(e["value"])
     covered += e["lo"] <= truth <= e["hi"]
-    verdict = bootstrap.p_verdict(e["value"], bootstrap.p_value(out["rise"]))
+    verdict = bootstrap.p_verdict(e["value"], bootstrap.effect_p_value(e))
     decided += (verdict == bootstrap.YES) if truth > 0 else (verdict != bootstrap.INCONCLUSIVE)
   return FrontierRates(truth=truth, mean_estimate=float(np.mean(estimates)) if estimates
                        else math.nan, coverage=covered / studies,

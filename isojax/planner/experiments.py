@@ -21,8 +21,12 @@ seeds where an allocation has several), and returns them as effects
   per_problem         the compute per-problem allocation needs to reach the uniform
                       frontier's best value, over the uniform's (`time_to_value`)
 
-"Final" values average the last `TAIL` evaluations of a run (one evaluation is as
-noisy as the validation set is small).
+A run's "final" value is its last evaluation, at its full compute (`final_value`). Not
+an average of its last few: a schedule with a fixed number of evaluations puts a short
+run's second-to-last one at a larger fraction of its compute (8 log-spaced evaluations:
+75% at M = 8, 50% at M = 128), so on rising curves such an average would compare the
+allocations at different compute and tilt every slope in n. The noise of one evaluation
+is what the bootstrap's resampled problems carry into each interval.
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ KINDS = ("iso_compute", "fixed_batch", "problems_per_batch", "problem_set_size",
          "decoupled_baseline", "algorithms", "per_problem")
 DECOUPLED_VARIANTS = ("plain_train", "plain_estimate", "decoupled")
 EXPERIMENT_FILE = findings.EXPERIMENT_FILE
-TAIL = 2
+TAIL = 1                # evaluations a final value averages: the last (module docstring)
+EXTRAPOLATION_TAIL = 2  # claim 9's late evaluations, fit against persistence on one run
 LOST = bootstrap.LOST   # per problem: solved at an earlier evaluation, at pass@1 = 0 now
 _SEP = "|"
 
@@ -56,8 +61,9 @@ def _key(variant: str, metric: str) -> str:
   return f"{variant}{_SEP}{metric}"
 
 
-def final_value(curve: records.RunCurve, tail: int = TAIL) -> float:
-  return float(curve.values_E[-tail:].mean())
+def final_value(curve: records.RunCurve) -> float:
+  """The run's value at its budget: the mean of its last `TAIL` evaluations."""
+  return float(curve.values_E[-TAIL:].mean())
 
 
 def slope(x, y) -> float:
@@ -268,7 +274,7 @@ def _extrapolation(runs_by_variant: Mapping[str, Sequence[run_dir.Run]], metric:
       try:
         check = sigmoid_fit.extrapolation_check(c.rollouts_E, c.values_E, fraction=fraction,
                                                 r0=float(c.values_E[0]), lower=lower,
-                                                upper=upper, tail=TAIL)
+                                                upper=upper, tail=EXTRAPOLATION_TAIL)
         entry.update({k: check[k] for k in ("predicted", "observed", "error", "persistence",
                                             "persistence_error")})
       except ValueError as e:

@@ -171,12 +171,15 @@ def fit_n_star_law(compute_E, n_E, *, unit: str = "rollouts",
                   rmse=fit.rmse, num_points=fit.num_points)
 
 
-def law_from_frontier(points: Sequence[FrontierPoint], *, unit: str = "rollouts",
+def law_from_frontier(points: Sequence[FrontierPoint],
+                      fits: Sequence[sigmoid_fit.SigmoidFit], *, unit: str = "rollouts",
                       compute_scale: float = 1.0,
                       n_bounds: tuple[float, float] | None = None) -> NStarLaw | None:
-  """The n* law of a frontier (compute divided by compute_scale), or None when the
-  frontier has fewer than `sigmoid_fit.MIN_POINTS` points."""
-  if len(points) < sigmoid_fit.MIN_POINTS:
+  """The n* law of a frontier (compute divided by compute_scale) of `fits`, or None when
+  the frontier has fewer than `sigmoid_fit.MIN_POINTS` points or no fit rises: flat fits
+  tie at every C, and a frontier of ties is the tie-break's allocation (the smallest
+  key), not an n* (as claim 1's `n_star.frontier_stats` reads it)."""
+  if len(points) < sigmoid_fit.MIN_POINTS or all(f.flat for f in fits):
     return None
   c_E = np.array([p.rollouts for p in points]) / compute_scale
   n_E = np.array([p.rollouts_per_problem for p in points])
@@ -210,7 +213,8 @@ def group_frontiers(keys: Sequence[Key], fits: Sequence[sigmoid_fit.SigmoidFit],
     points = fitted_frontier([keys[k] for k in members], member_fits, grid_E,
                              [max_compute_A[k] for k in members])
     fixed_batch = by == "batch_rollouts"
-    law = law_from_frontier(points, unit="num_steps" if fixed_batch else "rollouts",
+    law = law_from_frontier(points, member_fits,
+                            unit="num_steps" if fixed_batch else "rollouts",
                             compute_scale=value if fixed_batch else 1.0)
     out[value] = {"frontier": points, "law": law}
   return out

@@ -80,7 +80,8 @@ def load_law(analysis_path: str) -> frontier.NStarLaw:
   law = data.get("n_star_fit") if isinstance(data, dict) else None
   if not law:
     raise ValueError(f"{analysis_path}: no `n_star_fit` (the sweep's frontier had too few "
-                     "points to fit n*(C)); pass no --analysis to use the paper defaults")
+                     "points to fit n*(C), or no allocation's fit rose above a flat line); "
+                     "pass no --analysis to use the paper defaults")
   if law.get("unit", "rollouts") != "rollouts":
     raise ValueError(f"{analysis_path}: n_star_fit is in {law['unit']!r}, expected rollouts")
   return dataclasses.replace(frontier.NStarLaw.from_dict(law), source=f"fit ({analysis_path})")

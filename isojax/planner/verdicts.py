@@ -101,7 +101,7 @@ def sign_row(finding: str, sweep: str, measured: str, e: Mapping[str, Any], *,
   """A row for "the effect lies on the `expected` side of 0", with its p-value."""
   return Row(finding, sweep, measured, e, bootstrap.sign_verdict(e, expected=expected), note,
              expected=expected, seeds=seeds,
-             p=bootstrap.p_value(e.get("samples", [])))
+             p=bootstrap.effect_p_value(e))
 
 
 def margin_row(finding: str, sweep: str, measured: str, e: Mapping[str, Any], *,

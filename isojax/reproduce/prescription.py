@@ -83,6 +83,18 @@ def plans(inv: tables.Invocation, design: Design, out_dir: str
   return dict(prescribed=prescribed, comparison=comparison(prescribed, grid["allocations"]))
 
 
+def prescription_note(prescribed: dict[str, Any]) -> str:
+  """What `launch.plan` prescribed, and whether the check's budget lies within the
+  compute the law was fitted on or beyond it (an extrapolation of the law)."""
+  lo, hi = prescribed["law"]["compute_range"]
+  where = "beyond" if prescribed["extrapolated"] else "within"
+  return (f"`launch.plan` prescribed n = {prescribed['rollouts_per_problem']} at B_p = "
+          f"{prescribed['problems_per_batch']} (the fitted n*(C) at C = "
+          f"{prescribed['budget_rollouts_requested']:,}: {prescribed['n_star']:.1f}), "
+          f"{where} the compute its law was fitted on ({lo:,.0f} to {hi:,.0f} rollouts)"
+          + (": an extrapolation of the law." if prescribed["extrapolated"] else "."))
+
+
 def difference(curves: dict[str, list]) -> dict[str, float]:
   """The statistic: mean final of the prescribed arm minus the comparison's."""
   mean = lambda arm: np.mean([experiments.final_value(c) for c in curves[arm]])
@@ -126,6 +138,7 @@ def run(inv: tables.Invocation, design: Design, out_dir: str) -> tuple[str, floa
                   f"{experiments.final_value(curve.curve()):.3f} |")
   e = decide(workdirs)
   body = "\n".join([
+      prescription_note(arms["prescribed"]), "",
       "| arm | n | B_p | M | seed | step-0 `val/avg@4` | final |",
       "|---|---|---|---|---|---|---|", *rows, "",
       f"Prescribed minus comparison, mean final `val/avg@4` over seeds: "

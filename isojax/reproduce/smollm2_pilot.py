@@ -129,10 +129,9 @@ def spread_note(finals: dict[str, list[float]]) -> str:
           f"{detect[sd]:.3f} per doubling of n with 80% power ({detect[sd_hi]:.3f} at the "
           f"bound); seeds per allocation for 80% power at a slope of {needed} "
           "(`isojax.planner.power`). A guide to the study's size, not its power: the "
-          "study's final is the mean of its last two evaluations (no noisier than the "
-          "noisier of them), its claims 2a and 2b are slopes of best@4 and worst@4 and "
-          "claim 1 a trend of n*, and the pilot evaluates 64 problems where the study "
-          "evaluates 128.")
+          "study's final is also a run's last evaluation, but its claims 2a and 2b are "
+          "slopes of best@4 and worst@4 and claim 1 a trend of n*, and the pilot "
+          "evaluates 64 problems where the study evaluates 128.")
 
 
 def run(inv: tables.Invocation, preset: str = "") -> str:

@@ -14,6 +14,7 @@ smollm2_study.md is written after step 1 and again after step 2.
 
 from __future__ import annotations
 
+import math
 import os
 
 from isojax import metrics, run_dir, storage
@@ -99,8 +100,8 @@ def _write(inv: tables.Invocation, study_dir: str, findings: str, wall_s: float,
     analysis = storage.read_json(os.path.join(sweep_dir, "analysis.json"))
     experiment = storage.read_json(os.path.join(sweep_dir, "experiment.json"))
     sections += [f"### The {sweep.split('_')[1]} split", "",
-                 f"Each allocation's final values (the mean of its last {experiments.TAIL} "
-                 "evaluations) per seed, and their mean +- the seeds' standard deviation:", "",
+                 "Each allocation's final values (each run's last evaluation, at C) per "
+                 "seed, and their mean +- the seeds' standard deviation:", "",
                  seed_table(experiment), "",
                  "Each run's `val/avg@4` at its evaluations (rollouts: value) and the "
                  "fraction of its last evaluation's responses cut at the token cap:", "",
@@ -175,12 +176,21 @@ N_STAR_EFFECTS = (("log2_n_star_start", "log2 n* at the frontier's start"),
 
 
 def n_star_table(experiment: dict) -> str:
+  """n*'s effects, from experiment.json (where NaN is null): an undefined estimate (no
+  allocation's fit rises) or interval (`bootstrap.effect`: too few replicates with a
+  value) is said so, not formatted."""
   rows = ["| quantity | estimate [90% CI] |", "|---|---|"]
   for key, what in N_STAR_EFFECTS:
     e = experiment["effects"].get(key)
-    if e and e["value"] is None:  # NaN in experiment.json: no allocation's fit rises
+    if not e:
+      continue
+    value, lo, hi = (math.nan if e[k] is None else float(e[k]) for k in ("value", "lo", "hi"))
+    if not math.isfinite(value):
       rows.append(f"| {what} | undefined (no allocation's fit rises above a flat line) |")
-    elif e:
-      rows.append(f"| {what} | {e['value']:+.2f} [{e['lo']:+.2f}, {e['hi']:+.2f}] |")
+    elif not (math.isfinite(lo) and math.isfinite(hi)):
+      rows.append(f"| {what} | {value:+.2f} [undefined: fewer than half the replicates have "
+                  "a value] |")
+    else:
+      rows.append(f"| {what} | {value:+.2f} [{lo:+.2f}, {hi:+.2f}] |")
   return "\n".join(rows)
 

@@ -1,5 +1,6 @@
 """Experiment analyses on synthetic runs with known ground truth."""
 
+import json
 import math
 import os
 
@@ -13,6 +14,7 @@ from isojax.planner import analysis
 from isojax.planner import bootstrap
 from isojax.planner import experiments
 from isojax.planner import n_star
+from isojax.planner import prescribe
 from isojax.planner import records
 from isojax.planner import synthetic
 
@@ -93,7 +95,7 @@ def _bp_sweep(root, asymptotes, rng):
 def _true_final(a, b_p):
   steps_T = _log_steps(16384 // (b_p * 8))
   tc = synthetic.TrueCurve(b_p, 8, r0=0.2, a=a, b=1.5, c_mid=1500.0)
-  return float(tc(steps_T[-2:] * b_p * 8).mean())
+  return float(tc(steps_T[-1:] * b_p * 8)[0])  # a final value: the last evaluation
 
 
 def test_problems_per_batch_spread_covers_the_true_spread(tmp_path):
@@ -137,7 +139,7 @@ def test_extrapolation_error_is_small_on_sigmoids_and_large_on_a_late_jump(tmp_p
   errors = {os.path.basename(e["path"]): e for e in result["extrapolation"]}
   for seed in range(3):
     e = errors[f"sig{seed}"]
-    true_end = float(tc(steps_T[-2:] * 32).mean())
+    true_end = float(tc(steps_T[-2:] * 32).mean())  # claim 9 averages the last two
     assert abs(e["predicted"] - true_end) < 0.02
     assert abs(e["error"]) < 0.02
   assert errors["jump"]["error"] < -0.2
@@ -155,11 +157,11 @@ def test_decoupled_effects_match_the_true_differences(tmp_path):
   result = experiments.analyze_experiment(str(tmp_path), "decoupled_baseline",
                                           list(finals), num_resamples=100)
   e = result["effects"]
-  true_last2 = {v: 0.2 + (f - 0.2) * steps_T[-2:].mean() / steps_T[-1] for v, f in finals.items()}
+  # Each run ends at its `finals` value (its last evaluation, a final value).
   for key, truth in (("decoupled_minus_plain_train",
-                      true_last2["decoupled"] - true_last2["plain_train"]),
+                      finals["decoupled"] - finals["plain_train"]),
                      ("plain_estimate_minus_decoupled",
-                      true_last2["plain_estimate"] - true_last2["decoupled"])):
+                      finals["plain_estimate"] - finals["decoupled"])):
     lo, hi = bootstrap.interval(e[key]["samples"], 0.99)
     assert lo <= truth <= hi, key
     assert e[key]["lo"] > 0
@@ -202,8 +204,8 @@ def test_problem_set_size_sees_the_small_set_overfit(tmp_path):
   change = result["details"]["train_reward_change"]
   assert change["p16"] > change["all"] > 0
   # Transfer: the validation problems are held out, so p16's gain on them is transfer.
-  gain_16 = float(p16_T[-2:].mean() - p16_T[0])
-  gain_all = float((0.2 + 0.3 * x_T[-2:]).mean() - 0.2)
+  gain_16 = float(p16_T[-1] - p16_T[0])
+  gain_all = float(0.2 + 0.3 * x_T[-1] - 0.2)
   for name, want in (("transfer_gain", gain_16), ("transfer_fraction", gain_16 / gain_all)):
     e = result["effects"][name]
     assert e["lo"] - 0.01 <= want <= e["hi"] + 0.01, (name, want, e)
@@ -217,11 +219,29 @@ def _sigmoid_curve(n, a, c_mid, *, r0=0.2, b=2.0, c_end=65536.0):
   return records.RunCurve(f"n{n}", 16, n, c_E, v_E)
 
 
+def test_final_values_compare_every_allocation_at_its_budget():
+  """Every allocation's curve rises linearly in its fraction of C = 2,048 to the same 0.3
+  at C, evaluated at step 0 and 8 log-spaced steps (the SmolLM2 study's schedule): n
+  makes no difference at C, so the slope of the final values on log2 n is 0. A mean of
+  each run's last two evaluations finds a rise: M = 8's second-to-last evaluation lies
+  at 75% of its compute, M = 128's at 50%."""
+  b_p, log2_n = 8, np.arange(1, 6)
+  curves = []
+  for n in 2 ** log2_n:
+    m = 2048 // (b_p * int(n))
+    steps_E = _log_steps(m, count=8).astype(float)
+    curves.append(records.RunCurve(f"n{n}", b_p, int(n), steps_E * b_p * n,
+                                   0.1 + 0.2 * steps_E / m))
+  assert experiments.final_slope_log2_n(curves) == pytest.approx(0.0, abs=1e-12)
+  last_two = [c.values_E[-2:].mean() for c in curves]
+  assert np.polyfit(log2_n, last_two, 1)[0] > 0.005
+
+
 def test_saturation_is_the_headroom_to_each_runs_asymptote_and_their_spread():
   """One n still far below its ceiling at the budget, one at it; then two ceilings."""
   rising, flat = _sigmoid_curve(4, 0.6, c_mid=60000.0), _sigmoid_curve(8, 0.6, c_mid=3000.0)
   got = experiments.saturation_stats([rising, flat], metrics.val_avg(4))
-  want = np.mean([0.6 - c.values_E[-experiments.TAIL:].mean() for c in (rising, flat)])
+  want = np.mean([0.6 - c.values_E[-1] for c in (rising, flat)])
   assert got["headroom"] == pytest.approx(want, abs=2e-3) and want > 0.05
   assert got["asymptote_spread"] == pytest.approx(0.0, abs=2e-3)
   apart = [_sigmoid_curve(4, 0.5, c_mid=3000.0), _sigmoid_curve(8, 0.8, c_mid=3000.0),
@@ -279,7 +299,7 @@ def test_sweep_analysis_writes_variant_analyses_experiment_and_findings(tmp_path
   assert "| 8 | the n*(C) trend holds with other RL algorithms | algorithms/ppo |" in out
 
 
-def test_n_star_is_undefined_when_no_allocation_rises():
+def test_n_star_is_undefined_when_no_allocation_rises(tmp_path):
   """Curves that go up and back down within noise: every fit is flat, every n ties at
   its first value, and n* has no value rather than the smallest n's."""
   c_E = np.linspace(0.0, 1024.0, 5)
@@ -287,6 +307,18 @@ def test_n_star_is_undefined_when_no_allocation_rises():
            for n, d in ((2, 0.0), (4, 0.01), (8, -0.01))]
   got = n_star.frontier_stats(bumps, metrics.val_avg(4))
   assert all(math.isnan(v) for v in got.values()), got
+  # Nor has the fitted law, so `launch.plan --analysis=` prescribes nothing from it.
+  flat = analysis.analyze_metric(bumps, metrics.val_avg(4),
+                                 analysis.Options(metric=metrics.val_avg(4)))
+  assert all(cf.fit.flat for cf in flat.curve_fits) and len(flat.frontier) > 2
+  assert flat.law is None and flat.by_problems_per_batch[8]["law"] is None
+  path = os.path.join(tmp_path, "analysis.json")
+  with open(path, "w") as f:
+    json.dump(flat.to_dict(), f)
+  with pytest.raises(ValueError, match="no allocation's fit rose above a flat line"):
+    prescribe.load_law(path)
   rising = [_sigmoid_curve(n, 0.3 + 0.1 * i, c_mid=3000.0) for i, n in enumerate((2, 4, 8))]
   got = n_star.frontier_stats(rising, metrics.val_avg(4))
   assert got["log2_n_star_end"] == 3.0  # the highest ceiling's n wins at the end
+  assert analysis.analyze_metric(rising, metrics.val_avg(4), analysis.Options(
+      metric=metrics.val_avg(4))).law is not None

@@ -195,6 +195,24 @@ def test_the_primary_family_is_holm_adjusted_across_sweeps_and_looks():
   assert rows[("1", "h")].look == "3 of 3"
 
 
+def test_an_effect_defined_in_too_few_replicates_has_no_p_value_and_decides_nothing():
+  """n*'s rise has a value in 80 of 200 replicates, all +1 (in the rest no fit rose): its
+  interval is undefined (fewer than `bootstrap.MIN_DEFINED` of them), and so is its
+  p-value, so the row stays inconclusive. A p-value over the 80 alone, 2 / 81, would be
+  0.049 after Holm over the hard sweep's two primary rows: a yes beside an interval of
+  [nan, nan]. With 120 of 200 the interval exists and p = 2 / 121 decides."""
+  def rows(defined):
+    rise = _effect([1.0] * defined + [np.nan] * (200 - defined), value=1.0)
+    hard = _iso("hard", [0.0] * 5, [3.0] * 5, [0.0] * 5, [0.0] * 5, [0.0] * 5)
+    hard["effects"]["n_star_rise"] = rise
+    return {r.finding: r for r in findings.table({"hard": hard})}
+  few = rows(80)["1"]
+  assert np.isnan(few.effect["lo"]) and np.isnan(few.p) and few.verdict == "inconclusive"
+  enough = rows(120)["1"]
+  assert enough.p == 2 / 121 and enough.p_adjusted == 2 * 2 / 121
+  assert enough.verdict == "yes"
+
+
 def test_too_few_replicates_for_the_family_leave_a_clear_effect_inconclusive_and_say_so():
   """Six sweeps, two primary rows each (a family of 12), every replicate far above 0:
   200 replicates give p = 2 / 201 and Holm 12 x that = 0.119, so nothing is decided and

@@ -99,6 +99,11 @@ def test_frontier_and_n_star_tables():
   assert smollm2_study.n_star_table(experiment).splitlines()[-1] == (
       "| doublings of n* from start to end | undefined (no allocation's fit rises above a "
       "flat line) |")
+  # A rise in fewer than half the replicates: an estimate without an interval.
+  experiment["effects"]["n_star_rise"] = dict(value=1.0, lo=None, hi=None)
+  assert smollm2_study.n_star_table(experiment).splitlines()[-1] == (
+      "| doublings of n* from start to end | +1.00 [undefined: fewer than half the "
+      "replicates have a value] |")
 
 
 def _grid(ns, b_ps=(8,)):
@@ -123,8 +128,8 @@ def test_the_comparison_is_the_farthest_n_at_the_prescribed_b_p():
 
 
 def test_the_check_decides_on_the_seeds_final_values(tmp_path):
-  """The statistic is the difference of the arms' mean finals (each run's last two
-  evaluations, per-problem pass rates averaged); a clear gap over seeds is a yes, the
+  """The statistic is the difference of the arms' mean finals (each run's last
+  evaluation, per-problem pass rates averaged); a clear gap over seeds is a yes, the
   arms swapped a no, and identical arms are inconclusive."""
   rng = np.random.default_rng(0)
   num_samples, problems = 4, 32
@@ -135,7 +140,7 @@ def test_the_check_decides_on_the_seeds_final_values(tmp_path):
       path = str(tmp_path / f"{arm}_s{seed}")
       _write_run(path, seed=seed, n=n, counts_E=counts_E, num_samples=num_samples)
       dirs[arm].append(path)
-      finals[arm].append(np.mean(np.asarray(counts_E[-2:]) / num_samples))
+      finals[arm].append(np.mean(counts_E[-1] / num_samples))
   want = np.mean(finals["prescribed"]) - np.mean(finals["comparison"])
   e = prescription.decide(dirs, num_resamples=200)
   assert e["value"] == pytest.approx(want, abs=1e-12)
@@ -344,3 +349,16 @@ def test_the_check_runs_each_arm_per_seed_and_tables_them_in_order(tmp_path, mon
   assert rows == [f"| prescribed | 16 | 8 | 32 | {s} | 0.125 | 0.500 |" for s in "012"] + [
       f"| comparison | 2 | 8 | 256 | {s} | 0.125 | 0.250 |" for s in "012"]
   assert wall_s == 42.0 and "+0.250 [+0.250, +0.250]" in body
+  assert body.startswith("`launch.plan` prescribed n = 16 at B_p = 8 (the fitted n*(C) at "
+                         "C = 4,096: 16.0), within the compute its law was fitted on (16 to "
+                         "1,000,000 rollouts).")
+
+
+def test_the_check_says_when_its_budget_extrapolates_the_law():
+  law = dict(compute_range=[16.0, 2048.0])
+  note = prescription.prescription_note(dict(
+      rollouts_per_problem=8, problems_per_batch=8, budget_rollouts_requested=4096,
+      n_star=7.2, extrapolated=True, law=law))
+  assert note == ("`launch.plan` prescribed n = 8 at B_p = 8 (the fitted n*(C) at C = 4,096: "
+                  "7.2), beyond the compute its law was fitted on (16 to 2,048 rollouts): an "
+                  "extrapolation of the law.")
