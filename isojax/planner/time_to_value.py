@@ -7,10 +7,11 @@ estimated pass rates). Each allocation's curve is the mean over its seeds at its
 evaluations (the seeds of an allocation share its schedule). The target V is the best
 final value of any uniform allocation (`experiments.final_value`: its last evaluation);
 an arm reaches it at the first evaluation, over all its allocations, whose mean value is
-at least V. The uniform arm always does (the best allocation's last evaluation is V). The statistic is log2 of the per-problem arm's rollouts at
-that point over the uniform arm's: below 0, per-problem allocation gets there with less
-compute. Where no per-problem allocation reaches V, its largest compute stands in (a
-lower bound) and `reached` is 0.
+at least V. The uniform arm always does (the best allocation's last evaluation is V).
+The statistic is log2 of the per-problem arm's rollouts at that point over the uniform
+arm's: below 0, per-problem allocation gets there with less compute. Where no
+per-problem allocation reaches V, its largest compute stands in (a lower bound) and
+`reached` is 0.
 """
 
 from __future__ import annotations
