@@ -9,7 +9,8 @@
      seeds, fits them and decides the findings (claims 1, 2a, 2b primary, Holm-adjusted);
   2. the prescription check (`isojax.reproduce.prescription`) at twice the study's
      budget on the hard sweep's fit.
-smollm2_study.md is written after step 1 and again after step 2.
+smollm2_study.md is written after step 1 and again after step 2; a rerun that finds the
+check begun goes straight to it, so a failing rerun of the check leaves the table as it was.
 """
 
 from __future__ import annotations
@@ -65,10 +66,11 @@ def run(inv: tables.Invocation) -> str:
                      + "; ".join(mismatches) + ". Run --sections=smollm2_pilot and set "
                      "configs/smollm2.py to the candidate smollm2_pilot.md names")
   study_dir = os.path.join(inv.out, SECTION)
+  check_dir = os.path.join(study_dir, "prescription")
   findings, wall_s = runs_lib.launch_study(inv, study_dir, BUDGET, SWEEPS, PROFILE_FLAGS)
-  _write(inv, study_dir, findings, wall_s, check="")
-  check, check_s = prescription.run(inv, check_design(study_dir),
-                                    os.path.join(study_dir, "prescription"))
+  if not os.path.isdir(check_dir):  # once the check has begun, the table keeps its text
+    _write(inv, study_dir, findings, wall_s, check="")  # until the check writes a new one
+  check, check_s = prescription.run(inv, check_design(study_dir), check_dir)
   return _write(inv, study_dir, findings, wall_s + check_s, check=check)
 
 

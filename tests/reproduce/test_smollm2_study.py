@@ -224,6 +224,19 @@ def test_the_section_writes_its_table_after_the_study_and_after_the_check(tmp_pa
   assert "primary rows" in text and "CHECK TABLE" in text and "POOLS" in text
   assert "Not run yet" not in text and "### The hard split" in text
 
+  # A rerun once the check has begun: the table keeps the check's text until the check
+  # writes it again, so a check that fails now loses nothing already written.
+  os.makedirs(study_dir / "prescription")
+
+  def failing_check(inv, design, out_dir):
+    assert "CHECK TABLE" in open(tmp_path / "smollm2_study.md").read()
+    raise RuntimeError("a run failed")
+
+  monkeypatch.setattr(prescription, "run", failing_check)
+  with pytest.raises(RuntimeError, match="a run failed"):
+    smollm2_study.run(inv)
+  assert open(tmp_path / "smollm2_study.md").read() == text
+
 
 def test_a_fit_without_a_law_is_reported_not_run(tmp_path):
   """launch.plan refuses an analysis without `n_star_fit`: the check says so, with the
