@@ -12,7 +12,9 @@ the launch then runs only what is missing):
            of each *finished* run directory, every file but its log;
   dropped  checkpoints/, the XLA cache (jax_cache/), run logs (log.txt, *.log),
            plots (*.png, redrawn by the analysis), lock files, and every unfinished
-           run directory whole (it starts afresh where it is restored).
+           run directory but its plan.json (it starts afresh from that plan where it
+           is restored, so a plan copied while the run was pending, then re-planned,
+           is replaced rather than left stale).
 
 A run directory is one holding config.json or metrics.jsonl (`run_dir.find_runs`); it
 is finished when its last metrics line is at config.json's num_steps.
@@ -69,6 +71,7 @@ def plan(source: str) -> Copied:
     rel = _relative(dirpath, source)
     if rel in runs and not runs[rel]:
       dirnames[:] = []
+      files += [os.path.join(rel, layout.PLAN_FILE)] if layout.PLAN_FILE in filenames else []
       continue
     dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED_DIRS)
     files += [os.path.join(rel, f) for f in sorted(filenames) if not _skipped(f)]

@@ -80,7 +80,7 @@ def test_records_carry_finished_runs_and_the_relaunch_runs_only_the_rest(tmp_pat
   saved = str(tmp_path / "repo" / "records")
   copied = records.copy(out, saved)
   kept_run_files = ("config.json", "metrics.jsonl", "plan.json")
-  want = sorted(["profile_partial.json", "sweep.json"] +
+  want = sorted(["profile_partial.json", "sweep.json", "runs/bp4_n4/plan.json"] +
                 [os.path.join("runs", name, f) for name in ("bp4_n2", "bp4_n8")
                  for f in kept_run_files])
   assert _files(saved) == want
@@ -91,6 +91,17 @@ def test_records_carry_finished_runs_and_the_relaunch_runs_only_the_rest(tmp_pat
       assert a.read() == b.read(), rel
   assert records.copy(out, saved).files == copied.files  # again: nothing changes
   assert _files(saved) == want
+  # The unfinished run's plan is what restarts it: a plan changed since (a re-plan)
+  # replaces the copy, so a restore never starts it from a stale one.
+  replanned = os.path.join(out, "runs", "bp4_n4", "plan.json")
+  with open(replanned) as f:
+    old_plan = json.load(f)
+  for plan_now in (dict(old_plan, seed=7), old_plan):
+    with open(replanned, "w") as f:
+      json.dump(plan_now, f)
+    records.copy(out, saved)
+    with open(os.path.join(saved, "runs", "bp4_n4", "plan.json")) as f:
+      assert json.load(f) == plan_now
 
   # A fresh machine: restored, the relaunch starts only the run that had not finished
   # (failed there, as the manifest records), and the restored runs' finals are the ones
