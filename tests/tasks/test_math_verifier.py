@@ -279,6 +279,7 @@ def test_pool_starts_lazily_and_close_releases_it():
 _UNGUARDED = """
 from isojax.tasks import math_verifier
 from isojax.tasks.problem import Problem
+math_verifier.STARTUP_TIMEOUT_S = 5.0  # a hang ends sooner; the error names the same cause
 v = math_verifier.MathVerifier(timeout_s=2, workers=2)
 g = v.grade(["\\\\boxed{{2}}"] * {n}, [Problem("1 + 1", "2")] * {n})
 print("graded", g.rewards.mean(), flush=True)
