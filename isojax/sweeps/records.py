@@ -71,7 +71,8 @@ def plan(source: str) -> Copied:
     rel = _relative(dirpath, source)
     if rel in runs and not runs[rel]:
       dirnames[:] = []
-      files += [os.path.join(rel, layout.PLAN_FILE)] if layout.PLAN_FILE in filenames else []
+      if layout.PLAN_FILE in filenames:
+        files.append(os.path.join(rel, layout.PLAN_FILE))
       continue
     dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED_DIRS)
     files += [os.path.join(rel, f) for f in sorted(filenames) if not _skipped(f)]
