@@ -33,7 +33,9 @@ the same command resumes the study:
 
 The default --sweeps are every experiment of the paper (EXPERIMENTS below). DIR/study.json
 summarises the splits, each sweep's manifest, analyses and the findings. The exit
-status is non-zero if a run or an analysis failed. The library is `isojax.sweeps.study`.
+status is non-zero if a run or an analysis failed; a sweep with a failed run is not
+analysed and the study then writes no findings table (rerun to retry the run). The
+library is `isojax.sweeps.study`.
 """
 
 from __future__ import annotations

@@ -40,8 +40,9 @@ DEFAULT_RESAMPLES = 200
 DEFAULT_LEVEL = 0.9             # two-sided: the 5th to the 95th percentile
 YES, NO, INCONCLUSIVE, INDICATIVE = "yes", "no", "inconclusive", "indicative"
 _METRIC = re.compile(r"val/(avg|best|worst)@(\d+)")
-# Interference (claim 5) per problem: solved (pass@1 > 0) at some earlier evaluation,
-# at pass@1 = 0 at this one. Its mean over problems is the fraction the policy lost.
+# Interference (claim 5) per problem: solved (pass@1 > 0) at the first evaluation (step
+# 0, the base model), at pass@1 = 0 at this one. Its mean over problems is the fraction
+# the policy lost.
 LOST = "pass@1_lost"
 
 
@@ -77,7 +78,7 @@ def per_problem_values(metric: str, counts_G, num_samples: int) -> np.ndarray:
   """The per-problem value whose mean over problems is `metric` ([G] float64).
 
   `metric` is val/avg@k, val/best@k, val/worst@k or "pass@1" (c / N). (`LOST` depends
-  on every earlier evaluation: `lost_problems`.)
+  on the first evaluation too: `lost_problems`.)
   """
   counts_G = np.asarray(counts_G)
   if metric == "pass@1":
@@ -95,13 +96,20 @@ def per_problem_values(metric: str, counts_G, num_samples: int) -> np.ndarray:
 
 
 def lost_problems(counts_EG) -> np.ndarray:
-  """[E, G] 1.0 where problem g was solved at an evaluation before e and has no correct
-  sample at e: interference as the paper means it (problems the policy once solved
-  that fall to pass@1 = 0), apart from problems that were never solved."""
+  """[E, G] 1.0 where problem g had a correct sample at the first evaluation (step 0,
+  the base model) and has none at e: interference as the paper means it, problems that
+  fall to pass@1 = 0 from where training began, apart from problems never solved.
+
+  Measured against the first evaluation, not against any earlier one, because the
+  runs of an iso-compute sweep share only their first and last evaluations' compute: a
+  log schedule of M steps rounds to fewer distinct steps when M is small (the SmolLM2
+  study's n = 32 runs evaluate 7 times, its n = 2 runs 9), and "solved at any earlier
+  evaluation" gives a run with more evaluations more chances to count a problem, a
+  slope on log2 n that a null with the same pass rates for every n shows
+  (`tests/planner/test_calibration.py`).
+  """
   solved_EG = np.asarray(counts_EG) > 0
-  before_EG = np.zeros_like(solved_EG)
-  before_EG[1:] = np.logical_or.accumulate(solved_EG, axis=0)[:-1]
-  return (before_EG & ~solved_EG).astype(np.float64)
+  return (solved_EG[:1] & ~solved_EG).astype(np.float64)
 
 
 def problem_curve(run: run_dir.Run, metric: str, *,
@@ -109,8 +117,8 @@ def problem_curve(run: run_dir.Run, metric: str, *,
   """`run`'s per-problem values of `metric` at every evaluation that logged counts.
 
   Raises RunFormatError when the run logged no per-problem counts (runs written
-  before they were logged cannot be bootstrapped over problems) or when the number
-  of problems changes between evaluations.
+  before they were logged cannot be bootstrapped over problems), when the number
+  of problems changes between evaluations, or, for `LOST`, when step 0 has no counts.
   """
   num_samples = int(run.config.get("eval", {}).get("num_samples", 0))
   if num_samples < 1:
@@ -132,6 +140,10 @@ def problem_curve(run: run_dir.Run, metric: str, *,
   order = np.argsort(c_E, kind="stable")
   values_EG = np.stack(rows)[order]
   if metric == LOST:
+    if min(c_E) != 0:
+      raise run_dir.RunFormatError(
+          f"{run_dir.metrics_path(run.path)}: interference is measured against the step-0 "
+          f"evaluation, and the first `{counts_key}` line is at {min(c_E):g} rollouts")
     values_EG = lost_problems(values_EG)
   return ProblemCurve(path=run.path, problems_per_batch=int(run.config["problems_per_batch"]),
                       rollouts_per_problem=int(run.config["rollouts_per_problem"]),

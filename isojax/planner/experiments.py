@@ -53,7 +53,7 @@ DECOUPLED_VARIANTS = ("plain_train", "plain_estimate", "decoupled")
 EXPERIMENT_FILE = findings.EXPERIMENT_FILE
 TAIL = 1                # evaluations a final value averages: the last (module docstring)
 EXTRAPOLATION_TAIL = 2  # claim 9's late evaluations, fit against persistence on one run
-LOST = bootstrap.LOST   # per problem: solved at an earlier evaluation, at pass@1 = 0 now
+LOST = bootstrap.LOST   # per problem: solved at step 0, at pass@1 = 0 now
 _SEP = "|"
 
 
@@ -250,13 +250,12 @@ def _load_groups(runs_dirs: Mapping[str, str], metric: str, *, interference: boo
     loaded[variant] = runs
     for name in analysis.companion_metrics(metric):
       groups[_key(variant, name)] = [bootstrap.problem_curve(r, name) for r in runs]
-    if interference:
-      try:
-        groups[_key(variant, LOST)] = [
-            bootstrap.problem_curve(r, LOST, counts_key=metrics.TRAIN_PASS1_COUNTS)
-            for r in runs]
-      except run_dir.RunFormatError:
-        pass  # eval.train_problems = 0: no interference statistic
+    # Runs that logged no histogram (eval.train_problems = 0): no interference statistic.
+    if interference and any(metrics.TRAIN_PASS1_COUNTS in line
+                            for r in runs for line in r.metrics):
+      groups[_key(variant, LOST)] = [
+          bootstrap.problem_curve(r, LOST, counts_key=metrics.TRAIN_PASS1_COUNTS)
+          for r in runs]
   return groups, loaded
 
 

@@ -42,7 +42,8 @@ def _rows_iso(name: str, exp: Mapping[str, Any], *, prefix: str = "",
   rise = effects.get(f"n_star_rise{prefix}")
   if rise is not None:
     rows.append(sign_row(finding, name, "doublings of n* (the centre of the n within "
-                          f"{EQUIVALENCE_MARGIN} of the best fit) from C_end / 16 to C_end",
+                          f"{EQUIVALENCE_MARGIN} of the best fit) from C_end / 16 (or the latest "
+                          "first evaluation, if later) to C_end",
                           rise, seeds=_seeds(exp), note=_saturation_note(effects, prefix)))
   return rows
 
@@ -169,8 +170,8 @@ def raw_table(experiments: Mapping[str, Mapping[str, Any]], *,
   for name, exp in iso.items():
     e = exp["effects"].get("lost_slope_log2_n")
     if e:
-      rows.append(sign_row("5", name, "change in the fraction of training problems once "
-                            "solved and now at pass@1 = 0, per doubling of n", e,
+      rows.append(sign_row("5", name, "change in the fraction of training problems solved "
+                            "at step 0 and now at pass@1 = 0, per doubling of n", e,
                             expected=-1, seeds=_seeds(exp)))
   for name, exp in experiments.items():
     if exp["kind"] == "problem_set_size":
@@ -371,6 +372,6 @@ def write_study_findings(study_dir: str, *, seed: int = 0) -> tuple[list[Row], s
   spread = seed_markdown(experiments)
   if spread:
     text += ("\n## Seed spread\n\nEach allocation run with several seeds: its final "
-             "values (the mean of the last evaluations) over seeds.\n\n" + spread)
+             "values (each run's last evaluation) over seeds.\n\n" + spread)
   storage.write_text(os.path.join(study_dir, FINDINGS_FILE), text)
   return rows, text

@@ -71,6 +71,9 @@ def difficulty_of(config: RunConfig) -> str:
   return "easy" if config["rl"]["kl_coef"] > 0 else "hard"
 
 
+NO_LAW = "no `n_star_fit`"   # load_law's words for a fit without an n*(C) law
+
+
 def load_law(analysis_path: str) -> frontier.NStarLaw:
   """The n*(C) law of an analysis.json written by `launch.analyze`."""
   try:
@@ -79,7 +82,7 @@ def load_law(analysis_path: str) -> frontier.NStarLaw:
     raise ValueError(f"analysis file {analysis_path!r} does not exist") from e
   law = data.get("n_star_fit") if isinstance(data, dict) else None
   if not law:
-    raise ValueError(f"{analysis_path}: no `n_star_fit` (the sweep's frontier had too few "
+    raise ValueError(f"{analysis_path}: {NO_LAW} (the sweep's frontier had too few "
                      "points to fit n*(C), or no allocation's fit rose above a flat line); "
                      "pass no --analysis to use the paper defaults")
   if law.get("unit", "rollouts") != "rollouts":

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from isojax import metrics, run_dir
-from isojax.planner import bootstrap, experiments
+from isojax.planner import bootstrap, experiments, prescribe
 from isojax.reproduce import runs as runs_lib
 from isojax.reproduce import tables
 
@@ -47,16 +47,22 @@ class Design:
 
 
 class NoPrescription(RuntimeError):
-  """`launch.plan` could not prescribe from the fit (its one-line error)."""
+  """The fit has no n*(C) law to prescribe from (`launch.plan`'s one-line error)."""
 
 
 def _plan(inv: tables.Invocation, design: Design, out_dir: str, *extra: str) -> dict:
+  """`launch.plan`'s JSON. Raises NoPrescription when it refuses the fit for having no
+  law, the one refusal the check reports as a finding; any other failure (a bad flag,
+  an import error) is a RuntimeError with its output, so it cannot pass for one."""
   cmd = [sys.executable, "-m", "launch.plan", f"--budget_rollouts={design.budget}",
          f"--config={design.base_config}", *design.plan_flags, f"--out={out_dir}", *extra]
   proc = subprocess.run(cmd, cwd=inv.repo, capture_output=True, text=True)
   if proc.returncode:
     lines = [l for l in proc.stderr.splitlines() if "error" in l.lower()] or ["(no message)"]
-    raise NoPrescription(lines[-1].strip())
+    if prescribe.NO_LAW in lines[-1]:
+      raise NoPrescription(lines[-1].strip())
+    raise RuntimeError(f"{' '.join(cmd[1:])} exited {proc.returncode}:\n"
+                       f"{proc.stderr[-3000:]}")
   return json.loads(proc.stdout)
 
 
@@ -121,7 +127,7 @@ def run(inv: tables.Invocation, design: Design, out_dir: str) -> tuple[str, floa
   final and the verdict, the elapsed wall seconds)."""
   try:
     arms = plans(inv, design, out_dir)
-  except NoPrescription as e:  # e.g. the fit's frontier had too few points for a law
+  except NoPrescription as e:  # the fit's frontier had too few points, or none rose
     return (f"Not run: `launch.plan --analysis={design.analysis}` prescribed nothing "
             f"({e}).", 0.0)
   workdirs = {arm: [os.path.join(out_dir, f"{arm}_s{seed}") for seed in design.seeds]

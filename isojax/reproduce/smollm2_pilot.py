@@ -114,6 +114,17 @@ def spread_note(finals: dict[str, list[float]]) -> str:
           "degrees of freedom, fewer in effect: each candidate ran the same seeds")
   if sd == 0.0:
     return head + "). With no spread measured it says nothing of the study's size."
+  return (head + f"; 90% upper bound {sd_hi:.3f}). " + design_power(sd, sd_hi) +
+          " A guide to the study's size, not its power: the "
+          "study's final is also a run's last evaluation, but its claims 2a and 2b are "
+          "slopes of best@4 and worst@4 and claim 1 a trend of n*, and the pilot "
+          "evaluates 64 problems where the study evaluates 128.")
+
+
+def design_power(sd: float, sd_hi: float) -> str:
+  """The slope per doubling of n the study's design decides with 80% power at a seed
+  SD `sd` of a final value (and at its upper bound `sd_hi`), and the seeds each effect
+  of `STUDY_EFFECTS` would need (`isojax.planner.power`)."""
   design = sweep_smollm2_hard.get_config()
   lo, hi = design.rollouts_range
   log2_ns = range(int(math.log2(lo)), int(math.log2(hi)) + 1)
@@ -123,15 +134,11 @@ def spread_note(finals: dict[str, list[float]]) -> str:
   needed = ", ".join(
       f"{e:g}: {power.seeds_for_slope(sd, e, log2_ns, family=STUDY_FAMILY) or '>1000'}"
       for e in STUDY_EFFECTS)
-  return (head + f"; 90% upper bound {sd_hi:.3f}). The study (n in "
-          f"{{{', '.join(str(2 ** x) for x in log2_ns)}}}, {seeds} seeds each, Holm over "
-          f"its {STUDY_FAMILY} primary rows at 0.10) then decides a slope of "
-          f"{detect[sd]:.3f} per doubling of n with 80% power ({detect[sd_hi]:.3f} at the "
-          f"bound); seeds per allocation for 80% power at a slope of {needed} "
-          "(`isojax.planner.power`). A guide to the study's size, not its power: the "
-          "study's final is also a run's last evaluation, but its claims 2a and 2b are "
-          "slopes of best@4 and worst@4 and claim 1 a trend of n*, and the pilot "
-          "evaluates 64 problems where the study evaluates 128.")
+  return (f"The study (n in {{{', '.join(str(2 ** x) for x in log2_ns)}}}, {seeds} seeds "
+          f"each, Holm over its {STUDY_FAMILY} primary rows at 0.10) then decides a slope "
+          f"of {detect[sd]:.3f} per doubling of n with 80% power ({detect[sd_hi]:.3f} at "
+          f"the bound); seeds per allocation for 80% power at a slope of {needed} "
+          "(`isojax.planner.power`).")
 
 
 def run(inv: tables.Invocation, preset: str = "") -> str:

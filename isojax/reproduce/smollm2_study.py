@@ -21,7 +21,7 @@ import os
 from isojax import metrics, run_dir, storage
 from isojax.configs import pilot_smollm2, smollm2, sweep_smollm2_hard
 from isojax.planner import experiments
-from isojax.reproduce import prescription
+from isojax.reproduce import prescription, smollm2_pilot
 from isojax.reproduce import runs as runs_lib
 from isojax.reproduce import tables
 from isojax.tasks import splits
@@ -121,12 +121,37 @@ def _write(inv: tables.Invocation, study_dir: str, findings: str, wall_s: float,
       f"{', '.join(map(str, sweep_smollm2_hard.SEEDS))}, on the profiled easy and hard "
       "splits. The profile (the base's avg@16 per problem on 2,048 + 2,048 problems) and "
       "the splits:", "", "```", splits.pool_table(os.path.join(study_dir, "splits")), "```",
-      "", *sections, findings.strip(), "",
+      "", power_note(study_dir), "", *sections, findings.strip(), "",
       "## The prescription at twice the budget", "",
       check or "Not run yet (it follows the study; rerun the section).", "",
       *runs_lib.study_images(study_dir, inv.results, SECTION), ""])
   return tables.write(inv, "smollm2_study.md",
                       "The seeded study on a real model: SmolLM2-135M-Instruct", wall_s, body)
+
+
+def power_note(study_dir: str) -> str:
+  """The design's power as the plan sized it (the pilot's seed spread), beside the seed
+  spread the study itself measured in a final `val/avg@4`."""
+  sd, sd_hi, _ = smollm2_pilot.seed_spread(
+      {k: list(v) for k, v in sweep_smollm2_hard.PILOT_FINALS.items()})
+  own = []
+  for sweep in ("smollm2_hard", "smollm2_easy"):
+    experiment = storage.read_json(os.path.join(study_dir, sweep, "experiment.json"))
+    finals = {str(_allocation(r)): r["finals"] for r in experiment["details"]["seed_spread"]
+              if r["metric"] == metrics.val_avg(4)}
+    split = sweep.split("_")[1]
+    if any(len(f) > 1 for f in finals.values()):
+      own_sd, _, dof = smollm2_pilot.seed_spread(finals)
+      own.append(f"{split} {own_sd:.3f} ({dof} degrees of freedom)")
+    else:
+      own.append(f"{split} none (one seed per allocation)")
+  return (f"**The design's power**, as docs/study.md's plan sized it before the runs: at "
+          f"the pilot's seed-to-seed SD of a final `val/avg@4`, {sd:.3f} (90% upper bound "
+          f"{sd_hi:.3f}; [smollm2_pilot.md](smollm2_pilot.md)), "
+          + smollm2_pilot.design_power(sd, sd_hi).replace("The study (", "the study (", 1)
+          + f" It ran {len(sweep_smollm2_hard.SEEDS)} seeds. The seed-to-seed SD of a final "
+          f"`val/avg@4` the study itself measured, pooled over its allocations: "
+          + ", ".join(own) + ".")
 
 
 def _allocation(row: dict) -> tuple[int, int]:

@@ -99,10 +99,17 @@ def prepare_sweep(spec: str, out_dir: str, model: str | None,
 
 def analyze_sweep(spec: str, sweep: ml_collections.ConfigDict,
                   local: sweep_runner.LocalSweep, failed: list[str]) -> dict:
-  """The sweep's entry of study.json, with its analysis (or the analysis's error)."""
+  """The sweep's entry of study.json, with its analysis (or the analysis's error). A
+  sweep with failed runs is not analysed: its fits would compare allocations some of
+  whose runs stopped short of C, and a verdict seen on them would be an uncounted look."""
   runs = local.manifest["runs"]
   entry = dict(dir=local.out_dir, config=spec, num_runs=len(runs), failed=failed,
                wall_s=sum(e.get("wall_s") or 0.0 for e in runs))
+  if failed:
+    entry["analysis_error"] = (f"not analysed while runs {', '.join(failed)} have failed: "
+                               "rerun the study to retry them")
+    logging.error("%s: %s", local.out_dir, entry["analysis_error"])
+    return entry
   try:
     summary = sweep_analysis.analyze(local.out_dir, sweep)
     print(sweep_analysis.format_analysis(summary), flush=True)
@@ -122,7 +129,8 @@ def run(out_dir: str, *, profile_config: str, sweeps: Sequence[str], workers: in
   `options_from_dir(splits_dir)` gives the profiling options. An empty `profile_config`
   profiles nothing: for sweeps on a task whose difficulty is set by construction (the
   recall task), which use no split. Raises ProfileError and SweepError (a run or an
-  analysis that fails is recorded, not raised).
+  analysis that fails is recorded, not raised; a failed run's sweep is not analysed,
+  and then no findings table is written).
   """
   start = time.time()
   model, summaries = None, []
@@ -139,6 +147,10 @@ def run(out_dir: str, *, profile_config: str, sweeps: Sequence[str], workers: in
     entries[os.path.basename(local.out_dir)] = analyze_sweep(spec, sweep, local, sweep_failed)
   study = dict(out_dir=out_dir, model=model, wall_s=round(time.time() - start, 1),
                splits=[s.__dict__ for s in summaries], sweeps=entries)
+  if any(failed):  # no findings table from a study some of whose runs failed
+    logging.error("no findings table while runs have failed: %s", problems(study))
+    storage.write_json(os.path.join(out_dir, STUDY_FILE), study)
+    return study
   try:
     rows, text = findings.write_study_findings(out_dir)
     study["findings"] = [r.to_dict() for r in rows]

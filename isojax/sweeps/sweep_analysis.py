@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 from typing import Any
+import zlib
 
 import ml_collections
 from absl import logging
@@ -61,9 +62,11 @@ def analyze(out_dir: str, sweep: ml_collections.ConfigDict) -> dict[str, Any]:
     summary["metrics"].update(_analyze_metrics(
         runs, os.path.join(out_dir, variant) if variant else out_dir, sweep, variant))
   try:
+    # Each sweep draws its own replicates (seeded by its name): findings that subtract two
+    # sweeps' replicates (claim 2c) need independent draws, not the same draw twice.
     result = experiments.analyze_experiment(
         runs_dir, sweep.kind, variants, metric=list(sweep.analysis.metrics)[0],
-        num_resamples=sweep.bootstrap_resamples)
+        num_resamples=sweep.bootstrap_resamples, seed=zlib.crc32(sweep.name.encode()))
   except (analysis.AnalysisError, run_dir.RunFormatError) as e:
     logging.error("experiment analysis of %s failed: %s", out_dir, e)
     summary["experiment"] = {"error": str(e)}

@@ -196,6 +196,12 @@ def test_a_study_checks_every_sweep_before_any_run_and_runs_them_in_one_pool(
   assert len(study["sweeps"]) == 2
   for entry in study["sweeps"].values():
     assert entry["num_runs"] == 3 and entry["failed"] == ["bp4_n4"]
+    # Not analysed, and no verdicts, while a run has failed.
+    assert "analysis" not in entry and "bp4_n4 have failed" in entry["analysis_error"]
+  assert "findings" not in study
+  assert not (tmp_path / "study" / "findings.md").exists()
+  assert not any((tmp_path / "study" / s / "experiment.json").exists()
+                 for s in study["sweeps"])
 
 
 

@@ -30,17 +30,18 @@ def test_per_problem_values_match_the_unbiased_estimators(kind):
   np.testing.assert_allclose(bootstrap.per_problem_values("val/avg@4", counts, 8), counts / 8)
 
 
-def test_lost_problems_are_those_solved_before_and_unsolved_now():
+def test_lost_problems_are_those_solved_at_step_0_and_unsolved_now():
   counts_EG = np.array([[0, 2, 0, 3],
                         [1, 0, 0, 0],
                         [0, 0, 0, 4],
                         [0, 1, 0, 0]])
-  # By hand: problem 0 solved at e1, lost at e2, e3; problem 1 lost at e1, e2,
-  # solved again at e3; problem 2 never solved (never lost); problem 3 lost at e1, e3.
+  # By hand: problem 0 unsolved at step 0, so never lost (solving it at e1 and losing
+  # it again is not interference from where training began); problem 1 lost at e1, e2,
+  # solved again at e3; problem 2 never solved; problem 3 lost at e1 and e3.
   want = np.array([[0, 0, 0, 0],
                    [0, 1, 0, 1],
-                   [1, 1, 0, 0],
-                   [1, 0, 0, 1]], float)
+                   [0, 1, 0, 0],
+                   [0, 0, 0, 1]], float)
   np.testing.assert_array_equal(bootstrap.lost_problems(counts_EG), want)
 
 
@@ -175,6 +176,20 @@ def test_problem_curve_reads_counts_and_rejects_runs_without_them(tmp_path):
   np.testing.assert_array_equal(lost.values_EG, [[0, 0, 0], [0, 0, 1]])
   with pytest.raises(run_dir.RunFormatError, match="per-problem counts"):
     bootstrap.problem_curve(run, "val/avg@4", counts_key=metrics.TRAIN_PASS1_COUNTS)
+
+
+def test_interference_needs_the_step_0_counts(tmp_path):
+  path = str(tmp_path / "run")
+  run_dir.write_config(path, {"problems_per_batch": 4, "rollouts_per_problem": 2,
+                              "eval": {"num_samples": 8}})
+  writer = run_dir.MetricsWriter(path)
+  for step in (1, 2):
+    writer.write({run_dir.STEP: step, run_dir.ROLLOUTS: 8 * step, run_dir.TOKENS: 0,
+                  run_dir.WALL_S: 0.0, metrics.VAL_CORRECT_COUNTS: [1, 0]})
+  (run,) = [r for _, r in run_dir.iter_loaded_runs([path])]
+  assert bootstrap.problem_curve(run, "val/avg@4").rollouts_E.tolist() == [8, 16]
+  with pytest.raises(run_dir.RunFormatError, match="step-0 evaluation.*at 8 rollouts"):
+    bootstrap.problem_curve(run, bootstrap.LOST)
 
 
 @pytest.mark.parametrize("lo,hi,expected,verdict", [

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from isojax import metrics
+from isojax.eval_settings import EvalSettings
 from isojax.planner import bootstrap
 from isojax.planner import calibration
 from isojax.planner import experiments
@@ -143,6 +144,35 @@ def test_claim_5_counts_problems_once_solved_and_lost_and_finds_a_planted_trend(
   got = experiments.final_slope_log2_n(curves)
   want = np.polyfit(np.log2(list(truth)), list(truth.values()), 1)[0]
   assert got == pytest.approx(want) and got == pytest.approx(-0.08, abs=0.02)
+
+
+@pytest.mark.parametrize("rise", [0.0, 2.0])
+def test_claim_5_has_no_slope_on_a_null_whose_runs_evaluate_different_numbers_of_times(rise):
+  """The SmolLM2 study's schedule (C = 2,048, B_p = 8, step 0 and 8 log-spaced steps:
+  9 distinct evaluations at n = 2, 7 at n = 32) on a null: every n has the same
+  per-problem pass rates at the same compute, constant or rising to 1 + rise times
+  the base's. The lost fraction's slope on log2 n is 0 within its noise. On the
+  constant null, counting problems solved at any earlier evaluation (brute force here)
+  gives the runs with more evaluations more lost problems: a slope on the paper's side."""
+  rng = np.random.default_rng(5)
+  problems, samples, ns = 20000, 4, (2, 4, 8, 16, 32)
+  p_G = rng.beta(0.3, 6.0, problems)         # pass rates of a hard split, mean about 0.05
+  curves, any_earlier = [], []
+  for n in ns:
+    num_steps = 2048 // (8 * n)
+    steps_E = np.array(sorted(EvalSettings(schedule="log", count=8).steps(num_steps)))
+    frac_E = steps_E / num_steps
+    counts_EG = rng.binomial(samples, np.minimum(1.0, p_G * (1 + rise * frac_E[:, None])))
+    curves.append(bootstrap.ProblemCurve(f"n{n}", 8, n, 0, 8.0 * n * steps_E,
+                                         bootstrap.lost_problems(counts_EG)).curve())
+    any_earlier.append(np.mean((counts_EG[:-1] > 0).any(axis=0) & (counts_EG[-1] == 0)))
+  assert [len(c.rollouts_E) for c in curves] == [9, 9, 9, 8, 7]
+  got = experiments.final_slope_log2_n(curves)
+  final = np.mean([experiments.final_value(c) for c in curves])
+  se = math.sqrt(final * (1 - final) / problems) / math.sqrt(10)   # sum of (x - mean)^2
+  assert abs(got) < 4 * se, (got, se)
+  if rise == 0.0:
+    assert np.polyfit(np.log2(ns), any_earlier, 1)[0] < -4 * se
 
 
 def test_claim_6_is_unbiased_on_flat_noisy_curves_where_max_minus_final_is_not():

@@ -258,6 +258,7 @@ def test_sweep_analysis_writes_variant_analyses_experiment_and_findings(tmp_path
   import json
   import subprocess
   import sys
+  import zlib
 
   from isojax.sweeps import sweep_analysis
 
@@ -278,10 +279,15 @@ def test_sweep_analysis_writes_variant_analyses_experiment_and_findings(tmp_path
     assert (tmp_path / "algorithms" / variant / "analysis.json").is_file()
     assert (tmp_path / "algorithms" / variant / "worst@4" / "analysis.json").is_file()
   written = json.loads((tmp_path / "algorithms" / "experiment.json").read_text())
+  # Replicates seeded by the sweep's name, so two sweeps (claim 2c's hard and easy) draw
+  # independently: the same draws as the library's under that seed, not under seed 0.
   direct = experiments.analyze_experiment(str(tmp_path / "algorithms" / "runs"), "algorithms",
-                                          ["cispo", "pods", "ppo"], num_resamples=30)
+                                          ["cispo", "pods", "ppo"], num_resamples=30,
+                                          seed=zlib.crc32(sweep.name.encode()))
   assert {k: e["value"] for k, e in written["effects"].items()} == pytest.approx(
       {k: e["value"] for k, e in direct["effects"].items()}, nan_ok=True)
+  key = "avg_slope_log2_n_cispo"
+  assert written["effects"][key]["samples"] == pytest.approx(direct["effects"][key]["samples"])
   assert (tmp_path / "algorithms" / "experiment.png").stat().st_size > 10_000
   # n* saturates at 16 (cispo), 4 (pods), 8 (ppo): n* at the end is the true curves'
   # (near-ties within the margin: pods's 4 and 8 end within 0.02 of each other), up to

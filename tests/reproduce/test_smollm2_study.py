@@ -1,6 +1,7 @@
 """The smollm2_study section's tables and its prescription check, from synthetic run
 directories and experiment files; the study's sweep configs' plans."""
 
+import dataclasses
 import json
 import math
 import os
@@ -72,6 +73,26 @@ def test_the_seed_table_lists_each_seed_and_their_mean_and_sd():
   assert rows[2] == ("| 2 | 128 | 0.100 0.140 0.120: 0.120 +- 0.020 | "
                      "0.100 0.140 0.120: 0.120 +- 0.020 | - |")
   assert rows[3].startswith("| 8 | 32 | 0.200 0.260 0.290: 0.250 +- 0.046 |")
+
+
+def test_the_power_note_gives_the_pilots_sizing_and_the_studys_own_spread(tmp_path):
+  """The plan's power at the pilot's SD (0.033 pooled over its two candidates' seeds:
+  docs/results/smollm2_pilot.md), and the study's own pooled SD, by NumPy."""
+  finals = {"smollm2_hard": {2: [0.10, 0.14, 0.12], 8: [0.20, 0.26, 0.29]},
+            "smollm2_easy": {2: [0.40, 0.40, 0.43], 8: [0.50, 0.45, 0.47]}}
+  for sweep, by_n in finals.items():
+    os.makedirs(tmp_path / sweep)
+    spread = [dict(problems_per_batch=8, rollouts_per_problem=n, metric=m, finals=f)
+              for n, f in by_n.items() for m in ("val/avg@4", "val/best@4")]
+    (tmp_path / sweep / "experiment.json").write_text(json.dumps(dict(
+        details=dict(seed_spread=spread))))
+  note = smollm2_study.power_note(str(tmp_path))
+  pooled = lambda by_n: np.sqrt(np.mean([np.var(f, ddof=1) for f in by_n.values()]))
+  assert "seed-to-seed SD of a final `val/avg@4`, 0.033 (90% upper bound 0.103" in note
+  assert "a slope of 0.019 per doubling of n with 80% power" in note
+  assert "0.01: 11," in note and "It ran 3 seeds." in note
+  assert (f"hard {pooled(finals['smollm2_hard']):.3f} (4 degrees of freedom), "
+          f"easy {pooled(finals['smollm2_easy']):.3f} (4 degrees of freedom)") in note
 
 
 def test_the_curves_table_reads_each_runs_evaluations(tmp_path):
@@ -249,6 +270,19 @@ def test_a_fit_without_a_law_is_reported_not_run(tmp_path):
                                   str(tmp_path / "check"))
   assert body.startswith("Not run: `launch.plan --analysis=") and "no `n_star_fit`" in body
   assert wall_s == 0.0 and not (tmp_path / "check" / "prescribed_s0").exists()
+
+
+def test_a_planner_that_fails_otherwise_stops_the_check(tmp_path):
+  """Any other `launch.plan` failure (here an unknown flag) is an error with the
+  planner's output, not a finding that it prescribed nothing."""
+  study_dir = tmp_path / "study"
+  os.makedirs(study_dir / "smollm2_hard")
+  (study_dir / "smollm2_hard" / "analysis.json").write_text(json.dumps(dict(fits=[])))
+  inv = tables.Invocation(out=str(tmp_path), results=str(tmp_path), repo=ROOT, command="x")
+  design = smollm2_study.check_design(str(study_dir))
+  design = dataclasses.replace(design, plan_flags=(*design.plan_flags, "--no_such_flag=1"))
+  with pytest.raises(RuntimeError, match="(?s)launch.plan.*exited 1:.*no_such_flag"):
+    prescription.run(inv, design, str(tmp_path / "check"))
 
 
 def test_the_section_refuses_before_anything_while_the_recipe_is_not_the_pilots(
