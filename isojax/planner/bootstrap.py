@@ -31,6 +31,7 @@ import re
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
+from absl import logging
 
 from isojax import metrics
 from isojax import run_dir
@@ -179,13 +180,23 @@ def seed_scale(k: int) -> float:
 class _Allocation:
   """An allocation's runs as a replicate draws them: k seeds, moved from their mean by
   sqrt(k / (k - 1)) so the drawn mean has the seeds' variance over k. `values_KEG`
-  stacks the seeds' values when their schedules agree (None: a plain draw)."""
+  stacks the seeds' values when they were evaluated at the same compute (None: a plain
+  draw, which keeps (k - 1) / k of the seeds' variance; logged as a warning)."""
   members: tuple[ProblemCurve, ...]
   values_KEG: np.ndarray | None
 
   @classmethod
   def of(cls, members: Sequence[ProblemCurve]) -> _Allocation:
-    if len(members) == 1 or len({c.values_EG.shape for c in members}) != 1:
+    if len(members) == 1:
+      return cls(tuple(members), None)
+    first = members[0]
+    if any(c.values_EG.shape != first.values_EG.shape
+           or not np.array_equal(c.rollouts_E, first.rollouts_E) for c in members):
+      logging.warning(
+          "allocation (B_p, n) = %s: its %d seeds were evaluated at different compute "
+          "(%s); they are drawn without the seed correction, so intervals over them "
+          "cover less than their nominal level", first.key, len(members),
+          "; ".join(c.path for c in members))
       return cls(tuple(members), None)
     return cls(tuple(members), np.stack([c.values_EG for c in members]))
 

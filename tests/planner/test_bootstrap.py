@@ -215,3 +215,23 @@ def test_an_interval_needs_half_of_the_replicates_to_have_a_value():
     (0.0, 0.04, "yes"), (0.06, 0.1, "no"), (0.02, 0.08, "inconclusive")])
 def test_margin_verdict(lo, hi, verdict):
   assert bootstrap.margin_verdict({"lo": lo, "hi": hi}, 0.05) == verdict
+
+
+@pytest.mark.parametrize("second_at", [16.0, 32.0])
+def test_seeds_at_different_compute_are_drawn_plainly_and_said_so(second_at, caplog):
+  """Two seeds, final values 1 and 0 on every problem. Evaluated at the same compute,
+  a replicate moves them sqrt(2) from their mean (0.5 +- 0.707: outside [0, 1]); at
+  different compute they cannot be stacked, so a replicate draws them as they are
+  (means 0, 0.5 or 1), with a warning that the interval under-covers."""
+  runs = [bootstrap.ProblemCurve("a", 8, 2, 0, np.array([0.0, 16.0]), np.ones((2, 3))),
+          bootstrap.ProblemCurve("b", 8, 2, 1, np.array([0.0, second_at]), np.zeros((2, 3)))]
+  final = lambda g: dict(final=float(np.mean([c.values_E[-1] for c in g["x"]])))
+  with caplog.at_level("WARNING"):
+    _, samples = bootstrap.bootstrap({"x": runs}, final, num_resamples=200)
+  got = set(np.round(samples["final"], 6))
+  if second_at == 16.0:
+    assert got == {0.5, round(0.5 + math.sqrt(2) / 2, 6), round(0.5 - math.sqrt(2) / 2, 6)}
+    assert "different compute" not in caplog.text
+  else:
+    assert got == {0.0, 0.5, 1.0}
+    assert "(B_p, n) = (8, 2): its 2 seeds were evaluated at different compute" in caplog.text
