@@ -8,8 +8,9 @@ of configs/smollm2.py (the recipe its pilot chose) on the profiled `hard` split 
 chain_sum (the base model's avg@16 in [0, 0.0625]), every allocation with each of the
 study's replicate seeds (`launch.study --seeds`; none given: the seeds below). Each run
 evaluates at step 0 and 8 log-spaced steps (rounded to distinct steps: 7 at M = 16, 6
-at M = 8) on the split's held-out problems, 4 samples each; the analysis fits val/avg@4, val/best@4 and val/worst@4, and the findings decide
-claims 1 and 2a on this sweep (docs/study.md, "The seeded study").
+at M = 8) on the split's held-out problems, 4 samples each; the analysis fits
+val/avg@4, val/best@4 and val/worst@4, and the findings decide claims 1 and 2a on this
+sweep (docs/study.md, "The seeded study").
 
 Presets: default (above), micro (2 runs of configs/smollm2.py:micro on the demo's
 problems at C = 32: a smoke test of the same path, still the real model).

@@ -145,10 +145,10 @@ def power_note(study_dir: str) -> str:
       own.append(f"{split} {own_sd:.3f} ({dof} degrees of freedom)")
     else:
       own.append(f"{split} none (one seed per allocation)")
-  return (f"**The design's power**, as docs/study.md's plan sized it before the runs: at "
-          f"the pilot's seed-to-seed SD of a final `val/avg@4`, {sd:.3f} (90% upper bound "
-          f"{sd_hi:.3f}; [smollm2_pilot.md](smollm2_pilot.md)), "
-          + smollm2_pilot.design_power(sd, sd_hi).replace("The study (", "the study (", 1)
+  return (f"**The design's power**, as docs/study.md's plan sized it before the runs: the "
+          f"pilot's seed-to-seed SD of a final `val/avg@4` is {sd:.3f} (90% upper bound "
+          f"{sd_hi:.3f}; [smollm2_pilot.md](smollm2_pilot.md)). "
+          + smollm2_pilot.design_power(sd, sd_hi)
           + f" It ran {len(sweep_smollm2_hard.SEEDS)} seeds. The seed-to-seed SD of a final "
           f"`val/avg@4` the study itself measured, pooled over its allocations: "
           + ", ".join(own) + ".")

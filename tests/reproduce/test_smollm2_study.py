@@ -88,7 +88,7 @@ def test_the_power_note_gives_the_pilots_sizing_and_the_studys_own_spread(tmp_pa
         details=dict(seed_spread=spread))))
   note = smollm2_study.power_note(str(tmp_path))
   pooled = lambda by_n: np.sqrt(np.mean([np.var(f, ddof=1) for f in by_n.values()]))
-  assert "seed-to-seed SD of a final `val/avg@4`, 0.033 (90% upper bound 0.103" in note
+  assert "seed-to-seed SD of a final `val/avg@4` is 0.033 (90% upper bound 0.103" in note
   assert "a slope of 0.019 per doubling of n with 80% power" in note
   assert "0.01: 11," in note and "It ran 3 seeds." in note
   assert (f"hard {pooled(finals['smollm2_hard']):.3f} (4 degrees of freedom), "
