@@ -96,11 +96,12 @@ def check_design(study_dir: str) -> prescription.Design:
 
 def _write(inv: tables.Invocation, study_dir: str, findings: str, wall_s: float, *,
            check: str) -> str:
-  sections = []
+  sections, experiments_by_sweep = [], {}
   for sweep in ("smollm2_hard", "smollm2_easy"):
     sweep_dir = os.path.join(study_dir, sweep)
     analysis = storage.read_json(os.path.join(sweep_dir, "analysis.json"))
     experiment = storage.read_json(os.path.join(sweep_dir, "experiment.json"))
+    experiments_by_sweep[sweep] = experiment
     sections += [f"### The {sweep.split('_')[1]} split", "",
                  "Each allocation's final values (each run's last evaluation, at C) per "
                  "seed, and their mean +- the seeds' standard deviation:", "",
@@ -121,7 +122,7 @@ def _write(inv: tables.Invocation, study_dir: str, findings: str, wall_s: float,
       f"{', '.join(map(str, sweep_smollm2_hard.SEEDS))}, on the profiled easy and hard "
       "splits. The profile (the base's avg@16 per problem on 2,048 + 2,048 problems) and "
       "the splits:", "", "```", splits.pool_table(os.path.join(study_dir, "splits")), "```",
-      "", power_note(study_dir), "", *sections, findings.strip(), "",
+      "", power_note(experiments_by_sweep), "", *sections, findings.strip(), "",
       "## The prescription at twice the budget", "",
       check or "Not run yet (it follows the study; rerun the section).", "",
       *runs_lib.study_images(study_dir, inv.results, SECTION), ""])
@@ -129,14 +130,13 @@ def _write(inv: tables.Invocation, study_dir: str, findings: str, wall_s: float,
                       "The seeded study on a real model: SmolLM2-135M-Instruct", wall_s, body)
 
 
-def power_note(study_dir: str) -> str:
+def power_note(experiments_by_sweep: dict[str, dict]) -> str:
   """The design's power as the plan sized it (the pilot's seed spread), beside the seed
-  spread the study itself measured in a final `val/avg@4`."""
+  spread the study itself measured in a final `val/avg@4` ({sweep: experiment.json})."""
   sd, sd_hi, _ = smollm2_pilot.seed_spread(
       {k: list(v) for k, v in sweep_smollm2_hard.PILOT_FINALS.items()})
   own = []
-  for sweep in ("smollm2_hard", "smollm2_easy"):
-    experiment = storage.read_json(os.path.join(study_dir, sweep, "experiment.json"))
+  for sweep, experiment in experiments_by_sweep.items():
     finals = {str(_allocation(r)): r["finals"] for r in experiment["details"]["seed_spread"]
               if r["metric"] == metrics.val_avg(4)}
     split = sweep.split("_")[1]

@@ -75,18 +75,16 @@ def test_the_seed_table_lists_each_seed_and_their_mean_and_sd():
   assert rows[3].startswith("| 8 | 32 | 0.200 0.260 0.290: 0.250 +- 0.046 |")
 
 
-def test_the_power_note_gives_the_pilots_sizing_and_the_studys_own_spread(tmp_path):
+def test_the_power_note_gives_the_pilots_sizing_and_the_studys_own_spread():
   """The plan's power at the pilot's SD (0.033 pooled over its two candidates' seeds:
   docs/results/smollm2_pilot.md), and the study's own pooled SD, by NumPy."""
   finals = {"smollm2_hard": {2: [0.10, 0.14, 0.12], 8: [0.20, 0.26, 0.29]},
             "smollm2_easy": {2: [0.40, 0.40, 0.43], 8: [0.50, 0.45, 0.47]}}
-  for sweep, by_n in finals.items():
-    os.makedirs(tmp_path / sweep)
-    spread = [dict(problems_per_batch=8, rollouts_per_problem=n, metric=m, finals=f)
-              for n, f in by_n.items() for m in ("val/avg@4", "val/best@4")]
-    (tmp_path / sweep / "experiment.json").write_text(json.dumps(dict(
-        details=dict(seed_spread=spread))))
-  note = smollm2_study.power_note(str(tmp_path))
+  experiments = {sweep: dict(details=dict(seed_spread=[
+      dict(problems_per_batch=8, rollouts_per_problem=n, metric=m, finals=f)
+      for n, f in by_n.items() for m in ("val/avg@4", "val/best@4")]))
+      for sweep, by_n in finals.items()}
+  note = smollm2_study.power_note(experiments)
   pooled = lambda by_n: np.sqrt(np.mean([np.var(f, ddof=1) for f in by_n.values()]))
   assert "seed-to-seed SD of a final `val/avg@4` is 0.033 (90% upper bound 0.103" in note
   assert "a slope of 0.019 per doubling of n with 80% power" in note
