@@ -196,9 +196,10 @@ def frontier_table(analysis: dict) -> str:
   return "\n".join(rows)
 
 
-N_STAR_EFFECTS = (("log2_n_star_start", "log2 n* at the frontier's start"),
-                  ("log2_n_star_end", "log2 n* at the frontier's end"),
-                  ("n_star_rise", "doublings of n* from start to end"),
+N_STAR_EFFECTS = (("log2_n_star_start", "log2 n* at C_start (C_end / 16, or the latest of "
+                   "the allocations' first evaluations)"),
+                  ("log2_n_star_end", "log2 n* at C_end (the smallest last evaluation)"),
+                  ("n_star_rise", "doublings of n* from C_start to C_end (claim 1)"),
                   ("log2_n_saturation", "log2 of the fitted saturation n"))
 
 

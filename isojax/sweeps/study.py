@@ -129,8 +129,10 @@ def run(out_dir: str, *, profile_config: str, sweeps: Sequence[str], workers: in
   `options_from_dir(splits_dir)` gives the profiling options. An empty `profile_config`
   profiles nothing: for sweeps on a task whose difficulty is set by construction (the
   recall task), which use no split. Raises ProfileError and SweepError (a run or an
-  analysis that fails is recorded, not raised; a failed run's sweep is not analysed,
-  and then no findings table is written).
+  analysis that fails is recorded, not raised; a failed run's sweep is not analysed).
+  No findings table is written while a run or a sweep's analysis has failed: the table
+  reads every sweep's experiment.json, and one left by an earlier analysis, or a
+  family missing a sweep, would be published as this study's verdicts.
   """
   start = time.time()
   model, summaries = None, []
@@ -147,8 +149,9 @@ def run(out_dir: str, *, profile_config: str, sweeps: Sequence[str], workers: in
     entries[os.path.basename(local.out_dir)] = analyze_sweep(spec, sweep, local, sweep_failed)
   study = dict(out_dir=out_dir, model=model, wall_s=round(time.time() - start, 1),
                splits=[s.__dict__ for s in summaries], sweeps=entries)
-  if any(failed):  # no findings table from a study some of whose runs failed
-    logging.error("no findings table while runs have failed: %s", problems(study))
+  if any(failed) or any("analysis_error" in e for e in entries.values()):
+    logging.error("no findings table while runs or analyses have failed: %s",
+                  problems(study))
     storage.write_json(os.path.join(out_dir, STUDY_FILE), study)
     return study
   try:

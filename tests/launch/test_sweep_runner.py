@@ -19,6 +19,8 @@ import ml_collections
 import pytest
 
 from isojax import run_dir
+from isojax.planner import analysis, findings
+from isojax.sweeps import sweep_analysis
 from isojax.sweeps import sweep_config
 from isojax.sweeps import layout as sweep_layout
 from isojax.sweeps import manifest as sweep_manifest
@@ -203,6 +205,36 @@ def test_a_study_checks_every_sweep_before_any_run_and_runs_them_in_one_pool(
   assert not any((tmp_path / "study" / s / "experiment.json").exists()
                  for s in study["sweeps"])
 
+
+
+def test_a_study_whose_analysis_fails_writes_no_findings(tmp_path, monkeypatch):
+  """Every run finished but one sweep's analysis failed: the findings table would read
+  the other sweep's experiment.json alone (or one an earlier analysis left), so it is
+  not written, and study.json names the failed analysis."""
+  monkeypatch.setattr(sweep_runner, "run_local_sweeps",
+                      lambda local, **kw: [[] for _ in local])  # every run finished
+
+  analysed = []
+
+  def analyze(out_dir, sweep):  # the first sweep's analysis fails, the second's succeeds
+    del sweep
+    analysed.append(out_dir)
+    if len(analysed) == 1:
+      raise analysis.AnalysisError("no finite metric")
+    return {}
+  monkeypatch.setattr(sweep_analysis, "analyze", analyze)
+  monkeypatch.setattr(sweep_analysis, "format_analysis", lambda summary: "")
+  written = []
+  monkeypatch.setattr(findings, "write_study_findings",
+                      lambda study_dir, **kw: written.append(study_dir) or ([], ""))
+  study = study_lib.run(str(tmp_path / "study"), profile_config="", workers=2,
+                        sweeps=["configs/sweep_hard.py:micro", "configs/sweep_easy.py:micro"],
+                        options_from_dir=None)
+  errors = {name: e.get("analysis_error") for name, e in study["sweeps"].items()}
+  assert sorted(e is None for e in errors.values()) == [False, True], errors
+  assert written == [] and "findings" not in study
+  with open(tmp_path / "study" / study_lib.STUDY_FILE) as f:
+    assert "no finite metric" in json.dumps(json.load(f))
 
 
 def _steps(out, name):

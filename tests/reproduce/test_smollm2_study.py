@@ -112,17 +112,17 @@ def test_frontier_and_n_star_tables():
   experiment = dict(effects=dict(n_star_rise=dict(value=1.0, lo=0.0, hi=2.0),
                                  log2_n_star_end=dict(value=2.0, lo=1.0, hi=2.0)))
   assert smollm2_study.n_star_table(experiment).splitlines()[2:] == [
-      "| log2 n* at the frontier's end | +2.00 [+1.00, +2.00] |",
-      "| doublings of n* from start to end | +1.00 [+0.00, +2.00] |"]
+      "| log2 n* at C_end (the smallest last evaluation) | +2.00 [+1.00, +2.00] |",
+      "| doublings of n* from C_start to C_end (claim 1) | +1.00 [+0.00, +2.00] |"]
   experiment["effects"]["n_star_rise"] = dict(value=None, lo=None, hi=None)  # NaN in JSON
   assert smollm2_study.n_star_table(experiment).splitlines()[-1] == (
-      "| doublings of n* from start to end | undefined (no allocation's fit rises above a "
-      "flat line) |")
+      "| doublings of n* from C_start to C_end (claim 1) | undefined (no allocation's fit "
+      "rises above a flat line) |")
   # A rise in fewer than half the replicates: an estimate without an interval.
   experiment["effects"]["n_star_rise"] = dict(value=1.0, lo=None, hi=None)
   assert smollm2_study.n_star_table(experiment).splitlines()[-1] == (
-      "| doublings of n* from start to end | +1.00 [undefined: fewer than half the "
-      "replicates have a value] |")
+      "| doublings of n* from C_start to C_end (claim 1) | +1.00 [undefined: fewer than "
+      "half the replicates have a value] |")
 
 
 def _grid(ns, b_ps=(8,)):
