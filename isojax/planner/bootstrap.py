@@ -176,6 +176,23 @@ def seed_scale(k: int) -> float:
   return math.sqrt(k / (k - 1))
 
 
+def _same_compute(members: Sequence[ProblemCurve]) -> bool:
+  """Whether an allocation's seeds were evaluated at the same compute on as many
+  problems (then a replicate can stack them and apply the seed correction)."""
+  first = members[0]
+  return all(c.values_EG.shape == first.values_EG.shape
+             and np.array_equal(c.rollouts_E, first.rollouts_E) for c in members)
+
+
+def uncorrected_allocations(groups: Groups) -> list[tuple[str, tuple[int, int]]]:
+  """(group, (B_p, n)) of each allocation a replicate draws without the seed correction:
+  several seeds not evaluated at the same compute. Intervals over them cover less than
+  the nominal level, so the findings name them."""
+  return [(name, key) for name, runs in groups.items()
+          for key, members in by_allocation(runs).items()
+          if len(members) > 1 and not _same_compute(members)]
+
+
 @dataclasses.dataclass(frozen=True)
 class _Allocation:
   """An allocation's runs as a replicate draws them: k seeds, moved from their mean by
@@ -190,8 +207,7 @@ class _Allocation:
     if len(members) == 1:
       return cls(tuple(members), None)
     first = members[0]
-    if any(c.values_EG.shape != first.values_EG.shape
-           or not np.array_equal(c.rollouts_E, first.rollouts_E) for c in members):
+    if not _same_compute(members):
       logging.warning(
           "allocation (B_p, n) = %s: its %d seeds were evaluated at different compute "
           "(%s); they are drawn without the seed correction, so intervals over them "

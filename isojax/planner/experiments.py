@@ -364,6 +364,10 @@ def analyze_experiment(runs_dir: str, kind: str, variants: Sequence[str] = (), *
   return {"kind": kind, "metric": metric, "variants": list(variants),
           "num_runs": sum(len(r) for r in runs.values()),
           "fewest_seeds": bootstrap.fewest_seeds(groups),
+          "uncorrected_seeds": [
+              {"variant": key.split(_SEP)[0], "metric": key.split(_SEP)[1],
+               "problems_per_batch": b_p, "rollouts_per_problem": n}
+              for key, (b_p, n) in bootstrap.uncorrected_allocations(groups)],
           "compute_end": max(float(c.rollouts_E.max()) for cs in groups.values() for c in cs),
           "effects": {name: bootstrap.effect(point[name], samples[name]) for name in point},
           "extrapolation": _extrapolation(runs, metric),

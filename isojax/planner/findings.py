@@ -373,5 +373,13 @@ def write_study_findings(study_dir: str, *, seed: int = 0) -> tuple[list[Row], s
   if spread:
     text += ("\n## Seed spread\n\nEach allocation run with several seeds: its final "
              "values (each run's last evaluation) over seeds.\n\n" + spread)
+  uncorrected = [f"{name}{'/' + u['variant'] if u['variant'] else ''} {u['metric']} "
+                 f"(B_p = {u['problems_per_batch']}, n = {u['rollouts_per_problem']})"
+                 for name, exp in experiments.items() for u in exp.get("uncorrected_seeds", [])]
+  if uncorrected:
+    text += ("\n## Seeds drawn without the correction\n\nThese allocations' seeds were "
+             "evaluated at different compute, so a replicate draws them as they are, "
+             "without moving them by sqrt(k / (k - 1)); intervals over them cover less "
+             f"than {bootstrap.DEFAULT_LEVEL:.0%}: " + "; ".join(uncorrected) + ".\n")
   storage.write_text(os.path.join(study_dir, FINDINGS_FILE), text)
   return rows, text

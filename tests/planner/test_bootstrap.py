@@ -229,6 +229,8 @@ def test_seeds_at_different_compute_are_drawn_plainly_and_said_so(second_at, cap
   with caplog.at_level("WARNING"):
     _, samples = bootstrap.bootstrap({"x": runs}, final, num_resamples=200)
   got = set(np.round(samples["final"], 6))
+  uncorrected = bootstrap.uncorrected_allocations({"x": runs, "one": runs[:1]})
+  assert uncorrected == ([] if second_at == 16.0 else [("x", (8, 2))])
   if second_at == 16.0:
     assert got == {0.5, round(0.5 + math.sqrt(2) / 2, 6), round(0.5 - math.sqrt(2) / 2, 6)}
     assert "different compute" not in caplog.text

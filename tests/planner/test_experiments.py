@@ -145,6 +145,23 @@ def test_extrapolation_error_is_small_on_sigmoids_and_large_on_a_late_jump(tmp_p
   assert errors["jump"]["error"] < -0.2
 
 
+def test_an_allocation_whose_seeds_differ_in_compute_is_named(tmp_path):
+  """n = 4's two seeds were evaluated on different schedules (one was extended, say):
+  the bootstrap cannot stack them for the seed correction, and the experiment names
+  that allocation, and only it, for each metric."""
+  rng = np.random.default_rng(4)
+  for n, m, schedules in ((2, 64, (12, 12)), (4, 32, (12, 5))):
+    for seed, count in enumerate(schedules):
+      steps_T = _log_steps(m, count)
+      _write_run(str(tmp_path / f"n{n}_s{seed}"), b_p=8, n=n, steps_T=steps_T,
+                 p_T=0.2 + 0.3 * steps_T / m, rng=rng, seed=seed)
+  result = experiments.analyze_experiment(str(tmp_path), "iso_compute", num_resamples=10)
+  named = {(u["variant"], u["problems_per_batch"], u["rollouts_per_problem"])
+           for u in result["uncorrected_seeds"]}
+  assert named == {("", 8, 4)}
+  assert {u["metric"] for u in result["uncorrected_seeds"]} >= {metrics.val_avg(4)}
+
+
 def test_decoupled_effects_match_the_true_differences(tmp_path):
   rng = np.random.default_rng(3)
   finals = {"plain_train": 0.40, "decoupled": 0.45, "plain_estimate": 0.52}

@@ -136,11 +136,25 @@ def test_study_directory_to_markdown(tmp_path):
   table_lines = [l for l in text.splitlines() if l.startswith("| ")]
   assert len(table_lines) == 1 + len(rows)
   assert "## Seed spread" not in text  # no allocation with several seeds
+  assert "without the correction" not in text
   (one,) = [r for r in rows if r.finding == "1"]
   # Its interval is [1.05, 1.95], but a primary verdict needs the estimate on the runs
   # as measured: undefined there, it decides nothing.
   assert np.isnan(one.effect["value"]) and one.verdict == "inconclusive"
   assert "| 1 | n*(C) grows" in text and "nan [+1.0" in text
+
+
+def test_allocations_drawn_without_the_seed_correction_are_named(tmp_path):
+  exp = _iso("hard", [1.0, 2.0, 1.5], [2.0] * 3, [0.01] * 3, [0.0] * 3, [0.0] * 3)
+  exp["uncorrected_seeds"] = [dict(variant="", metric="val/best@4", problems_per_batch=8,
+                                   rollouts_per_problem=32)]
+  (tmp_path / "hard").mkdir()
+  (tmp_path / "hard" / findings.EXPERIMENT_FILE).write_text(json.dumps(exp))
+  _, text = findings.write_study_findings(str(tmp_path))
+  assert text.endswith("## Seeds drawn without the correction\n\nThese allocations' seeds "
+                       "were evaluated at different compute, so a replicate draws them as "
+                       "they are, without moving them by sqrt(k / (k - 1)); intervals over "
+                       "them cover less than 90%: hard val/best@4 (B_p = 8, n = 32).\n")
 
 
 def test_one_seed_per_allocation_is_indicative_whatever_the_interval():
